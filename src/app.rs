@@ -1,0 +1,177 @@
+//! `rollgate serve`: build the adapters from the settings, run the HTTP server and the
+//! worker, stop gracefully on SIGTERM or SIGINT.
+
+use actix_web::middleware::from_fn;
+use actix_web::{App, HttpServer, web};
+use anyhow::{Context as _, bail};
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::signal::unix::{SignalKind, signal};
+use tracing::{info, warn};
+
+use crate::config::{QueueBackend, Settings};
+use crate::http::{self, AppState};
+use crate::metrics::Metrics;
+use crate::ports::Executors;
+use crate::queue::Queue;
+use crate::queue::amqp::AmqpQueue;
+use crate::queue::embedded::EmbeddedQueue;
+use crate::store::Store;
+use crate::worker::Worker;
+
+/// How long the worker may take to finish the message in hand after a stop signal.
+const WORKER_STOP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Runs the service until a stop signal.
+pub async fn serve(settings: Settings) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&settings.data_dir)
+        .with_context(|| format!("cannot create data_dir {}", settings.data_dir.display()))?;
+    let _lock = lock_data_dir(&settings.data_dir)?;
+    let token = load_or_create_token(&settings)?;
+    let store =
+        Store::open(&settings.data_dir.join("store.db")).context("cannot open the run store")?;
+    let queue: Arc<dyn Queue> = match settings.queue.backend {
+        QueueBackend::Embedded => Arc::new(
+            EmbeddedQueue::open(
+                &settings.data_dir.join("queue.db"),
+                settings.queue.lease,
+                settings.queue.delivery_limit,
+            )
+            .context("cannot open the embedded queue")?,
+        ),
+        QueueBackend::Amqp => Arc::new(
+            AmqpQueue::connect(settings.queue.clone())
+                .await
+                .context("cannot reach RabbitMQ (queue.amqp_url)")?,
+        ),
+    };
+    let metrics = Metrics::new();
+    let state = web::Data::new(AppState {
+        queue: queue.clone(),
+        store: store.clone(),
+        metrics: metrics.clone(),
+        token,
+        max_body_bytes: settings.server.max_body_bytes,
+        intake: tokio::sync::Mutex::new(()),
+    });
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(state.clone())
+            .wrap(from_fn(http::observe))
+            .configure(http::configure)
+    })
+    .disable_signals()
+    .shutdown_timeout(10)
+    .bind(settings.server.listen)
+    .with_context(|| {
+        format!(
+            "cannot listen on {} (server.listen)",
+            settings.server.listen
+        )
+    })?
+    .run();
+    let server_handle = server.handle();
+    let server_task = tokio::spawn(server);
+    info!(listen = %settings.server.listen, backend = queue.backend(), data_dir = %settings.data_dir.display(), "rollgate serving");
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let worker_task = if settings.worker.paused {
+        warn!("worker.paused is true: events are queued but not processed");
+        None
+    } else {
+        let worker = Worker {
+            queue,
+            store,
+            metrics,
+            executors: Executors::default(),
+            max_attempts: settings.worker.max_attempts,
+        };
+        Some(tokio::spawn(worker.run(stop_rx)))
+    };
+
+    let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM: stopping"),
+        _ = int.recv() => info!("SIGINT: stopping"),
+    }
+    server_handle.stop(true).await;
+    let _ = stop_tx.send(true);
+    if let Some(task) = worker_task
+        && tokio::time::timeout(WORKER_STOP_TIMEOUT, task)
+            .await
+            .is_err()
+    {
+        warn!("the worker did not stop in time; its message in hand will be redelivered");
+    }
+    let _ = server_task.await;
+    info!("stopped");
+    Ok(())
+}
+
+/// One `serve` per data directory: two would share the embedded queue and store.
+fn lock_data_dir(dir: &Path) -> anyhow::Result<File> {
+    let path = dir.join("rollgate.lock");
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(_) => bail!(
+            "another rollgate serve is using data_dir {} (it holds {})",
+            dir.display(),
+            path.display()
+        ),
+    }
+}
+
+/// Reads the API token; generates it on first start when the default path is used.
+fn load_or_create_token(settings: &Settings) -> anyhow::Result<Arc<str>> {
+    let path = &settings.server.token_file;
+    if !path.exists() && settings.server.token_file_is_default {
+        let mut bytes = [0u8; 32];
+        getrandom::fill(&mut bytes)
+            .map_err(|e| anyhow::anyhow!("no randomness for the API token: {e}"))?;
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .with_context(|| format!("cannot create the API token file {}", path.display()))?;
+        file.write_all(hex::encode(bytes).as_bytes())?;
+        file.sync_all()?;
+        info!(token_file = %path.display(), "generated an API token");
+    }
+    let token = read_token(path)?;
+    if let Ok(meta) = std::fs::metadata(path)
+        && meta.permissions().mode() & 0o077 != 0
+    {
+        warn!(token_file = %path.display(), "the API token file is readable by group or others");
+    }
+    Ok(token.into())
+}
+
+/// Reads a token file: trimmed, at least 16 characters. The value is never logged.
+pub fn read_token(path: &Path) -> anyhow::Result<String> {
+    let raw = std::fs::read_to_string(path).with_context(|| {
+        format!(
+            "cannot read the API token file {} (server.token_file)",
+            path.display()
+        )
+    })?;
+    let token = raw.trim().to_owned();
+    if token.len() < 16 {
+        bail!(
+            "the API token in {} is shorter than 16 characters",
+            path.display()
+        );
+    }
+    Ok(token)
+}

@@ -1,0 +1,247 @@
+//! Command line: `serve`, `check-config`, `runs list|show|halt|resume|abort`.
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use crate::config::{LogFormat, Settings};
+
+/// rollgate: gated, event-driven Kubernetes and etcd upgrades.
+#[derive(Parser, Debug)]
+#[command(name = "rollgate", version, about)]
+pub struct Cli {
+    /// Configuration file (TOML); ROLLGATE__SECTION__KEY environment variables override it.
+    #[arg(long, global = true, env = "ROLLGATE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The commands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the HTTP API, the queue consumer and the scheduler.
+    Serve,
+    /// Check the configuration and report every bad value (exit 2 when any).
+    CheckConfig,
+    /// Look at and control runs through the API.
+    Runs {
+        /// API base URL (default: from server.listen).
+        #[arg(long)]
+        url: Option<String>,
+        /// API token file (default: server.token_file).
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        /// What to do.
+        #[command(subcommand)]
+        action: RunsAction,
+    },
+}
+
+/// `runs` sub-commands.
+#[derive(Subcommand, Debug)]
+pub enum RunsAction {
+    /// List runs, newest first.
+    List {
+        /// Only runs in this status.
+        #[arg(long)]
+        status: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// Show one run with its steps and history (JSON).
+    Show {
+        /// Run id.
+        id: String,
+    },
+    /// Finish the current step, then hold.
+    Halt {
+        /// Run id.
+        id: String,
+        /// Why, for the history.
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Continue a halted run from the held step.
+    Resume {
+        /// Run id.
+        id: String,
+        /// Why, for the history.
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Stop a run for good.
+    Abort {
+        /// Run id.
+        id: String,
+        /// Why, for the history.
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+}
+
+/// Runs the parsed command line.
+pub fn run(cli: Cli) -> ExitCode {
+    let settings = match Settings::load(cli.config.as_deref()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("rollgate: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match cli.command {
+        Command::CheckConfig => {
+            println!("configuration OK");
+            println!("  listen      {}", settings.server.listen);
+            println!("  data_dir    {}", settings.data_dir.display());
+            println!("  token_file  {}", settings.server.token_file.display());
+            println!("  queue       {:?}", settings.queue.backend);
+            ExitCode::SUCCESS
+        }
+        Command::Serve => {
+            init_logging(&settings);
+            let result = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("cannot start the runtime")
+                .and_then(|rt| rt.block_on(crate::app::serve(settings)));
+            match result {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("{e:#}");
+                    eprintln!("rollgate: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Runs {
+            url,
+            token_file,
+            action,
+        } => {
+            let result = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("cannot start the runtime")
+                .and_then(|rt| rt.block_on(runs(&settings, url, token_file, action)));
+            match result {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("rollgate: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+fn init_logging(settings: &Settings) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&settings.log.level))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match settings.log.format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+async fn runs(
+    settings: &Settings,
+    url: Option<String>,
+    token_file: Option<PathBuf>,
+    action: RunsAction,
+) -> anyhow::Result<()> {
+    let base = url.unwrap_or_else(|| format!("http://{}", settings.server.listen));
+    let base = base.trim_end_matches('/');
+    let token = crate::app::read_token(token_file.as_ref().unwrap_or(&settings.server.token_file))?;
+    let client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(10))
+        .build()?;
+    let (method, path, body) = match &action {
+        RunsAction::List { status, limit } => {
+            let mut path = format!("/v1/runs?limit={limit}");
+            if let Some(s) = status {
+                path.push_str(&format!("&status={s}"));
+            }
+            (reqwest::Method::GET, path, None)
+        }
+        RunsAction::Show { id } => (reqwest::Method::GET, format!("/v1/runs/{id}"), None),
+        RunsAction::Halt { id, reason } => control(id, "halt", reason),
+        RunsAction::Resume { id, reason } => control(id, "resume", reason),
+        RunsAction::Abort { id, reason } => control(id, "abort", reason),
+    };
+    let mut req = client
+        .request(method, format!("{base}{path}"))
+        .bearer_auth(token);
+    if let Some(body) = body {
+        req = req.json(&body);
+    }
+    let resp = req
+        .send()
+        .await
+        .with_context(|| format!("cannot reach rollgate at {base}"))?;
+    let status = resp.status();
+    let value: serde_json::Value = resp.json().await.context("the answer is not JSON")?;
+    if !status.is_success() {
+        bail!(
+            "{status}: {}",
+            value
+                .get("message")
+                .and_then(|m| m.as_str())
+                .unwrap_or("no message")
+        );
+    }
+    match action {
+        RunsAction::List { .. } => print_runs(&value),
+        _ => println!("{}", serde_json::to_string_pretty(&value)?),
+    }
+    Ok(())
+}
+
+fn control(
+    id: &str,
+    action: &str,
+    reason: &str,
+) -> (reqwest::Method, String, Option<serde_json::Value>) {
+    (
+        reqwest::Method::POST,
+        format!("/v1/runs/{id}/{action}"),
+        Some(serde_json::json!({ "reason": reason })),
+    )
+}
+
+fn print_runs(value: &serde_json::Value) {
+    println!(
+        "{:<36}  {:<9}  {:<11}  {:<8}  {:<16}  REASON",
+        "ID", "STATUS", "KIND", "TARGET", "STEP"
+    );
+    for run in value.as_array().into_iter().flatten() {
+        let s = |k: &str| {
+            run.get(k)
+                .and_then(|v| v.as_str())
+                .unwrap_or("-")
+                .to_owned()
+        };
+        let step = run
+            .get("current_step")
+            .and_then(|i| i.as_u64())
+            .and_then(|i| run.get("steps")?.get(i as usize)?.get("name")?.as_str())
+            .unwrap_or("-")
+            .to_owned();
+        println!(
+            "{:<36}  {:<9}  {:<11}  {:<8}  {:<16}  {}",
+            s("id"),
+            s("status"),
+            s("kind"),
+            s("target"),
+            step,
+            s("reason")
+        );
+    }
+}

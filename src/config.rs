@@ -1,0 +1,545 @@
+//! Settings: embedded defaults, then `--config FILE`, then `ROLLGATE__SECTION__KEY`
+//! environment variables. Every key is read and checked on its own so that
+//! `rollgate check-config` can report every bad value at once.
+
+use config::{Config, Environment, File, FileFormat, Value, ValueKind};
+use std::collections::BTreeSet;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Which queue backend carries events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueBackend {
+    /// On-disk SQLite queue under `data_dir` (default).
+    Embedded,
+    /// RabbitMQ through lapin.
+    Amqp,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// HTTP server settings.
+#[derive(Debug, Clone)]
+pub struct ServerSettings {
+    /// `server.listen`: address to bind (default `127.0.0.1:8080`).
+    pub listen: SocketAddr,
+    /// `server.token_file`: file holding the API bearer token (default
+    /// `<data_dir>/api-token`, generated on first start with mode 0600).
+    pub token_file: PathBuf,
+    /// Whether `token_file` is the default one, which rollgate may create.
+    pub token_file_is_default: bool,
+    /// `server.max_body_bytes`: largest request body accepted (default 1 MiB).
+    pub max_body_bytes: usize,
+}
+
+/// Queue settings.
+#[derive(Debug, Clone)]
+pub struct QueueSettings {
+    /// `queue.backend`: `embedded` (default) or `amqp`.
+    pub backend: QueueBackend,
+    /// `queue.amqp_url`: broker address, without a password (default
+    /// `amqp://127.0.0.1:5672/%2f`, which logs in as guest).
+    pub amqp_url: String,
+    /// `queue.amqp_credentials_file`: optional file holding `user:password` for the broker.
+    pub amqp_credentials_file: Option<PathBuf>,
+    /// `queue.exchange`: topic exchange events are published to (default `rollgate`).
+    pub exchange: String,
+    /// `queue.queue`: quorum queue the worker consumes (default `rollgate.events`).
+    pub queue: String,
+    /// `queue.dead_queue`: where poison messages go (default `rollgate.dead`).
+    pub dead_queue: String,
+    /// `queue.prefetch`: unacknowledged deliveries the broker may push (default 8).
+    pub prefetch: u16,
+    /// `queue.delivery_limit`: deliveries of one message before it is dead-lettered (default 10).
+    pub delivery_limit: u32,
+    /// `queue.connect_timeout`: bound on one broker connect attempt (default `3s`).
+    pub connect_timeout: Duration,
+    /// `queue.lease`: how long an embedded delivery stays leased before redelivery (default `10m`).
+    pub lease: Duration,
+}
+
+/// Worker settings.
+#[derive(Debug, Clone)]
+pub struct WorkerSettings {
+    /// `worker.paused`: accept and queue events but process none (default false).
+    pub paused: bool,
+    /// `worker.max_attempts`: starts of one step before it gives up (default 5).
+    pub max_attempts: u32,
+}
+
+/// Logging settings.
+#[derive(Debug, Clone)]
+pub struct LogSettings {
+    /// `log.format`: `text` (default) or `json`.
+    pub format: LogFormat,
+    /// `log.level`: a tracing filter such as `info` or `rollgate=debug` (default `info`).
+    pub level: String,
+}
+
+/// Every setting, validated.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// `data_dir`: where the embedded queue, the run store and the generated token live
+    /// (default `./data`).
+    pub data_dir: PathBuf,
+    /// HTTP server.
+    pub server: ServerSettings,
+    /// Queue.
+    pub queue: QueueSettings,
+    /// Worker.
+    pub worker: WorkerSettings,
+    /// Logging.
+    pub log: LogSettings,
+}
+
+/// One bad setting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// The key, e.g. `server.listen`.
+    pub key: String,
+    /// What is wrong and what would be right.
+    pub message: String,
+}
+
+/// Everything wrong with the settings.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigError(pub Vec<Problem>);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{} bad setting(s):", self.0.len())?;
+        for p in &self.0 {
+            writeln!(f, "  {}: {}", p.key, p.message)?;
+        }
+        Ok(())
+    }
+}
+
+const KEYS: &[&str] = &[
+    "data_dir",
+    "server.listen",
+    "server.token_file",
+    "server.max_body_bytes",
+    "queue.backend",
+    "queue.amqp_url",
+    "queue.amqp_credentials_file",
+    "queue.exchange",
+    "queue.queue",
+    "queue.dead_queue",
+    "queue.prefetch",
+    "queue.delivery_limit",
+    "queue.connect_timeout",
+    "queue.lease",
+    "worker.paused",
+    "worker.max_attempts",
+    "log.format",
+    "log.level",
+];
+
+/// The environment variable prefix: `ROLLGATE__SERVER__LISTEN` sets `server.listen`.
+pub const ENV_PREFIX: &str = "ROLLGATE";
+
+impl Settings {
+    /// Loads from embedded defaults, the optional file and the process environment.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        Self::load_from(file, None)
+    }
+
+    /// Loads with an explicit environment (`None` = the process environment); for tests.
+    pub fn load_from(
+        file: Option<&Path>,
+        env: Option<std::collections::HashMap<String, String>>,
+    ) -> Result<Self, ConfigError> {
+        let mut builder = Config::builder();
+        if let Some(path) = file {
+            if !path.is_file() {
+                return Err(ConfigError(vec![Problem {
+                    key: "--config".into(),
+                    message: format!("{} does not exist or is not a file", path.display()),
+                }]));
+            }
+            builder = builder.add_source(File::from(path).format(FileFormat::Toml));
+        }
+        let env_source = Environment::with_prefix(ENV_PREFIX)
+            .prefix_separator("__")
+            .separator("__")
+            .source(env);
+        builder = builder.add_source(env_source);
+        let cfg = builder.build().map_err(|e| {
+            ConfigError(vec![Problem {
+                key: file.map_or("environment".into(), |p| p.display().to_string()),
+                message: e.to_string(),
+            }])
+        })?;
+        Self::from_config(&cfg)
+    }
+
+    fn from_config(cfg: &Config) -> Result<Self, ConfigError> {
+        let mut r = Reader {
+            cfg,
+            problems: Vec::new(),
+        };
+        r.unknown_keys();
+        let data_dir = r.path("data_dir", "./data");
+        let token_file_set = r.raw("server.token_file").is_some();
+        let token_file = r.path("server.token_file", "");
+        let server = ServerSettings {
+            listen: r.socket_addr("server.listen", "127.0.0.1:8080"),
+            token_file: if token_file_set {
+                token_file
+            } else {
+                data_dir.join("api-token")
+            },
+            token_file_is_default: !token_file_set,
+            max_body_bytes: r.int("server.max_body_bytes", 1 << 20, 1024, 64 << 20) as usize,
+        };
+        let backend = match r.string("queue.backend", "embedded").as_str() {
+            "embedded" => QueueBackend::Embedded,
+            "amqp" => QueueBackend::Amqp,
+            other => {
+                r.problem(
+                    "queue.backend",
+                    format!("{other:?} is neither \"embedded\" nor \"amqp\""),
+                );
+                QueueBackend::Embedded
+            }
+        };
+        let amqp_url = r.string("queue.amqp_url", "amqp://127.0.0.1:5672/%2f");
+        match amqp_url.parse::<lapin::uri::AMQPUri>() {
+            Ok(_) if amqp_url.contains('@') => {
+                r.problem(
+                    "queue.amqp_url",
+                    "must not carry credentials; put user:password in the file named by queue.amqp_credentials_file",
+                )
+            }
+            Ok(_) => {}
+            Err(_) => r.problem(
+                "queue.amqp_url",
+                "is not an AMQP URL like amqp://127.0.0.1:5672/%2f".to_owned(),
+            ),
+        }
+        let queue = QueueSettings {
+            backend,
+            amqp_credentials_file: r
+                .raw("queue.amqp_credentials_file")
+                .map(|_| r.path("queue.amqp_credentials_file", "")),
+            amqp_url,
+            exchange: r.name("queue.exchange", "rollgate"),
+            queue: r.name("queue.queue", "rollgate.events"),
+            dead_queue: r.name("queue.dead_queue", "rollgate.dead"),
+            prefetch: r.int("queue.prefetch", 8, 1, 1000) as u16,
+            delivery_limit: r.int("queue.delivery_limit", 10, 1, 1000) as u32,
+            connect_timeout: r.duration(
+                "queue.connect_timeout",
+                "3s",
+                Duration::from_millis(100),
+                Duration::from_secs(120),
+            ),
+            lease: r.duration(
+                "queue.lease",
+                "10m",
+                Duration::from_secs(1),
+                Duration::from_secs(24 * 3600),
+            ),
+        };
+        let worker = WorkerSettings {
+            paused: r.bool("worker.paused", false),
+            max_attempts: r.int("worker.max_attempts", 5, 1, 100) as u32,
+        };
+        let log = LogSettings {
+            format: match r.string("log.format", "text").as_str() {
+                "text" => LogFormat::Text,
+                "json" => LogFormat::Json,
+                other => {
+                    r.problem(
+                        "log.format",
+                        format!("{other:?} is neither \"text\" nor \"json\""),
+                    );
+                    LogFormat::Text
+                }
+            },
+            level: {
+                let level = r.string("log.level", "info");
+                if tracing_subscriber::EnvFilter::try_new(&level).is_err() {
+                    r.problem(
+                        "log.level",
+                        format!("{level:?} is not a tracing filter like info or rollgate=debug"),
+                    );
+                }
+                level
+            },
+        };
+        if r.problems.is_empty() {
+            Ok(Self {
+                data_dir,
+                server,
+                queue,
+                worker,
+                log,
+            })
+        } else {
+            Err(ConfigError(r.problems))
+        }
+    }
+}
+
+struct Reader<'a> {
+    cfg: &'a Config,
+    problems: Vec<Problem>,
+}
+
+impl Reader<'_> {
+    fn problem(&mut self, key: &str, message: impl Into<String>) {
+        self.problems.push(Problem {
+            key: key.into(),
+            message: message.into(),
+        });
+    }
+
+    fn raw(&self, key: &str) -> Option<Value> {
+        self.cfg.get::<Value>(key).ok()
+    }
+
+    fn unknown_keys(&mut self) {
+        let mut found = BTreeSet::new();
+        if let Ok(table) = self
+            .cfg
+            .clone()
+            .try_deserialize::<config::Map<String, Value>>()
+        {
+            for (k, v) in table {
+                flatten(&k, &v, &mut found);
+            }
+        }
+        for key in found {
+            if !KEYS.contains(&key.as_str()) {
+                let hint = KEYS
+                    .iter()
+                    .find(|k| k.split('.').next_back() == key.split('.').next_back())
+                    .map(|k| format!(" (did you mean {k}?)"))
+                    .unwrap_or_default();
+                self.problem(&key, format!("is not a known setting{hint}"));
+            }
+        }
+    }
+
+    fn string(&mut self, key: &str, default: &str) -> String {
+        match self.raw(key) {
+            None => default.to_owned(),
+            Some(v) => match v.kind {
+                ValueKind::String(s) => s,
+                ValueKind::I64(_)
+                | ValueKind::U64(_)
+                | ValueKind::Float(_)
+                | ValueKind::Boolean(_) => v.to_string(),
+                _ => {
+                    self.problem(key, "must be a string");
+                    default.to_owned()
+                }
+            },
+        }
+    }
+
+    fn path(&mut self, key: &str, default: &str) -> PathBuf {
+        let s = self.string(key, default);
+        if s.is_empty() && self.raw(key).is_some() {
+            self.problem(key, "must not be empty");
+        }
+        PathBuf::from(s)
+    }
+
+    fn name(&mut self, key: &str, default: &str) -> String {
+        let s = self.string(key, default);
+        let ok = !s.is_empty()
+            && s.len() <= 255
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-:".contains(&b));
+        if !ok {
+            self.problem(
+                key,
+                format!("{s:?} must be 1-255 of letters, digits and . _ - :"),
+            );
+        }
+        s
+    }
+
+    fn socket_addr(&mut self, key: &str, default: &str) -> SocketAddr {
+        let s = self.string(key, default);
+        s.parse().unwrap_or_else(|_| {
+            self.problem(key, format!("{s:?} is not an address like 127.0.0.1:8080"));
+            SocketAddr::from(([127, 0, 0, 1], 8080))
+        })
+    }
+
+    fn int(&mut self, key: &str, default: u64, min: u64, max: u64) -> u64 {
+        let s = self.string(key, &default.to_string());
+        match s.trim().parse::<u64>() {
+            Ok(n) if (min..=max).contains(&n) => n,
+            _ => {
+                self.problem(
+                    key,
+                    format!("{s:?} must be a whole number from {min} to {max}"),
+                );
+                default
+            }
+        }
+    }
+
+    fn bool(&mut self, key: &str, default: bool) -> bool {
+        match self.string(key, &default.to_string()).as_str() {
+            "true" => true,
+            "false" => false,
+            other => {
+                self.problem(key, format!("{other:?} must be true or false"));
+                default
+            }
+        }
+    }
+
+    fn duration(&mut self, key: &str, default: &str, min: Duration, max: Duration) -> Duration {
+        let s = self.string(key, default);
+        match parse_duration(&s) {
+            Some(d) if d >= min && d <= max => d,
+            _ => {
+                self.problem(
+                    key,
+                    format!("{s:?} must be a duration like 500ms, 30s, 5m or 1h, from {min:?} to {max:?}"),
+                );
+                parse_duration(default).unwrap_or_default()
+            }
+        }
+    }
+}
+
+fn flatten(prefix: &str, value: &Value, out: &mut BTreeSet<String>) {
+    match &value.kind {
+        ValueKind::Table(table) => {
+            for (k, v) in table {
+                flatten(&format!("{prefix}.{k}"), v, out);
+            }
+        }
+        _ => {
+            out.insert(prefix.to_owned());
+        }
+    }
+}
+
+/// Parses `500ms`, `30s`, `5m`, `1h`, or a bare number of seconds.
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let n: u64 = digits.parse().ok()?;
+    let ms = match unit {
+        "ms" => n,
+        "" | "s" => n.checked_mul(1000)?,
+        "m" => n.checked_mul(60_000)?,
+        "h" => n.checked_mul(3_600_000)?,
+        _ => return None,
+    };
+    Some(Duration::from_millis(ms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> Option<HashMap<String, String>> {
+        Some(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn embedded_defaults_need_nothing() {
+        let s = Settings::load_from(None, env(&[])).unwrap();
+        assert_eq!(s.server.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(s.server.token_file, PathBuf::from("./data/api-token"));
+        assert_eq!(s.server.max_body_bytes, 1 << 20);
+        assert_eq!(s.queue.backend, QueueBackend::Embedded);
+        assert_eq!(s.queue.exchange, "rollgate");
+        assert_eq!(s.queue.queue, "rollgate.events");
+    }
+
+    #[test]
+    fn environment_overrides_nested_keys() {
+        let s = Settings::load_from(
+            None,
+            env(&[
+                ("ROLLGATE__SERVER__LISTEN", "127.0.0.1:9999"),
+                ("ROLLGATE__DATA_DIR", "/tmp/rg"),
+                ("ROLLGATE__QUEUE__BACKEND", "amqp"),
+                ("ROLLGATE__QUEUE__CONNECT_TIMEOUT", "500ms"),
+                ("ROLLGATE__SERVER__MAX_BODY_BYTES", "4096"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(s.server.listen.port(), 9999);
+        assert_eq!(s.server.token_file, PathBuf::from("/tmp/rg/api-token"));
+        assert_eq!(s.queue.backend, QueueBackend::Amqp);
+        assert_eq!(s.queue.connect_timeout, Duration::from_millis(500));
+        assert_eq!(s.server.max_body_bytes, 4096);
+    }
+
+    #[test]
+    fn every_bad_value_is_reported_at_once() {
+        let err = Settings::load_from(
+            None,
+            env(&[
+                ("ROLLGATE__SERVER__LISTEN", "nowhere"),
+                ("ROLLGATE__SERVER__MAX_BODY_BYTES", "-1"),
+                ("ROLLGATE__QUEUE__BACKEND", "kafka"),
+                ("ROLLGATE__QUEUE__AMQP_URL", "amqp://user:secret@host/%2f"),
+                ("ROLLGATE__QUEUE__LEASE", "forever"),
+                ("ROLLGATE__SERVER__LISEN", "x"),
+                ("ROLLGATE__WORKER__PAUSED", "maybe"),
+            ]),
+        )
+        .unwrap_err();
+        let keys: BTreeSet<_> = err.0.iter().map(|p| p.key.as_str()).collect();
+        for key in [
+            "server.listen",
+            "server.max_body_bytes",
+            "queue.backend",
+            "queue.amqp_url",
+            "queue.lease",
+            "server.lisen",
+            "worker.paused",
+        ] {
+            assert!(keys.contains(key), "{key} not reported in {err}");
+        }
+        assert!(
+            !err.to_string().contains("secret"),
+            "a password leaked: {err}"
+        );
+    }
+
+    #[test]
+    fn durations_parse() {
+        for (s, ms) in [
+            ("500ms", 500),
+            ("30s", 30_000),
+            ("5m", 300_000),
+            ("1h", 3_600_000),
+            ("7", 7000),
+        ] {
+            assert_eq!(parse_duration(s), Some(Duration::from_millis(ms)), "{s}");
+        }
+        for s in ["", "s", "1d", "-1s", "1.5s"] {
+            assert_eq!(parse_duration(s), None, "{s}");
+        }
+    }
+}

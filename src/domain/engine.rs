@@ -1,0 +1,778 @@
+//! The run state machine: `(run, input) -> (run', next)`, a pure function.
+//!
+//! The worker feeds it inputs (a start, a step's outcome, a wake, an operator's control)
+//! and carries out what it returns (run a step, schedule a wake). It never does IO.
+
+use chrono::{DateTime, Utc};
+
+use super::event::ControlAction;
+use super::run::{Run, RunStatus, StepStatus};
+
+/// What the engine needs to know about the world besides the run.
+#[derive(Debug, Clone, Copy)]
+pub struct Context {
+    /// Now.
+    pub now: DateTime<Utc>,
+    /// Whether an executor exists for the run's kind.
+    pub executor_available: bool,
+    /// How many times a step may be started before it gives up.
+    pub max_attempts: u32,
+}
+
+/// How a step ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepOutcome {
+    /// Done; go on.
+    Done {
+        /// What happened.
+        note: String,
+    },
+    /// Not done and not failed: come back to this step at `until` (gate closed, soak).
+    Wait {
+        /// When to run the step again.
+        until: DateTime<Utc>,
+        /// Why.
+        reason: String,
+    },
+    /// Failed in a way worth retrying at `at`, unless attempts are used up.
+    Retry {
+        /// When to retry.
+        at: DateTime<Utc>,
+        /// What went wrong.
+        error: String,
+    },
+    /// Failed for good.
+    Failed {
+        /// What went wrong.
+        error: String,
+    },
+}
+
+/// What the engine is fed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    /// Start a queued run (or re-check whether it can start).
+    Start,
+    /// The step started at `epoch` ended.
+    StepFinished {
+        /// The epoch the step was started with.
+        epoch: u64,
+        /// How it ended.
+        outcome: StepOutcome,
+    },
+    /// A timer scheduled at `epoch` fired; also used to redo a step in hand after a crash.
+    Wake {
+        /// The epoch the wake was scheduled with.
+        epoch: u64,
+    },
+    /// An operator's control.
+    Control {
+        /// What.
+        action: ControlAction,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// What the worker must do next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Next {
+    /// Nothing.
+    Nothing,
+    /// Run step `index`, then feed back `StepFinished { epoch, .. }`.
+    RunStep {
+        /// The step.
+        index: usize,
+        /// The epoch to report with.
+        epoch: u64,
+    },
+    /// Feed back `Wake { epoch }` at `at`.
+    WakeAt {
+        /// When.
+        at: DateTime<Utc>,
+        /// The epoch to report with.
+        epoch: u64,
+    },
+}
+
+/// A control that the run's status does not allow.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cannot {action} a run that is {status}{hint}")]
+pub struct NotAllowed {
+    /// The control.
+    pub action: ControlAction,
+    /// The run's status.
+    pub status: RunStatus,
+    hint: &'static str,
+}
+
+/// The reason recorded when a run's kind has nothing to execute it yet.
+pub const NO_EXECUTOR: &str = "no executor for this run kind yet";
+
+/// Whether `action` is allowed for `run` now. Checked at the API (409) and again when the
+/// control is applied.
+pub fn check_control(run: &Run, action: ControlAction) -> Result<(), NotAllowed> {
+    let hint = match (action, run.status) {
+        (_, s) if s.is_terminal() => " (it has ended)",
+        (ControlAction::Halt, RunStatus::Halted) => " (it is already halted)",
+        (ControlAction::Halt, RunStatus::Running) if run.halt_requested => {
+            " (a halt is already pending)"
+        }
+        (ControlAction::Resume, RunStatus::Halted) => return Ok(()),
+        (ControlAction::Resume, _) => " (only a halted run can be resumed)",
+        _ => return Ok(()),
+    };
+    Err(NotAllowed {
+        action,
+        status: run.status,
+        hint,
+    })
+}
+
+/// Applies `input` to `run` and says what to do next.
+pub fn advance(run: &mut Run, input: Input, ctx: &Context) -> Result<Next, NotAllowed> {
+    match input {
+        Input::Start => Ok(match run.status {
+            RunStatus::Queued => start(run, ctx),
+            _ => Next::Nothing,
+        }),
+        Input::Control { action, reason } => {
+            check_control(run, action)?;
+            Ok(control(run, action, reason, ctx))
+        }
+        Input::Wake { epoch } => Ok(wake(run, epoch, ctx)),
+        Input::StepFinished { epoch, outcome } => Ok(step_finished(run, epoch, outcome, ctx)),
+    }
+}
+
+fn start(run: &mut Run, ctx: &Context) -> Next {
+    if !ctx.executor_available {
+        run.transition(RunStatus::Queued, NO_EXECUTOR, ctx.now);
+        return Next::Nothing;
+    }
+    let next = run
+        .current_step
+        .filter(|&i| {
+            run.steps
+                .get(i)
+                .is_some_and(|s| s.status != StepStatus::Done)
+        })
+        .or_else(|| run.steps.iter().position(|s| s.status != StepStatus::Done));
+    match next {
+        Some(index) => run_step(run, index, ctx),
+        None => {
+            run.current_step = None;
+            run.transition(RunStatus::Succeeded, "every step done", ctx.now);
+            Next::Nothing
+        }
+    }
+}
+
+fn run_step(run: &mut Run, index: usize, ctx: &Context) -> Next {
+    run.current_step = Some(index);
+    run.wake_at = None;
+    run.epoch += 1;
+    let step = &mut run.steps[index];
+    step.status = StepStatus::Running;
+    step.attempts += 1;
+    step.started_at.get_or_insert(ctx.now);
+    let reason = format!("step {} (attempt {})", step.label(), step.attempts);
+    run.transition(RunStatus::Running, reason, ctx.now);
+    Next::RunStep {
+        index,
+        epoch: run.epoch,
+    }
+}
+
+fn schedule_wake(run: &mut Run, at: DateTime<Utc>, reason: String, ctx: &Context) -> Next {
+    run.epoch += 1;
+    run.wake_at = Some(at);
+    run.transition(RunStatus::Waiting, reason, ctx.now);
+    Next::WakeAt {
+        at,
+        epoch: run.epoch,
+    }
+}
+
+fn hold(run: &mut Run, reason: String, ctx: &Context) {
+    run.epoch += 1;
+    run.wake_at = None;
+    run.halt_requested = false;
+    run.transition(RunStatus::Halted, reason, ctx.now);
+}
+
+fn control(run: &mut Run, action: ControlAction, reason: String, ctx: &Context) -> Next {
+    let reason = if reason.is_empty() {
+        format!("{action} by operator")
+    } else {
+        format!("{action} by operator: {reason}")
+    };
+    match action {
+        ControlAction::Halt if run.status == RunStatus::Running => {
+            // The step in hand finishes first; its outcome applies the halt.
+            run.halt_requested = true;
+            run.history.push(super::run::Transition {
+                at: ctx.now,
+                from: Some(run.status),
+                to: run.status,
+                step: run.current().map(super::run::Step::label),
+                reason: format!("{reason} (after the step in hand)"),
+            });
+            Next::Nothing
+        }
+        ControlAction::Halt => {
+            hold(run, reason, ctx);
+            Next::Nothing
+        }
+        ControlAction::Resume => {
+            if let Some(step) = run.current_step.and_then(|i| run.steps.get_mut(i))
+                && step.status != StepStatus::Done
+            {
+                // A fresh set of attempts: the operator fixed what made it give up.
+                step.attempts = 0;
+                step.status = StepStatus::Pending;
+            }
+            run.transition(RunStatus::Queued, reason, ctx.now);
+            start(run, ctx)
+        }
+        ControlAction::Abort => {
+            run.epoch += 1;
+            run.wake_at = None;
+            run.halt_requested = false;
+            run.transition(RunStatus::Aborted, reason, ctx.now);
+            Next::Nothing
+        }
+    }
+}
+
+fn wake(run: &mut Run, epoch: u64, ctx: &Context) -> Next {
+    if epoch != run.epoch {
+        return Next::Nothing;
+    }
+    match (run.status, run.current_step) {
+        (RunStatus::Waiting | RunStatus::Running, Some(index)) => {
+            if run.halt_requested {
+                hold(run, "halted by operator after the step in hand".into(), ctx);
+                return Next::Nothing;
+            }
+            run_step(run, index, ctx)
+        }
+        _ => Next::Nothing,
+    }
+}
+
+fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context) -> Next {
+    if epoch != run.epoch || run.status != RunStatus::Running {
+        return Next::Nothing;
+    }
+    let Some(index) = run.current_step else {
+        return Next::Nothing;
+    };
+    let max_attempts = ctx.max_attempts.max(1);
+    let step = &mut run.steps[index];
+    let label = step.label();
+    match outcome {
+        StepOutcome::Done { note } => {
+            step.status = StepStatus::Done;
+            step.ended_at = Some(ctx.now);
+            step.outcome = Some(note);
+            if run.halt_requested {
+                hold(run, format!("halted by operator after step {label}"), ctx);
+                return Next::Nothing;
+            }
+            start(run, ctx)
+        }
+        StepOutcome::Wait { until, reason } => {
+            step.status = StepStatus::Waiting;
+            step.outcome = Some(reason.clone());
+            if run.halt_requested {
+                hold(
+                    run,
+                    format!("halted by operator at step {label}: {reason}"),
+                    ctx,
+                );
+                return Next::Nothing;
+            }
+            schedule_wake(run, until, format!("step {label}: {reason}"), ctx)
+        }
+        StepOutcome::Retry { at, error } if step.attempts < max_attempts => {
+            step.status = StepStatus::Waiting;
+            step.outcome = Some(error.clone());
+            let attempts = step.attempts;
+            if run.halt_requested {
+                hold(
+                    run,
+                    format!("halted by operator at step {label}: {error}"),
+                    ctx,
+                );
+                return Next::Nothing;
+            }
+            let reason = format!(
+                "step {label} failed (attempt {attempts} of {max_attempts}), retrying: {error}"
+            );
+            schedule_wake(run, at, reason, ctx)
+        }
+        StepOutcome::Retry { error, .. } | StepOutcome::Failed { error } => {
+            step.status = StepStatus::Failed;
+            step.ended_at = Some(ctx.now);
+            step.outcome = Some(error.clone());
+            let reason = format!(
+                "step {label} gave up after {} attempt(s): {error}",
+                step.attempts
+            );
+            match run.on_failure {
+                super::run::FailurePolicy::Halt => hold(run, reason, ctx),
+                super::run::FailurePolicy::Fail => {
+                    run.epoch += 1;
+                    run.transition(RunStatus::Failed, reason, ctx.now);
+                }
+            }
+            Next::Nothing
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::run::{FailurePolicy, RunKind, Step};
+    use chrono::TimeZone;
+
+    fn t(secs: i64) -> DateTime<Utc> {
+        Utc.timestamp_opt(1_800_000_000 + secs, 0).single().unwrap()
+    }
+
+    fn run_with(steps: &[&str]) -> Run {
+        Run::new(
+            "r1".into(),
+            RunKind::K8sUpgrade,
+            serde_json::json!({}),
+            Some("1.34.5".into()),
+            steps.iter().map(|s| Step::new(*s, None)).collect(),
+            t(0),
+            "accepted",
+        )
+    }
+
+    fn ctx(secs: i64) -> Context {
+        Context {
+            now: t(secs),
+            executor_available: true,
+            max_attempts: 3,
+        }
+    }
+
+    fn done() -> StepOutcome {
+        StepOutcome::Done { note: "ok".into() }
+    }
+
+    fn control(action: ControlAction) -> Input {
+        Input::Control {
+            action,
+            reason: String::new(),
+        }
+    }
+
+    /// Feeds inputs in order; each row gives the input, the status after, and the next action.
+    fn script(run: &mut Run, rows: Vec<(Input, RunStatus, Next)>) {
+        for (i, (input, status, next)) in rows.into_iter().enumerate() {
+            let got = advance(run, input.clone(), &ctx(i as i64 + 1))
+                .unwrap_or_else(|e| panic!("row {i} ({input:?}): {e}"));
+            assert_eq!(got, next, "row {i} ({input:?}) next");
+            assert_eq!(run.status, status, "row {i} ({input:?}) status");
+        }
+    }
+
+    #[test]
+    fn a_run_without_executor_stays_queued_with_the_reason() {
+        let mut run = run_with(&["preflight"]);
+        let ctx = Context {
+            executor_available: false,
+            ..ctx(1)
+        };
+        assert_eq!(advance(&mut run, Input::Start, &ctx), Ok(Next::Nothing));
+        assert_eq!(run.status, RunStatus::Queued);
+        assert_eq!(run.reason, NO_EXECUTOR);
+        assert_eq!(run.history.len(), 2);
+        advance(&mut run, Input::Start, &ctx).unwrap();
+        assert_eq!(
+            run.history.len(),
+            2,
+            "the same reason is not recorded twice"
+        );
+    }
+
+    #[test]
+    fn steps_run_in_order_to_success() {
+        let mut run = run_with(&["a", "b"]);
+        script(
+            &mut run,
+            vec![
+                (
+                    Input::Start,
+                    RunStatus::Running,
+                    Next::RunStep { index: 0, epoch: 1 },
+                ),
+                (
+                    Input::StepFinished {
+                        epoch: 1,
+                        outcome: done(),
+                    },
+                    RunStatus::Running,
+                    Next::RunStep { index: 1, epoch: 2 },
+                ),
+                (
+                    Input::StepFinished {
+                        epoch: 2,
+                        outcome: done(),
+                    },
+                    RunStatus::Succeeded,
+                    Next::Nothing,
+                ),
+            ],
+        );
+        assert!(
+            run.steps
+                .iter()
+                .all(|s| s.status == StepStatus::Done && s.attempts == 1)
+        );
+    }
+
+    #[test]
+    fn wait_schedules_a_wake_and_the_wake_reruns_the_step() {
+        let mut run = run_with(&["gate"]);
+        let wait = StepOutcome::Wait {
+            until: t(30),
+            reason: "gate closed".into(),
+        };
+        script(
+            &mut run,
+            vec![
+                (
+                    Input::Start,
+                    RunStatus::Running,
+                    Next::RunStep { index: 0, epoch: 1 },
+                ),
+                (
+                    Input::StepFinished {
+                        epoch: 1,
+                        outcome: wait,
+                    },
+                    RunStatus::Waiting,
+                    Next::WakeAt {
+                        at: t(30),
+                        epoch: 2,
+                    },
+                ),
+                (Input::Wake { epoch: 1 }, RunStatus::Waiting, Next::Nothing),
+                (
+                    Input::Wake { epoch: 2 },
+                    RunStatus::Running,
+                    Next::RunStep { index: 0, epoch: 3 },
+                ),
+                (
+                    Input::StepFinished {
+                        epoch: 2,
+                        outcome: done(),
+                    },
+                    RunStatus::Running,
+                    Next::Nothing,
+                ),
+                (
+                    Input::StepFinished {
+                        epoch: 3,
+                        outcome: done(),
+                    },
+                    RunStatus::Succeeded,
+                    Next::Nothing,
+                ),
+            ],
+        );
+        assert_eq!(run.wake_at, None);
+    }
+
+    #[test]
+    fn retries_until_attempts_are_used_then_follows_the_policy() {
+        for (policy, end) in [
+            (FailurePolicy::Halt, RunStatus::Halted),
+            (FailurePolicy::Fail, RunStatus::Failed),
+        ] {
+            let mut run = run_with(&["drain"]);
+            run.on_failure = policy;
+            let retry = |at| StepOutcome::Retry {
+                at: t(at),
+                error: "429".into(),
+            };
+            script(
+                &mut run,
+                vec![
+                    (
+                        Input::Start,
+                        RunStatus::Running,
+                        Next::RunStep { index: 0, epoch: 1 },
+                    ),
+                    (
+                        Input::StepFinished {
+                            epoch: 1,
+                            outcome: retry(10),
+                        },
+                        RunStatus::Waiting,
+                        Next::WakeAt {
+                            at: t(10),
+                            epoch: 2,
+                        },
+                    ),
+                    (
+                        Input::Wake { epoch: 2 },
+                        RunStatus::Running,
+                        Next::RunStep { index: 0, epoch: 3 },
+                    ),
+                    (
+                        Input::StepFinished {
+                            epoch: 3,
+                            outcome: retry(20),
+                        },
+                        RunStatus::Waiting,
+                        Next::WakeAt {
+                            at: t(20),
+                            epoch: 4,
+                        },
+                    ),
+                    (
+                        Input::Wake { epoch: 4 },
+                        RunStatus::Running,
+                        Next::RunStep { index: 0, epoch: 5 },
+                    ),
+                    (
+                        Input::StepFinished {
+                            epoch: 5,
+                            outcome: retry(30),
+                        },
+                        end,
+                        Next::Nothing,
+                    ),
+                ],
+            );
+            assert_eq!(run.steps[0].status, StepStatus::Failed);
+            assert!(
+                run.reason.contains("gave up after 3 attempt(s): 429"),
+                "{}",
+                run.reason
+            );
+        }
+    }
+
+    #[test]
+    fn resume_after_a_give_up_gets_fresh_attempts_at_the_same_step() {
+        let mut run = run_with(&["a", "b"]);
+        script(
+            &mut run,
+            vec![
+                (
+                    Input::Start,
+                    RunStatus::Running,
+                    Next::RunStep { index: 0, epoch: 1 },
+                ),
+                (
+                    Input::StepFinished {
+                        epoch: 1,
+                        outcome: done(),
+                    },
+                    RunStatus::Running,
+                    Next::RunStep { index: 1, epoch: 2 },
+                ),
+                (
+                    Input::StepFinished {
+                        epoch: 2,
+                        outcome: StepOutcome::Failed {
+                            error: "boom".into(),
+                        },
+                    },
+                    RunStatus::Halted,
+                    Next::Nothing,
+                ),
+                (
+                    control(ControlAction::Resume),
+                    RunStatus::Running,
+                    Next::RunStep { index: 1, epoch: 4 },
+                ),
+            ],
+        );
+        assert_eq!(run.steps[1].attempts, 1);
+        assert_eq!(run.steps[0].attempts, 1, "a done step is not redone");
+    }
+
+    #[test]
+    fn halt_while_running_finishes_the_step_then_holds() {
+        let mut run = run_with(&["a", "b"]);
+        script(
+            &mut run,
+            vec![
+                (
+                    Input::Start,
+                    RunStatus::Running,
+                    Next::RunStep { index: 0, epoch: 1 },
+                ),
+                (
+                    control(ControlAction::Halt),
+                    RunStatus::Running,
+                    Next::Nothing,
+                ),
+                (
+                    Input::StepFinished {
+                        epoch: 1,
+                        outcome: done(),
+                    },
+                    RunStatus::Halted,
+                    Next::Nothing,
+                ),
+                (
+                    control(ControlAction::Resume),
+                    RunStatus::Running,
+                    Next::RunStep { index: 1, epoch: 3 },
+                ),
+                (
+                    Input::StepFinished {
+                        epoch: 3,
+                        outcome: done(),
+                    },
+                    RunStatus::Succeeded,
+                    Next::Nothing,
+                ),
+            ],
+        );
+        assert_eq!(run.steps[0].status, StepStatus::Done);
+    }
+
+    #[test]
+    fn halt_while_waiting_cancels_the_wake() {
+        let mut run = run_with(&["soak"]);
+        let wait = StepOutcome::Wait {
+            until: t(60),
+            reason: "soak".into(),
+        };
+        script(
+            &mut run,
+            vec![
+                (
+                    Input::Start,
+                    RunStatus::Running,
+                    Next::RunStep { index: 0, epoch: 1 },
+                ),
+                (
+                    Input::StepFinished {
+                        epoch: 1,
+                        outcome: wait,
+                    },
+                    RunStatus::Waiting,
+                    Next::WakeAt {
+                        at: t(60),
+                        epoch: 2,
+                    },
+                ),
+                (
+                    control(ControlAction::Halt),
+                    RunStatus::Halted,
+                    Next::Nothing,
+                ),
+                (Input::Wake { epoch: 2 }, RunStatus::Halted, Next::Nothing),
+            ],
+        );
+    }
+
+    #[test]
+    fn abort_ignores_the_late_outcome_of_the_step_in_hand() {
+        let mut run = run_with(&["a", "b"]);
+        script(
+            &mut run,
+            vec![
+                (
+                    Input::Start,
+                    RunStatus::Running,
+                    Next::RunStep { index: 0, epoch: 1 },
+                ),
+                (
+                    control(ControlAction::Abort),
+                    RunStatus::Aborted,
+                    Next::Nothing,
+                ),
+                (
+                    Input::StepFinished {
+                        epoch: 1,
+                        outcome: done(),
+                    },
+                    RunStatus::Aborted,
+                    Next::Nothing,
+                ),
+            ],
+        );
+        assert_eq!(run.steps[1].status, StepStatus::Pending);
+    }
+
+    #[test]
+    fn a_crash_redo_wake_reruns_the_step_in_hand() {
+        let mut run = run_with(&["drain"]);
+        advance(&mut run, Input::Start, &ctx(1)).unwrap();
+        let epoch = run.epoch;
+        let next = advance(&mut run, Input::Wake { epoch }, &ctx(2)).unwrap();
+        assert_eq!(
+            next,
+            Next::RunStep {
+                index: 0,
+                epoch: epoch + 1
+            }
+        );
+        assert_eq!(run.steps[0].attempts, 2);
+    }
+
+    #[test]
+    fn controls_the_status_forbids_are_refused_and_change_nothing() {
+        let cases = [
+            (RunStatus::Succeeded, ControlAction::Halt),
+            (RunStatus::Succeeded, ControlAction::Resume),
+            (RunStatus::Aborted, ControlAction::Abort),
+            (RunStatus::Failed, ControlAction::Resume),
+            (RunStatus::Queued, ControlAction::Resume),
+            (RunStatus::Running, ControlAction::Resume),
+            (RunStatus::Halted, ControlAction::Halt),
+        ];
+        for (status, action) in cases {
+            let mut run = run_with(&["a"]);
+            run.status = status;
+            let before = run.clone();
+            let err = advance(&mut run, control(action), &ctx(1))
+                .expect_err(&format!("{status} {action}"));
+            assert_eq!(err.status, status);
+            assert_eq!(run, before, "{status} {action} changed the run");
+        }
+    }
+
+    #[test]
+    fn halt_resume_abort_without_executor_record_history() {
+        let mut run = run_with(&["preflight"]);
+        let no_exec = |s| Context {
+            executor_available: false,
+            ..ctx(s)
+        };
+        advance(&mut run, Input::Start, &no_exec(1)).unwrap();
+        advance(&mut run, control(ControlAction::Halt), &no_exec(2)).unwrap();
+        assert_eq!(run.status, RunStatus::Halted);
+        advance(&mut run, control(ControlAction::Resume), &no_exec(3)).unwrap();
+        assert_eq!(run.status, RunStatus::Queued);
+        assert_eq!(run.reason, NO_EXECUTOR);
+        advance(&mut run, control(ControlAction::Abort), &no_exec(4)).unwrap();
+        assert_eq!(run.status, RunStatus::Aborted);
+        let path: Vec<_> = run.history.iter().map(|h| h.to).collect();
+        assert_eq!(
+            path,
+            [
+                RunStatus::Queued,
+                RunStatus::Queued,
+                RunStatus::Halted,
+                RunStatus::Queued,
+                RunStatus::Queued,
+                RunStatus::Aborted
+            ]
+        );
+    }
+}

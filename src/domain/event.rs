@@ -1,0 +1,732 @@
+//! Events as rollgate accepts them: the CloudEvents envelope, and the validated `data` of
+//! each event type. Parsing is separate from applying (the worker applies).
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::collections::BTreeSet;
+use std::fmt;
+
+use super::alert::AlertBatch;
+use super::version::Version;
+
+/// One problem with one field of an input.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FieldError {
+    /// Path of the field, e.g. `alerts[0].startsAt`; empty for the whole body.
+    pub field: String,
+    /// What is wrong, in words a person can act on.
+    pub problem: String,
+}
+
+/// Every problem found in an input, reported together.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FieldErrors(Vec<FieldError>);
+
+impl FieldErrors {
+    /// Records a problem at `field`.
+    pub fn push(&mut self, field: &str, problem: impl Into<String>) {
+        self.0.push(FieldError {
+            field: field.to_owned(),
+            problem: problem.into(),
+        });
+    }
+    /// How many problems were found.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    /// True when nothing is wrong.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    /// The problems, in the order found.
+    pub fn iter(&self) -> impl Iterator<Item = &FieldError> {
+        self.0.iter()
+    }
+    /// `Ok(value)` when nothing was recorded.
+    pub fn into_result<T>(self, value: T) -> Result<T, Self> {
+        if self.0.is_empty() {
+            Ok(value)
+        } else {
+            Err(self)
+        }
+    }
+}
+
+impl fmt::Display for FieldErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            if e.field.is_empty() {
+                f.write_str(&e.problem)?;
+            } else {
+                write!(f, "{}: {}", e.field, e.problem)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for FieldErrors {}
+
+/// Typed access to the fields of a JSON object, recording problems with their paths.
+pub(crate) struct Fields<'a> {
+    obj: &'a Map<String, Value>,
+    prefix: &'a str,
+}
+
+impl<'a> Fields<'a> {
+    pub(crate) fn new(obj: &'a Map<String, Value>, prefix: &'a str) -> Self {
+        Self { obj, prefix }
+    }
+    fn path(&self, key: &str) -> String {
+        if self.prefix.is_empty() {
+            key.to_owned()
+        } else {
+            format!("{}.{key}", self.prefix)
+        }
+    }
+    /// A required string field.
+    pub(crate) fn str(&self, key: &str, errors: &mut FieldErrors) -> Option<&'a str> {
+        match self.obj.get(key) {
+            Some(Value::String(s)) => Some(s),
+            Some(_) => {
+                errors.push(&self.path(key), "must be a string");
+                None
+            }
+            None => {
+                errors.push(&self.path(key), "is required");
+                None
+            }
+        }
+    }
+    /// An optional string field.
+    pub(crate) fn opt_str(&self, key: &str, errors: &mut FieldErrors) -> Option<&'a str> {
+        match self.obj.get(key) {
+            None | Some(Value::Null) => None,
+            Some(_) => self.str(key, errors),
+        }
+    }
+    /// An optional boolean field.
+    pub(crate) fn opt_bool(&self, key: &str, errors: &mut FieldErrors) -> Option<bool> {
+        match self.obj.get(key) {
+            None | Some(Value::Null) => None,
+            Some(Value::Bool(b)) => Some(*b),
+            Some(_) => {
+                errors.push(&self.path(key), "must be true or false");
+                None
+            }
+        }
+    }
+    /// Records every key not in `known`.
+    pub(crate) fn deny_unknown(&self, known: &[&str], errors: &mut FieldErrors) {
+        for key in self.obj.keys() {
+            if !known.contains(&key.as_str()) {
+                errors.push(
+                    &self.path(key),
+                    format!("is not a known field (known: {})", known.join(", ")),
+                );
+            }
+        }
+    }
+}
+
+/// Patch (same minor, higher patch) or minor (next minor) upgrade.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum UpgradeKind {
+    /// Same minor, higher patch.
+    Patch,
+    /// Exactly one minor up.
+    Minor,
+}
+
+/// The stages of a Kubernetes version upgrade after stage 0 (accept), in order.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Stage {
+    /// 1: all nodes Ready, gate open, quiet period, target plannable.
+    Preflight,
+    /// 2: etcd snapshot, streamed and checksummed.
+    Snapshot,
+    /// 3: control-plane containerd bump when behind the workers.
+    Containerd,
+    /// 4: apt repository rewrite to the new minor (minor upgrades only).
+    AptRepo,
+    /// 5: the control-plane node.
+    ControlPlane,
+    /// 6: each worker in the configured order.
+    Workers,
+    /// 7: all nodes at target, gate open, pods ready.
+    Postflight,
+}
+
+impl Stage {
+    /// Every stage, in execution order.
+    pub const ALL: [Stage; 7] = [
+        Stage::Preflight,
+        Stage::Snapshot,
+        Stage::Containerd,
+        Stage::AptRepo,
+        Stage::ControlPlane,
+        Stage::Workers,
+        Stage::Postflight,
+    ];
+
+    /// The name used in requests and plans.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Preflight => "preflight",
+            Stage::Snapshot => "snapshot",
+            Stage::Containerd => "containerd",
+            Stage::AptRepo => "apt-repo",
+            Stage::ControlPlane => "control-plane",
+            Stage::Workers => "workers",
+            Stage::Postflight => "postflight",
+        }
+    }
+
+    /// The stage with this name, if any.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.name() == name)
+    }
+}
+
+/// Which stages a run covers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct StageSelection(pub BTreeSet<Stage>);
+
+impl StageSelection {
+    /// Every stage.
+    pub fn all() -> Self {
+        Self(Stage::ALL.into_iter().collect())
+    }
+    /// Parses `all` or a comma list of stage names.
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        let raw = raw.trim();
+        if raw == "all" {
+            return Ok(Self::all());
+        }
+        let mut set = BTreeSet::new();
+        for item in raw.split(',').map(str::trim) {
+            match Stage::from_name(item) {
+                Some(stage) => {
+                    set.insert(stage);
+                }
+                None => {
+                    let known: Vec<_> = Stage::ALL.iter().map(|s| s.name()).collect();
+                    return Err(format!(
+                        "{item:?} is not a stage; use \"all\" or a comma list of: {}",
+                        known.join(", ")
+                    ));
+                }
+            }
+        }
+        Ok(Self(set))
+    }
+    /// The selected stages in execution order.
+    pub fn stages(&self) -> impl Iterator<Item = Stage> + '_ {
+        self.0.iter().copied()
+    }
+    /// The canonical text form: `all` or the names in order.
+    pub fn to_text(&self) -> String {
+        if self.0.len() == Stage::ALL.len() {
+            "all".into()
+        } else {
+            self.stages().map(Stage::name).collect::<Vec<_>>().join(",")
+        }
+    }
+}
+
+/// A validated request for a Kubernetes version upgrade (`POST /v1/detections`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct DetectionRequest {
+    /// The version to reach, `MAJOR.MINOR.PATCH`.
+    #[schema(value_type = String, example = "1.34.5")]
+    pub target_version: Version,
+    /// Patch or minor.
+    pub kind: UpgradeKind,
+    /// Plan and check only; change nothing.
+    pub dry_run: bool,
+    /// The stages to run.
+    #[schema(value_type = String, example = "all")]
+    pub stages: StageSelection,
+}
+
+impl DetectionRequest {
+    /// Validates the JSON body of a detection, reporting every bad field.
+    pub fn from_json(body: &Value) -> Result<Self, FieldErrors> {
+        let mut errors = FieldErrors::default();
+        let Some(obj) = body.as_object() else {
+            errors.push("", "the body must be a JSON object");
+            return Err(errors);
+        };
+        let f = Fields::new(obj, "");
+        f.deny_unknown(
+            &["target_version", "kind", "dry_run", "stages"],
+            &mut errors,
+        );
+        let target_version = f.str("target_version", &mut errors).and_then(|s| {
+            Version::parse(s)
+                .map_err(|e| errors.push("target_version", e.to_string()))
+                .ok()
+        });
+        let kind = f.str("kind", &mut errors).and_then(|s| match s {
+            "patch" => Some(UpgradeKind::Patch),
+            "minor" => Some(UpgradeKind::Minor),
+            other => {
+                errors.push(
+                    "kind",
+                    format!("{other:?} is neither \"patch\" nor \"minor\""),
+                );
+                None
+            }
+        });
+        let dry_run = f.opt_bool("dry_run", &mut errors).unwrap_or(false);
+        let stages = match f.opt_str("stages", &mut errors) {
+            None => Some(StageSelection::all()),
+            Some(raw) => StageSelection::parse(raw)
+                .map_err(|e| errors.push("stages", e))
+                .ok(),
+        };
+        match (target_version, kind, stages) {
+            (Some(target_version), Some(kind), Some(stages)) if errors.is_empty() => Ok(Self {
+                target_version,
+                kind,
+                dry_run,
+                stages,
+            }),
+            _ => Err(errors),
+        }
+    }
+
+    /// The JSON body this request came from, as the HTTP endpoint takes it.
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({
+            "target_version": self.target_version.to_string(),
+            "kind": self.kind,
+            "dry_run": self.dry_run,
+            "stages": self.stages.to_text(),
+        })
+    }
+}
+
+/// What an operator asks of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ControlAction {
+    /// Finish the current step, then hold.
+    Halt,
+    /// Continue a halted run from the held step.
+    Resume,
+    /// Stop for good, changing nothing more.
+    Abort,
+}
+
+impl ControlAction {
+    /// Parses `halt`, `resume` or `abort`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "halt" => Some(Self::Halt),
+            "resume" => Some(Self::Resume),
+            "abort" => Some(Self::Abort),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for ControlAction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Halt => "halt",
+            Self::Resume => "resume",
+            Self::Abort => "abort",
+        })
+    }
+}
+
+/// An operator's control of one run (`POST /v1/runs/{id}/halt|resume|abort`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ControlRequest {
+    /// The run.
+    pub run_id: String,
+    /// What to do.
+    pub action: ControlAction,
+    /// Why, for the history.
+    pub reason: String,
+}
+
+/// A persisted timer firing for one run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WakeRequest {
+    /// The run to wake.
+    pub run_id: String,
+    /// The run's epoch when the wake was scheduled; a wake from an older epoch is stale.
+    pub epoch: u64,
+}
+
+/// The event types rollgate knows, with their routing keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventType {
+    /// Alertmanager notifications.
+    Alerts,
+    /// Upgrade detections.
+    Detection,
+    /// Operator controls.
+    Control,
+    /// Timers.
+    Wake,
+}
+
+impl EventType {
+    /// Every type.
+    pub const ALL: [EventType; 4] = [Self::Alerts, Self::Detection, Self::Control, Self::Wake];
+    /// The CloudEvents `type`.
+    pub fn type_name(self) -> &'static str {
+        match self {
+            Self::Alerts => "rollgate.alerts.v1",
+            Self::Detection => "rollgate.detection.v1",
+            Self::Control => "rollgate.control.v1",
+            Self::Wake => "rollgate.wake.v1",
+        }
+    }
+    /// The AMQP routing key.
+    pub fn routing_key(self) -> &'static str {
+        match self {
+            Self::Alerts => "alerts",
+            Self::Detection => "detections",
+            Self::Control => "control",
+            Self::Wake => "wake",
+        }
+    }
+    /// A short label for metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Alerts => "alerts",
+            Self::Detection => "detection",
+            Self::Control => "control",
+            Self::Wake => "wake",
+        }
+    }
+    /// The type with this CloudEvents `type`.
+    pub fn from_type_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.type_name() == name)
+    }
+}
+
+/// The validated payload of an event.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EventData {
+    /// An Alertmanager notification.
+    Alerts(AlertBatch),
+    /// An upgrade request; `run_id` is set when the HTTP intake already named the run.
+    Detection {
+        /// The run id chosen at intake, if any.
+        run_id: Option<String>,
+        /// The request.
+        request: DetectionRequest,
+    },
+    /// An operator control.
+    Control(ControlRequest),
+    /// A timer.
+    Wake(WakeRequest),
+}
+
+impl EventData {
+    /// The type of this payload.
+    pub fn event_type(&self) -> EventType {
+        match self {
+            Self::Alerts(_) => EventType::Alerts,
+            Self::Detection { .. } => EventType::Detection,
+            Self::Control(_) => EventType::Control,
+            Self::Wake(_) => EventType::Wake,
+        }
+    }
+}
+
+/// A CloudEvents 1.0 event in structured JSON mode, as it travels on the queue.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CloudEvent {
+    /// Always `1.0`.
+    pub specversion: String,
+    /// Unique per event; the deduplication key.
+    pub id: String,
+    /// Who produced it.
+    pub source: String,
+    /// The event type, e.g. `rollgate.detection.v1`.
+    #[serde(rename = "type")]
+    pub event_type: String,
+    /// When it was produced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<DateTime<Utc>>,
+    /// Extension attribute: the run this event belongs to, when known at intake.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runid: Option<String>,
+    /// The payload.
+    #[serde(default)]
+    pub data: Value,
+}
+
+/// Why a queued message cannot be processed: it goes to the dead-letter queue.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Not JSON, or not a CloudEvents envelope.
+    #[error("not a CloudEvents 1.0 JSON envelope: {0}")]
+    Envelope(String),
+    /// An envelope attribute is wrong.
+    #[error("bad CloudEvents attribute {0}")]
+    Attribute(String),
+    /// The `data` breaks the rules of its type.
+    #[error("invalid {event_type} data: {errors}")]
+    Data {
+        /// The event type.
+        event_type: &'static str,
+        /// Every problem.
+        errors: FieldErrors,
+    },
+}
+
+const MAX_ID_LEN: usize = 256;
+
+impl CloudEvent {
+    /// A new event of `data`'s type with a fresh id.
+    pub fn new(data: &EventData, source: &str, now: DateTime<Utc>) -> Self {
+        let (runid, payload) = match data {
+            EventData::Alerts(batch) => (None, alerts_to_json(batch)),
+            EventData::Detection { run_id, request } => (run_id.clone(), request.to_json()),
+            EventData::Control(c) => (Some(c.run_id.clone()), serde_json::json!(c)),
+            EventData::Wake(w) => (Some(w.run_id.clone()), serde_json::json!(w)),
+        };
+        Self {
+            specversion: "1.0".into(),
+            id: uuid::Uuid::now_v7().to_string(),
+            source: source.into(),
+            event_type: data.event_type().type_name().into(),
+            time: Some(now),
+            runid,
+            data: payload,
+        }
+    }
+
+    /// The envelope as bytes.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// Parses and validates an envelope and its data.
+    pub fn decode(bytes: &[u8]) -> Result<(Self, EventData), DecodeError> {
+        let event: CloudEvent =
+            serde_json::from_slice(bytes).map_err(|e| DecodeError::Envelope(e.to_string()))?;
+        if event.specversion != "1.0" {
+            return Err(DecodeError::Attribute(format!(
+                "specversion {:?}: only \"1.0\" is supported",
+                event.specversion
+            )));
+        }
+        if event.id.is_empty() || event.id.len() > MAX_ID_LEN {
+            return Err(DecodeError::Attribute(format!(
+                "id: must be 1-{MAX_ID_LEN} characters"
+            )));
+        }
+        if event.source.is_empty() {
+            return Err(DecodeError::Attribute("source: must not be empty".into()));
+        }
+        let Some(event_type) = EventType::from_type_name(&event.event_type) else {
+            return Err(DecodeError::Attribute(format!(
+                "type {:?}: not one of {}",
+                event.event_type,
+                EventType::ALL.map(EventType::type_name).join(", ")
+            )));
+        };
+        let data_error = |errors| DecodeError::Data {
+            event_type: event_type.type_name(),
+            errors,
+        };
+        let data = match event_type {
+            EventType::Alerts => {
+                EventData::Alerts(AlertBatch::from_json(&event.data).map_err(data_error)?)
+            }
+            EventType::Detection => EventData::Detection {
+                run_id: event.runid.clone(),
+                request: DetectionRequest::from_json(&event.data).map_err(data_error)?,
+            },
+            EventType::Control => EventData::Control(
+                serde_json::from_value(event.data.clone())
+                    .map_err(|e| single(data_error, e.to_string()))?,
+            ),
+            EventType::Wake => EventData::Wake(
+                serde_json::from_value(event.data.clone())
+                    .map_err(|e| single(data_error, e.to_string()))?,
+            ),
+        };
+        Ok((event, data))
+    }
+}
+
+fn single(make: impl FnOnce(FieldErrors) -> DecodeError, problem: String) -> DecodeError {
+    let mut errors = FieldErrors::default();
+    errors.push("data", problem);
+    make(errors)
+}
+
+/// Re-encodes a validated batch in Alertmanager's own field names, so that the queued
+/// `data` is exactly what `POST /v1/alerts` takes.
+fn alerts_to_json(batch: &AlertBatch) -> Value {
+    let alerts: Vec<Value> = batch
+        .alerts
+        .iter()
+        .map(|a| {
+            serde_json::json!({
+                "status": a.status,
+                "labels": a.labels,
+                "annotations": a.annotations,
+                "startsAt": a.starts_at.to_rfc3339(),
+                "endsAt": a.ends_at.map_or_else(|| "0001-01-01T00:00:00Z".to_owned(), |t| t.to_rfc3339()),
+                "fingerprint": a.fingerprint,
+            })
+        })
+        .collect();
+    let firing = batch
+        .alerts
+        .iter()
+        .any(|a| a.status == super::alert::AlertStatus::Firing);
+    serde_json::json!({
+        "version": "4",
+        "groupKey": batch.group_key,
+        "status": if firing { "firing" } else { "resolved" },
+        "receiver": batch.receiver,
+        "alerts": alerts,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn detection_accepts_the_documented_body() {
+        let req = DetectionRequest::from_json(&json!({
+            "target_version": "1.34.5", "kind": "patch", "dry_run": true,
+            "stages": "preflight,snapshot"
+        }))
+        .unwrap();
+        assert_eq!(req.target_version.to_string(), "1.34.5");
+        assert!(req.dry_run);
+        assert_eq!(req.stages.to_text(), "preflight,snapshot");
+        let defaults =
+            DetectionRequest::from_json(&json!({"target_version": "1.35.0", "kind": "minor"}))
+                .unwrap();
+        assert_eq!(defaults.stages, StageSelection::all());
+        assert!(!defaults.dry_run);
+    }
+
+    #[test]
+    fn detection_rejects_each_broken_rule() {
+        let cases = [
+            (
+                json!({"target_version": "1.34", "kind": "patch"}),
+                "target_version",
+            ),
+            (
+                json!({"target_version": "1.34.5;reboot", "kind": "patch"}),
+                "target_version",
+            ),
+            (
+                json!({"target_version": 1.34, "kind": "patch"}),
+                "target_version",
+            ),
+            (json!({"kind": "patch"}), "target_version"),
+            (json!({"target_version": "1.34.5", "kind": "major"}), "kind"),
+            (
+                json!({"target_version": "1.34.5", "kind": "patch", "stages": "preflight,reboot"}),
+                "stages",
+            ),
+            (
+                json!({"target_version": "1.34.5", "kind": "patch", "stages": ""}),
+                "stages",
+            ),
+            (
+                json!({"target_version": "1.34.5", "kind": "patch", "dry_run": "yes"}),
+                "dry_run",
+            ),
+            (
+                json!({"target_version": "1.34.5", "kind": "patch", "extra": 1}),
+                "extra",
+            ),
+            (json!("1.34.5"), ""),
+        ];
+        for (body, field) in cases {
+            let errors = DetectionRequest::from_json(&body).expect_err(&body.to_string());
+            assert!(
+                errors.iter().any(|e| e.field == field),
+                "{body}: expected {field:?}, got {errors}"
+            );
+        }
+    }
+
+    #[test]
+    fn several_problems_are_reported_together() {
+        let errors =
+            DetectionRequest::from_json(&json!({"target_version": "x", "kind": "y"})).unwrap_err();
+        assert_eq!(errors.len(), 2, "{errors}");
+    }
+
+    #[test]
+    fn envelope_round_trips_every_type() {
+        let now = Utc::now();
+        let detection = EventData::Detection {
+            run_id: Some("r1".into()),
+            request: DetectionRequest::from_json(
+                &json!({"target_version": "1.34.5", "kind": "patch"}),
+            )
+            .unwrap(),
+        };
+        let alerts = EventData::Alerts(
+            AlertBatch::from_json(&crate::domain::alert::tests_support::webhook()).unwrap(),
+        );
+        let control = EventData::Control(ControlRequest {
+            run_id: "r1".into(),
+            action: ControlAction::Halt,
+            reason: "maintenance".into(),
+        });
+        let wake = EventData::Wake(WakeRequest {
+            run_id: "r1".into(),
+            epoch: 3,
+        });
+        for data in [detection, alerts, control, wake] {
+            let event = CloudEvent::new(&data, "test", now);
+            let (decoded, decoded_data) = CloudEvent::decode(&event.to_bytes()).unwrap();
+            assert_eq!(decoded.id, event.id);
+            assert_eq!(decoded_data, data);
+        }
+    }
+
+    #[test]
+    fn decode_rejects_bad_envelopes() {
+        for body in [
+            &b"not json"[..],
+            br#"{"specversion":"0.3","id":"1","source":"s","type":"rollgate.wake.v1","data":{}}"#,
+            br#"{"specversion":"1.0","id":"","source":"s","type":"rollgate.wake.v1","data":{}}"#,
+            br#"{"specversion":"1.0","id":"1","source":"s","type":"other","data":{}}"#,
+            br#"{"specversion":"1.0","id":"1","source":"s","type":"rollgate.detection.v1","data":{"target_version":"1.2","kind":"patch"}}"#,
+            br#"{"specversion":"1.0","id":"1","source":"s","type":"rollgate.wake.v1","data":{"run_id":5}}"#,
+        ] {
+            assert!(CloudEvent::decode(body).is_err(), "{}", String::from_utf8_lossy(body));
+        }
+    }
+}

@@ -1,0 +1,7 @@
+//! The pure core: plain data and plain functions, no IO, no runtime.
+
+pub mod alert;
+pub mod engine;
+pub mod event;
+pub mod run;
+pub mod version;

@@ -1,0 +1,263 @@
+//! Runs: what was asked, where it stands, and every transition it went through.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::fmt;
+
+/// What a run does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum RunKind {
+    /// A kubeadm Kubernetes version upgrade.
+    K8sUpgrade,
+}
+
+impl RunKind {
+    /// The name used in the API and in metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::K8sUpgrade => "k8s-upgrade",
+        }
+    }
+}
+
+/// Where a run stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum RunStatus {
+    /// Accepted, not started (or no executor can start it yet).
+    Queued,
+    /// A step is in hand.
+    Running,
+    /// Waiting on a gate or a timer; a wake is scheduled.
+    Waiting,
+    /// Held by an operator or by a rule; `resume` continues it.
+    Halted,
+    /// Stopped on an error.
+    Failed,
+    /// Every step done.
+    Succeeded,
+    /// Stopped by an operator.
+    Aborted,
+}
+
+impl RunStatus {
+    /// Every status, for metrics.
+    pub const ALL: [RunStatus; 7] = [
+        Self::Queued,
+        Self::Running,
+        Self::Waiting,
+        Self::Halted,
+        Self::Failed,
+        Self::Succeeded,
+        Self::Aborted,
+    ];
+    /// The lowercase name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::Waiting => "waiting",
+            Self::Halted => "halted",
+            Self::Failed => "failed",
+            Self::Succeeded => "succeeded",
+            Self::Aborted => "aborted",
+        }
+    }
+    /// The status with this name.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.name() == name)
+    }
+    /// Nothing more will happen to a run in this status.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Failed | Self::Succeeded | Self::Aborted)
+    }
+}
+
+impl fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Where a step stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum StepStatus {
+    /// Not started.
+    Pending,
+    /// In hand.
+    Running,
+    /// Started, waiting on a gate or timer before it can go on.
+    Waiting,
+    /// Finished.
+    Done,
+    /// Gave up.
+    Failed,
+}
+
+/// One idempotent step of a run's plan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Step {
+    /// What the step is, e.g. `preflight` or `drain`.
+    pub name: String,
+    /// The node it acts on, if any.
+    pub node: Option<String>,
+    /// Where it stands.
+    pub status: StepStatus,
+    /// How many times it was started.
+    pub attempts: u32,
+    /// First start.
+    pub started_at: Option<DateTime<Utc>>,
+    /// When it finished or gave up.
+    pub ended_at: Option<DateTime<Utc>>,
+    /// The last outcome, in words.
+    pub outcome: Option<String>,
+}
+
+impl Step {
+    /// A pending step.
+    pub fn new(name: impl Into<String>, node: Option<String>) -> Self {
+        Self {
+            name: name.into(),
+            node,
+            status: StepStatus::Pending,
+            attempts: 0,
+            started_at: None,
+            ended_at: None,
+            outcome: None,
+        }
+    }
+    /// `name` or `name@node`.
+    pub fn label(&self) -> String {
+        match &self.node {
+            Some(node) => format!("{}@{node}", self.name),
+            None => self.name.clone(),
+        }
+    }
+}
+
+/// One change of a run's status, kept forever in its history.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Transition {
+    /// When.
+    pub at: DateTime<Utc>,
+    /// The status before; `None` when the run was created.
+    pub from: Option<RunStatus>,
+    /// The status after.
+    pub to: RunStatus,
+    /// The step in hand, if any.
+    pub step: Option<String>,
+    /// Why.
+    pub reason: String,
+}
+
+/// What to do when a step gives up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum FailurePolicy {
+    /// Hold the run so an operator can fix things and resume.
+    #[default]
+    Halt,
+    /// End the run as failed.
+    Fail,
+}
+
+/// An upgrade run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Run {
+    /// Unique id (UUID v7, so ids sort by creation).
+    pub id: String,
+    /// What it does.
+    pub kind: RunKind,
+    /// The request as accepted.
+    #[schema(value_type = Object)]
+    pub request: Value,
+    /// The version it upgrades to, when it has one; used to find duplicates.
+    pub target: Option<String>,
+    /// Where it stands.
+    pub status: RunStatus,
+    /// Why it stands there.
+    pub reason: String,
+    /// The plan.
+    pub steps: Vec<Step>,
+    /// Index of the step in hand or held.
+    pub current_step: Option<usize>,
+    /// When a waiting run wakes.
+    pub wake_at: Option<DateTime<Utc>>,
+    /// Bumped whenever work is scheduled or cancelled; stale wakes and step results carry
+    /// an older epoch and are ignored.
+    pub epoch: u64,
+    /// An operator asked to halt while a step was in hand.
+    pub halt_requested: bool,
+    /// What to do when a step gives up.
+    pub on_failure: FailurePolicy,
+    /// Created.
+    pub created_at: DateTime<Utc>,
+    /// Last changed.
+    pub updated_at: DateTime<Utc>,
+    /// Every transition.
+    pub history: Vec<Transition>,
+}
+
+impl Run {
+    /// A new queued run.
+    pub fn new(
+        id: String,
+        kind: RunKind,
+        request: Value,
+        target: Option<String>,
+        steps: Vec<Step>,
+        now: DateTime<Utc>,
+        reason: impl Into<String>,
+    ) -> Self {
+        let reason = reason.into();
+        Self {
+            id,
+            kind,
+            request,
+            target,
+            status: RunStatus::Queued,
+            reason: reason.clone(),
+            steps,
+            current_step: None,
+            wake_at: None,
+            epoch: 0,
+            halt_requested: false,
+            on_failure: FailurePolicy::default(),
+            created_at: now,
+            updated_at: now,
+            history: vec![Transition {
+                at: now,
+                from: None,
+                to: RunStatus::Queued,
+                step: None,
+                reason,
+            }],
+        }
+    }
+
+    /// The step in hand or held.
+    pub fn current(&self) -> Option<&Step> {
+        self.current_step.and_then(|i| self.steps.get(i))
+    }
+
+    /// Moves to `to` for `reason`, recording a transition unless nothing changed.
+    pub fn transition(&mut self, to: RunStatus, reason: impl Into<String>, now: DateTime<Utc>) {
+        let reason = reason.into();
+        if self.status == to && self.reason == reason {
+            return;
+        }
+        self.history.push(Transition {
+            at: now,
+            from: Some(self.status),
+            to,
+            step: self.current().map(Step::label),
+            reason: reason.clone(),
+        });
+        self.status = to;
+        self.reason = reason;
+        self.updated_at = now;
+    }
+}

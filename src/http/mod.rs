@@ -1,0 +1,78 @@
+//! The HTTP API (actix-web).
+
+pub mod auth;
+pub mod error;
+pub mod openapi;
+pub mod routes;
+
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::middleware::{Next, from_fn};
+use actix_web::{Error, web};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::metrics::Metrics;
+use crate::queue::Queue;
+use crate::store::Store;
+
+/// What every handler shares.
+pub struct AppState {
+    /// The event queue.
+    pub queue: Arc<dyn Queue>,
+    /// The run store.
+    pub store: Store,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// The API bearer token.
+    pub token: Arc<str>,
+    /// Largest accepted body.
+    pub max_body_bytes: usize,
+    /// Serialises detection intake so that two requests for one target make one run.
+    pub intake: tokio::sync::Mutex<()>,
+}
+
+/// Registers every route on an actix `App`.
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.route("/healthz", web::get().to(routes::healthz))
+        .route("/readyz", web::get().to(routes::readyz))
+        .route("/metrics", web::get().to(routes::metrics))
+        .route("/openapi.json", web::get().to(openapi::openapi_json))
+        .service(
+            web::scope("/v1")
+                .wrap(from_fn(auth::require_token))
+                .route("/alerts", web::post().to(routes::post_alerts))
+                .route("/alerts", web::get().to(routes::get_alerts))
+                .route("/detections", web::post().to(routes::post_detections))
+                .route("/runs", web::get().to(routes::list_runs))
+                .route("/runs/{id}", web::get().to(routes::get_run))
+                .route("/runs/{id}/{action}", web::post().to(routes::control_run)),
+        )
+        .default_service(web::to(routes::not_found));
+}
+
+/// Counts requests by route pattern, method and code, and times them.
+pub async fn observe(
+    req: ServiceRequest,
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<impl MessageBody>, Error> {
+    let started = Instant::now();
+    let method = req.method().to_string();
+    let metrics = req
+        .app_data::<web::Data<AppState>>()
+        .map(|s| s.metrics.clone());
+    let res = next.call(req).await?;
+    if let Some(m) = metrics {
+        let route = res
+            .request()
+            .match_pattern()
+            .unwrap_or_else(|| "unmatched".into());
+        m.http_requests
+            .with_label_values(&[&route, &method, res.status().as_str()])
+            .inc();
+        m.http_duration
+            .with_label_values(&[&route])
+            .observe(started.elapsed().as_secs_f64());
+    }
+    Ok(res)
+}

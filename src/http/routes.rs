@@ -1,0 +1,400 @@
+//! Request handlers. Each one parses and validates fully before it queues anything.
+
+use actix_web::http::StatusCode;
+use actix_web::http::header::CONTENT_TYPE;
+use actix_web::{HttpRequest, HttpResponse, web};
+use chrono::Utc;
+use futures_util::StreamExt;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::AppState;
+use super::error::ApiError;
+use crate::domain::alert::AlertBatch;
+use crate::domain::engine::check_control;
+use crate::domain::event::{
+    CloudEvent, ControlAction, ControlRequest, DetectionRequest, EventData,
+};
+use crate::domain::run::{Run, RunKind, RunStatus};
+use crate::queue::Outgoing;
+use crate::worker::{SOURCE, accepted_run};
+
+type State = web::Data<AppState>;
+
+/// Answer to an accepted alert notification.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct AlertsAccepted {
+    /// Id of the queued event.
+    pub event_id: String,
+    /// How many alerts it carried.
+    pub alerts: usize,
+}
+
+/// Answer to a detection.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct DetectionAccepted {
+    /// The run that handles it.
+    pub run_id: String,
+    /// That run's status.
+    pub status: RunStatus,
+}
+
+/// Answer to an accepted control.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ControlAccepted {
+    /// The run.
+    pub run_id: String,
+    /// The control queued.
+    pub action: ControlAction,
+    /// Id of the queued event.
+    pub event_id: String,
+}
+
+/// Reads a JSON body: 415 unless JSON, 413 over the limit, 400 unless it parses.
+async fn read_json(
+    req: &HttpRequest,
+    mut payload: web::Payload,
+    limit: usize,
+) -> Result<Value, ApiError> {
+    let content_type = req
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let mime = content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    if mime != "application/json" && !mime.ends_with("+json") {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            format!(
+                "Content-Type {content_type:?} is not JSON: send Content-Type: application/json"
+            ),
+        ));
+    }
+    let too_large = |n: usize| {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!(
+                "the body is over {limit} bytes ({n} seen); the limit is server.max_body_bytes"
+            ),
+        )
+    };
+    let declared = req
+        .headers()
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if let Some(n) = declared.filter(|&n| n > limit) {
+        return Err(too_large(n));
+    }
+    let mut body = web::BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_body",
+                format!("cannot read the body: {e}"),
+            )
+        })?;
+        if body.len() + chunk.len() > limit {
+            return Err(too_large(body.len() + chunk.len()));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    serde_json::from_slice(&body).map_err(ApiError::bad_json)
+}
+
+async fn enqueue(state: &AppState, data: &EventData) -> Result<CloudEvent, ApiError> {
+    let event = CloudEvent::new(data, SOURCE, Utc::now());
+    let kind = data.event_type();
+    let msg = Outgoing {
+        id: event.id.clone(),
+        routing_key: kind.routing_key().into(),
+        body: event.to_bytes(),
+        not_before: None,
+    };
+    match state.queue.publish(msg).await {
+        Ok(()) => {
+            state
+                .metrics
+                .events_queued
+                .with_label_values(&[kind.label()])
+                .inc();
+            Ok(event)
+        }
+        Err(e) => {
+            state
+                .metrics
+                .queue_errors
+                .with_label_values(&["publish"])
+                .inc();
+            tracing::warn!(error = %e, "cannot queue an event");
+            Err(ApiError::unavailable(format!(
+                "the event was not queued ({e}); nothing was accepted, retry later"
+            )))
+        }
+    }
+}
+
+fn store_down(e: crate::store::StoreError) -> ApiError {
+    tracing::warn!(error = %e, "run store failed");
+    ApiError::unavailable("the run store is unavailable; retry later")
+}
+
+/// `POST /v1/alerts`: an Alertmanager webhook notification (version 4).
+#[utoipa::path(post, path = "/v1/alerts", request_body = Object,
+    responses((status = 202, body = AlertsAccepted), (status = 400, body = super::error::ErrorBody),
+        (status = 401, body = super::error::ErrorBody), (status = 413, body = super::error::ErrorBody),
+        (status = 415, body = super::error::ErrorBody), (status = 422, body = super::error::ErrorBody),
+        (status = 503, body = super::error::ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn post_alerts(
+    state: State,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let body = read_json(&req, payload, state.max_body_bytes).await?;
+    let batch = AlertBatch::from_json(&body).map_err(|e| ApiError::invalid(e.to_string()))?;
+    let alerts = batch.alerts.len();
+    let event = enqueue(&state, &EventData::Alerts(batch)).await?;
+    Ok(HttpResponse::Accepted().json(AlertsAccepted {
+        event_id: event.id,
+        alerts,
+    }))
+}
+
+/// `GET /v1/alerts`: the alert board built from Alertmanager notifications.
+#[utoipa::path(get, path = "/v1/alerts", responses((status = 200, body = Vec<crate::store::BoardEntry>)), security(("bearer" = [])))]
+pub async fn get_alerts(state: State) -> Result<HttpResponse, ApiError> {
+    let board = state.store.board(Utc::now()).await.map_err(store_down)?;
+    Ok(HttpResponse::Ok().json(board))
+}
+
+/// `POST /v1/detections`: ask for a Kubernetes version upgrade.
+#[utoipa::path(post, path = "/v1/detections", request_body = DetectionRequest,
+    responses((status = 202, body = DetectionAccepted, description = "a new run"),
+        (status = 200, body = DetectionAccepted, description = "a run for this target is already in flight"),
+        (status = 422, body = super::error::ErrorBody), (status = 503, body = super::error::ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn post_detections(
+    state: State,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let body = read_json(&req, payload, state.max_body_bytes).await?;
+    let request =
+        DetectionRequest::from_json(&body).map_err(|e| ApiError::invalid(e.to_string()))?;
+    let _intake = state.intake.lock().await;
+    let target = request.target_version.to_string();
+    if let Some(run) = state
+        .store
+        .in_flight(RunKind::K8sUpgrade, &target)
+        .await
+        .map_err(store_down)?
+    {
+        return Ok(HttpResponse::Ok().json(DetectionAccepted {
+            run_id: run.id,
+            status: run.status,
+        }));
+    }
+    let run_id = uuid::Uuid::now_v7().to_string();
+    enqueue(
+        &state,
+        &EventData::Detection {
+            run_id: Some(run_id.clone()),
+            request: request.clone(),
+        },
+    )
+    .await?;
+    // The event is durable; the worker creates the run if this write is lost.
+    if let Err(e) = state
+        .store
+        .insert_run_if_absent(&accepted_run(run_id.clone(), &request))
+        .await
+    {
+        tracing::warn!(error = %e, %run_id, "run record not written at intake; the worker will write it");
+    }
+    Ok(HttpResponse::Accepted().json(DetectionAccepted {
+        run_id,
+        status: RunStatus::Queued,
+    }))
+}
+
+/// Filters for `GET /v1/runs`.
+#[derive(Deserialize, utoipa::IntoParams)]
+pub struct RunFilter {
+    /// Only runs in this status.
+    pub status: Option<String>,
+    /// At most this many (default 100, at most 1000).
+    pub limit: Option<usize>,
+}
+
+/// `GET /v1/runs`: runs, newest first.
+#[utoipa::path(get, path = "/v1/runs", params(RunFilter), responses((status = 200, body = Vec<Run>)), security(("bearer" = [])))]
+pub async fn list_runs(
+    state: State,
+    filter: web::Query<RunFilter>,
+) -> Result<HttpResponse, ApiError> {
+    let status = match filter.status.as_deref() {
+        None => None,
+        Some(s) => Some(RunStatus::from_name(s).ok_or_else(|| {
+            ApiError::invalid(format!(
+                "status {s:?} is not one of {}",
+                RunStatus::ALL.map(RunStatus::name).join(", ")
+            ))
+        })?),
+    };
+    let limit = filter.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::invalid("limit must be from 1 to 1000"));
+    }
+    let runs = state
+        .store
+        .list_runs(status, limit)
+        .await
+        .map_err(store_down)?;
+    Ok(HttpResponse::Ok().json(runs))
+}
+
+/// `GET /v1/runs/{id}`: one run with its steps and history.
+#[utoipa::path(get, path = "/v1/runs/{id}", responses((status = 200, body = Run), (status = 404, body = super::error::ErrorBody)), security(("bearer" = [])))]
+pub async fn get_run(state: State, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+    match state.store.get_run(&id).await.map_err(store_down)? {
+        Some(run) => Ok(HttpResponse::Ok().json(run)),
+        None => Err(ApiError::not_found(format!(
+            "no run {id:?}; GET /v1/runs lists them"
+        ))),
+    }
+}
+
+/// `POST /v1/runs/{id}/halt|resume|abort`, optional body `{"reason": "…"}`.
+#[utoipa::path(post, path = "/v1/runs/{id}/{action}",
+    params(("id" = String, Path), ("action" = String, Path, description = "halt, resume or abort")),
+    responses((status = 202, body = ControlAccepted), (status = 404, body = super::error::ErrorBody),
+        (status = 409, body = super::error::ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn control_run(
+    state: State,
+    path: web::Path<(String, String)>,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let (run_id, action) = path.into_inner();
+    let Some(action) = ControlAction::from_name(&action) else {
+        return Err(ApiError::not_found(format!(
+            "no action {action:?}; use halt, resume or abort"
+        )));
+    };
+    let has_body = req
+        .headers()
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v != "0")
+        || req.headers().contains_key("transfer-encoding");
+    let reason = if has_body {
+        let body = read_json(&req, payload, state.max_body_bytes).await?;
+        match body.get("reason") {
+            None | Some(Value::Null) => String::new(),
+            Some(Value::String(s)) if s.len() <= 1024 => s.clone(),
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "reason must be a string of at most 1024 bytes",
+                ));
+            }
+        }
+    } else {
+        String::new()
+    };
+    let run = state
+        .store
+        .get_run(&run_id)
+        .await
+        .map_err(store_down)?
+        .ok_or_else(|| {
+            ApiError::not_found(format!("no run {run_id:?}; GET /v1/runs lists them"))
+        })?;
+    check_control(&run, action)
+        .map_err(|e| ApiError::new(StatusCode::CONFLICT, "conflict", e.to_string()))?;
+    let event = enqueue(
+        &state,
+        &EventData::Control(ControlRequest {
+            run_id: run_id.clone(),
+            action,
+            reason,
+        }),
+    )
+    .await?;
+    Ok(HttpResponse::Accepted().json(ControlAccepted {
+        run_id,
+        action,
+        event_id: event.id,
+    }))
+}
+
+/// `GET /healthz`: the process answers.
+pub async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().json(serde_json::json!({"status": "ok"}))
+}
+
+/// `GET /readyz`: the queue and the store answer.
+pub async fn readyz(state: State) -> HttpResponse {
+    let timeout = std::time::Duration::from_secs(2);
+    let queue = tokio::time::timeout(timeout, state.queue.depth()).await;
+    let store = tokio::time::timeout(timeout, state.store.ping()).await;
+    let queue_ok = matches!(queue, Ok(Ok(_)));
+    let store_ok = matches!(store, Ok(Ok(())));
+    let body = serde_json::json!({
+        "queue": if queue_ok { "ok" } else { "unavailable" },
+        "store": if store_ok { "ok" } else { "unavailable" },
+        "backend": state.queue.backend(),
+    });
+    if queue_ok && store_ok {
+        HttpResponse::Ok().json(body)
+    } else {
+        HttpResponse::ServiceUnavailable().json(body)
+    }
+}
+
+/// `GET /metrics`: Prometheus text format.
+pub async fn metrics(state: State) -> HttpResponse {
+    let timeout = std::time::Duration::from_secs(2);
+    if let Ok(Ok(n)) = tokio::time::timeout(timeout, state.queue.depth()).await {
+        state.metrics.queue_depth.set(n as i64);
+    }
+    if let Ok(Ok(n)) = tokio::time::timeout(timeout, state.queue.dead_depth()).await {
+        state.metrics.dead_depth.set(n as i64);
+    }
+    if let Ok(counts) = state.store.count_by_status().await {
+        for status in RunStatus::ALL {
+            let n = counts
+                .iter()
+                .find(|(s, _)| *s == status)
+                .map_or(0, |(_, n)| *n);
+            state
+                .metrics
+                .runs
+                .with_label_values(&[status.name()])
+                .set(n as i64);
+        }
+    }
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4; charset=utf-8")
+        .body(state.metrics.render())
+}
+
+/// Anything else: a JSON 404.
+pub async fn not_found(req: HttpRequest) -> HttpResponse {
+    use actix_web::ResponseError;
+    ApiError::not_found(format!(
+        "no route {} {}; see /openapi.json",
+        req.method(),
+        req.path()
+    ))
+    .error_response()
+}

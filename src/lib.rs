@@ -1,0 +1,12 @@
+//! rollgate: safe, gated, event-driven Kubernetes version upgrades and etcd rolls.
+
+pub mod app;
+pub mod cli;
+pub mod config;
+pub mod domain;
+pub mod http;
+pub mod metrics;
+pub mod ports;
+pub mod queue;
+pub mod store;
+pub mod worker;

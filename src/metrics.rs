@@ -1,0 +1,150 @@
+//! Prometheus metrics, exposed at `/metrics`.
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+/// Every metric rollgate exports.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Registry,
+    /// HTTP requests by route pattern, method and status code.
+    pub http_requests: IntCounterVec,
+    /// HTTP request latency by route pattern.
+    pub http_duration: HistogramVec,
+    /// Events accepted into the queue, by type.
+    pub events_queued: IntCounterVec,
+    /// Events processed by the worker, by type.
+    pub events_processed: IntCounterVec,
+    /// Redelivered events skipped because they were processed before, by type.
+    pub events_duplicate: IntCounterVec,
+    /// Events moved to the dead-letter queue, by type (`unknown` when undecodable).
+    pub events_dead_lettered: IntCounterVec,
+    /// Queue operations that failed, by operation.
+    pub queue_errors: IntCounterVec,
+    /// Messages waiting in the queue.
+    pub queue_depth: IntGauge,
+    /// Messages in the dead-letter queue.
+    pub dead_depth: IntGauge,
+    /// Runs by status.
+    pub runs: IntGaugeVec,
+    /// Step durations by run kind and step.
+    pub step_duration: HistogramVec,
+}
+
+impl Metrics {
+    /// Registers every metric in a fresh registry.
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("unique metric");
+            c
+        };
+        let http_requests = counter(
+            "rollgate_http_requests_total",
+            "HTTP requests by route and code.",
+            &["route", "method", "code"],
+        );
+        let events_queued = counter(
+            "rollgate_events_queued_total",
+            "Events durably queued, by type.",
+            &["type"],
+        );
+        let events_processed = counter(
+            "rollgate_events_processed_total",
+            "Events processed, by type.",
+            &["type"],
+        );
+        let events_duplicate = counter(
+            "rollgate_events_duplicate_total",
+            "Redelivered events already processed, by type.",
+            &["type"],
+        );
+        let events_dead_lettered = counter(
+            "rollgate_events_dead_lettered_total",
+            "Events dead-lettered, by type.",
+            &["type"],
+        );
+        let queue_errors = counter(
+            "rollgate_queue_errors_total",
+            "Failed queue operations, by operation.",
+            &["op"],
+        );
+        let http_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "rollgate_http_request_duration_seconds",
+                "HTTP request latency by route.",
+            )
+            .buckets(vec![
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0,
+            ]),
+            &["route"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(http_duration.clone()))
+            .expect("unique metric");
+        let step_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "rollgate_step_duration_seconds",
+                "Step durations by run kind and step.",
+            )
+            .buckets(vec![0.1, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0]),
+            &["kind", "step"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(step_duration.clone()))
+            .expect("unique metric");
+        let queue_depth = IntGauge::new("rollgate_queue_depth", "Messages waiting in the queue.")
+            .expect("valid metric");
+        registry
+            .register(Box::new(queue_depth.clone()))
+            .expect("unique metric");
+        let dead_depth = IntGauge::new(
+            "rollgate_dead_letter_depth",
+            "Messages in the dead-letter queue.",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(dead_depth.clone()))
+            .expect("unique metric");
+        let runs = IntGaugeVec::new(Opts::new("rollgate_runs", "Runs by status."), &["status"])
+            .expect("valid metric");
+        registry
+            .register(Box::new(runs.clone()))
+            .expect("unique metric");
+        Self {
+            registry,
+            http_requests,
+            http_duration,
+            events_queued,
+            events_processed,
+            events_duplicate,
+            events_dead_lettered,
+            queue_errors,
+            queue_depth,
+            dead_depth,
+            runs,
+            step_duration,
+        }
+    }
+
+    /// The text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        // Encoding into a Vec cannot fail for the metric types used here.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,568 @@
+//! RabbitMQ backend (lapin).
+//!
+//! Topology, declared on every (re)connect: topic exchange `<exchange>`; quorum queue
+//! `<queue>` (single active consumer, delivery limit, dead-lettering to `<exchange>.dlx`)
+//! bound for every routing key; fanout `<exchange>.dlx` → `<dead_queue>`. Delayed messages
+//! wait in `<exchange>.delay.<key>.<ms>` queues whose one TTL dead-letters them back into
+//! `<exchange>`: every message in such a queue has the same TTL, so none waits behind a
+//! later one, and both the wait and the message survive restarts of rollgate and the broker.
+//!
+//! Reconnecting is done here rather than by lapin's auto-recovery, so that every attempt is
+//! bounded by `connect_timeout` and a publish during an outage fails fast (→ 503).
+
+use chrono::{DateTime, TimeZone, Utc};
+use futures_util::StreamExt;
+use lapin::Confirmation;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Consumer, ExchangeKind};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Mutex;
+
+use super::{Delivery, Handle, Outgoing, Queue, QueueError};
+use crate::config::QueueSettings;
+
+/// The routing keys bound to the events queue.
+pub const ROUTING_KEYS: [&str; 5] = ["alerts", "detections", "etcd-rolls", "control", "wake"];
+/// Header carrying the reason a message was dead-lettered.
+pub const REASON_HEADER: &str = "x-rollgate-reason";
+/// Header carrying the earliest delivery time (ms since the epoch) of a delayed message.
+pub const NOT_BEFORE_HEADER: &str = "x-not-before";
+/// After a failed connect, publishes fail at once for this long instead of each waiting
+/// for its own connect attempt.
+const FAIL_FAST_FOR: Duration = Duration::from_millis(500);
+/// Bound on a publish waiting for its confirm.
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
+/// Delay queues outlive their last use by this much before the broker removes them.
+const DELAY_QUEUE_SPARE: Duration = Duration::from_secs(600);
+
+struct Link {
+    connection: Connection,
+    publish: Channel,
+    generation: u64,
+    delay_queues: std::sync::Mutex<HashSet<String>>,
+}
+
+/// The RabbitMQ queue.
+pub struct AmqpQueue {
+    settings: QueueSettings,
+    credentials: Option<(String, String)>,
+    link: Mutex<Option<Arc<Link>>>,
+    last_failure: std::sync::Mutex<Option<Instant>>,
+    consumer: Mutex<Option<(u64, Consumer)>>,
+    generation: std::sync::atomic::AtomicU64,
+}
+
+fn unavailable(what: &str, e: impl std::fmt::Display) -> QueueError {
+    QueueError::Unavailable(format!("RabbitMQ {what}: {e}"))
+}
+
+impl AmqpQueue {
+    /// Connects and declares the topology; fails within `connect_timeout` when the broker
+    /// cannot be reached.
+    pub async fn connect(settings: QueueSettings) -> Result<Self, QueueError> {
+        let credentials = match &settings.amqp_credentials_file {
+            None => None,
+            Some(path) => {
+                let raw = std::fs::read_to_string(path).map_err(|e| {
+                    QueueError::Unavailable(format!(
+                        "cannot read queue.amqp_credentials_file {}: {e}",
+                        path.display()
+                    ))
+                })?;
+                let (user, pass) = raw.trim().split_once(':').ok_or_else(|| {
+                    QueueError::Unavailable(format!(
+                        "queue.amqp_credentials_file {} must hold user:password",
+                        path.display()
+                    ))
+                })?;
+                Some((user.to_owned(), pass.to_owned()))
+            }
+        };
+        let queue = Self {
+            settings,
+            credentials,
+            link: Mutex::new(None),
+            last_failure: std::sync::Mutex::new(None),
+            consumer: Mutex::new(None),
+            generation: std::sync::atomic::AtomicU64::new(0),
+        };
+        queue.link(false).await?;
+        Ok(queue)
+    }
+
+    fn dlx(&self) -> String {
+        format!("{}.dlx", self.settings.exchange)
+    }
+
+    async fn open(&self) -> Result<Link, QueueError> {
+        let mut uri: lapin::uri::AMQPUri = self
+            .settings
+            .amqp_url
+            .parse()
+            .map_err(|e| unavailable("URL", e))?;
+        if let Some((user, pass)) = &self.credentials {
+            uri.authority.userinfo.username = user.clone();
+            uri.authority.userinfo.password = pass.clone();
+        }
+        let props = ConnectionProperties::default().with_connection_name("rollgate".into());
+        let connection = tokio::time::timeout(
+            self.settings.connect_timeout,
+            Connection::connect_uri(uri, props),
+        )
+        .await
+        .map_err(|_| {
+            unavailable(
+                "connect",
+                format!("no answer within {:?}", self.settings.connect_timeout),
+            )
+        })?
+        .map_err(|e| unavailable("connect", e))?;
+        let publish = connection
+            .create_channel()
+            .await
+            .map_err(|e| unavailable("channel", e))?;
+        publish
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(|e| unavailable("confirm_select", e))?;
+        self.declare(&publish).await?;
+        Ok(Link {
+            connection,
+            publish,
+            generation: self
+                .generation
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                + 1,
+            delay_queues: std::sync::Mutex::new(HashSet::new()),
+        })
+    }
+
+    async fn declare(&self, ch: &Channel) -> Result<(), QueueError> {
+        let s = &self.settings;
+        let durable = ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
+        let err = |e| unavailable("declare", e);
+        ch.exchange_declare(
+            s.exchange.as_str().into(),
+            ExchangeKind::Topic,
+            durable,
+            FieldTable::default(),
+        )
+        .await
+        .map_err(err)?;
+        ch.exchange_declare(
+            self.dlx().as_str().into(),
+            ExchangeKind::Fanout,
+            durable,
+            FieldTable::default(),
+        )
+        .await
+        .map_err(err)?;
+        let durable_queue = QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
+        let mut dead_args = FieldTable::default();
+        dead_args.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString("quorum".into()),
+        );
+        ch.queue_declare(s.dead_queue.as_str().into(), durable_queue, dead_args)
+            .await
+            .map_err(err)?;
+        ch.queue_bind(
+            s.dead_queue.as_str().into(),
+            self.dlx().as_str().into(),
+            "#".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(err)?;
+        let mut args = FieldTable::default();
+        args.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString("quorum".into()),
+        );
+        args.insert("x-single-active-consumer".into(), AMQPValue::Boolean(true));
+        args.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString(self.dlx().into()),
+        );
+        args.insert(
+            "x-delivery-limit".into(),
+            AMQPValue::LongLongInt(i64::from(s.delivery_limit)),
+        );
+        ch.queue_declare(s.queue.as_str().into(), durable_queue, args)
+            .await
+            .map_err(err)?;
+        for key in ROUTING_KEYS {
+            ch.queue_bind(
+                s.queue.as_str().into(),
+                s.exchange.as_str().into(),
+                key.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(err)?;
+        }
+        Ok(())
+    }
+
+    /// The live link, connecting if needed. `wait` = the consumer, which may take its time;
+    /// publishers fail fast for a moment after a failed attempt.
+    async fn link(&self, wait: bool) -> Result<Arc<Link>, QueueError> {
+        let mut guard = self.link.lock().await;
+        if let Some(link) = guard.as_ref() {
+            if link.connection.status().connected() {
+                return Ok(link.clone());
+            }
+            *guard = None;
+        }
+        if !wait
+            && let Ok(last) = self.last_failure.lock()
+            && last.is_some_and(|t| t.elapsed() < FAIL_FAST_FOR)
+        {
+            return Err(QueueError::Unavailable(
+                "RabbitMQ is unreachable (last connect failed moments ago)".into(),
+            ));
+        }
+        match self.open().await {
+            Ok(link) => {
+                let link = Arc::new(link);
+                *guard = Some(link.clone());
+                tracing::info!(generation = link.generation, "connected to RabbitMQ");
+                Ok(link)
+            }
+            Err(e) => {
+                if let Ok(mut last) = self.last_failure.lock() {
+                    *last = Some(Instant::now());
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn forget(&self, generation: u64) {
+        let mut guard = self.link.lock().await;
+        if guard.as_ref().is_some_and(|l| l.generation == generation) {
+            *guard = None;
+        }
+    }
+
+    async fn confirm(
+        &self,
+        link: &Link,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        props: BasicProperties,
+    ) -> Result<(), QueueError> {
+        let publish = async {
+            let confirm = link
+                .publish
+                .basic_publish(
+                    exchange.into(),
+                    routing_key.into(),
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..Default::default()
+                    },
+                    body,
+                    props,
+                )
+                .await
+                .map_err(|e| unavailable("publish", e))?;
+            match confirm.await.map_err(|e| unavailable("confirm", e))? {
+                Confirmation::Ack(None) => Ok(()),
+                Confirmation::Ack(Some(_)) => Err(QueueError::Unavailable(format!(
+                    "RabbitMQ could not route the message ({exchange}/{routing_key}): is the queue bound?"
+                ))),
+                Confirmation::Nack(_) => Err(QueueError::Unavailable(
+                    "RabbitMQ refused the message (nack)".into(),
+                )),
+                Confirmation::NotRequested => {
+                    Err(QueueError::Unavailable("publisher confirms are off".into()))
+                }
+            }
+        };
+        let result = tokio::time::timeout(CONFIRM_TIMEOUT, publish)
+            .await
+            .unwrap_or_else(|_| {
+                Err(QueueError::Unavailable(format!(
+                    "no publisher confirm within {CONFIRM_TIMEOUT:?}"
+                )))
+            });
+        if result.is_err() {
+            self.forget(link.generation).await;
+        }
+        result
+    }
+
+    /// The delay queue for `key` and `delay`, declared once per connection.
+    async fn delay_queue(
+        &self,
+        link: &Link,
+        key: &str,
+        delay: Duration,
+    ) -> Result<String, QueueError> {
+        // Coarser steps for long delays bound the number of queues; rounding up keeps
+        // "no earlier than".
+        let step = if delay < Duration::from_secs(10) {
+            100
+        } else {
+            1000
+        };
+        let ms = (delay.as_millis() as u64).div_ceil(step) * step;
+        let name = format!("{}.delay.{key}.{ms}", self.settings.exchange);
+        if link
+            .delay_queues
+            .lock()
+            .map(|set| set.contains(&name))
+            .unwrap_or(false)
+        {
+            return Ok(name);
+        }
+        let mut args = FieldTable::default();
+        args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(ms as i64));
+        args.insert(
+            "x-expires".into(),
+            AMQPValue::LongLongInt((ms + DELAY_QUEUE_SPARE.as_millis() as u64) as i64),
+        );
+        args.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString(self.settings.exchange.as_str().into()),
+        );
+        args.insert(
+            "x-dead-letter-routing-key".into(),
+            AMQPValue::LongString(key.into()),
+        );
+        let durable = QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
+        link.publish
+            .queue_declare(name.as_str().into(), durable, args)
+            .await
+            .map_err(|e| unavailable("declare delay queue", e))?;
+        if let Ok(mut set) = link.delay_queues.lock() {
+            set.insert(name.clone());
+        }
+        Ok(name)
+    }
+
+    async fn count(&self, queue: &str) -> Result<u64, QueueError> {
+        let link = self.link(false).await?;
+        let q = link
+            .publish
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| unavailable("queue status", e))?;
+        Ok(u64::from(q.message_count()))
+    }
+}
+
+fn properties(id: &str, headers: FieldTable) -> BasicProperties {
+    BasicProperties::default()
+        .with_message_id(id.into())
+        .with_content_type("application/cloudevents+json".into())
+        .with_delivery_mode(2)
+        .with_timestamp(Utc::now().timestamp().max(0) as u64)
+        .with_headers(headers)
+}
+
+fn header<'a>(props: &'a BasicProperties, name: &str) -> Option<&'a AMQPValue> {
+    props
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get(&ShortString::from(name)))
+}
+
+fn not_before(props: &BasicProperties) -> Option<DateTime<Utc>> {
+    let ms = match header(props, NOT_BEFORE_HEADER)? {
+        AMQPValue::LongLongInt(v) => *v,
+        AMQPValue::LongInt(v) => i64::from(*v),
+        _ => return None,
+    };
+    Utc.timestamp_millis_opt(ms).single()
+}
+
+#[async_trait::async_trait]
+impl Queue for AmqpQueue {
+    async fn publish(&self, msg: Outgoing) -> Result<(), QueueError> {
+        let link = self.link(false).await?;
+        let mut headers = FieldTable::default();
+        let delay = msg
+            .not_before
+            .and_then(|t| (t - Utc::now()).to_std().ok())
+            .filter(|d| !d.is_zero());
+        if let Some(t) = msg.not_before {
+            headers.insert(
+                NOT_BEFORE_HEADER.into(),
+                AMQPValue::LongLongInt(t.timestamp_millis()),
+            );
+        }
+        let props = properties(&msg.id, headers);
+        match delay {
+            None => {
+                self.confirm(
+                    &link,
+                    &self.settings.exchange,
+                    &msg.routing_key,
+                    &msg.body,
+                    props,
+                )
+                .await
+            }
+            Some(delay) => {
+                let queue = self.delay_queue(&link, &msg.routing_key, delay).await?;
+                self.confirm(&link, "", &queue, &msg.body, props).await
+            }
+        }
+    }
+
+    async fn next(&self) -> Result<Delivery, QueueError> {
+        let mut backoff = Duration::from_millis(200);
+        loop {
+            let mut consumer = self.consumer.lock().await;
+            if consumer.is_none() {
+                match self.link(true).await {
+                    Ok(link) => match start_consumer(&link, &self.settings).await {
+                        Ok(c) => {
+                            backoff = Duration::from_millis(200);
+                            *consumer = Some((link.generation, c));
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot start the RabbitMQ consumer; retrying");
+                            self.forget(link.generation).await;
+                        }
+                    },
+                    Err(e) => {
+                        tracing::warn!(error = %e, retry_in = ?backoff, "RabbitMQ unreachable; retrying")
+                    }
+                }
+            }
+            let Some((generation, stream)) = consumer.as_mut() else {
+                drop(consumer);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            };
+            match stream.next().await {
+                Some(Ok(d)) => {
+                    return Ok(Delivery {
+                        routing_key: d.routing_key.to_string(),
+                        not_before: not_before(&d.properties),
+                        redelivered: d.redelivered,
+                        body: d.data,
+                        handle: Handle::Amqp { acker: d.acker },
+                    });
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "RabbitMQ consumer failed; reconnecting")
+                }
+                None => tracing::warn!("RabbitMQ consumer ended; reconnecting"),
+            }
+            let generation = *generation;
+            *consumer = None;
+            drop(consumer);
+            self.forget(generation).await;
+        }
+    }
+
+    async fn ack(&self, delivery: &Delivery) -> Result<(), QueueError> {
+        match &delivery.handle {
+            Handle::Amqp { acker } => acker
+                .ack(BasicAckOptions::default())
+                .await
+                .map(drop)
+                .map_err(|e| unavailable("ack", e)),
+            Handle::Embedded { .. } => Err(QueueError::Unavailable(
+                "a delivery from another backend".into(),
+            )),
+        }
+    }
+
+    async fn release(&self, delivery: &Delivery) -> Result<(), QueueError> {
+        match &delivery.handle {
+            Handle::Amqp { acker } => acker
+                .nack(BasicNackOptions {
+                    requeue: true,
+                    ..Default::default()
+                })
+                .await
+                .map(drop)
+                .map_err(|e| unavailable("nack", e)),
+            Handle::Embedded { .. } => Err(QueueError::Unavailable(
+                "a delivery from another backend".into(),
+            )),
+        }
+    }
+
+    async fn dead_letter(&self, delivery: &Delivery, reason: &str) -> Result<(), QueueError> {
+        let link = self.link(false).await?;
+        let mut headers = FieldTable::default();
+        headers.insert(REASON_HEADER.into(), AMQPValue::LongString(reason.into()));
+        headers.insert(
+            "x-rollgate-routing-key".into(),
+            AMQPValue::LongString(delivery.routing_key.as_str().into()),
+        );
+        let id = uuid::Uuid::now_v7().to_string();
+        self.confirm(
+            &link,
+            &self.dlx(),
+            &delivery.routing_key,
+            &delivery.body,
+            properties(&id, headers),
+        )
+        .await?;
+        self.ack(delivery).await
+    }
+
+    async fn depth(&self) -> Result<u64, QueueError> {
+        self.count(&self.settings.queue).await
+    }
+
+    async fn dead_depth(&self) -> Result<u64, QueueError> {
+        self.count(&self.settings.dead_queue).await
+    }
+
+    fn backend(&self) -> &'static str {
+        "amqp"
+    }
+}
+
+async fn start_consumer(link: &Link, s: &QueueSettings) -> Result<Consumer, QueueError> {
+    let ch = link
+        .connection
+        .create_channel()
+        .await
+        .map_err(|e| unavailable("channel", e))?;
+    ch.basic_qos(s.prefetch, BasicQosOptions::default())
+        .await
+        .map_err(|e| unavailable("qos", e))?;
+    ch.basic_consume(
+        s.queue.as_str().into(),
+        "rollgate-worker".into(),
+        BasicConsumeOptions::default(),
+        FieldTable::default(),
+    )
+    .await
+    .map_err(|e| unavailable("consume", e))
+}

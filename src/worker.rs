@@ -1,0 +1,375 @@
+//! The worker: consume → decode → skip if processed → apply through the engine → persist
+//! (run, processed id, outbox) → publish the outbox → ack. Then, if the engine asked for
+//! a step, execute it and persist its outcome the same way.
+
+use chrono::Utc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tracing::{Instrument, info, info_span, warn};
+
+use crate::domain::engine::{self, Context, Input, Next};
+use crate::domain::event::{CloudEvent, ControlRequest, EventData, EventType, WakeRequest};
+use crate::domain::run::{Run, RunKind, Step};
+use crate::metrics::Metrics;
+use crate::ports::Executors;
+use crate::queue::{Delivery, Outgoing, Queue, QueueError};
+use crate::store::{Commit, Committed, Store, StoreError};
+
+/// The source attribute of events rollgate produces itself.
+pub const SOURCE: &str = "rollgate";
+
+/// The worker.
+pub struct Worker {
+    /// Where events come from.
+    pub queue: Arc<dyn Queue>,
+    /// Where runs live.
+    pub store: Store,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Step executors by run kind.
+    pub executors: Executors,
+    /// Starts of one step before it gives up.
+    pub max_attempts: u32,
+}
+
+/// Why an event could not be processed now; the delivery is released and retried.
+#[derive(Debug, thiserror::Error)]
+enum Transient {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+}
+
+impl Worker {
+    /// Runs until `shutdown` turns true. The message in hand is finished first.
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        if let Err(e) = self.recover().await {
+            warn!(error = %e, "recovery after start failed; unfinished runs resume on their next event");
+        }
+        loop {
+            let delivery = tokio::select! {
+                _ = shutdown.changed() => break,
+                d = self.queue.next() => d,
+            };
+            match delivery {
+                Ok(d) => self.handle(d).await,
+                Err(QueueError::Closed) => break,
+                Err(e) => {
+                    self.metrics
+                        .queue_errors
+                        .with_label_values(&["receive"])
+                        .inc();
+                    warn!(error = %e, "cannot receive from the queue; retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+            if *shutdown.borrow() {
+                break;
+            }
+        }
+        info!("worker stopped");
+    }
+
+    /// Publishes what a crash left in the outbox, and re-drives runs whose step was in hand:
+    /// a wake with the run's current epoch makes the engine run that step again.
+    async fn recover(&self) -> Result<(), Transient> {
+        self.flush_outbox().await?;
+        let mut outbox = Vec::new();
+        for run in self.store.unfinished().await? {
+            if run.status == crate::domain::run::RunStatus::Running {
+                info!(run_id = %run.id, "resuming the step in hand after a restart");
+                outbox.push(wake_message(&run, None));
+            }
+        }
+        if !outbox.is_empty() {
+            self.store
+                .commit(Commit {
+                    outbox,
+                    ..Commit::default()
+                })
+                .await?;
+            self.flush_outbox().await?;
+        }
+        Ok(())
+    }
+
+    async fn flush_outbox(&self) -> Result<(), Transient> {
+        for (seq, msg) in self.store.outbox().await? {
+            self.queue.publish(msg).await?;
+            self.store.outbox_sent(seq).await?;
+        }
+        Ok(())
+    }
+
+    async fn handle(&self, delivery: Delivery) {
+        let (event, data) = match CloudEvent::decode(&delivery.body) {
+            Ok(decoded) => decoded,
+            Err(e) => {
+                let label = delivery.routing_key.clone();
+                warn!(routing_key = %label, error = %e, "undecodable message; dead-lettering");
+                match self.queue.dead_letter(&delivery, &e.to_string()).await {
+                    Ok(()) => self
+                        .metrics
+                        .events_dead_lettered
+                        .with_label_values(&["unknown"])
+                        .inc(),
+                    Err(qe) => {
+                        self.metrics
+                            .queue_errors
+                            .with_label_values(&["dead_letter"])
+                            .inc();
+                        warn!(error = %qe, "cannot dead-letter; releasing for a later try");
+                        let _ = self.queue.release(&delivery).await;
+                    }
+                }
+                return;
+            }
+        };
+        let kind = data.event_type();
+        let span = info_span!("event", event_id = %event.id, event_type = kind.label(), run_id = tracing::field::Empty);
+        if let Some(run_id) = &event.runid {
+            span.record("run_id", run_id.as_str());
+        }
+        async {
+            match self.process(&delivery, &event, data).await {
+                Ok(next) => {
+                    if let Err(e) = self.queue.ack(&delivery).await {
+                        // Redelivery is harmless: the event is recorded as processed.
+                        warn!(error = %e, "ack failed; the event will be redelivered and skipped");
+                    }
+                    if let Some((run, index, epoch)) = next {
+                        self.drive(run, index, epoch).await;
+                    }
+                }
+                Err(e) => {
+                    self.metrics
+                        .queue_errors
+                        .with_label_values(&["process"])
+                        .inc();
+                    warn!(error = %e, "cannot process now; releasing for redelivery");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    let _ = self.queue.release(&delivery).await;
+                }
+            }
+        }
+        .instrument(span)
+        .await;
+    }
+
+    /// Applies one event and persists the result. Returns a step to execute, if any.
+    async fn process(
+        &self,
+        delivery: &Delivery,
+        event: &CloudEvent,
+        data: EventData,
+    ) -> Result<Option<(Run, usize, u64)>, Transient> {
+        let kind = data.event_type();
+        if let Some(not_before) = delivery.not_before
+            && not_before > Utc::now()
+        {
+            // Delivered early (broker TTL granularity): send it back to wait the rest.
+            self.queue
+                .publish(Outgoing {
+                    id: event.id.clone(),
+                    routing_key: delivery.routing_key.clone(),
+                    body: delivery.body.clone(),
+                    not_before: Some(not_before),
+                })
+                .await?;
+            return Ok(None);
+        }
+        if self.store.is_processed(&event.id).await? {
+            self.metrics
+                .events_duplicate
+                .with_label_values(&[kind.label()])
+                .inc();
+            info!("already processed; skipping");
+            return Ok(None);
+        }
+        let mut commit = Commit {
+            event: Some((event.id.clone(), kind.type_name())),
+            ..Commit::default()
+        };
+        let mut step = None;
+        match data {
+            EventData::Alerts(batch) => {
+                info!(alerts = batch.alerts.len(), receiver = %batch.receiver, "alerts received");
+                commit.alerts = batch.alerts;
+            }
+            EventData::Detection { run_id, request } => {
+                let target = request.target_version.to_string();
+                let existing = match &run_id {
+                    Some(id) => self.store.get_run(id).await?,
+                    None => None,
+                };
+                let duplicate = match existing {
+                    Some(_) => None,
+                    None => self.store.in_flight(RunKind::K8sUpgrade, &target).await?,
+                };
+                if let Some(other) = duplicate {
+                    info!(run_id = %other.id, target = %target, "a run for this target is in flight; no second run");
+                } else {
+                    let mut run = match existing {
+                        Some(run) => run,
+                        None => new_upgrade_run(run_id, &request, Utc::now()),
+                    };
+                    if run.steps.is_empty() {
+                        run.steps = plan_stages(&request);
+                    }
+                    step = self.apply(&mut run, Input::Start, &mut commit);
+                    commit.runs.push(run);
+                }
+            }
+            EventData::Control(ControlRequest {
+                run_id,
+                action,
+                reason,
+            }) => match self.store.get_run(&run_id).await? {
+                None => warn!(%run_id, "control for an unknown run; ignored"),
+                Some(mut run) => {
+                    step = self.apply(&mut run, Input::Control { action, reason }, &mut commit);
+                    commit.runs.push(run);
+                }
+            },
+            EventData::Wake(WakeRequest { run_id, epoch }) => {
+                match self.store.get_run(&run_id).await? {
+                    None => warn!(%run_id, "wake for an unknown run; ignored"),
+                    Some(mut run) => {
+                        step = self.apply(&mut run, Input::Wake { epoch }, &mut commit);
+                        commit.runs.push(run);
+                    }
+                }
+            }
+        }
+        let runs = commit.runs.clone();
+        if self.store.commit(commit).await? == Committed::AlreadyProcessed {
+            self.metrics
+                .events_duplicate
+                .with_label_values(&[kind.label()])
+                .inc();
+            return Ok(None);
+        }
+        self.metrics
+            .events_processed
+            .with_label_values(&[kind.label()])
+            .inc();
+        self.flush_outbox().await?;
+        Ok(step.and_then(|(index, epoch)| runs.into_iter().next().map(|run| (run, index, epoch))))
+    }
+
+    /// Feeds `input` to the engine; puts a wake in the outbox or returns a step to run.
+    fn apply(&self, run: &mut Run, input: Input, commit: &mut Commit) -> Option<(usize, u64)> {
+        let ctx = Context {
+            now: Utc::now(),
+            executor_available: self.executors.get(run.kind).is_some(),
+            max_attempts: self.max_attempts,
+        };
+        let from = run.status;
+        match engine::advance(run, input, &ctx) {
+            Err(refused) => {
+                warn!(run_id = %run.id, error = %refused, "control refused");
+                None
+            }
+            Ok(next) => {
+                if run.status != from {
+                    info!(run_id = %run.id, from = %from, to = %run.status, reason = %run.reason, "run transition");
+                }
+                match next {
+                    Next::Nothing => None,
+                    Next::WakeAt { at, .. } => {
+                        commit.outbox.push(wake_message(run, Some(at)));
+                        None
+                    }
+                    Next::RunStep { index, epoch } => Some((index, epoch)),
+                }
+            }
+        }
+    }
+
+    /// Executes steps while the engine asks for them, persisting each outcome.
+    async fn drive(&self, mut run: Run, mut index: usize, mut epoch: u64) {
+        loop {
+            let Some(executor) = self.executors.get(run.kind) else {
+                return;
+            };
+            let label = run.steps[index].label();
+            let span = info_span!("step", run_id = %run.id, step = %label);
+            let started = Instant::now();
+            let outcome = executor.execute(&run, index).instrument(span).await;
+            self.metrics
+                .step_duration
+                .with_label_values(&[run.kind.name(), &run.steps[index].name])
+                .observe(started.elapsed().as_secs_f64());
+            // Re-read: a control may have been applied while the step ran.
+            if let Ok(Some(latest)) = self.store.get_run(&run.id).await {
+                run = latest;
+            }
+            let mut commit = Commit::default();
+            let next = self.apply(
+                &mut run,
+                Input::StepFinished { epoch, outcome },
+                &mut commit,
+            );
+            commit.runs.push(run.clone());
+            if let Err(e) = self.store.commit(commit).await {
+                warn!(run_id = %run.id, error = %e, "cannot persist a step outcome; the step runs again after recovery");
+                return;
+            }
+            if let Err(e) = self.flush_outbox().await {
+                warn!(error = %e, "cannot publish the outbox now; it is retried on the next event");
+            }
+            match next {
+                Some((i, e)) => (index, epoch) = (i, e),
+                None => return,
+            }
+        }
+    }
+}
+
+fn new_upgrade_run(
+    run_id: Option<String>,
+    request: &crate::domain::event::DetectionRequest,
+    now: chrono::DateTime<Utc>,
+) -> Run {
+    Run::new(
+        run_id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string()),
+        RunKind::K8sUpgrade,
+        request.to_json(),
+        Some(request.target_version.to_string()),
+        Vec::new(),
+        now,
+        "accepted",
+    )
+}
+
+/// The plan until cluster-aware planning lands: one step per selected stage.
+fn plan_stages(request: &crate::domain::event::DetectionRequest) -> Vec<Step> {
+    request
+        .stages
+        .stages()
+        .map(|s| Step::new(s.name(), None))
+        .collect()
+}
+
+fn wake_message(run: &Run, at: Option<chrono::DateTime<Utc>>) -> Outgoing {
+    let data = EventData::Wake(WakeRequest {
+        run_id: run.id.clone(),
+        epoch: run.epoch,
+    });
+    let event = CloudEvent::new(&data, SOURCE, Utc::now());
+    Outgoing {
+        id: event.id.clone(),
+        routing_key: EventType::Wake.routing_key().into(),
+        body: event.to_bytes(),
+        not_before: at,
+    }
+}
+
+/// The initial record of a run accepted over HTTP, written once its event is queued.
+pub fn accepted_run(run_id: String, request: &crate::domain::event::DetectionRequest) -> Run {
+    let mut run = new_upgrade_run(Some(run_id), request, Utc::now());
+    run.steps = plan_stages(request);
+    run
+}
