@@ -200,14 +200,18 @@ impl Worker {
             }
             EventData::Detection { run_id, request } => {
                 let target = request.target_version.to_string();
-                let existing = match &run_id {
+                let mut existing = match &run_id {
                     Some(id) => self.store.get_run(id).await?,
                     None => None,
                 };
-                let duplicate = match existing {
-                    Some(_) => None,
-                    None => self.store.in_flight(RunKind::K8sUpgrade, &target).await?,
-                };
+                let mut duplicate = None;
+                if existing.is_none() {
+                    // The intake may write this very run between the two reads.
+                    match self.store.in_flight(RunKind::K8sUpgrade, &target).await? {
+                        Some(run) if run_id.as_ref() == Some(&run.id) => existing = Some(run),
+                        other => duplicate = other,
+                    }
+                }
                 if let Some(other) = duplicate {
                     info!(run_id = %other.id, target = %target, "a run for this target is in flight; no second run");
                 } else {

@@ -1,0 +1,235 @@
+//! Kill -9 of `rollgate serve` between accepting and processing, and in the middle of
+//! processing: every event that got a 2xx is processed exactly once. Both backends.
+
+mod support;
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+use support::rabbit::{self, Names};
+use support::{Rollgate, board, detection, eventually, webhook};
+
+const PAUSED: &str = "ROLLGATE__WORKER__PAUSED";
+const NO_EXECUTOR: &str = "no executor for this run kind yet";
+
+#[derive(Default)]
+struct Accepted {
+    fingerprints: HashSet<String>,
+    runs: HashMap<String, String>,
+}
+
+/// Posts alert `i` and detection `i`; records what got a 2xx. Connection errors (the
+/// process was killed mid-request) are not 2xx and are not recorded.
+async fn post_pair(rg: &Rollgate, tag: &str, i: usize, accepted: &mut Accepted) {
+    let fp = format!("{tag}{i:04}");
+    let alert = rg
+        .http
+        .post(format!("{}/v1/alerts", rg.base()))
+        .bearer_auth(&rg.token)
+        .json(&webhook(&fp))
+        .send()
+        .await;
+    if let Ok(r) = alert
+        && r.status().is_success()
+    {
+        accepted.fingerprints.insert(fp);
+    }
+    let version = format!("1.{}.{i}", if tag == "a" { 40 } else { 41 });
+    let det = rg
+        .http
+        .post(format!("{}/v1/detections", rg.base()))
+        .bearer_auth(&rg.token)
+        .json(&detection(&version))
+        .send()
+        .await;
+    if let Ok(r) = det
+        && r.status().is_success()
+        && let Ok(body) = r.json::<serde_json::Value>().await
+    {
+        accepted.runs.insert(
+            body["run_id"].as_str().unwrap_or_default().to_owned(),
+            version,
+        );
+    }
+}
+
+struct Poster {
+    base: String,
+    token: String,
+    http: reqwest::Client,
+}
+
+impl Poster {
+    /// Like [`post_pair`], recording into `shared`; false once the server is gone.
+    async fn post_pair(&self, tag: &str, i: usize, shared: &tokio::sync::Mutex<Accepted>) -> bool {
+        let fp = format!("{tag}{i:05}");
+        let Ok(r) = self
+            .http
+            .post(format!("{}/v1/alerts", self.base))
+            .bearer_auth(&self.token)
+            .json(&webhook(&fp))
+            .send()
+            .await
+        else {
+            return false;
+        };
+        if r.status().is_success() {
+            shared.lock().await.fingerprints.insert(fp);
+        }
+        let version = format!("1.42.{i}");
+        let Ok(r) = self
+            .http
+            .post(format!("{}/v1/detections", self.base))
+            .bearer_auth(&self.token)
+            .json(&detection(&version))
+            .send()
+            .await
+        else {
+            return false;
+        };
+        if r.status().is_success() {
+            let Ok(body) = r.json::<serde_json::Value>().await else {
+                return false;
+            };
+            shared.lock().await.runs.insert(
+                body["run_id"].as_str().unwrap_or_default().to_owned(),
+                version,
+            );
+        }
+        true
+    }
+}
+
+async fn assert_processed_exactly_once(rg: &Rollgate, accepted: &Accepted) {
+    let seen = eventually(
+        "every accepted alert on the board",
+        Duration::from_secs(60),
+        || async {
+            let seen = board(rg).await;
+            accepted
+                .fingerprints
+                .iter()
+                .all(|fp| seen.contains_key(fp))
+                .then_some(seen)
+        },
+    )
+    .await;
+    for fp in &accepted.fingerprints {
+        assert_eq!(seen[fp], 1, "alert {fp} was processed {} times", seen[fp]);
+    }
+    let pending = |runs: Vec<serde_json::Value>| -> Vec<serde_json::Value> {
+        runs.into_iter()
+            .filter(|r| r["reason"] != NO_EXECUTOR)
+            .collect()
+    };
+    let start = std::time::Instant::now();
+    loop {
+        let mut runs = Vec::new();
+        for id in accepted.runs.keys() {
+            let (status, run) = rg.get(&format!("/v1/runs/{id}")).await;
+            runs.push(if status == 200 {
+                run
+            } else {
+                serde_json::json!({"id": id, "missing": status})
+            });
+        }
+        let left = pending(runs);
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{} accepted detections not processed: {:#?}",
+            left.len(),
+            left.iter().take(3).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for (id, version) in &accepted.runs {
+        assert_eq!(rg.run(id).await["target"], version.as_str());
+    }
+    let (_, runs) = rg.get("/v1/runs?limit=1000").await;
+    let mut per_target: HashMap<String, usize> = HashMap::new();
+    for run in runs.as_array().unwrap() {
+        *per_target
+            .entry(run["target"].as_str().unwrap().to_owned())
+            .or_default() += 1;
+    }
+    for version in accepted.runs.values() {
+        assert_eq!(
+            per_target[version], 1,
+            "target {version} has {} runs",
+            per_target[version]
+        );
+    }
+}
+
+async fn scenario(env: Vec<(&'static str, String)>) {
+    let env_ref: Vec<(&str, &str)> = env
+        .iter()
+        .map(|(k, v)| (*k, v.as_str()))
+        .chain([(PAUSED, "true")])
+        .collect();
+    let mut rg = Rollgate::start(&env_ref).await;
+
+    // Accepted, not processed: the worker is paused, then the process dies.
+    let mut accepted = Accepted::default();
+    for i in 0..15 {
+        post_pair(&rg, "a", i, &mut accepted).await;
+    }
+    assert_eq!(accepted.fingerprints.len(), 15);
+    assert_eq!(accepted.runs.len(), 15);
+    assert_eq!(board(&rg).await.len(), 0, "nothing processed while paused");
+    rg.kill9();
+    rg.remove_env(PAUSED);
+    rg.restart().await;
+    assert_processed_exactly_once(&rg, &accepted).await;
+
+    // Killed at moments spread over the posting and processing, with requests in flight.
+    let mut accepted_b = Accepted::default();
+    for round in 0..4u64 {
+        let shared = std::sync::Arc::new(tokio::sync::Mutex::new(Accepted::default()));
+        let poster = {
+            let shared = shared.clone();
+            let (base, token) = (rg.base(), rg.token.clone());
+            tokio::spawn(async move {
+                let rg = Poster {
+                    base,
+                    token,
+                    http: reqwest::Client::new(),
+                };
+                for i in 0..400 {
+                    if !rg.post_pair("b", round as usize * 1000 + i, &shared).await {
+                        break;
+                    }
+                }
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(80 + round * 97)).await;
+        rg.kill9();
+        poster.await.unwrap();
+        let acc = std::mem::take(&mut *shared.lock().await);
+        accepted_b.fingerprints.extend(acc.fingerprints);
+        accepted_b.runs.extend(acc.runs);
+        rg.restart().await;
+    }
+    assert!(
+        accepted_b.fingerprints.len() >= 8 && accepted_b.runs.len() >= 8,
+        "the kills must come while events are accepted ({} alerts, {} detections accepted)",
+        accepted_b.fingerprints.len(),
+        accepted_b.runs.len()
+    );
+    assert_processed_exactly_once(&rg, &accepted).await;
+    assert_processed_exactly_once(&rg, &accepted_b).await;
+}
+
+#[tokio::test]
+async fn kill_9_loses_nothing_and_repeats_nothing_embedded() {
+    scenario(Vec::new()).await;
+}
+
+#[tokio::test]
+async fn kill_9_loses_nothing_and_repeats_nothing_amqp() {
+    let names = Names::unique();
+    scenario(names.env()).await;
+    rabbit::cleanup(&names).await;
+}

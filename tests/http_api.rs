@@ -1,0 +1,500 @@
+//! The HTTP contract against a real `rollgate serve` on the embedded queue.
+
+mod support;
+
+use serde_json::{Value, json};
+use std::os::unix::fs::PermissionsExt;
+use support::{Rollgate, detection, webhook};
+
+const PAUSED: (&str, &str) = ("ROLLGATE__WORKER__PAUSED", "true");
+
+async fn depth(rg: &Rollgate) -> f64 {
+    rg.metric("rollgate_queue_depth").await
+}
+
+async fn raw(
+    rg: &Rollgate,
+    path: &str,
+    content_type: &str,
+    body: Vec<u8>,
+    token: Option<&str>,
+) -> (u16, Value) {
+    let mut req = rg
+        .http
+        .post(format!("{}{path}", rg.base()))
+        .header("content-type", content_type)
+        .body(body);
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let r = req.send().await.expect("request");
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn every_bad_input_class_gets_its_code_and_queues_nothing() {
+    let rg = Rollgate::start(&[PAUSED, ("ROLLGATE__SERVER__MAX_BODY_BYTES", "4096")]).await;
+    let token = rg.token.clone();
+    let json_ct = "application/json";
+    let big = serde_json::to_vec(
+        &json!({"target_version": "1.34.5", "kind": "patch", "pad": "x".repeat(5000)}),
+    )
+    .unwrap();
+    let mut webhook_v3 = webhook("aa01");
+    webhook_v3["version"] = json!("3");
+    let mut webhook_bad_time = webhook("aa02");
+    webhook_bad_time["alerts"][0]["startsAt"] = json!("yesterday");
+    let cases: Vec<(&str, &str, &str, Vec<u8>, Option<&str>, u16, &str)> = vec![
+        (
+            "missing token",
+            "/v1/detections",
+            json_ct,
+            serde_json::to_vec(&detection("1.34.5")).unwrap(),
+            None,
+            401,
+            "unauthorized",
+        ),
+        (
+            "wrong token",
+            "/v1/detections",
+            json_ct,
+            serde_json::to_vec(&detection("1.34.5")).unwrap(),
+            Some("not-the-token-at-all"),
+            401,
+            "unauthorized",
+        ),
+        (
+            "wrong token, alerts",
+            "/v1/alerts",
+            json_ct,
+            serde_json::to_vec(&webhook("aa03")).unwrap(),
+            Some("x"),
+            401,
+            "unauthorized",
+        ),
+        (
+            "unparsable",
+            "/v1/detections",
+            json_ct,
+            b"{\"target_version\": ".to_vec(),
+            Some(&token),
+            400,
+            "malformed_json",
+        ),
+        (
+            "unparsable alerts",
+            "/v1/alerts",
+            json_ct,
+            b"[{,]".to_vec(),
+            Some(&token),
+            400,
+            "malformed_json",
+        ),
+        (
+            "too big",
+            "/v1/detections",
+            json_ct,
+            big,
+            Some(&token),
+            413,
+            "payload_too_large",
+        ),
+        (
+            "not json",
+            "/v1/detections",
+            "text/plain",
+            b"target_version=1.34.5".to_vec(),
+            Some(&token),
+            415,
+            "unsupported_media_type",
+        ),
+        (
+            "no content type",
+            "/v1/alerts",
+            "",
+            serde_json::to_vec(&webhook("aa04")).unwrap(),
+            Some(&token),
+            415,
+            "unsupported_media_type",
+        ),
+        (
+            "short version",
+            "/v1/detections",
+            json_ct,
+            serde_json::to_vec(&detection("1.34")).unwrap(),
+            Some(&token),
+            422,
+            "invalid_request",
+        ),
+        (
+            "shell in version",
+            "/v1/detections",
+            json_ct,
+            serde_json::to_vec(&detection("1.34.5;reboot")).unwrap(),
+            Some(&token),
+            422,
+            "invalid_request",
+        ),
+        (
+            "subshell in version",
+            "/v1/detections",
+            json_ct,
+            serde_json::to_vec(&detection("1.34.$(id)")).unwrap(),
+            Some(&token),
+            422,
+            "invalid_request",
+        ),
+        (
+            "bad kind",
+            "/v1/detections",
+            json_ct,
+            serde_json::to_vec(&json!({"target_version": "1.34.5", "kind": "major"})).unwrap(),
+            Some(&token),
+            422,
+            "invalid_request",
+        ),
+        (
+            "unknown stage",
+            "/v1/detections",
+            json_ct,
+            serde_json::to_vec(
+                &json!({"target_version": "1.34.5", "kind": "patch", "stages": "preflight,reboot"}),
+            )
+            .unwrap(),
+            Some(&token),
+            422,
+            "invalid_request",
+        ),
+        (
+            "webhook v3",
+            "/v1/alerts",
+            json_ct,
+            serde_json::to_vec(&webhook_v3).unwrap(),
+            Some(&token),
+            422,
+            "invalid_request",
+        ),
+        (
+            "webhook bad time",
+            "/v1/alerts",
+            json_ct,
+            serde_json::to_vec(&webhook_bad_time).unwrap(),
+            Some(&token),
+            422,
+            "invalid_request",
+        ),
+    ];
+    for (name, path, ct, body, tok, want, code) in cases {
+        let (status, answer) = raw(&rg, path, ct, body, tok).await;
+        assert_eq!(status, want, "{name}: {answer}");
+        assert_eq!(answer["error"], code, "{name}: {answer}");
+        let message = answer["message"].as_str().unwrap_or_default();
+        assert!(
+            message.len() > 10,
+            "{name}: a message a person can act on: {answer}"
+        );
+        assert!(!message.contains(&token), "{name}: the token leaked");
+        assert_eq!(depth(&rg).await, 0.0, "{name} queued something");
+    }
+    let (status, runs) = rg.get("/v1/runs").await;
+    assert_eq!(
+        (status, runs),
+        (200, json!([])),
+        "a rejected detection left a run behind"
+    );
+
+    // The same measure sees a good request: the checks above could have failed.
+    let (status, body) = rg.post("/v1/alerts", &webhook("aa05")).await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["alerts"], 1);
+    assert_eq!(depth(&rg).await, 1.0);
+}
+
+#[tokio::test]
+async fn a_second_detection_for_an_in_flight_target_returns_the_same_run() {
+    let rg = Rollgate::start(&[]).await;
+    let (status, first) = rg.post("/v1/detections", &detection("1.34.5")).await;
+    assert_eq!(status, 202, "{first}");
+    let (status, second) = rg.post("/v1/detections", &detection("1.34.5")).await;
+    assert_eq!(status, 200, "{second}");
+    assert_eq!(first["run_id"], second["run_id"]);
+    let (status, other) = rg
+        .post(
+            "/v1/detections",
+            &json!({"target_version": "1.35.0", "kind": "minor"}),
+        )
+        .await;
+    assert_eq!(status, 202, "{other}");
+    assert_ne!(other["run_id"], first["run_id"]);
+    let run_id = first["run_id"].as_str().unwrap();
+    let run = rg
+        .wait_run(run_id, "the worker to take the run", |r| {
+            r["reason"] == "no executor for this run kind yet"
+        })
+        .await;
+    assert_eq!(run["status"], "queued", "never a fake success");
+    let steps: Vec<&str> = run["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            "preflight",
+            "snapshot",
+            "containerd",
+            "apt-repo",
+            "control-plane",
+            "workers",
+            "postflight"
+        ]
+    );
+    let (_, runs) = rg.get("/v1/runs").await;
+    assert_eq!(runs.as_array().unwrap().len(), 2);
+}
+
+fn path(run: &Value) -> Vec<(String, String)> {
+    run["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| {
+            (
+                h["from"].as_str().unwrap_or("-").to_owned(),
+                h["to"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn halt_resume_abort_move_a_run_through_its_statuses_with_history() {
+    let rg = Rollgate::start(&[]).await;
+    let (_, accepted) = rg
+        .post(
+            "/v1/detections",
+            &json!({"target_version": "1.34.6", "kind": "patch", "stages": "preflight,workers"}),
+        )
+        .await;
+    let id = accepted["run_id"].as_str().unwrap().to_owned();
+    rg.wait_run(&id, "planned", |r| {
+        r["reason"] == "no executor for this run kind yet"
+    })
+    .await;
+
+    let (status, body) = rg.post(&format!("/v1/runs/{id}/resume"), &json!({})).await;
+    assert_eq!(status, 409, "resume of a queued run: {body}");
+    let (status, body) = rg
+        .post(
+            &format!("/v1/runs/{id}/halt"),
+            &json!({"reason": "change freeze"}),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let run = rg
+        .wait_run(&id, "halted", |r| r["status"] == "halted")
+        .await;
+    assert_eq!(run["reason"], "halt by operator: change freeze");
+    let (status, _) = rg.post(&format!("/v1/runs/{id}/halt"), &json!({})).await;
+    assert_eq!(status, 409, "halting a halted run");
+
+    let (status, _) = rg
+        .post(
+            &format!("/v1/runs/{id}/resume"),
+            &json!({"reason": "freeze over"}),
+        )
+        .await;
+    assert_eq!(status, 202);
+    let run = rg
+        .wait_run(&id, "resumed", |r| {
+            r["status"] == "queued" && r["history"].as_array().unwrap().len() >= 5
+        })
+        .await;
+    assert_eq!(run["reason"], "no executor for this run kind yet");
+
+    let (status, _) = rg
+        .post(
+            &format!("/v1/runs/{id}/abort"),
+            &json!({"reason": "superseded"}),
+        )
+        .await;
+    assert_eq!(status, 202);
+    let run = rg
+        .wait_run(&id, "aborted", |r| r["status"] == "aborted")
+        .await;
+    let expected: Vec<(String, String)> = [
+        ("-", "queued"),
+        ("queued", "queued"),
+        ("queued", "halted"),
+        ("halted", "queued"),
+        ("queued", "queued"),
+        ("queued", "aborted"),
+    ]
+    .iter()
+    .map(|(a, b)| (a.to_string(), b.to_string()))
+    .collect();
+    assert_eq!(path(&run), expected);
+    assert!(
+        run["history"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|h| h["at"].is_string() && h["reason"].is_string())
+    );
+    for action in ["halt", "resume", "abort"] {
+        let (status, body) = rg
+            .post(&format!("/v1/runs/{id}/{action}"), &json!({}))
+            .await;
+        assert_eq!(status, 409, "{action} of an aborted run: {body}");
+    }
+    let (status, _) = rg.post("/v1/runs/no-such-run/halt", &json!({})).await;
+    assert_eq!(status, 404);
+    let (status, _) = rg.post(&format!("/v1/runs/{id}/explode"), &json!({})).await;
+    assert_eq!(status, 404);
+    let (status, _) = rg.get("/v1/runs?status=sleeping").await;
+    assert_eq!(status, 422);
+    let (status, body) = rg.get("/v1/runs?status=aborted").await;
+    assert_eq!((status, body.as_array().map(Vec::len)), (200, Some(1)));
+}
+
+#[tokio::test]
+async fn health_readiness_metrics_and_openapi_answer() {
+    let rg = Rollgate::start(&[]).await;
+    let get = |p: &str| rg.http.get(format!("{}{p}", rg.base())).send();
+    assert_eq!(get("/healthz").await.unwrap().status(), 200);
+    let ready = get("/readyz").await.unwrap();
+    assert_eq!(ready.status(), 200);
+    let ready: Value = ready.json().await.unwrap();
+    assert_eq!(ready["backend"], "embedded");
+    let spec: Value = get("/openapi.json").await.unwrap().json().await.unwrap();
+    for p in [
+        "/v1/alerts",
+        "/v1/detections",
+        "/v1/runs",
+        "/v1/runs/{id}",
+        "/v1/runs/{id}/{action}",
+    ] {
+        assert!(
+            spec["paths"][p].is_object(),
+            "{p} missing from the API description"
+        );
+    }
+    rg.post("/v1/alerts", &webhook("bb01")).await;
+    let metrics = get("/metrics").await.unwrap().text().await.unwrap();
+    for name in [
+        "rollgate_http_requests_total{code=\"202\",method=\"POST\",route=\"/v1/alerts\"}",
+        "rollgate_events_queued_total{type=\"alerts\"}",
+        "rollgate_queue_depth",
+        "rollgate_runs{status=\"queued\"}",
+    ] {
+        assert!(metrics.contains(name), "{name} not in /metrics");
+    }
+    let (status, _) = rg.get("/no/such/route").await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn token_is_generated_private_and_never_logged_and_sigterm_exits_zero() {
+    let mut rg = Rollgate::start(&[]).await;
+    let token_file = rg.data_dir().join("api-token");
+    let mode = std::fs::metadata(&token_file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    assert!(rg.token.len() >= 32);
+    // A request in flight while SIGTERM arrives is still answered.
+    let (status, _) = rg.post("/v1/detections", &detection("1.34.7")).await;
+    assert_eq!(status, 202);
+    let status = rg.terminate();
+    assert!(status.success(), "exit after SIGTERM: {status}");
+    let logs = rg.logs();
+    assert!(logs.contains("api-token"), "the token's path is logged");
+    assert!(
+        !logs.contains(&rg.token),
+        "the token's value leaked into the log"
+    );
+    rg.restart().await;
+    let same = std::fs::read_to_string(&token_file).unwrap();
+    assert_eq!(same.trim(), rg.token, "the token survives a restart");
+}
+
+#[tokio::test]
+async fn a_second_serve_on_the_same_data_dir_is_refused() {
+    let rg = Rollgate::start(&[]).await;
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
+        .arg("serve")
+        .env("ROLLGATE__DATA_DIR", rg.data_dir())
+        .env(
+            "ROLLGATE__SERVER__LISTEN",
+            format!("127.0.0.1:{}", support::free_port()),
+        )
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("another rollgate serve"));
+}
+
+#[tokio::test]
+async fn check_config_reports_every_bad_value_at_once() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
+        .arg("check-config")
+        .env("ROLLGATE__SERVER__LISTEN", "nowhere")
+        .env("ROLLGATE__QUEUE__BACKEND", "kafka")
+        .env("ROLLGATE__QUEUE__PREFETCH", "0")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for key in ["server.listen", "queue.backend", "queue.prefetch"] {
+        assert!(err.contains(key), "{key} not reported:\n{err}");
+    }
+    let ok = std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
+        .arg("check-config")
+        .env_remove("ROLLGATE__SERVER__LISTEN")
+        .output()
+        .unwrap();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+}
+
+#[tokio::test]
+async fn the_cli_lists_shows_and_controls_runs() {
+    let rg = Rollgate::start(&[]).await;
+    let (_, accepted) = rg.post("/v1/detections", &detection("1.34.8")).await;
+    let id = accepted["run_id"].as_str().unwrap().to_owned();
+    rg.wait_run(&id, "planned", |r| {
+        r["reason"] == "no executor for this run kind yet"
+    })
+    .await;
+    let cli = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
+            .args(args)
+            .env("ROLLGATE__SERVER__LISTEN", format!("127.0.0.1:{}", rg.port))
+            .env("ROLLGATE__DATA_DIR", rg.data_dir())
+            .output()
+            .unwrap()
+    };
+    let list = cli(&["runs", "list"]);
+    assert!(list.status.success());
+    assert!(String::from_utf8_lossy(&list.stdout).contains(&id));
+    let halt = cli(&["runs", "halt", &id, "--reason", "from the cli"]);
+    assert!(
+        halt.status.success(),
+        "{}",
+        String::from_utf8_lossy(&halt.stderr)
+    );
+    let run = rg
+        .wait_run(&id, "halted by the cli", |r| r["status"] == "halted")
+        .await;
+    assert_eq!(run["reason"], "halt by operator: from the cli");
+    let show = cli(&["runs", "show", &id]);
+    let shown: Value = serde_json::from_slice(&show.stdout).unwrap();
+    assert_eq!(shown["status"], "halted");
+    let again = cli(&["runs", "halt", &id]);
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("409"));
+}

@@ -1,0 +1,317 @@
+//! Test harness: runs the real `rollgate` binary in a temp dir, and talks to the real
+//! RabbitMQ on 127.0.0.1:5672 with names unique to each test.
+#![allow(dead_code)]
+
+pub mod rabbit;
+
+use serde_json::{Value, json};
+use std::future::Future;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// Polls `check` every 50 ms until it returns `Some`, or panics after `deadline`.
+pub async fn eventually<T, F, Fut>(what: &str, deadline: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            start.elapsed() < deadline,
+            "timed out after {deadline:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A free loopback port.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A running `rollgate serve`.
+pub struct Rollgate {
+    pub dir: tempfile::TempDir,
+    pub port: u16,
+    pub env: Vec<(String, String)>,
+    child: Option<Child>,
+    pub token: String,
+    pub http: reqwest::Client,
+    starts: u32,
+}
+
+impl Rollgate {
+    /// Starts `rollgate serve` with `env` on top of a fresh data dir and port.
+    pub async fn start(env: &[(&str, &str)]) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let port = free_port();
+        let mut rg = Self {
+            dir,
+            port,
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            child: None,
+            token: String::new(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(15))
+                .build()
+                .expect("client"),
+            starts: 0,
+        };
+        rg.spawn().await;
+        rg
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    pub fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join(format!("serve-{}.log", self.starts))
+    }
+
+    /// Sets (or replaces) an environment variable for the next start.
+    pub fn set_env(&mut self, key: &str, value: &str) {
+        self.env.retain(|(k, _)| k != key);
+        self.env.push((key.into(), value.into()));
+    }
+
+    pub fn remove_env(&mut self, key: &str) {
+        self.env.retain(|(k, _)| k != key);
+    }
+
+    async fn spawn(&mut self) {
+        self.starts += 1;
+        let log = std::fs::File::create(self.log_path()).expect("log file");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_rollgate"));
+        cmd.arg("serve")
+            .current_dir(self.dir.path())
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env(
+                "ROLLGATE__SERVER__LISTEN",
+                format!("127.0.0.1:{}", self.port),
+            )
+            .env("ROLLGATE__DATA_DIR", self.data_dir())
+            .env("RUST_LOG", "info,rollgate=debug")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log);
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        self.child = Some(cmd.spawn().expect("spawn rollgate"));
+        let base = self.base();
+        let http = self.http.clone();
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!("rollgate exited at start ({status}):\n{}", self.logs());
+            }
+            if let Ok(r) = http.get(format!("{base}/healthz")).send().await
+                && r.status().is_success()
+            {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "rollgate did not start:\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        self.token = std::fs::read_to_string(self.data_dir().join("api-token"))
+            .expect("token file")
+            .trim()
+            .to_owned();
+    }
+
+    /// Every log written so far, for failure messages.
+    pub fn logs(&self) -> String {
+        (1..=self.starts)
+            .map(|i| {
+                let p = self.dir.path().join(format!("serve-{i}.log"));
+                format!(
+                    "--- start {i} ---\n{}",
+                    std::fs::read_to_string(p).unwrap_or_default()
+                )
+            })
+            .collect()
+    }
+
+    /// SIGKILL, no warning.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, then waits for the exit.
+    pub fn terminate(&mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("running");
+        let pid = child.id().to_string();
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill");
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "no exit after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Starts again on the same data dir and port.
+    pub async fn restart(&mut self) {
+        self.kill9();
+        self.spawn().await;
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let r = self
+            .http
+            .post(format!("{}{path}", self.base()))
+            .bearer_auth(&self.token)
+            .json(body)
+            .send()
+            .await
+            .expect("request");
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let r = self
+            .http
+            .get(format!("{}{path}", self.base()))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .expect("request");
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// The value of one metric sample (`name{labels}` exactly as exposed), 0 if absent.
+    pub async fn metric(&self, sample: &str) -> f64 {
+        let text = self
+            .http
+            .get(format!("{}/metrics", self.base()))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics text");
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(sample)
+                    .and_then(|rest| rest.strip_prefix(' '))
+            })
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    pub async fn run(&self, id: &str) -> Value {
+        let (status, run) = self.get(&format!("/v1/runs/{id}")).await;
+        assert_eq!(status, 200, "GET run {id}: {run}");
+        run
+    }
+
+    /// Waits until run `id` satisfies `pred`.
+    pub async fn wait_run(&self, id: &str, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        eventually(what, Duration::from_secs(20), || async {
+            let (status, run) = self.get(&format!("/v1/runs/{id}")).await;
+            (status == 200 && pred(&run)).then_some(run)
+        })
+        .await
+    }
+}
+
+impl Drop for Rollgate {
+    fn drop(&mut self) {
+        self.kill9();
+        if std::thread::panicking() {
+            eprintln!("{}", self.logs());
+        }
+    }
+}
+
+/// An Alertmanager webhook body with one firing alert of `fingerprint`.
+pub fn webhook(fingerprint: &str) -> Value {
+    json!({
+        "version": "4",
+        "groupKey": "{}:{alertname=\"NodeNotReady\"}",
+        "truncatedAlerts": 0,
+        "status": "firing",
+        "receiver": "rollgate",
+        "groupLabels": {"alertname": "NodeNotReady"},
+        "commonLabels": {"alertname": "NodeNotReady"},
+        "commonAnnotations": {},
+        "externalURL": "http://alertmanager:9093",
+        "alerts": [{
+            "status": "firing",
+            "labels": {"alertname": "NodeNotReady", "upgrade_gate": "true", "node": fingerprint},
+            "annotations": {"summary": "node not ready"},
+            "startsAt": "2026-11-30T06:00:00Z",
+            "endsAt": "0001-01-01T00:00:00Z",
+            "generatorURL": "http://prometheus:9090/graph",
+            "fingerprint": fingerprint
+        }]
+    })
+}
+
+/// A detection body for `version`.
+pub fn detection(version: &str) -> Value {
+    json!({"target_version": version, "kind": "patch"})
+}
+
+/// The alert board as fingerprint → times received.
+pub async fn board(rg: &Rollgate) -> std::collections::HashMap<String, u64> {
+    let (status, body) = rg.get("/v1/alerts").await;
+    assert_eq!(status, 200, "{body}");
+    body.as_array()
+        .expect("array")
+        .iter()
+        .map(|e| {
+            (
+                e["alert"]["fingerprint"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                e["received"].as_u64().unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+/// Whether `path` exists (for token-file checks).
+pub fn exists(path: &Path) -> bool {
+    path.exists()
+}
