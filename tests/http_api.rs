@@ -32,6 +32,9 @@ async fn raw(
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
+/// name, path, content type, body, token, expected status, expected error code.
+type Case<'a> = (&'a str, &'a str, &'a str, Vec<u8>, Option<&'a str>, u16, &'a str);
+
 #[tokio::test]
 async fn every_bad_input_class_gets_its_code_and_queues_nothing() {
     let rg = Rollgate::start(&[PAUSED, ("ROLLGATE__SERVER__MAX_BODY_BYTES", "4096")]).await;
@@ -45,7 +48,7 @@ async fn every_bad_input_class_gets_its_code_and_queues_nothing() {
     webhook_v3["version"] = json!("3");
     let mut webhook_bad_time = webhook("aa02");
     webhook_bad_time["alerts"][0]["startsAt"] = json!("yesterday");
-    let cases: Vec<(&str, &str, &str, Vec<u8>, Option<&str>, u16, &str)> = vec![
+    let cases: Vec<Case> = vec![
         (
             "missing token",
             "/v1/detections",

@@ -1,0 +1,216 @@
+//! The AMQP backend against the real RabbitMQ: external publishers, deduplication,
+//! poison messages, delayed wakes that survive a restart.
+
+mod support;
+
+use chrono::Utc;
+use rollgate::domain::event::{CloudEvent, EventData, WakeRequest};
+use rollgate::queue::amqp::AmqpQueue;
+use rollgate::queue::{Outgoing, Queue};
+use serde_json::json;
+use std::time::Duration;
+use support::rabbit::{self, Names};
+use support::{Rollgate, board, eventually, webhook};
+
+fn envelope(id: &str, event_type: &str, data: serde_json::Value) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "specversion": "1.0", "id": id, "source": "test/publisher", "type": event_type,
+        "time": Utc::now().to_rfc3339(), "data": data
+    }))
+    .unwrap()
+}
+
+async fn start(names: &Names) -> Rollgate {
+    let env = names.env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    Rollgate::start(&env).await
+}
+
+#[tokio::test]
+async fn external_publishers_are_handled_like_http_and_ids_deduplicate() {
+    let names = Names::unique();
+    let rg = start(&names).await;
+
+    let detection = envelope(
+        "ext-det-1",
+        "rollgate.detection.v1",
+        json!({"target_version": "1.50.2", "kind": "patch"}),
+    );
+    rabbit::publish(&names.exchange, "detections", &detection, "ext-det-1").await;
+    let run = eventually(
+        "the published detection makes a run",
+        Duration::from_secs(20),
+        || async {
+            let (_, runs) = rg.get("/v1/runs").await;
+            runs.as_array()?
+                .iter()
+                .find(|r| r["target"] == "1.50.2")
+                .cloned()
+        },
+    )
+    .await;
+    let run = rg
+        .wait_run(run["id"].as_str().unwrap(), "planned", |r| {
+            r["reason"] == "no executor for this run kind yet"
+        })
+        .await;
+    assert_eq!(run["steps"].as_array().unwrap().len(), 7);
+    // The HTTP intake sees it as in flight.
+    let (status, body) = rg
+        .post("/v1/detections", &support::detection("1.50.2"))
+        .await;
+    assert_eq!((status, &body["run_id"]), (200, &run["id"]));
+
+    let alert = envelope("ext-alert-1", "rollgate.alerts.v1", webhook("ee01"));
+    for _ in 0..3 {
+        rabbit::publish(&names.exchange, "alerts", &alert, "ext-alert-1").await;
+    }
+    let marker = envelope("ext-alert-2", "rollgate.alerts.v1", webhook("ee02"));
+    rabbit::publish(&names.exchange, "alerts", &marker, "ext-alert-2").await;
+    let seen = eventually(
+        "the alerts on the board",
+        Duration::from_secs(20),
+        || async {
+            let seen = board(&rg).await;
+            seen.contains_key("ee02").then_some(seen)
+        },
+    )
+    .await;
+    assert_eq!(seen["ee01"], 1, "a re-published id is processed once");
+    assert_eq!(
+        rg.metric("rollgate_events_duplicate_total{type=\"alerts\"}")
+            .await,
+        2.0
+    );
+    drop(rg);
+    rabbit::cleanup(&names).await;
+}
+
+#[tokio::test]
+async fn poison_messages_go_to_the_dead_queue_with_a_reason_and_the_consumer_goes_on() {
+    let names = Names::unique();
+    let rg = start(&names).await;
+    rabbit::publish(
+        &names.exchange,
+        "detections",
+        b"\x00not json at all",
+        "poison-1",
+    )
+    .await;
+    let bad_version = envelope(
+        "poison-2",
+        "rollgate.detection.v1",
+        json!({"target_version": "1.2.3;reboot", "kind": "patch"}),
+    );
+    rabbit::publish(&names.exchange, "detections", &bad_version, "poison-2").await;
+    let unknown_type = envelope("poison-3", "com.example.other", json!({}));
+    rabbit::publish(&names.exchange, "alerts", &unknown_type, "poison-3").await;
+    let good = envelope("good-1", "rollgate.alerts.v1", webhook("ff01"));
+    rabbit::publish(&names.exchange, "alerts", &good, "good-1").await;
+
+    eventually(
+        "the good message processed after the poison",
+        Duration::from_secs(20),
+        || async { board(&rg).await.contains_key("ff01").then_some(()) },
+    )
+    .await;
+    eventually("three dead letters", Duration::from_secs(20), || async {
+        let n = rg
+            .metric("rollgate_events_dead_lettered_total{type=\"unknown\"}")
+            .await;
+        (n >= 3.0).then_some(())
+    })
+    .await;
+    let dead = rabbit::drain(&names.dead).await;
+    assert_eq!(dead.len(), 3, "dead letters: {dead:?}");
+    let reasons: Vec<String> = dead
+        .iter()
+        .map(|(_, r)| r.clone().unwrap_or_default())
+        .collect();
+    assert!(reasons[0].contains("not a CloudEvents"), "{reasons:?}");
+    assert!(reasons[1].contains("target_version"), "{reasons:?}");
+    assert!(reasons[2].contains("com.example.other"), "{reasons:?}");
+    assert_eq!(
+        dead[0].0, b"\x00not json at all",
+        "the body is kept as published"
+    );
+    drop(rg);
+    rabbit::cleanup(&names).await;
+}
+
+fn wake(run: &str) -> Outgoing {
+    let event = CloudEvent::new(
+        &EventData::Wake(WakeRequest {
+            run_id: run.into(),
+            epoch: 1,
+        }),
+        "test",
+        Utc::now(),
+    );
+    Outgoing {
+        id: event.id.clone(),
+        routing_key: "wake".into(),
+        body: event.to_bytes(),
+        not_before: Some(Utc::now() + chrono::Duration::seconds(2)),
+    }
+}
+
+#[tokio::test]
+async fn a_wake_2s_ahead_fires_no_earlier_than_2s_also_across_a_restart() {
+    let names = Names::unique();
+    // Without a restart.
+    let queue = AmqpQueue::connect(names.settings()).await.expect("connect");
+    let msg = wake("run-a");
+    let due = msg.not_before.unwrap();
+    queue.publish(msg.clone()).await.expect("publish");
+    let got = tokio::time::timeout(Duration::from_secs(10), queue.next())
+        .await
+        .expect("wake in time")
+        .expect("next");
+    assert!(
+        Utc::now() >= due,
+        "fired {} ms early",
+        (due - Utc::now()).num_milliseconds()
+    );
+    assert_eq!(got.body, msg.body);
+    queue.ack(&got).await.unwrap();
+    drop(queue);
+
+    // Published, then rollgate's connection goes away before the wake is due.
+    let queue = AmqpQueue::connect(names.settings()).await.expect("connect");
+    let msg = wake("run-b");
+    let due = msg.not_before.unwrap();
+    queue.publish(msg.clone()).await.expect("publish");
+    drop(queue);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let queue = AmqpQueue::connect(names.settings())
+        .await
+        .expect("reconnect");
+    let got = tokio::time::timeout(Duration::from_secs(10), queue.next())
+        .await
+        .expect("wake in time")
+        .expect("next");
+    assert!(
+        Utc::now() >= due,
+        "fired {} ms early",
+        (due - Utc::now()).num_milliseconds()
+    );
+    assert_eq!(got.body, msg.body);
+    queue.ack(&got).await.unwrap();
+    drop(queue);
+    rabbit::cleanup(&names).await;
+}
+
+#[tokio::test]
+async fn a_missing_broker_is_an_error_within_seconds() {
+    let mut settings = Names::unique().settings();
+    settings.amqp_url = format!("amqp://127.0.0.1:{}/%2f", support::free_port());
+    let started = std::time::Instant::now();
+    let result = AmqpQueue::connect(settings).await;
+    assert!(result.is_err());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+}

@@ -1,0 +1,97 @@
+//! RabbitMQ stopped and started under rollgate. Alone in its test binary because it stops
+//! the broker every other AMQP test uses.
+
+mod support;
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+use support::rabbit::{self, Names};
+use support::{Rollgate, board, eventually, webhook};
+
+async fn post_alert(rg: &Rollgate, fp: &str) -> u16 {
+    rg.http
+        .post(format!("{}/v1/alerts", rg.base()))
+        .bearer_auth(&rg.token)
+        .json(&webhook(fp))
+        .send()
+        .await
+        .map(|r| r.status().as_u16())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_broker_outage_gives_503_never_2xx_and_consumption_resumes_without_a_restart() {
+    let names = Names::unique();
+    let env = names.env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let rg = Rollgate::start(&env).await;
+    let mut accepted = HashSet::new();
+    for i in 0..5 {
+        let fp = format!("a{i:03}");
+        assert_eq!(post_alert(&rg, &fp).await, 202);
+        accepted.insert(fp);
+    }
+
+    rabbit::rabbitmqctl(&["stop_app"]);
+    let outage = async {
+        let mut during = Vec::new();
+        for i in 0..10 {
+            let fp = format!("b{i:03}");
+            during.push((fp.clone(), post_alert(&rg, &fp).await));
+        }
+        during
+    };
+    let during = outage.await;
+    let (status, ready) = rg.get("/readyz").await;
+    rabbit::rabbitmqctl(&["start_app"]);
+    rabbit::rabbitmqctl(&["await_startup"]);
+
+    for (fp, status) in &during {
+        assert_eq!(*status, 503, "{fp} posted during the outage got {status}");
+    }
+    assert_eq!(status, 503, "readyz during the outage: {ready}");
+
+    // After recovery: accepted again, and the same process consumes again.
+    let recovered = Instant::now();
+    let mut after = 0;
+    while after < 5 {
+        let fp = format!("c{after:03}");
+        match post_alert(&rg, &fp).await {
+            202 => {
+                accepted.insert(fp);
+                after += 1;
+            }
+            503 => assert!(
+                recovered.elapsed() < Duration::from_secs(60),
+                "no 202 within 60 s of recovery"
+            ),
+            other => panic!("unexpected status {other}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let seen = eventually(
+        "every 2xx'd alert processed after recovery",
+        Duration::from_secs(60),
+        || async {
+            let seen = board(&rg).await;
+            accepted
+                .iter()
+                .all(|fp| seen.contains_key(fp))
+                .then_some(seen)
+        },
+    )
+    .await;
+    for fp in &accepted {
+        assert_eq!(seen[fp], 1, "{fp} processed {} times", seen[fp]);
+    }
+    for (fp, _) in &during {
+        assert!(
+            !seen.contains_key(fp),
+            "{fp} was refused with 503 but processed"
+        );
+    }
+    let (status, _) = rg.get("/readyz").await;
+    assert_eq!(status, 200);
+    drop(rg);
+    rabbit::cleanup(&names).await;
+}
