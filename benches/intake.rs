@@ -1,1 +1,353 @@
-fn main() {}
+//! Sustained `POST /v1/alerts` from 32 concurrent clients against `rollgate serve`, beside
+//! the raw ceiling of the same backend measured in the same run:
+//! - embedded: one fsync'd SQLite INSERT per append (WAL, synchronous=FULL), 32 callers;
+//! - amqp: a raw lapin publish-with-confirm loop, 32 publishers, persistent messages to a
+//!   quorum queue.
+//!
+//! Run: `cargo bench --bench intake` (BENCH_SECS=10 per scenario; RabbitMQ on 127.0.0.1:5672).
+
+use hdrhistogram::Histogram;
+use lapin::options::{
+    BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Connection, ConnectionProperties};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+const CLIENTS: usize = 32;
+const AMQP_URL: &str = "amqp://127.0.0.1:5672/%2f";
+
+struct Figures {
+    name: String,
+    accepted_per_s: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    rss_mb: Option<f64>,
+}
+
+fn secs() -> Duration {
+    Duration::from_secs(
+        std::env::var("BENCH_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(10),
+    )
+}
+
+/// Runs `op` from `CLIENTS` tasks for the bench duration after a 1 s warm-up.
+async fn drive<F, Fut>(op: F) -> (f64, Histogram<u64>)
+where
+    F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = bool> + Send,
+{
+    let op = Arc::new(op);
+    let stop = Arc::new(AtomicBool::new(false));
+    let measuring = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for client in 0..CLIENTS {
+        let (op, stop, measuring) = (op.clone(), stop.clone(), measuring.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram");
+            let mut ok = 0u64;
+            let mut seq = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                seq += 1;
+                let started = Instant::now();
+                let success = op(client, seq).await;
+                if measuring.load(Ordering::Relaxed) && success {
+                    ok += 1;
+                    let _ = hist.record(started.elapsed().as_micros().max(1) as u64);
+                }
+            }
+            (ok, hist)
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    measuring.store(true, Ordering::Relaxed);
+    let started = Instant::now();
+    tokio::time::sleep(secs()).await;
+    measuring.store(false, Ordering::Relaxed);
+    let elapsed = started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    let mut total = 0;
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram");
+    for t in tasks {
+        let (ok, h) = t.await.expect("client task");
+        total += ok;
+        hist.add(h).expect("merge");
+    }
+    (total as f64 / elapsed, hist)
+}
+
+fn figures(name: &str, (rate, hist): (f64, Histogram<u64>), rss_mb: Option<f64>) -> Figures {
+    Figures {
+        name: name.into(),
+        accepted_per_s: rate,
+        p50_ms: hist.value_at_quantile(0.5) as f64 / 1000.0,
+        p99_ms: hist.value_at_quantile(0.99) as f64 / 1000.0,
+        rss_mb,
+    }
+}
+
+struct Serve {
+    child: Child,
+    port: u16,
+    token: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Serve {
+    fn start(env: &[(&str, String)]) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("port")
+            .port();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_rollgate"));
+        cmd.arg("serve")
+            .current_dir(dir.path())
+            .env("ROLLGATE__SERVER__LISTEN", format!("127.0.0.1:{port}"))
+            .env("ROLLGATE__LOG__LEVEL", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("spawn rollgate");
+        let token_path = dir.path().join("data/api-token");
+        let started = Instant::now();
+        while !token_path.exists() || std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "rollgate did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let token = std::fs::read_to_string(&token_path)
+            .expect("token")
+            .trim()
+            .to_owned();
+        Self {
+            child,
+            port,
+            token,
+            _dir: dir,
+        }
+    }
+
+    /// Peak resident set size (VmHWM).
+    fn peak_rss_mb(&self) -> Option<f64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        let kb: f64 = status
+            .lines()
+            .find(|l| l.starts_with("VmHWM:"))?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()?;
+        Some(kb / 1024.0)
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn alert_body(client: usize, seq: u64) -> serde_json::Value {
+    serde_json::json!({
+        "version": "4", "groupKey": "{}:{alertname=\"Bench\"}", "status": "firing", "receiver": "rollgate",
+        "alerts": [{"status": "firing", "labels": {"alertname": "Bench", "upgrade_gate": "true"},
+            "annotations": {}, "startsAt": "2026-11-30T06:00:00Z", "endsAt": "0001-01-01T00:00:00Z",
+            "fingerprint": format!("c{client}s{seq}")}]
+    })
+}
+
+async fn bench_rollgate(name: &str, env: &[(&str, String)]) -> Figures {
+    let serve = Serve::start(env);
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(CLIENTS)
+        .build()
+        .expect("client");
+    let url = format!("http://127.0.0.1:{}/v1/alerts", serve.port);
+    let token = serve.token.clone();
+    let result = drive(move |client, seq| {
+        let req = http
+            .post(&url)
+            .bearer_auth(&token)
+            .json(&alert_body(client, seq))
+            .send();
+        async move { matches!(req.await, Ok(r) if r.status().as_u16() == 202) }
+    })
+    .await;
+    figures(name, result, serve.peak_rss_mb())
+}
+
+async fn bench_raw_sqlite() -> Figures {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let conn = rollgate::queue::embedded::open_durable(&dir.path().join("raw.db")).expect("sqlite");
+    conn.execute_batch(
+        "CREATE TABLE log (seq INTEGER PRIMARY KEY AUTOINCREMENT, body BLOB NOT NULL)",
+    )
+    .expect("table");
+    let conn = Arc::new(std::sync::Mutex::new(conn));
+    let result = drive(move |client, seq| {
+        let conn = conn.clone();
+        async move {
+            let body = serde_json::to_vec(&alert_body(client, seq)).unwrap_or_default();
+            tokio::task::spawn_blocking(move || {
+                conn.lock()
+                    .map(|c| {
+                        c.execute("INSERT INTO log (body) VALUES (?1)", [body])
+                            .is_ok()
+                    })
+                    .unwrap_or(false)
+            })
+            .await
+            .unwrap_or(false)
+        }
+    })
+    .await;
+    figures("ceiling: raw fsync'd SQLite append", result, None)
+}
+
+async fn bench_raw_amqp() -> Figures {
+    let conn = Connection::connect(AMQP_URL, ConnectionProperties::default())
+        .await
+        .expect("RabbitMQ");
+    let ch = conn.create_channel().await.expect("channel");
+    let queue = format!("rg-bench-raw-{}", uuid::Uuid::now_v7().simple());
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    ch.queue_declare(
+        queue.as_str().into(),
+        QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        args,
+    )
+    .await
+    .expect("declare");
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirms");
+    let q = queue.clone();
+    let channel = ch.clone();
+    let result = drive(move |client, seq| {
+        let ch = channel.clone();
+        let q = q.clone();
+        async move {
+            let body = serde_json::to_vec(&alert_body(client, seq)).unwrap_or_default();
+            let Ok(confirm) = ch
+                .basic_publish(
+                    "".into(),
+                    q.as_str().into(),
+                    BasicPublishOptions::default(),
+                    &body,
+                    BasicProperties::default().with_delivery_mode(2),
+                )
+                .await
+            else {
+                return false;
+            };
+            matches!(confirm.await, Ok(c) if c.is_ack())
+        }
+    })
+    .await;
+    let _ = ch
+        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await;
+    figures("ceiling: raw lapin publish+confirm", result, None)
+}
+
+fn report(rows: &[&Figures], ceiling: &Figures) {
+    for f in rows {
+        println!(
+            "{:<44} {:>10.0} {:>9.2} {:>9.2} {:>9} {:>8.2}",
+            f.name,
+            f.accepted_per_s,
+            f.p50_ms,
+            f.p99_ms,
+            f.rss_mb.map_or("-".into(), |m| format!("{m:.1}")),
+            f.accepted_per_s / ceiling.accepted_per_s,
+        );
+    }
+}
+
+async fn cleanup(names: &str) {
+    let Ok(conn) = Connection::connect(AMQP_URL, ConnectionProperties::default()).await else {
+        return;
+    };
+    let Ok(ch) = conn.create_channel().await else {
+        return;
+    };
+    for q in [format!("{names}.events"), format!("{names}.dead")] {
+        let _ = ch
+            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+            .await;
+    }
+    for x in [names.to_owned(), format!("{names}.dlx")] {
+        let _ = ch
+            .exchange_delete(x.as_str().into(), Default::default())
+            .await;
+    }
+}
+
+fn main() {
+    // `cargo test --benches` lists or runs bench targets; this one only runs under `cargo bench`.
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        println!(
+            "{CLIENTS} concurrent clients, {:?} per scenario after 1 s warm-up",
+            secs()
+        );
+        println!(
+            "{:<44} {:>10} {:>9} {:>9} {:>9} {:>8}",
+            "scenario", "accepted/s", "p50 ms", "p99 ms", "RSS MB", "ratio"
+        );
+        let ceiling = bench_raw_sqlite().await;
+        let embedded = bench_rollgate("rollgate serve, embedded", &[]).await;
+        let paused = bench_rollgate(
+            "rollgate serve, embedded, worker paused",
+            &[("ROLLGATE__WORKER__PAUSED", "true".into())],
+        )
+        .await;
+        report(&[&ceiling, &embedded, &paused], &ceiling);
+
+        let names = format!("rg-bench-{}", uuid::Uuid::now_v7().simple());
+        let amqp_env = [
+            ("ROLLGATE__QUEUE__BACKEND", "amqp".to_owned()),
+            ("ROLLGATE__QUEUE__EXCHANGE", names.clone()),
+            ("ROLLGATE__QUEUE__QUEUE", format!("{names}.events")),
+            ("ROLLGATE__QUEUE__DEAD_QUEUE", format!("{names}.dead")),
+        ];
+        let amqp_ceiling = bench_raw_amqp().await;
+        let amqp = bench_rollgate("rollgate serve, amqp", &amqp_env).await;
+        let amqp_paused = bench_rollgate(
+            "rollgate serve, amqp, worker paused",
+            &[
+                amqp_env.as_slice(),
+                &[("ROLLGATE__WORKER__PAUSED", "true".into())],
+            ]
+            .concat(),
+        )
+        .await;
+        report(&[&amqp_ceiling, &amqp, &amqp_paused], &amqp_ceiling);
+        cleanup(&names).await;
+    });
+}

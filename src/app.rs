@@ -64,6 +64,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             .wrap(from_fn(http::observe))
             .configure(http::configure)
     })
+    .workers(settings.server.workers)
     .disable_signals()
     .shutdown_timeout(10)
     .bind(settings.server.listen)
@@ -89,6 +90,8 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             metrics,
             executors: Executors::default(),
             max_attempts: settings.worker.max_attempts,
+            // A crash may have left messages in the outbox.
+            outbox_pending: true.into(),
         };
         Some(tokio::spawn(worker.run(stop_rx)))
     };

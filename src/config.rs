@@ -39,6 +39,9 @@ pub struct ServerSettings {
     pub token_file_is_default: bool,
     /// `server.max_body_bytes`: largest request body accepted (default 1 MiB).
     pub max_body_bytes: usize,
+    /// `server.workers`: HTTP worker threads (default 1: the API is light, and on small
+    /// nodes every thread competes with the queue and the broker).
+    pub workers: usize,
 }
 
 /// Queue settings.
@@ -129,6 +132,7 @@ const KEYS: &[&str] = &[
     "server.listen",
     "server.token_file",
     "server.max_body_bytes",
+    "server.workers",
     "queue.backend",
     "queue.amqp_url",
     "queue.amqp_credentials_file",
@@ -201,6 +205,7 @@ impl Settings {
             },
             token_file_is_default: !token_file_set,
             max_body_bytes: r.int("server.max_body_bytes", 1 << 20, 1024, 64 << 20) as usize,
+            workers: r.int("server.workers", 1, 1, 64) as usize,
         };
         let backend = match r.string("queue.backend", "embedded").as_str() {
             "embedded" => QueueBackend::Embedded,

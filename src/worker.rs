@@ -31,6 +31,8 @@ pub struct Worker {
     pub executors: Executors,
     /// Starts of one step before it gives up.
     pub max_attempts: u32,
+    /// Set when the outbox may hold messages not yet published.
+    pub outbox_pending: std::sync::atomic::AtomicBool,
 }
 
 /// Why an event could not be processed now; the delivery is released and retried.
@@ -96,11 +98,33 @@ impl Worker {
     }
 
     async fn flush_outbox(&self) -> Result<(), Transient> {
-        for (seq, msg) in self.store.outbox().await? {
-            self.queue.publish(msg).await?;
-            self.store.outbox_sent(seq).await?;
+        use std::sync::atomic::Ordering;
+        if !self.outbox_pending.swap(false, Ordering::AcqRel) {
+            return Ok(());
         }
-        Ok(())
+        let result = async {
+            for (seq, msg) in self.store.outbox().await? {
+                self.queue.publish(msg).await?;
+                self.store.outbox_sent(seq).await?;
+            }
+            Ok(())
+        }
+        .await;
+        if result.is_err() {
+            self.outbox_pending.store(true, Ordering::Release);
+        }
+        result
+    }
+
+    /// Commits, remembering that the outbox has messages to publish.
+    async fn commit(&self, commit: Commit) -> Result<Committed, StoreError> {
+        let has_outbox = !commit.outbox.is_empty();
+        let committed = self.store.commit(commit).await?;
+        if has_outbox {
+            self.outbox_pending
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
+        Ok(committed)
     }
 
     async fn handle(&self, delivery: Delivery) {
@@ -248,7 +272,7 @@ impl Worker {
             }
         }
         let runs = commit.runs.clone();
-        if self.store.commit(commit).await? == Committed::AlreadyProcessed {
+        if self.commit(commit).await? == Committed::AlreadyProcessed {
             self.metrics
                 .events_duplicate
                 .with_label_values(&[kind.label()])
@@ -317,7 +341,7 @@ impl Worker {
                 &mut commit,
             );
             commit.runs.push(run.clone());
-            if let Err(e) = self.store.commit(commit).await {
+            if let Err(e) = self.commit(commit).await {
                 warn!(run_id = %run.id, error = %e, "cannot persist a step outcome; the step runs again after recovery");
                 return;
             }

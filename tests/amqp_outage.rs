@@ -9,14 +9,26 @@ use support::rabbit::{self, Names};
 use support::{Rollgate, board, eventually, webhook};
 
 async fn post_alert(rg: &Rollgate, fp: &str) -> u16 {
-    rg.http
+    match rg
+        .http
         .post(format!("{}/v1/alerts", rg.base()))
         .bearer_auth(&rg.token)
         .json(&webhook(fp))
         .send()
         .await
-        .map(|r| r.status().as_u16())
-        .unwrap_or(0)
+    {
+        Ok(r) => {
+            let status = r.status().as_u16();
+            if status != 202 && status != 503 {
+                eprintln!("{fp}: {status} {}", r.text().await.unwrap_or_default());
+            }
+            status
+        }
+        Err(e) => {
+            eprintln!("{fp}: request failed: {e:?}");
+            0
+        }
+    }
 }
 
 #[tokio::test]

@@ -125,6 +125,7 @@ async fn poison_goes_to_the_dead_table_with_its_reason_and_the_worker_goes_on() 
         metrics: metrics.clone(),
         executors: Executors::default(),
         max_attempts: 3,
+        outbox_pending: true.into(),
     };
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(worker.run(stopped));

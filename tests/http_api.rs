@@ -33,7 +33,15 @@ async fn raw(
 }
 
 /// name, path, content type, body, token, expected status, expected error code.
-type Case<'a> = (&'a str, &'a str, &'a str, Vec<u8>, Option<&'a str>, u16, &'a str);
+type Case<'a> = (
+    &'a str,
+    &'a str,
+    &'a str,
+    Vec<u8>,
+    Option<&'a str>,
+    u16,
+    &'a str,
+);
 
 #[tokio::test]
 async fn every_bad_input_class_gets_its_code_and_queues_nothing() {

@@ -52,7 +52,9 @@ struct Link {
 pub struct AmqpQueue {
     settings: QueueSettings,
     credentials: Option<(String, String)>,
+    /// Serialises connecting; `current` is the lock-free read of its result.
     link: Mutex<Option<Arc<Link>>>,
+    current: std::sync::RwLock<Option<Arc<Link>>>,
     last_failure: std::sync::Mutex<Option<Instant>>,
     consumer: Mutex<Option<(u64, Consumer)>>,
     generation: std::sync::atomic::AtomicU64,
@@ -88,6 +90,7 @@ impl AmqpQueue {
             settings,
             credentials,
             link: Mutex::new(None),
+            current: std::sync::RwLock::new(None),
             last_failure: std::sync::Mutex::new(None),
             consumer: Mutex::new(None),
             generation: std::sync::atomic::AtomicU64::new(0),
@@ -221,12 +224,21 @@ impl AmqpQueue {
     /// The live link, connecting if needed. `wait` = the consumer, which may take its time;
     /// publishers fail fast for a moment after a failed attempt.
     async fn link(&self, wait: bool) -> Result<Arc<Link>, QueueError> {
+        if let Ok(current) = self.current.read()
+            && let Some(link) = current.as_ref()
+            && link.connection.status().connected()
+        {
+            return Ok(link.clone());
+        }
         let mut guard = self.link.lock().await;
         if let Some(link) = guard.as_ref() {
             if link.connection.status().connected() {
                 return Ok(link.clone());
             }
             *guard = None;
+            if let Ok(mut current) = self.current.write() {
+                *current = None;
+            }
         }
         if !wait
             && let Ok(last) = self.last_failure.lock()
@@ -240,6 +252,9 @@ impl AmqpQueue {
             Ok(link) => {
                 let link = Arc::new(link);
                 *guard = Some(link.clone());
+                if let Ok(mut current) = self.current.write() {
+                    *current = Some(link.clone());
+                }
                 tracing::info!(generation = link.generation, "connected to RabbitMQ");
                 Ok(link)
             }
@@ -256,6 +271,9 @@ impl AmqpQueue {
         let mut guard = self.link.lock().await;
         if guard.as_ref().is_some_and(|l| l.generation == generation) {
             *guard = None;
+            if let Ok(mut current) = self.current.write() {
+                *current = None;
+            }
         }
     }
 

@@ -65,6 +65,8 @@ impl Rollgate {
             token: String::new(),
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(15))
+                // Below actix's 5 s keep-alive: never reuse a connection the server is closing.
+                .pool_idle_timeout(Duration::from_secs(2))
                 .build()
                 .expect("client"),
             starts: 0,
