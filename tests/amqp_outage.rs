@@ -44,7 +44,51 @@ async fn a_broker_outage_gives_503_never_2xx_and_consumption_resumes_without_a_r
         accepted.insert(fp);
     }
 
+    // A wake due while the broker is down must survive the broker's restart.
+    let wake_queue = rollgate::queue::amqp::AmqpQueue::connect(names.settings())
+        .await
+        .expect("connect");
+    let wake = rollgate::domain::event::CloudEvent::new(
+        &rollgate::domain::event::EventData::Wake(rollgate::domain::event::WakeRequest {
+            run_id: "no-such-run".into(),
+            epoch: 1,
+        }),
+        "test",
+        chrono::Utc::now(),
+    );
+    let due = chrono::Utc::now() + chrono::Duration::seconds(2);
+    rollgate::queue::Queue::publish(
+        &wake_queue,
+        rollgate::queue::Outgoing {
+            id: wake.id.clone(),
+            routing_key: "wake".into(),
+            body: wake.to_bytes(),
+            not_before: Some(due),
+        },
+    )
+    .await
+    .expect("publish wake");
+    drop(wake_queue);
+
     rabbit::rabbitmqctl(&["stop_app"]);
+    let refused = rg
+        .http
+        .post(format!("{}/v1/alerts", rg.base()))
+        .bearer_auth(&rg.token)
+        .json(&webhook("r000"))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(refused.status().as_u16(), 503);
+    let retry_after = refused
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u32>().ok());
+    assert!(
+        retry_after.is_some_and(|s| s > 0),
+        "503 without Retry-After"
+    );
     let outage = async {
         let mut during = Vec::new();
         for i in 0..10 {
@@ -104,6 +148,18 @@ async fn a_broker_outage_gives_503_never_2xx_and_consumption_resumes_without_a_r
     }
     let (status, _) = rg.get("/readyz").await;
     assert_eq!(status, 200);
+    eventually(
+        "the wake queued before the broker restart is processed",
+        Duration::from_secs(30),
+        || async {
+            (rg.metric("rollgate_events_processed_total{type=\"wake\"}")
+                .await
+                >= 1.0)
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(chrono::Utc::now() >= due);
     drop(rg);
     rabbit::cleanup(&names).await;
 }

@@ -3,9 +3,11 @@
 //! Topology, declared on every (re)connect: topic exchange `<exchange>`; quorum queue
 //! `<queue>` (single active consumer, delivery limit, dead-lettering to `<exchange>.dlx`)
 //! bound for every routing key; fanout `<exchange>.dlx` → `<dead_queue>`. Delayed messages
-//! wait in `<exchange>.delay.<key>.<ms>` queues whose one TTL dead-letters them back into
+//! wait in `<exchange>.wait.<key>.<ms>` queues whose one TTL dead-letters them back into
 //! `<exchange>`: every message in such a queue has the same TTL, so none waits behind a
-//! later one, and both the wait and the message survive restarts of rollgate and the broker.
+//! later one, and both the wait and the message survive restarts of rollgate and the broker
+//! (quorum queues with at-least-once dead-lettering: nothing is dropped if the events queue
+//! is not ready when a message expires).
 //!
 //! Reconnecting is done here rather than by lapin's auto-recovery, so that every attempt is
 //! bounded by `connect_timeout` and a publish during an outage fails fast (→ 503).
@@ -341,7 +343,7 @@ impl AmqpQueue {
             1000
         };
         let ms = (delay.as_millis() as u64).div_ceil(step) * step;
-        let name = format!("{}.delay.{key}.{ms}", self.settings.exchange);
+        let name = format!("{}.wait.{key}.{ms}", self.settings.exchange);
         if link
             .delay_queues
             .lock()
@@ -351,6 +353,21 @@ impl AmqpQueue {
             return Ok(name);
         }
         let mut args = FieldTable::default();
+        // Quorum with at-least-once dead-lettering: a message that expires while the
+        // events queue is unavailable (a broker restart) stays here until it can move.
+        // Classic queues dead-letter at most once and would drop it.
+        args.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString("quorum".into()),
+        );
+        args.insert(
+            "x-dead-letter-strategy".into(),
+            AMQPValue::LongString("at-least-once".into()),
+        );
+        args.insert(
+            "x-overflow".into(),
+            AMQPValue::LongString("reject-publish".into()),
+        );
         args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(ms as i64));
         args.insert(
             "x-expires".into(),
