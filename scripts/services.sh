@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs and starts what the test suite talks to. Sourced by scripts/test.sh.
+# Debian packages only; idempotent; safe to run as root on a fresh machine.
+
+apt_install() {
+    local missing=()
+    for pkg in "$@"; do
+        dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+    done
+    if [ "${#missing[@]}" -gt 0 ]; then
+        echo "installing: ${missing[*]}"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
+    fi
+}
+
+ensure_build_tools() {
+    command -v cargo >/dev/null || { echo "cargo is required (rustup)"; exit 1; }
+    command -v cc >/dev/null || apt_install gcc libc6-dev
+}
+
+ensure_rabbitmq() {
+    apt_install rabbitmq-server
+    if ! timeout 10 rabbitmqctl -q status >/dev/null 2>&1; then
+        echo "starting rabbitmq-server"
+        rabbitmq-server -detached
+    fi
+    timeout 120 rabbitmqctl -q await_startup
+    echo "rabbitmq-server is up"
+}

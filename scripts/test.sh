@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh Debian machine: installs and starts the services the
+# tests use, then runs every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source=scripts/services.sh
+. scripts/services.sh
+
+DEBIAN_FRONTEND=noninteractive apt-get update -q
+ensure_build_tools
+ensure_rabbitmq
+cargo test --locked "$@"
