@@ -84,27 +84,34 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         warn!("worker.paused is true: events are queued but not processed");
         None
     } else {
-        let worker = Worker {
+        let worker = Worker::new(
             queue,
             store,
             metrics,
-            executors: Executors::default(),
-            max_attempts: settings.worker.max_attempts,
-            // A crash may have left messages in the outbox.
-            outbox_pending: true.into(),
-        };
+            Executors::default(),
+            settings.worker.max_attempts,
+        );
         Some(tokio::spawn(worker.run(stop_rx)))
     };
 
     let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
-    tokio::select! {
-        _ = term.recv() => info!("SIGTERM: stopping"),
-        _ = int.recv() => info!("SIGINT: stopping"),
-    }
+    let mut worker_task = worker_task;
+    let worker_ended = async {
+        match worker_task.as_mut() {
+            Some(task) => drop(task.await),
+            None => std::future::pending().await,
+        }
+    };
+    let worker_died = tokio::select! {
+        _ = term.recv() => { info!("SIGTERM: stopping"); false }
+        _ = int.recv() => { info!("SIGINT: stopping"); false }
+        () = worker_ended => true,
+    };
     server_handle.stop(true).await;
     let _ = stop_tx.send(true);
-    if let Some(task) = worker_task
+    if let Some(task) = worker_task.take()
+        && !worker_died
         && tokio::time::timeout(WORKER_STOP_TIMEOUT, task)
             .await
             .is_err()
@@ -112,6 +119,11 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         warn!("the worker did not stop in time; its message in hand will be redelivered");
     }
     let _ = server_task.await;
+    if worker_died {
+        bail!(
+            "the worker stopped on its own (queue closed); exiting so that a supervisor restarts rollgate"
+        );
+    }
     info!("stopped");
     Ok(())
 }

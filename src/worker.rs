@@ -4,6 +4,7 @@
 
 use chrono::Utc;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tracing::{Instrument, info, info_span, warn};
@@ -32,8 +33,15 @@ pub struct Worker {
     /// Starts of one step before it gives up.
     pub max_attempts: u32,
     /// Set when the outbox may hold messages not yet published.
-    pub outbox_pending: std::sync::atomic::AtomicBool,
+    pub outbox_pending: AtomicBool,
+    /// Events that failed in a row for a transient reason; sets the back-off.
+    pub consecutive_failures: AtomicU32,
 }
+
+/// First pause after a transient failure; doubles per failure in a row.
+const RETRY_BASE: Duration = Duration::from_millis(500);
+/// Longest pause between redeliveries of a failing event.
+const RETRY_MAX: Duration = Duration::from_secs(60);
 
 /// Why an event could not be processed now; the delivery is released and retried.
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +53,26 @@ enum Transient {
 }
 
 impl Worker {
+    /// A worker over `queue` and `store`.
+    pub fn new(
+        queue: Arc<dyn Queue>,
+        store: Store,
+        metrics: Metrics,
+        executors: Executors,
+        max_attempts: u32,
+    ) -> Self {
+        Self {
+            queue,
+            store,
+            metrics,
+            executors,
+            max_attempts,
+            // A crash may have left messages in the outbox.
+            outbox_pending: AtomicBool::new(true),
+            consecutive_failures: AtomicU32::new(0),
+        }
+    }
+
     /// Runs until `shutdown` turns true. The message in hand is finished first.
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
         if let Err(e) = self.recover().await {
@@ -98,7 +126,6 @@ impl Worker {
     }
 
     async fn flush_outbox(&self) -> Result<(), Transient> {
-        use std::sync::atomic::Ordering;
         if !self.outbox_pending.swap(false, Ordering::AcqRel) {
             return Ok(());
         }
@@ -121,8 +148,7 @@ impl Worker {
         let has_outbox = !commit.outbox.is_empty();
         let committed = self.store.commit(commit).await?;
         if has_outbox {
-            self.outbox_pending
-                .store(true, std::sync::atomic::Ordering::Release);
+            self.outbox_pending.store(true, Ordering::Release);
         }
         Ok(committed)
     }
@@ -159,6 +185,7 @@ impl Worker {
         async {
             match self.process(&delivery, &event, data).await {
                 Ok(next) => {
+                    self.consecutive_failures.store(0, Ordering::Relaxed);
                     if let Err(e) = self.queue.ack(&delivery).await {
                         // Redelivery is harmless: the event is recorded as processed.
                         warn!(error = %e, "ack failed; the event will be redelivered and skipped");
@@ -172,8 +199,14 @@ impl Worker {
                         .queue_errors
                         .with_label_values(&["process"])
                         .inc();
-                    warn!(error = %e, "cannot process now; releasing for redelivery");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    // Back off before the redelivery, so that a passing store or broker
+                    // fault does not use up the delivery limit of a valid event.
+                    let failures = self.consecutive_failures.fetch_add(1, Ordering::Relaxed);
+                    let pause = RETRY_BASE
+                        .saturating_mul(2u32.saturating_pow(failures.min(16)))
+                        .min(RETRY_MAX);
+                    warn!(error = %e, retry_in = ?pause, "cannot process now; releasing for redelivery");
+                    tokio::time::sleep(pause).await;
                     let _ = self.queue.release(&delivery).await;
                 }
             }

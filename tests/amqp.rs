@@ -4,13 +4,12 @@
 mod support;
 
 use chrono::Utc;
-use rollgate::domain::event::{CloudEvent, EventData, WakeRequest};
+use rollgate::queue::Queue;
 use rollgate::queue::amqp::AmqpQueue;
-use rollgate::queue::{Outgoing, Queue};
 use serde_json::json;
 use std::time::Duration;
 use support::rabbit::{self, Names};
-use support::{Rollgate, board, eventually, webhook};
+use support::{Rollgate, board, eventually, receive_on_time, wake_message, webhook};
 
 fn envelope(id: &str, event_type: &str, data: serde_json::Value) -> Vec<u8> {
     serde_json::to_vec(&json!({
@@ -138,65 +137,22 @@ async fn poison_messages_go_to_the_dead_queue_with_a_reason_and_the_consumer_goe
     rabbit::cleanup(&names).await;
 }
 
-fn wake(run: &str) -> Outgoing {
-    let event = CloudEvent::new(
-        &EventData::Wake(WakeRequest {
-            run_id: run.into(),
-            epoch: 1,
-        }),
-        "test",
-        Utc::now(),
-    );
-    Outgoing {
-        id: event.id.clone(),
-        routing_key: "wake".into(),
-        body: event.to_bytes(),
-        not_before: Some(Utc::now() + chrono::Duration::seconds(2)),
-    }
-}
-
 #[tokio::test]
 async fn a_wake_2s_ahead_fires_no_earlier_than_2s_also_across_a_restart() {
     let names = Names::unique();
-    // Without a restart.
     let queue = AmqpQueue::connect(names.settings()).await.expect("connect");
-    let msg = wake("run-a");
-    let due = msg.not_before.unwrap();
+    let msg = wake_message("run-a", 2);
     queue.publish(msg.clone()).await.expect("publish");
-    let got = tokio::time::timeout(Duration::from_secs(10), queue.next())
-        .await
-        .expect("wake in time")
-        .expect("next");
-    assert!(
-        Utc::now() >= due,
-        "fired {} ms early",
-        (due - Utc::now()).num_milliseconds()
-    );
-    assert_eq!(got.body, msg.body);
-    queue.ack(&got).await.unwrap();
-    drop(queue);
+    receive_on_time(&queue, &msg).await;
 
     // Published, then rollgate's connection goes away before the wake is due.
-    let queue = AmqpQueue::connect(names.settings()).await.expect("connect");
-    let msg = wake("run-b");
-    let due = msg.not_before.unwrap();
+    let msg = wake_message("run-b", 2);
     queue.publish(msg.clone()).await.expect("publish");
     drop(queue);
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let queue = AmqpQueue::connect(names.settings())
         .await
         .expect("reconnect");
-    let got = tokio::time::timeout(Duration::from_secs(10), queue.next())
-        .await
-        .expect("wake in time")
-        .expect("next");
-    assert!(
-        Utc::now() >= due,
-        "fired {} ms early",
-        (due - Utc::now()).num_milliseconds()
-    );
-    assert_eq!(got.body, msg.body);
-    queue.ack(&got).await.unwrap();
+    receive_on_time(&queue, &msg).await;
     drop(queue);
     rabbit::cleanup(&names).await;
 }

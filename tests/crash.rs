@@ -17,41 +17,6 @@ struct Accepted {
     runs: HashMap<String, String>,
 }
 
-/// Posts alert `i` and detection `i`; records what got a 2xx. Connection errors (the
-/// process was killed mid-request) are not 2xx and are not recorded.
-async fn post_pair(rg: &Rollgate, tag: &str, i: usize, accepted: &mut Accepted) {
-    let fp = format!("{tag}{i:04}");
-    let alert = rg
-        .http
-        .post(format!("{}/v1/alerts", rg.base()))
-        .bearer_auth(&rg.token)
-        .json(&webhook(&fp))
-        .send()
-        .await;
-    if let Ok(r) = alert
-        && r.status().is_success()
-    {
-        accepted.fingerprints.insert(fp);
-    }
-    let version = format!("1.{}.{i}", if tag == "a" { 40 } else { 41 });
-    let det = rg
-        .http
-        .post(format!("{}/v1/detections", rg.base()))
-        .bearer_auth(&rg.token)
-        .json(&detection(&version))
-        .send()
-        .await;
-    if let Ok(r) = det
-        && r.status().is_success()
-        && let Ok(body) = r.json::<serde_json::Value>().await
-    {
-        accepted.runs.insert(
-            body["run_id"].as_str().unwrap_or_default().to_owned(),
-            version,
-        );
-    }
-}
-
 struct Poster {
     base: String,
     token: String,
@@ -59,7 +24,16 @@ struct Poster {
 }
 
 impl Poster {
-    /// Like [`post_pair`], recording into `shared`; false once the server is gone.
+    fn of(rg: &Rollgate) -> Self {
+        Self {
+            base: rg.base(),
+            token: rg.token.clone(),
+            http: reqwest::Client::new(),
+        }
+    }
+
+    /// Posts alert `i` and detection `i`, recording what got a 2xx into `shared`. Returns
+    /// false once the server is gone: a request cut off by a kill is not a 2xx.
     async fn post_pair(&self, tag: &str, i: usize, shared: &tokio::sync::Mutex<Accepted>) -> bool {
         let fp = format!("{tag}{i:05}");
         let Ok(r) = self
@@ -75,7 +49,7 @@ impl Poster {
         if r.status().is_success() {
             shared.lock().await.fingerprints.insert(fp);
         }
-        let version = format!("1.42.{i}");
+        let version = format!("1.{}.{i}", if tag == "a" { 40 } else { 42 });
         let Ok(r) = self
             .http
             .post(format!("{}/v1/detections", self.base))
@@ -172,10 +146,12 @@ async fn scenario(env: Vec<(&'static str, String)>) {
     let mut rg = Rollgate::start(&env_ref).await;
 
     // Accepted, not processed: the worker is paused, then the process dies.
-    let mut accepted = Accepted::default();
+    let shared = tokio::sync::Mutex::new(Accepted::default());
+    let poster = Poster::of(&rg);
     for i in 0..15 {
-        post_pair(&rg, "a", i, &mut accepted).await;
+        assert!(poster.post_pair("a", i, &shared).await);
     }
+    let accepted = shared.into_inner();
     assert_eq!(accepted.fingerprints.len(), 15);
     assert_eq!(accepted.runs.len(), 15);
     assert_eq!(board(&rg).await.len(), 0, "nothing processed while paused");
@@ -190,15 +166,13 @@ async fn scenario(env: Vec<(&'static str, String)>) {
         let shared = std::sync::Arc::new(tokio::sync::Mutex::new(Accepted::default()));
         let poster = {
             let shared = shared.clone();
-            let (base, token) = (rg.base(), rg.token.clone());
+            let poster = Poster::of(&rg);
             tokio::spawn(async move {
-                let rg = Poster {
-                    base,
-                    token,
-                    http: reqwest::Client::new(),
-                };
                 for i in 0..400 {
-                    if !rg.post_pair("b", round as usize * 1000 + i, &shared).await {
+                    if !poster
+                        .post_pair("b", round as usize * 1000 + i, &shared)
+                        .await
+                    {
                         break;
                     }
                 }

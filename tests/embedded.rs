@@ -4,7 +4,7 @@
 mod support;
 
 use chrono::Utc;
-use rollgate::domain::event::{CloudEvent, EventData, WakeRequest};
+use rollgate::domain::event::{CloudEvent, EventData};
 use rollgate::metrics::Metrics;
 use rollgate::ports::Executors;
 use rollgate::queue::embedded::{EmbeddedQueue, dead_reasons};
@@ -13,62 +13,24 @@ use rollgate::store::Store;
 use rollgate::worker::Worker;
 use std::sync::Arc;
 use std::time::Duration;
-use support::{eventually, webhook};
+use support::{eventually, receive_on_time, wake_message, webhook};
 
 const LEASE: Duration = Duration::from_secs(600);
-
-fn wake(run: &str, secs: i64) -> Outgoing {
-    let event = CloudEvent::new(
-        &EventData::Wake(WakeRequest {
-            run_id: run.into(),
-            epoch: 1,
-        }),
-        "test",
-        Utc::now(),
-    );
-    Outgoing {
-        id: event.id.clone(),
-        routing_key: "wake".into(),
-        body: event.to_bytes(),
-        not_before: Some(Utc::now() + chrono::Duration::seconds(secs)),
-    }
-}
 
 #[tokio::test]
 async fn a_wake_2s_ahead_fires_no_earlier_than_2s_also_across_a_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("queue.db");
     let queue = EmbeddedQueue::open(&path, LEASE, 10).unwrap();
-    let msg = wake("a", 2);
-    let due = msg.not_before.unwrap();
+    let msg = wake_message("a", 2);
     queue.publish(msg.clone()).await.unwrap();
-    let got = tokio::time::timeout(Duration::from_secs(10), queue.next())
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(
-        Utc::now() >= due,
-        "fired {} ms early",
-        (due - Utc::now()).num_milliseconds()
-    );
-    assert_eq!(got.body, msg.body);
-    queue.ack(&got).await.unwrap();
+    receive_on_time(&queue, &msg).await;
 
-    let later = wake("b", 2);
-    let due = later.not_before.unwrap();
-    queue.publish(later.clone()).await.unwrap();
+    let msg = wake_message("b", 2);
+    queue.publish(msg.clone()).await.unwrap();
     drop(queue);
     let queue = EmbeddedQueue::open(&path, LEASE, 10).unwrap();
-    let got = tokio::time::timeout(Duration::from_secs(10), queue.next())
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(
-        Utc::now() >= due,
-        "fired {} ms early after a reopen",
-        (due - Utc::now()).num_milliseconds()
-    );
-    assert_eq!(got.body, later.body);
+    receive_on_time(&queue, &msg).await;
 }
 
 #[tokio::test]
@@ -76,7 +38,7 @@ async fn a_delivery_leased_by_a_dead_process_comes_back_at_once_and_is_marked_re
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("queue.db");
     let queue = EmbeddedQueue::open(&path, LEASE, 10).unwrap();
-    let msg = wake("c", 0);
+    let msg = wake_message("c", 0);
     queue.publish(msg.clone()).await.unwrap();
     let first = queue.next().await.unwrap();
     assert!(!first.redelivered);
@@ -97,7 +59,7 @@ async fn a_message_past_its_delivery_limit_is_dead_lettered() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("queue.db");
     let queue = EmbeddedQueue::open(&path, LEASE, 2).unwrap();
-    queue.publish(wake("d", 0)).await.unwrap();
+    queue.publish(wake_message("d", 0)).await.unwrap();
     for _ in 0..2 {
         let d = queue.next().await.unwrap();
         queue.release(&d).await.unwrap();
@@ -119,14 +81,13 @@ async fn poison_goes_to_the_dead_table_with_its_reason_and_the_worker_goes_on() 
     let queue: Arc<dyn Queue> = Arc::new(EmbeddedQueue::open(&path, LEASE, 10).unwrap());
     let store = Store::open(&dir.path().join("store.db")).unwrap();
     let metrics = Metrics::new();
-    let worker = Worker {
-        queue: queue.clone(),
-        store: store.clone(),
-        metrics: metrics.clone(),
-        executors: Executors::default(),
-        max_attempts: 3,
-        outbox_pending: true.into(),
-    };
+    let worker = Worker::new(
+        queue.clone(),
+        store.clone(),
+        metrics.clone(),
+        Executors::default(),
+        3,
+    );
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(worker.run(stopped));
     let raw = |id: &str, body: Vec<u8>| Outgoing {
@@ -182,7 +143,7 @@ async fn concurrent_publishes_are_all_durable() {
     for i in 0..200 {
         let q = queue.clone();
         tasks.push(tokio::spawn(async move {
-            q.publish(wake(&format!("r{i}"), 0)).await
+            q.publish(wake_message(&format!("r{i}"), 0)).await
         }));
     }
     for t in tasks {

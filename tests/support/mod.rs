@@ -289,6 +289,39 @@ pub fn webhook(fingerprint: &str) -> Value {
     })
 }
 
+/// A queued wake for `run`, due `secs` from now.
+pub fn wake_message(run: &str, secs: i64) -> rollgate::queue::Outgoing {
+    use rollgate::domain::event::{CloudEvent, EventData, WakeRequest};
+    let data = EventData::Wake(WakeRequest {
+        run_id: run.into(),
+        epoch: 1,
+    });
+    let event = CloudEvent::new(&data, "test", chrono::Utc::now());
+    rollgate::queue::Outgoing {
+        id: event.id.clone(),
+        routing_key: "wake".into(),
+        body: event.to_bytes(),
+        not_before: Some(chrono::Utc::now() + chrono::Duration::seconds(secs)),
+    }
+}
+
+/// Waits for the next delivery of `queue`, asserts it is `msg` and not early, and acks it.
+pub async fn receive_on_time(queue: &dyn rollgate::queue::Queue, msg: &rollgate::queue::Outgoing) {
+    let got = tokio::time::timeout(Duration::from_secs(10), queue.next())
+        .await
+        .expect("delivered within 10 s")
+        .expect("next");
+    let due = msg.not_before.expect("a delayed message");
+    let now = chrono::Utc::now();
+    assert!(
+        now >= due,
+        "delivered {} ms early",
+        (due - now).num_milliseconds()
+    );
+    assert_eq!(got.body, msg.body);
+    queue.ack(&got).await.expect("ack");
+}
+
 /// A detection body for `version`.
 pub fn detection(version: &str) -> Value {
     json!({"target_version": version, "kind": "patch"})
