@@ -13,15 +13,18 @@ use std::time::Duration;
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::{info, warn};
 
+use crate::adapters::notify::{Fanout, LogNotifier, SlackNotifier};
+use crate::adapters::prometheus::Prometheus;
 use crate::config::{QueueBackend, Settings};
+use crate::gate::{Gate, GateStep, QuietPeriodStep};
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
-use crate::ports::Executors;
+use crate::ports::{Executors, MetricsSource, Notifier};
 use crate::queue::Queue;
 use crate::queue::amqp::AmqpQueue;
 use crate::queue::embedded::EmbeddedQueue;
 use crate::store::Store;
-use crate::worker::Worker;
+use crate::worker::{Worker, WorkerPolicy};
 
 /// How long the worker may take to finish the message in hand after a stop signal.
 const WORKER_STOP_TIMEOUT: Duration = Duration::from_secs(60);
@@ -50,7 +53,31 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         ),
     };
     let metrics = Metrics::new();
+    let prometheus: Option<Arc<dyn MetricsSource>> = match &settings.gate.prometheus_url {
+        Some(url) => Some(Arc::new(Prometheus::new(url, &settings.gate)?)),
+        None => {
+            warn!(
+                "gate.prometheus_url is not set: every gate is unknown, so runs hold at their gates"
+            );
+            None
+        }
+    };
+    let gate = Arc::new(Gate::new(
+        prometheus,
+        store.clone(),
+        metrics.clone(),
+        settings.gate.clone(),
+    ));
+    let mut sinks: Vec<Arc<dyn Notifier>> = vec![Arc::new(LogNotifier)];
+    if let Some(slack) = SlackNotifier::new(&settings.notify, metrics.clone())? {
+        sinks.push(Arc::new(slack));
+    }
+    let notifier: Arc<dyn Notifier> = Arc::new(Fanout(sinks));
+    let executors = Executors::default()
+        .with("gate", Arc::new(GateStep(gate.clone())))
+        .with("quiet-period", Arc::new(QuietPeriodStep(gate.clone())));
     let state = web::Data::new(AppState {
+        gate: gate.clone(),
         queue: queue.clone(),
         store: store.clone(),
         metrics: metrics.clone(),
@@ -84,13 +111,11 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         warn!("worker.paused is true: events are queued but not processed");
         None
     } else {
-        let worker = Worker::new(
-            queue,
-            store,
-            metrics,
-            Executors::default(),
-            settings.worker.max_attempts,
-        );
+        let policy = WorkerPolicy {
+            max_attempts: settings.worker.max_attempts,
+            halt_after: settings.gate.halt_after,
+        };
+        let worker = Worker::new(queue, store, metrics, executors, policy, notifier);
         Some(tokio::spawn(worker.run(stop_rx)))
     };
 

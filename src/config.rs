@@ -79,6 +79,55 @@ pub struct WorkerSettings {
     pub max_attempts: u32,
 }
 
+/// Gate settings: when may a risky step go ahead.
+#[derive(Debug, Clone)]
+pub struct GateSettings {
+    /// `gate.prometheus_url`: Prometheus base URL. Empty (default): no Prometheus, so every
+    /// gate is unknown, which holds runs (fail closed).
+    pub prometheus_url: Option<String>,
+    /// `gate.query`: PromQL whose series are blocking alerts (default
+    /// `ALERTS{alertstate="firing",upgrade_gate="true"}`; with `count_pending`, firing or pending).
+    pub query: String,
+    /// `gate.count_pending`: alerts still pending block too (default false).
+    pub count_pending: bool,
+    /// `gate.exclude_alerts`: alert names that never block, e.g. alerts drains cause.
+    pub exclude_alerts: Vec<String>,
+    /// `gate.board_matchers`: label matchers an Alertmanager alert must meet to block
+    /// (default `upgrade_gate=true`).
+    pub board_matchers: Vec<crate::domain::gate::Matcher>,
+    /// `gate.poll_interval`: how often a held step re-checks the gate (default `30s`).
+    pub poll_interval: Duration,
+    /// `gate.halt_after`: a gate closed this long halts the run (default `30m`).
+    pub halt_after: Duration,
+    /// `gate.quiet_query`: PromQL for the pre-flight quiet period; any series means a gate
+    /// alert fired within it (default: the last 24h).
+    pub quiet_query: String,
+    /// `gate.timeout`: connect and request timeout for Prometheus (default `5s`).
+    pub timeout: Duration,
+    /// `gate.failures_before_unknown`: failed evaluations in a row before the verdict is
+    /// unknown; meanwhile the last good answer stands (default 1: at once).
+    pub failures_before_unknown: u32,
+    /// `gate.bearer_token_file`: file with a bearer token for Prometheus.
+    pub bearer_token_file: Option<PathBuf>,
+    /// `gate.basic_auth_user`: basic-auth user for Prometheus.
+    pub basic_auth_user: Option<String>,
+    /// `gate.basic_auth_password_file`: file with the basic-auth password.
+    pub basic_auth_password_file: Option<PathBuf>,
+    /// `gate.ca_file`: PEM CA bundle to trust for Prometheus over HTTPS.
+    pub ca_file: Option<PathBuf>,
+}
+
+/// Notification settings.
+#[derive(Debug, Clone)]
+pub struct NotifySettings {
+    /// `notify.slack_webhook_file`: file holding a Slack incoming-webhook URL; unset: log only.
+    pub slack_webhook_file: Option<PathBuf>,
+    /// `notify.timeout`: per attempt (default `5s`).
+    pub timeout: Duration,
+    /// `notify.retries`: further attempts after a failed one, with back-off (default 3).
+    pub retries: u32,
+}
+
 /// Logging settings.
 #[derive(Debug, Clone)]
 pub struct LogSettings {
@@ -100,6 +149,10 @@ pub struct Settings {
     pub queue: QueueSettings,
     /// Worker.
     pub worker: WorkerSettings,
+    /// Gates.
+    pub gate: GateSettings,
+    /// Notifications.
+    pub notify: NotifySettings,
     /// Logging.
     pub log: LogSettings,
 }
@@ -143,6 +196,23 @@ const KEYS: &[&str] = &[
     "queue.delivery_limit",
     "queue.connect_timeout",
     "queue.lease",
+    "gate.prometheus_url",
+    "gate.query",
+    "gate.count_pending",
+    "gate.exclude_alerts",
+    "gate.board_matchers",
+    "gate.poll_interval",
+    "gate.halt_after",
+    "gate.quiet_query",
+    "gate.timeout",
+    "gate.failures_before_unknown",
+    "gate.bearer_token_file",
+    "gate.basic_auth_user",
+    "gate.basic_auth_password_file",
+    "gate.ca_file",
+    "notify.slack_webhook_file",
+    "notify.timeout",
+    "notify.retries",
     "worker.paused",
     "worker.max_attempts",
     "log.format",
@@ -260,6 +330,88 @@ impl Settings {
             paused: r.bool("worker.paused", false),
             max_attempts: r.int("worker.max_attempts", 5, 1, 100) as u32,
         };
+        let count_pending = r.bool("gate.count_pending", false);
+        let default_query = if count_pending {
+            r#"ALERTS{alertstate=~"firing|pending",upgrade_gate="true"}"#
+        } else {
+            r#"ALERTS{alertstate="firing",upgrade_gate="true"}"#
+        };
+        let prometheus_url = r.string("gate.prometheus_url", "");
+        if !prometheus_url.is_empty() && reqwest::Url::parse(&prometheus_url).is_err() {
+            r.problem(
+                "gate.prometheus_url",
+                format!("{prometheus_url:?} is not a URL like http://prometheus:9090"),
+            );
+        }
+        let board_matchers = r
+            .list("gate.board_matchers", &["upgrade_gate=true"])
+            .iter()
+            .filter_map(|m| match crate::domain::gate::Matcher::parse(m) {
+                Ok(m) => Some(m),
+                Err(e) => {
+                    r.problem("gate.board_matchers", e);
+                    None
+                }
+            })
+            .collect();
+        let gate = GateSettings {
+            prometheus_url: (!prometheus_url.is_empty()).then_some(prometheus_url),
+            query: r.string("gate.query", default_query),
+            count_pending,
+            exclude_alerts: r.list("gate.exclude_alerts", &[]),
+            board_matchers,
+            poll_interval: r.duration(
+                "gate.poll_interval",
+                "30s",
+                Duration::from_millis(100),
+                Duration::from_secs(3600),
+            ),
+            halt_after: r.duration(
+                "gate.halt_after",
+                "30m",
+                Duration::from_secs(1),
+                Duration::from_secs(7 * 86_400),
+            ),
+            quiet_query: r.string(
+                "gate.quiet_query",
+                r#"max_over_time(ALERTS{alertstate="firing",upgrade_gate="true"}[24h])"#,
+            ),
+            timeout: r.duration(
+                "gate.timeout",
+                "5s",
+                Duration::from_millis(100),
+                Duration::from_secs(120),
+            ),
+            failures_before_unknown: r.int("gate.failures_before_unknown", 1, 1, 100) as u32,
+            bearer_token_file: r.opt_path("gate.bearer_token_file"),
+            basic_auth_user: r
+                .raw("gate.basic_auth_user")
+                .map(|_| r.string("gate.basic_auth_user", "")),
+            basic_auth_password_file: r.opt_path("gate.basic_auth_password_file"),
+            ca_file: r.opt_path("gate.ca_file"),
+        };
+        if gate.basic_auth_user.is_some() != gate.basic_auth_password_file.is_some() {
+            r.problem(
+                "gate.basic_auth_user",
+                "basic auth needs both gate.basic_auth_user and gate.basic_auth_password_file",
+            );
+        }
+        if gate.bearer_token_file.is_some() && gate.basic_auth_user.is_some() {
+            r.problem(
+                "gate.bearer_token_file",
+                "use either a bearer token or basic auth for Prometheus, not both",
+            );
+        }
+        let notify = NotifySettings {
+            slack_webhook_file: r.opt_path("notify.slack_webhook_file"),
+            timeout: r.duration(
+                "notify.timeout",
+                "5s",
+                Duration::from_millis(100),
+                Duration::from_secs(60),
+            ),
+            retries: r.int("notify.retries", 3, 0, 10) as u32,
+        };
         let log = LogSettings {
             format: match r.string("log.format", "text").as_str() {
                 "text" => LogFormat::Text,
@@ -289,6 +441,8 @@ impl Settings {
                 server,
                 queue,
                 worker,
+                gate,
+                notify,
                 log,
             })
         } else {
@@ -395,6 +549,37 @@ impl Reader<'_> {
                     format!("{s:?} must be a whole number from {min} to {max}"),
                 );
                 default
+            }
+        }
+    }
+
+    fn opt_path(&mut self, key: &str) -> Option<PathBuf> {
+        self.raw(key).map(|_| self.path(key, ""))
+    }
+
+    /// A TOML array of strings, or one comma-separated string (for the environment).
+    fn list(&mut self, key: &str, default: &[&str]) -> Vec<String> {
+        match self.raw(key).map(|v| v.kind) {
+            None => default.iter().map(|s| s.to_string()).collect(),
+            Some(ValueKind::Array(items)) => items
+                .into_iter()
+                .filter_map(|v| match v.kind {
+                    ValueKind::String(s) => Some(s),
+                    _ => {
+                        self.problem(key, "must be a list of strings");
+                        None
+                    }
+                })
+                .collect(),
+            Some(ValueKind::String(s)) => s
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect(),
+            Some(_) => {
+                self.problem(key, "must be a list of strings or a comma-separated string");
+                Vec::new()
             }
         }
     }

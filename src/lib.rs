@@ -1,9 +1,11 @@
 //! rollgate: safe, gated, event-driven Kubernetes version upgrades and etcd rolls.
 
+pub mod adapters;
 pub mod app;
 pub mod cli;
 pub mod config;
 pub mod domain;
+pub mod gate;
 pub mod http;
 pub mod metrics;
 pub mod ports;

@@ -31,6 +31,12 @@ pub struct Metrics {
     pub runs: IntGaugeVec,
     /// Step durations by run kind and step.
     pub step_duration: HistogramVec,
+    /// The current gate verdict: 1 for the verdict in force, 0 for the others.
+    pub gate_verdict: IntGaugeVec,
+    /// Gate source reads by source and outcome.
+    pub gate_evaluations: IntCounterVec,
+    /// Notifications by sink and outcome (sent, retried, failed).
+    pub notifications: IntCounterVec,
 }
 
 impl Metrics {
@@ -113,6 +119,24 @@ impl Metrics {
         registry
             .register(Box::new(dead_depth.clone()))
             .expect("unique metric");
+        let gate_evaluations = counter(
+            "rollgate_gate_evaluations_total",
+            "Gate source reads by source and outcome.",
+            &["source", "outcome"],
+        );
+        let notifications = counter(
+            "rollgate_notifications_total",
+            "Notifications by sink and outcome.",
+            &["sink", "outcome"],
+        );
+        let gate_verdict = IntGaugeVec::new(
+            Opts::new("rollgate_gate_verdict", "1 for the gate verdict in force."),
+            &["verdict"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(gate_verdict.clone()))
+            .expect("unique metric");
         let runs = IntGaugeVec::new(Opts::new("rollgate_runs", "Runs by status."), &["status"])
             .expect("valid metric");
         registry
@@ -131,6 +155,9 @@ impl Metrics {
             dead_depth,
             runs,
             step_duration,
+            gate_verdict,
+            gate_evaluations,
+            notifications,
         }
     }
 

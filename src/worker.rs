@@ -11,9 +11,9 @@ use tracing::{Instrument, info, info_span, warn};
 
 use crate::domain::engine::{self, Context, Input, Next};
 use crate::domain::event::{CloudEvent, ControlRequest, EventData, EventType, WakeRequest};
-use crate::domain::run::{Run, RunKind, Step};
+use crate::domain::run::{Run, RunKind, RunStatus, Step};
 use crate::metrics::Metrics;
-use crate::ports::Executors;
+use crate::ports::{Executors, Notice, Notifier};
 use crate::queue::{Delivery, Outgoing, Queue, QueueError};
 use crate::store::{Commit, Committed, Store, StoreError};
 
@@ -28,14 +28,25 @@ pub struct Worker {
     pub store: Store,
     /// Metrics.
     pub metrics: Metrics,
-    /// Step executors by run kind.
+    /// Step executors by step name.
     pub executors: Executors,
-    /// Starts of one step before it gives up.
-    pub max_attempts: u32,
+    /// Retry and gate limits.
+    pub policy: WorkerPolicy,
+    /// Where transitions are told.
+    pub notifier: Arc<dyn Notifier>,
     /// Set when the outbox may hold messages not yet published.
     pub outbox_pending: AtomicBool,
     /// Events that failed in a row for a transient reason; sets the back-off.
     pub consecutive_failures: AtomicU32,
+}
+
+/// Limits the engine applies to every run.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkerPolicy {
+    /// Starts of one step before it gives up.
+    pub max_attempts: u32,
+    /// How long a closed gate may hold a step before the run halts.
+    pub halt_after: Duration,
 }
 
 /// First pause after a transient failure; doubles per failure in a row.
@@ -59,14 +70,16 @@ impl Worker {
         store: Store,
         metrics: Metrics,
         executors: Executors,
-        max_attempts: u32,
+        policy: WorkerPolicy,
+        notifier: Arc<dyn Notifier>,
     ) -> Self {
         Self {
             queue,
             store,
             metrics,
             executors,
-            max_attempts,
+            policy,
+            notifier,
             // A crash may have left messages in the outbox.
             outbox_pending: AtomicBool::new(true),
             consecutive_failures: AtomicU32::new(0),
@@ -108,7 +121,7 @@ impl Worker {
         self.flush_outbox().await?;
         let mut outbox = Vec::new();
         for run in self.store.unfinished().await? {
-            if run.status == crate::domain::run::RunStatus::Running {
+            if run.status == RunStatus::Running {
                 info!(run_id = %run.id, "resuming the step in hand after a restart");
                 outbox.push(wake_message(&run, None));
             }
@@ -250,9 +263,18 @@ impl Worker {
             ..Commit::default()
         };
         let mut step = None;
+        let mut notices = Vec::new();
         match data {
             EventData::Alerts(batch) => {
                 info!(alerts = batch.alerts.len(), receiver = %batch.receiver, "alerts received");
+                if crate::gate::may_open(&batch.alerts) {
+                    // Runs held by a gate re-check at once rather than at their next poll.
+                    for run in self.store.unfinished().await? {
+                        if run.status == RunStatus::Waiting && run.blocked_since.is_some() {
+                            commit.outbox.push(wake_message(&run, None));
+                        }
+                    }
+                }
                 commit.alerts = batch.alerts;
             }
             EventData::Detection { run_id, request } => {
@@ -279,7 +301,9 @@ impl Worker {
                     if run.steps.is_empty() {
                         run.steps = plan_stages(&request);
                     }
-                    step = self.apply(&mut run, Input::Start, &mut commit);
+                    step = self.apply(&mut run, Input::Start, &mut commit, &mut notices);
+                    // Its whole history is news, creation included (the intake tells nothing).
+                    notices = notices_since(&run, 0);
                     commit.runs.push(run);
                 }
             }
@@ -290,7 +314,12 @@ impl Worker {
             }) => match self.store.get_run(&run_id).await? {
                 None => warn!(%run_id, "control for an unknown run; ignored"),
                 Some(mut run) => {
-                    step = self.apply(&mut run, Input::Control { action, reason }, &mut commit);
+                    step = self.apply(
+                        &mut run,
+                        Input::Control { action, reason },
+                        &mut commit,
+                        &mut notices,
+                    );
                     commit.runs.push(run);
                 }
             },
@@ -298,7 +327,8 @@ impl Worker {
                 match self.store.get_run(&run_id).await? {
                     None => warn!(%run_id, "wake for an unknown run; ignored"),
                     Some(mut run) => {
-                        step = self.apply(&mut run, Input::Wake { epoch }, &mut commit);
+                        step =
+                            self.apply(&mut run, Input::Wake { epoch }, &mut commit, &mut notices);
                         commit.runs.push(run);
                     }
                 }
@@ -316,19 +346,33 @@ impl Worker {
             .events_processed
             .with_label_values(&[kind.label()])
             .inc();
+        self.tell(notices);
         self.flush_outbox().await?;
         Ok(step.and_then(|(index, epoch)| runs.into_iter().next().map(|run| (run, index, epoch))))
     }
 
     /// Feeds `input` to the engine; puts a wake in the outbox or returns a step to run.
-    fn apply(&self, run: &mut Run, input: Input, commit: &mut Commit) -> Option<(usize, u64)> {
+    /// The transitions it adds go to `notices`, told once committed.
+    fn apply(
+        &self,
+        run: &mut Run,
+        input: Input,
+        commit: &mut Commit,
+        notices: &mut Vec<Notice>,
+    ) -> Option<(usize, u64)> {
+        let can_execute = |step: &Step| self.executors.get(step).is_some();
         let ctx = Context {
             now: Utc::now(),
-            executor_available: self.executors.get(run.kind).is_some(),
-            max_attempts: self.max_attempts,
+            can_execute: &can_execute,
+            max_attempts: self.policy.max_attempts,
+            halt_after: chrono::Duration::from_std(self.policy.halt_after)
+                .unwrap_or(chrono::Duration::MAX),
         };
         let from = run.status;
-        match engine::advance(run, input, &ctx) {
+        let told = run.history.len();
+        let result = engine::advance(run, input, &ctx);
+        notices.extend(notices_since(run, told));
+        match result {
             Err(refused) => {
                 warn!(run_id = %run.id, error = %refused, "control refused");
                 None
@@ -352,7 +396,7 @@ impl Worker {
     /// Executes steps while the engine asks for them, persisting each outcome.
     async fn drive(&self, mut run: Run, mut index: usize, mut epoch: u64) {
         loop {
-            let Some(executor) = self.executors.get(run.kind) else {
+            let Some(executor) = self.executors.get(&run.steps[index]) else {
                 return;
             };
             let label = run.steps[index].label();
@@ -368,16 +412,19 @@ impl Worker {
                 run = latest;
             }
             let mut commit = Commit::default();
+            let mut notices = Vec::new();
             let next = self.apply(
                 &mut run,
                 Input::StepFinished { epoch, outcome },
                 &mut commit,
+                &mut notices,
             );
             commit.runs.push(run.clone());
             if let Err(e) = self.commit(commit).await {
                 warn!(run_id = %run.id, error = %e, "cannot persist a step outcome; the step runs again after recovery");
                 return;
             }
+            self.tell(notices);
             if let Err(e) = self.flush_outbox().await {
                 warn!(error = %e, "cannot publish the outbox now; it is retried on the next event");
             }
@@ -387,6 +434,39 @@ impl Worker {
             }
         }
     }
+}
+
+impl Worker {
+    fn tell(&self, notices: Vec<Notice>) {
+        for notice in notices {
+            self.notifier.notify(notice);
+        }
+    }
+}
+
+/// A notice for each transition of `run` from history index `from` on.
+fn notices_since(run: &Run, from: usize) -> Vec<Notice> {
+    let last = run.history.len().saturating_sub(1);
+    run.history
+        .iter()
+        .enumerate()
+        .skip(from)
+        .map(|(i, h)| Notice {
+            run_id: run.id.clone(),
+            kind: run.kind.name().into(),
+            target: run.target.clone(),
+            from: h.from,
+            to: h.to,
+            step: h.step.clone(),
+            reason: h.reason.clone(),
+            blockers: if i == last {
+                run.blockers.clone()
+            } else {
+                Vec::new()
+            },
+            at: h.at,
+        })
+        .collect()
 }
 
 fn new_upgrade_run(
@@ -405,14 +485,25 @@ fn new_upgrade_run(
     )
 }
 
-/// The plan until cluster-aware planning lands: one step per selected stage.
+/// The plan until cluster-aware planning lands: pre-flight's checks, then one step per
+/// other selected stage.
 fn plan_stages(request: &crate::domain::event::DetectionRequest) -> Vec<Step> {
-    request
-        .stages
-        .stages()
-        .map(|s| Step::new(s.name(), None))
-        .collect()
+    use crate::domain::event::Stage;
+    let mut steps = Vec::new();
+    for stage in request.stages.stages() {
+        if stage == Stage::Preflight {
+            for check in PREFLIGHT_CHECKS {
+                steps.push(Step::new(stage.name(), check, None));
+            }
+        } else {
+            steps.push(Step::new(stage.name(), stage.name(), None));
+        }
+    }
+    steps
 }
+
+/// Pre-flight's steps: the gate, the quiet period, every node Ready, the target plannable.
+pub const PREFLIGHT_CHECKS: [&str; 4] = ["gate", "quiet-period", "nodes-ready", "plannable"];
 
 fn wake_message(run: &Run, at: Option<chrono::DateTime<Utc>>) -> Outgoing {
     let data = EventData::Wake(WakeRequest {

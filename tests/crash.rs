@@ -9,7 +9,6 @@ use support::rabbit::{self, Names};
 use support::{Rollgate, board, detection, eventually, webhook};
 
 const PAUSED: &str = "ROLLGATE__WORKER__PAUSED";
-const NO_EXECUTOR: &str = "no executor for this run kind yet";
 
 #[derive(Default)]
 struct Accepted {
@@ -91,9 +90,7 @@ async fn assert_processed_exactly_once(rg: &Rollgate, accepted: &Accepted) {
         assert_eq!(seen[fp], 1, "alert {fp} was processed {} times", seen[fp]);
     }
     let pending = |runs: Vec<serde_json::Value>| -> Vec<serde_json::Value> {
-        runs.into_iter()
-            .filter(|r| r["reason"] != NO_EXECUTOR)
-            .collect()
+        runs.into_iter().filter(|r| !support::parked(r)).collect()
     };
     let start = std::time::Instant::now();
     loop {

@@ -4,13 +4,14 @@
 mod support;
 
 use chrono::Utc;
+use rollgate::adapters::notify::LogNotifier;
 use rollgate::domain::event::{CloudEvent, EventData};
 use rollgate::metrics::Metrics;
 use rollgate::ports::Executors;
 use rollgate::queue::embedded::{EmbeddedQueue, dead_reasons};
 use rollgate::queue::{Outgoing, Queue};
 use rollgate::store::Store;
-use rollgate::worker::Worker;
+use rollgate::worker::{Worker, WorkerPolicy};
 use std::sync::Arc;
 use std::time::Duration;
 use support::{eventually, receive_on_time, wake_message, webhook};
@@ -81,12 +82,17 @@ async fn poison_goes_to_the_dead_table_with_its_reason_and_the_worker_goes_on() 
     let queue: Arc<dyn Queue> = Arc::new(EmbeddedQueue::open(&path, LEASE, 10).unwrap());
     let store = Store::open(&dir.path().join("store.db")).unwrap();
     let metrics = Metrics::new();
+    let policy = WorkerPolicy {
+        max_attempts: 3,
+        halt_after: Duration::from_secs(60),
+    };
     let worker = Worker::new(
         queue.clone(),
         store.clone(),
         metrics.clone(),
         Executors::default(),
-        3,
+        policy,
+        Arc::new(LogNotifier),
     );
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(worker.run(stopped));

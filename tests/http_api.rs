@@ -225,9 +225,10 @@ async fn every_bad_input_class_gets_its_code_and_queues_nothing() {
 #[tokio::test]
 async fn a_second_detection_for_an_in_flight_target_returns_the_same_run() {
     let rg = Rollgate::start(&[]).await;
-    let (status, first) = rg.post("/v1/detections", &detection("1.34.5")).await;
+    let all = json!({"target_version": "1.34.5", "kind": "patch"});
+    let (status, first) = rg.post("/v1/detections", &all).await;
     assert_eq!(status, 202, "{first}");
-    let (status, second) = rg.post("/v1/detections", &detection("1.34.5")).await;
+    let (status, second) = rg.post("/v1/detections", &all).await;
     assert_eq!(status, 200, "{second}");
     assert_eq!(first["run_id"], second["run_id"]);
     let (status, other) = rg
@@ -241,10 +242,19 @@ async fn a_second_detection_for_an_in_flight_target_returns_the_same_run() {
     let run_id = first["run_id"].as_str().unwrap();
     let run = rg
         .wait_run(run_id, "the worker to take the run", |r| {
-            r["reason"] == "no executor for this run kind yet"
+            r["status"] == "waiting"
         })
         .await;
-    assert_eq!(run["status"], "queued", "never a fake success");
+    // Without Prometheus the pre-flight gate is unknown, which holds the run: fail closed.
+    assert_eq!(
+        run["reason"],
+        "gate closed at step preflight/gate: gate unknown: no Prometheus configured (gate.prometheus_url)"
+    );
+    assert_eq!(run["steps"][0]["status"], "waiting");
+    assert_eq!(
+        run["steps"][1]["status"], "pending",
+        "nothing after the gate ran"
+    );
     let steps: Vec<&str> = run["steps"]
         .as_array()
         .unwrap()
@@ -254,7 +264,10 @@ async fn a_second_detection_for_an_in_flight_target_returns_the_same_run() {
     assert_eq!(
         steps,
         [
-            "preflight",
+            "gate",
+            "quiet-period",
+            "nodes-ready",
+            "plannable",
             "snapshot",
             "containerd",
             "apt-repo",
@@ -287,14 +300,11 @@ async fn halt_resume_abort_move_a_run_through_its_statuses_with_history() {
     let (_, accepted) = rg
         .post(
             "/v1/detections",
-            &json!({"target_version": "1.34.6", "kind": "patch", "stages": "preflight,workers"}),
+            &json!({"target_version": "1.34.6", "kind": "patch", "stages": "snapshot,workers"}),
         )
         .await;
     let id = accepted["run_id"].as_str().unwrap().to_owned();
-    rg.wait_run(&id, "planned", |r| {
-        r["reason"] == "no executor for this run kind yet"
-    })
-    .await;
+    rg.wait_run(&id, "planned", |r| support::parked(r)).await;
 
     let (status, body) = rg.post(&format!("/v1/runs/{id}/resume"), &json!({})).await;
     assert_eq!(status, 409, "resume of a queued run: {body}");
@@ -324,7 +334,7 @@ async fn halt_resume_abort_move_a_run_through_its_statuses_with_history() {
             r["status"] == "queued" && r["history"].as_array().unwrap().len() >= 5
         })
         .await;
-    assert_eq!(run["reason"], "no executor for this run kind yet");
+    assert!(support::parked(&run), "{run}");
 
     let (status, _) = rg
         .post(
@@ -477,10 +487,7 @@ async fn the_cli_lists_shows_and_controls_runs() {
     let rg = Rollgate::start(&[]).await;
     let (_, accepted) = rg.post("/v1/detections", &detection("1.34.8")).await;
     let id = accepted["run_id"].as_str().unwrap().to_owned();
-    rg.wait_run(&id, "planned", |r| {
-        r["reason"] == "no executor for this run kind yet"
-    })
-    .await;
+    rg.wait_run(&id, "planned", |r| support::parked(r)).await;
     let cli = |args: &[&str]| {
         std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
             .args(args)

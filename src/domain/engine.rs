@@ -6,17 +6,19 @@
 use chrono::{DateTime, Utc};
 
 use super::event::ControlAction;
-use super::run::{Run, RunStatus, StepStatus};
+use super::run::{Run, RunStatus, Step, StepStatus};
 
 /// What the engine needs to know about the world besides the run.
-#[derive(Debug, Clone, Copy)]
-pub struct Context {
+#[derive(Clone, Copy)]
+pub struct Context<'a> {
     /// Now.
     pub now: DateTime<Utc>,
-    /// Whether an executor exists for the run's kind.
-    pub executor_available: bool,
+    /// Whether something can execute this step.
+    pub can_execute: &'a dyn Fn(&Step) -> bool,
     /// How many times a step may be started before it gives up.
     pub max_attempts: u32,
+    /// How long a closed gate may hold a step before the run halts.
+    pub halt_after: chrono::Duration,
 }
 
 /// How a step ended.
@@ -45,6 +47,14 @@ pub enum StepOutcome {
     Failed {
         /// What went wrong.
         error: String,
+    },
+    /// Held by a closed (or unknown) gate: check again at `retry_at`, and halt the run once
+    /// the gate has been closed for `halt_after`.
+    Blocked {
+        /// What holds it, one line each.
+        reasons: Vec<String>,
+        /// When to check the gate again.
+        retry_at: DateTime<Utc>,
     },
 }
 
@@ -146,10 +156,6 @@ pub fn advance(run: &mut Run, input: Input, ctx: &Context) -> Result<Next, NotAl
 }
 
 fn start(run: &mut Run, ctx: &Context) -> Next {
-    if !ctx.executor_available {
-        run.transition(RunStatus::Queued, NO_EXECUTOR, ctx.now);
-        return Next::Nothing;
-    }
     let next = run
         .current_step
         .filter(|&i| {
@@ -159,6 +165,12 @@ fn start(run: &mut Run, ctx: &Context) -> Next {
         })
         .or_else(|| run.steps.iter().position(|s| s.status != StepStatus::Done));
     match next {
+        Some(index) if !(ctx.can_execute)(&run.steps[index]) => {
+            run.current_step = Some(index);
+            let reason = format!("{NO_EXECUTOR} (next step: {})", run.steps[index].label());
+            run.transition(RunStatus::Queued, reason, ctx.now);
+            Next::Nothing
+        }
         Some(index) => run_step(run, index, ctx),
         None => {
             run.current_step = None;
@@ -225,6 +237,8 @@ fn control(run: &mut Run, action: ControlAction, reason: String, ctx: &Context) 
             Next::Nothing
         }
         ControlAction::Resume => {
+            // A fresh halt_after window: the operator has looked at the blockers.
+            run.blocked_since = None;
             if let Some(step) = run.current_step.and_then(|i| run.steps.get_mut(i))
                 && step.status != StepStatus::Done
             {
@@ -276,6 +290,17 @@ fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context)
             step.status = StepStatus::Done;
             step.ended_at = Some(ctx.now);
             step.outcome = Some(note);
+            run.blockers.clear();
+            if let Some(since) = run.blocked_since.take() {
+                let held = (ctx.now - since).num_seconds();
+                run.history.push(super::run::Transition {
+                    at: ctx.now,
+                    from: Some(run.status),
+                    to: run.status,
+                    step: Some(label.clone()),
+                    reason: format!("gate open again after {held}s: step {label} done"),
+                });
+            }
             if run.halt_requested {
                 hold(run, format!("halted by operator after step {label}"), ctx);
                 return Next::Nothing;
@@ -312,6 +337,37 @@ fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context)
             );
             schedule_wake(run, at, reason, ctx)
         }
+        StepOutcome::Blocked { reasons, retry_at } => {
+            step.status = StepStatus::Waiting;
+            let summary = reasons.join("; ");
+            step.outcome = Some(format!("gate closed: {summary}"));
+            let since = *run.blocked_since.get_or_insert(ctx.now);
+            run.blockers = reasons;
+            let held = ctx.now - since;
+            if held >= ctx.halt_after {
+                let reason = format!(
+                    "gate closed for {}s at step {label} (halt_after {}s): {summary}",
+                    held.num_seconds(),
+                    ctx.halt_after.num_seconds()
+                );
+                hold(run, reason, ctx);
+                return Next::Nothing;
+            }
+            if run.halt_requested {
+                hold(
+                    run,
+                    format!("halted by operator at step {label}: gate closed: {summary}"),
+                    ctx,
+                );
+                return Next::Nothing;
+            }
+            schedule_wake(
+                run,
+                retry_at,
+                format!("gate closed at step {label}: {summary}"),
+                ctx,
+            )
+        }
         StepOutcome::Retry { error, .. } | StepOutcome::Failed { error } => {
             step.status = StepStatus::Failed;
             step.ended_at = Some(ctx.now);
@@ -335,7 +391,7 @@ fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::run::{FailurePolicy, RunKind, Step};
+    use crate::domain::run::{FailurePolicy, RunKind};
     use chrono::TimeZone;
 
     fn t(secs: i64) -> DateTime<Utc> {
@@ -348,17 +404,26 @@ mod tests {
             RunKind::K8sUpgrade,
             serde_json::json!({}),
             Some("1.34.5".into()),
-            steps.iter().map(|s| Step::new(*s, None)).collect(),
+            steps.iter().map(|s| Step::new("test", *s, None)).collect(),
             t(0),
             "accepted",
         )
     }
 
-    fn ctx(secs: i64) -> Context {
+    fn any(_: &Step) -> bool {
+        true
+    }
+
+    fn none(_: &Step) -> bool {
+        false
+    }
+
+    fn ctx(secs: i64) -> Context<'static> {
         Context {
             now: t(secs),
-            executor_available: true,
+            can_execute: &any,
             max_attempts: 3,
+            halt_after: chrono::Duration::seconds(100),
         }
     }
 
@@ -387,12 +452,15 @@ mod tests {
     fn a_run_without_executor_stays_queued_with_the_reason() {
         let mut run = run_with(&["preflight"]);
         let ctx = Context {
-            executor_available: false,
+            can_execute: &none,
             ..ctx(1)
         };
         assert_eq!(advance(&mut run, Input::Start, &ctx), Ok(Next::Nothing));
         assert_eq!(run.status, RunStatus::Queued);
-        assert_eq!(run.reason, NO_EXECUTOR);
+        assert_eq!(
+            run.reason,
+            format!("{NO_EXECUTOR} (next step: test/preflight)")
+        );
         assert_eq!(run.history.len(), 2);
         advance(&mut run, Input::Start, &ctx).unwrap();
         assert_eq!(
@@ -751,7 +819,7 @@ mod tests {
     fn halt_resume_abort_without_executor_record_history() {
         let mut run = run_with(&["preflight"]);
         let no_exec = |s| Context {
-            executor_available: false,
+            can_execute: &none,
             ..ctx(s)
         };
         advance(&mut run, Input::Start, &no_exec(1)).unwrap();
@@ -759,7 +827,7 @@ mod tests {
         assert_eq!(run.status, RunStatus::Halted);
         advance(&mut run, control(ControlAction::Resume), &no_exec(3)).unwrap();
         assert_eq!(run.status, RunStatus::Queued);
-        assert_eq!(run.reason, NO_EXECUTOR);
+        assert!(run.reason.starts_with(NO_EXECUTOR), "{}", run.reason);
         advance(&mut run, control(ControlAction::Abort), &no_exec(4)).unwrap();
         assert_eq!(run.status, RunStatus::Aborted);
         let path: Vec<_> = run.history.iter().map(|h| h.to).collect();
@@ -773,6 +841,138 @@ mod tests {
                 RunStatus::Queued,
                 RunStatus::Aborted
             ]
+        );
+    }
+
+    fn blocked(retry: i64) -> StepOutcome {
+        StepOutcome::Blocked {
+            reasons: vec!["NodeNotReady {node=w2} (alertmanager)".into()],
+            retry_at: t(retry),
+        }
+    }
+
+    #[test]
+    fn a_closed_gate_holds_then_halts_after_halt_after_and_resume_rechecks() {
+        let mut run = run_with(&["gate", "drain"]);
+        let step = |epoch| Input::StepFinished {
+            epoch,
+            outcome: blocked(0),
+        };
+        advance(&mut run, Input::Start, &ctx(0)).unwrap();
+        assert_eq!(
+            advance(&mut run, step(1), &ctx(1)).unwrap(),
+            Next::WakeAt { at: t(0), epoch: 2 }
+        );
+        assert_eq!(run.status, RunStatus::Waiting);
+        assert_eq!(run.blocked_since, Some(t(1)));
+        assert_eq!(
+            run.blockers,
+            vec!["NodeNotReady {node=w2} (alertmanager)".to_owned()]
+        );
+        advance(&mut run, Input::Wake { epoch: 2 }, &ctx(50)).unwrap();
+        assert_eq!(
+            advance(&mut run, step(3), &ctx(60)).unwrap(),
+            Next::WakeAt { at: t(0), epoch: 4 }
+        );
+        assert_eq!(
+            run.blocked_since,
+            Some(t(1)),
+            "the window starts at the first closed check"
+        );
+        advance(&mut run, Input::Wake { epoch: 4 }, &ctx(100)).unwrap();
+        assert_eq!(
+            advance(&mut run, step(5), &ctx(101)).unwrap(),
+            Next::Nothing
+        );
+        assert_eq!(run.status, RunStatus::Halted);
+        assert!(
+            run.reason.contains("gate closed for 100s"),
+            "{}",
+            run.reason
+        );
+        assert!(run.reason.contains("NodeNotReady"), "{}", run.reason);
+        assert_eq!(
+            run.steps[1].status,
+            StepStatus::Pending,
+            "the risky step did not run"
+        );
+
+        let next = advance(&mut run, control(ControlAction::Resume), &ctx(200)).unwrap();
+        assert_eq!(
+            next,
+            Next::RunStep { index: 0, epoch: 7 },
+            "resume re-checks the gate"
+        );
+        assert_eq!(run.blocked_since, None);
+        let finished = Input::StepFinished {
+            epoch: 7,
+            outcome: done(),
+        };
+        assert_eq!(
+            advance(&mut run, finished, &ctx(201)).unwrap(),
+            Next::RunStep { index: 1, epoch: 8 }
+        );
+        assert!(run.blockers.is_empty());
+    }
+
+    #[test]
+    fn an_open_gate_after_a_hold_is_recorded() {
+        let mut run = run_with(&["gate"]);
+        advance(&mut run, Input::Start, &ctx(0)).unwrap();
+        advance(
+            &mut run,
+            Input::StepFinished {
+                epoch: 1,
+                outcome: blocked(10),
+            },
+            &ctx(1),
+        )
+        .unwrap();
+        advance(&mut run, Input::Wake { epoch: 2 }, &ctx(9)).unwrap();
+        advance(
+            &mut run,
+            Input::StepFinished {
+                epoch: 3,
+                outcome: done(),
+            },
+            &ctx(10),
+        )
+        .unwrap();
+        assert_eq!(run.status, RunStatus::Succeeded);
+        assert!(
+            run.history
+                .iter()
+                .any(|h| h.reason.starts_with("gate open again after 9s")),
+            "{:#?}",
+            run.history
+        );
+        assert_eq!(run.blocked_since, None);
+    }
+
+    #[test]
+    fn a_run_parks_at_the_first_step_nothing_can_execute() {
+        fn only_gate(s: &Step) -> bool {
+            s.name == "gate"
+        }
+        let mut run = run_with(&["gate", "nodes-ready"]);
+        let ctx = |secs| Context {
+            can_execute: &only_gate,
+            ..ctx(secs)
+        };
+        assert_eq!(
+            advance(&mut run, Input::Start, &ctx(0)).unwrap(),
+            Next::RunStep { index: 0, epoch: 1 }
+        );
+        let finished = Input::StepFinished {
+            epoch: 1,
+            outcome: done(),
+        };
+        assert_eq!(advance(&mut run, finished, &ctx(1)).unwrap(), Next::Nothing);
+        assert_eq!(run.status, RunStatus::Queued);
+        assert_eq!(run.current_step, Some(1));
+        assert_eq!(
+            run.reason,
+            format!("{NO_EXECUTOR} (next step: test/nodes-ready)")
         );
     }
 }

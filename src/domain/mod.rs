@@ -3,5 +3,6 @@
 pub mod alert;
 pub mod engine;
 pub mod event;
+pub mod gate;
 pub mod run;
 pub mod version;

@@ -100,7 +100,10 @@ pub enum StepStatus {
 /// One idempotent step of a run's plan.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Step {
-    /// What the step is, e.g. `preflight` or `drain`.
+    /// The stage it belongs to, e.g. `preflight`.
+    #[serde(default)]
+    pub stage: String,
+    /// What the step is, e.g. `gate` or `drain`.
     pub name: String,
     /// The node it acts on, if any.
     pub node: Option<String>,
@@ -117,9 +120,10 @@ pub struct Step {
 }
 
 impl Step {
-    /// A pending step.
-    pub fn new(name: impl Into<String>, node: Option<String>) -> Self {
+    /// A pending step of `stage`.
+    pub fn new(stage: impl Into<String>, name: impl Into<String>, node: Option<String>) -> Self {
         Self {
+            stage: stage.into(),
             name: name.into(),
             node,
             status: StepStatus::Pending,
@@ -129,12 +133,18 @@ impl Step {
             outcome: None,
         }
     }
-    /// `name` or `name@node`.
+    /// `stage/name@node`, leaving out what is empty or repeated.
     pub fn label(&self) -> String {
-        match &self.node {
-            Some(node) => format!("{}@{node}", self.name),
-            None => self.name.clone(),
+        let mut label = if self.stage.is_empty() || self.stage == self.name {
+            self.name.clone()
+        } else {
+            format!("{}/{}", self.stage, self.name)
+        };
+        if let Some(node) = &self.node {
+            label.push('@');
+            label.push_str(node);
         }
+        label
     }
 }
 
@@ -191,6 +201,12 @@ pub struct Run {
     pub epoch: u64,
     /// An operator asked to halt while a step was in hand.
     pub halt_requested: bool,
+    /// Since when the step in hand has been held by a closed gate.
+    #[serde(default)]
+    pub blocked_since: Option<DateTime<Utc>>,
+    /// What holds it: the gate's blocking alerts, or why the gate is unknown.
+    #[serde(default)]
+    pub blockers: Vec<String>,
     /// What to do when a step gives up.
     pub on_failure: FailurePolicy,
     /// Created.
@@ -225,6 +241,8 @@ impl Run {
             wake_at: None,
             epoch: 0,
             halt_requested: false,
+            blocked_since: None,
+            blockers: Vec::new(),
             on_failure: FailurePolicy::default(),
             created_at: now,
             updated_at: now,

@@ -18,6 +18,8 @@ use crate::store::Store;
 
 /// What every handler shares.
 pub struct AppState {
+    /// The gate, for `GET /v1/gates`.
+    pub gate: Arc<crate::gate::Gate>,
     /// The event queue.
     pub queue: Arc<dyn Queue>,
     /// The run store.
@@ -44,6 +46,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                 .route("/alerts", web::post().to(routes::post_alerts))
                 .route("/alerts", web::get().to(routes::get_alerts))
                 .route("/detections", web::post().to(routes::post_detections))
+                .route("/gates", web::get().to(routes::get_gates))
                 .route("/runs", web::get().to(routes::list_runs))
                 .route("/runs/{id}", web::get().to(routes::get_run))
                 .route("/runs/{id}/{action}", web::post().to(routes::control_run)),

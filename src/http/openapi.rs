@@ -11,6 +11,7 @@ use utoipa::{Modify, OpenApi};
     paths(
         super::routes::post_alerts,
         super::routes::get_alerts,
+        super::routes::get_gates,
         super::routes::post_detections,
         super::routes::list_runs,
         super::routes::get_run,

@@ -176,6 +176,12 @@ pub async fn get_alerts(state: State) -> Result<HttpResponse, ApiError> {
     Ok(HttpResponse::Ok().json(board))
 }
 
+/// `GET /v1/gates`: the gate evaluated now, with each source's state.
+#[utoipa::path(get, path = "/v1/gates", responses((status = 200, body = crate::gate::GateReport)), security(("bearer" = [])))]
+pub async fn get_gates(state: State) -> HttpResponse {
+    HttpResponse::Ok().json(state.gate.evaluate().await)
+}
+
 /// `POST /v1/detections`: ask for a Kubernetes version upgrade.
 #[utoipa::path(post, path = "/v1/detections", request_body = DetectionRequest,
     responses((status = 202, body = DetectionAccepted, description = "a new run"),

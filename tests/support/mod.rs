@@ -322,9 +322,20 @@ pub async fn receive_on_time(queue: &dyn rollgate::queue::Queue, msg: &rollgate:
     queue.ack(&got).await.expect("ack");
 }
 
-/// A detection body for `version`.
+/// A detection body for `version` whose plan parks at once with no executor
+/// ("no executor for this run kind yet"): a stable sign that the worker processed it.
 pub fn detection(version: &str) -> Value {
-    json!({"target_version": version, "kind": "patch"})
+    json!({"target_version": version, "kind": "patch", "stages": "snapshot,workers"})
+}
+
+/// The reason of a run parked at a step nothing can execute yet.
+pub const NO_EXECUTOR: &str = "no executor for this run kind yet";
+
+/// Whether `run` is parked for want of an executor.
+pub fn parked(run: &Value) -> bool {
+    run["reason"]
+        .as_str()
+        .is_some_and(|r| r.starts_with(NO_EXECUTOR))
 }
 
 /// The alert board as fingerprint → times received.

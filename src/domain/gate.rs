@@ -1,0 +1,477 @@
+//! Gate verdicts: may a risky step (a drain, an etcd restart) go ahead now?
+//!
+//! Two sources: a Prometheus query for firing gate alerts, and the alert board fed by
+//! Alertmanager webhooks. Closed when either shows a blocking alert; unknown when
+//! Prometheus cannot answer. Unknown is treated as closed: fail closed, always.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use super::alert::{Alert, AlertStatus};
+
+/// Where a blocking alert was seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    /// The Prometheus query.
+    Prometheus,
+    /// The board of Alertmanager notifications.
+    Alertmanager,
+}
+
+/// An alert that keeps the gate closed.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, utoipa::ToSchema)]
+pub struct Blocker {
+    /// The alert name.
+    pub name: String,
+    /// The alert's labels.
+    pub labels: BTreeMap<String, String>,
+    /// Where it was seen.
+    pub source: Source,
+    /// Since when it fires, when the source says.
+    pub since: Option<DateTime<Utc>>,
+}
+
+impl fmt::Display for Blocker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let source = match self.source {
+            Source::Prometheus => "prometheus",
+            Source::Alertmanager => "alertmanager",
+        };
+        let detail: Vec<String> = self
+            .labels
+            .iter()
+            .filter(|(k, _)| {
+                !matches!(
+                    k.as_str(),
+                    "alertname" | "alertstate" | "upgrade_gate" | "__name__"
+                )
+            })
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        if detail.is_empty() {
+            write!(f, "{} ({source})", self.name)
+        } else {
+            write!(f, "{} {{{}}} ({source})", self.name, detail.join(", "))
+        }
+    }
+}
+
+/// The gate's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(tag = "verdict", rename_all = "lowercase")]
+pub enum Verdict {
+    /// No blocking alert, and every source answered.
+    Open,
+    /// At least one blocking alert.
+    Closed {
+        /// The blocking alerts.
+        blockers: Vec<Blocker>,
+    },
+    /// A source could not answer and nothing else closes the gate: treated as closed.
+    Unknown {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Verdict {
+    /// Only an open gate lets a risky step go ahead.
+    pub fn is_open(&self) -> bool {
+        matches!(self, Self::Open)
+    }
+    /// The reasons the gate is not open, one per line of a notification.
+    pub fn reasons(&self) -> Vec<String> {
+        match self {
+            Self::Open => Vec::new(),
+            Self::Closed { blockers } => blockers.iter().map(ToString::to_string).collect(),
+            Self::Unknown { reason } => vec![format!("gate unknown: {reason}")],
+        }
+    }
+}
+
+/// A label matcher for the board: `name=value` or `name!=value`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Matcher {
+    name: String,
+    value: String,
+    equal: bool,
+}
+
+impl Matcher {
+    /// Parses `name=value` or `name!=value`.
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        let (name, value, equal) = match raw.split_once("!=") {
+            Some((n, v)) => (n, v, false),
+            None => match raw.split_once('=') {
+                Some((n, v)) => (n, v, true),
+                None => {
+                    return Err(format!(
+                        "{raw:?} is not a matcher like upgrade_gate=true or severity!=info"
+                    ));
+                }
+            },
+        };
+        let name = name.trim();
+        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            return Err(format!("{raw:?}: {name:?} is not a label name"));
+        }
+        Ok(Self {
+            name: name.to_owned(),
+            value: value.trim().trim_matches('"').to_owned(),
+            equal,
+        })
+    }
+    fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        let value = labels.get(&self.name).map_or("", String::as_str);
+        (value == self.value) == self.equal
+    }
+}
+
+/// What counts as blocking.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// Board alerts count only when they match every matcher.
+    pub board_matchers: Vec<Matcher>,
+    /// Alert names that never block (alerts rollgate's own drains cause).
+    pub exclude_alerts: BTreeSet<String>,
+    /// Whether Prometheus alerts in state `pending` block too.
+    pub count_pending: bool,
+}
+
+/// One series the Prometheus query returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromSeries {
+    /// The series' labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// What Prometheus answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PromReading {
+    /// The series returned; empty means no blocking alert ("no data" = open).
+    Series(Vec<PromSeries>),
+    /// No usable answer: error, timeout, a non-vector result, or no Prometheus configured.
+    Failed(String),
+}
+
+/// The verdict from both sources at `now`.
+pub fn evaluate(
+    prom: &PromReading,
+    board: &[Alert],
+    now: DateTime<Utc>,
+    policy: &Policy,
+) -> Verdict {
+    let mut blockers: BTreeSet<Blocker> = BTreeSet::new();
+    if let PromReading::Series(series) = prom {
+        blockers.extend(prom_blockers(series, policy));
+    }
+    for alert in board {
+        let live = alert.status == AlertStatus::Firing && alert.ends_at.is_none_or(|end| end > now);
+        if live
+            && !policy.exclude_alerts.contains(alert.name())
+            && policy
+                .board_matchers
+                .iter()
+                .all(|m| m.matches(&alert.labels))
+        {
+            blockers.insert(Blocker {
+                name: alert.name().to_owned(),
+                labels: alert.labels.clone(),
+                source: Source::Alertmanager,
+                since: Some(alert.starts_at),
+            });
+        }
+    }
+    match (blockers.is_empty(), prom) {
+        (false, _) => Verdict::Closed {
+            blockers: blockers.into_iter().collect(),
+        },
+        (true, PromReading::Failed(reason)) => Verdict::Unknown {
+            reason: reason.clone(),
+        },
+        (true, PromReading::Series(_)) => Verdict::Open,
+    }
+}
+
+/// The verdict of a quiet-period query: any series means a gate alert fired within the
+/// period; no Prometheus answer is unknown.
+pub fn quiet_period(prom: &PromReading, policy: &Policy) -> Verdict {
+    match prom {
+        PromReading::Failed(reason) => Verdict::Unknown {
+            reason: reason.clone(),
+        },
+        PromReading::Series(series) => {
+            let relaxed = Policy {
+                count_pending: true,
+                ..policy.clone()
+            };
+            let blockers: Vec<Blocker> = prom_blockers(series, &relaxed).collect();
+            if blockers.is_empty() {
+                Verdict::Open
+            } else {
+                Verdict::Closed { blockers }
+            }
+        }
+    }
+}
+
+fn prom_blockers<'a>(
+    series: &'a [PromSeries],
+    policy: &'a Policy,
+) -> impl Iterator<Item = Blocker> + 'a {
+    series.iter().filter_map(move |s| {
+        let name = s.labels.get("alertname").cloned().unwrap_or_else(|| {
+            s.labels
+                .get("__name__")
+                .cloned()
+                .unwrap_or_else(|| "unnamed series".into())
+        });
+        let pending = s.labels.get("alertstate").is_some_and(|st| st == "pending");
+        if policy.exclude_alerts.contains(&name) || (pending && !policy.count_pending) {
+            return None;
+        }
+        Some(Blocker {
+            name,
+            labels: s.labels.clone(),
+            source: Source::Prometheus,
+            since: None,
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    fn t(secs: i64) -> DateTime<Utc> {
+        Utc.timestamp_opt(1_800_000_000 + secs, 0).single().unwrap()
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn series(name: &str, state: &str) -> PromSeries {
+        PromSeries {
+            labels: labels(&[
+                ("alertname", name),
+                ("alertstate", state),
+                ("upgrade_gate", "true"),
+            ]),
+        }
+    }
+
+    fn board_alert(name: &str, status: AlertStatus, ends: Option<i64>, gate: &str) -> Alert {
+        Alert {
+            fingerprint: format!("fp{name}"),
+            status,
+            labels: labels(&[("alertname", name), ("upgrade_gate", gate)]),
+            annotations: BTreeMap::new(),
+            starts_at: t(-60),
+            ends_at: ends.map(t),
+        }
+    }
+
+    fn policy() -> Policy {
+        Policy {
+            board_matchers: vec![Matcher::parse("upgrade_gate=true").unwrap()],
+            exclude_alerts: ["KubePodNotReadyDuringDrain".to_owned()].into(),
+            count_pending: false,
+        }
+    }
+
+    fn names(v: &Verdict) -> Vec<(String, Source)> {
+        match v {
+            Verdict::Closed { blockers } => blockers
+                .iter()
+                .map(|b| (b.name.clone(), b.source))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// name, Prometheus reading, board, expected verdict, expected blockers.
+    type Case = (
+        &'static str,
+        PromReading,
+        Vec<Alert>,
+        &'static str,
+        Vec<(&'static str, Source)>,
+    );
+
+    #[test]
+    fn verdict_table() {
+        use AlertStatus::{Firing, Resolved};
+        use Source::{Alertmanager as Am, Prometheus as Prom};
+        let ok = |s: Vec<PromSeries>| PromReading::Series(s);
+        let failed = PromReading::Failed("connection refused".into());
+        let cases: Vec<Case> = vec![
+            ("nothing anywhere", ok(vec![]), vec![], "open", vec![]),
+            (
+                "prometheus firing",
+                ok(vec![series("NodeNotReady", "firing")]),
+                vec![],
+                "closed",
+                vec![("NodeNotReady", Prom)],
+            ),
+            (
+                "pending ignored by default",
+                ok(vec![series("NodeNotReady", "pending")]),
+                vec![],
+                "open",
+                vec![],
+            ),
+            (
+                "excluded name",
+                ok(vec![series("KubePodNotReadyDuringDrain", "firing")]),
+                vec![],
+                "open",
+                vec![],
+            ),
+            (
+                "board firing",
+                ok(vec![]),
+                vec![board_alert("EtcdNoLeader", Firing, None, "true")],
+                "closed",
+                vec![("EtcdNoLeader", Am)],
+            ),
+            (
+                "board resolved",
+                ok(vec![]),
+                vec![board_alert("EtcdNoLeader", Resolved, Some(-1), "true")],
+                "open",
+                vec![],
+            ),
+            (
+                "board expired at endsAt",
+                ok(vec![]),
+                vec![board_alert("EtcdNoLeader", Firing, Some(-1), "true")],
+                "open",
+                vec![],
+            ),
+            (
+                "board endsAt ahead",
+                ok(vec![]),
+                vec![board_alert("EtcdNoLeader", Firing, Some(60), "true")],
+                "closed",
+                vec![("EtcdNoLeader", Am)],
+            ),
+            (
+                "board not matching",
+                ok(vec![]),
+                vec![board_alert("Watchdog", Firing, None, "false")],
+                "open",
+                vec![],
+            ),
+            (
+                "prometheus down, board quiet",
+                failed.clone(),
+                vec![],
+                "unknown",
+                vec![],
+            ),
+            (
+                "prometheus down, board firing",
+                failed.clone(),
+                vec![board_alert("EtcdNoLeader", Firing, None, "true")],
+                "closed",
+                vec![("EtcdNoLeader", Am)],
+            ),
+            (
+                "both sources",
+                ok(vec![series("K8sVersionSkew", "firing")]),
+                vec![board_alert("EtcdNoLeader", Firing, None, "true")],
+                "closed",
+                vec![("EtcdNoLeader", Am), ("K8sVersionSkew", Prom)],
+            ),
+        ];
+        for (name, prom, board, want, blockers) in cases {
+            let v = evaluate(&prom, &board, t(0), &policy());
+            let got = match &v {
+                Verdict::Open => "open",
+                Verdict::Closed { .. } => "closed",
+                Verdict::Unknown { .. } => "unknown",
+            };
+            assert_eq!(got, want, "{name}: {v:?}");
+            let want: Vec<(String, Source)> = blockers
+                .into_iter()
+                .map(|(n, s)| (n.to_owned(), s))
+                .collect();
+            assert_eq!(names(&v), want, "{name}");
+            assert_eq!(v.is_open(), want.is_empty() && got == "open", "{name}");
+        }
+    }
+
+    #[test]
+    fn pending_counts_when_asked() {
+        let policy = Policy {
+            count_pending: true,
+            ..policy()
+        };
+        let v = evaluate(
+            &PromReading::Series(vec![series("NodeNotReady", "pending")]),
+            &[],
+            t(0),
+            &policy,
+        );
+        assert!(!v.is_open());
+    }
+
+    #[test]
+    fn quiet_period_table() {
+        assert_eq!(
+            quiet_period(&PromReading::Series(vec![]), &policy()),
+            Verdict::Open
+        );
+        let fired = quiet_period(
+            &PromReading::Series(vec![PromSeries {
+                labels: labels(&[("alertname", "NodeNotReady")]),
+            }]),
+            &policy(),
+        );
+        assert_eq!(
+            names(&fired),
+            vec![("NodeNotReady".to_owned(), Source::Prometheus)]
+        );
+        assert!(matches!(
+            quiet_period(&PromReading::Failed("x".into()), &policy()),
+            Verdict::Unknown { .. }
+        ));
+    }
+
+    #[test]
+    fn matchers_parse_and_match() {
+        let eq = Matcher::parse("upgrade_gate=true").unwrap();
+        let ne = Matcher::parse("severity!=info").unwrap();
+        assert!(eq.matches(&labels(&[("upgrade_gate", "true")])));
+        assert!(!eq.matches(&labels(&[])));
+        assert!(ne.matches(&labels(&[("severity", "critical")])));
+        assert!(ne.matches(&labels(&[])));
+        assert!(!ne.matches(&labels(&[("severity", "info")])));
+        for bad in ["nothing", "=x", "a b=c"] {
+            assert!(Matcher::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn blockers_read_well() {
+        let b = Blocker {
+            name: "NodeNotReady".into(),
+            labels: labels(&[
+                ("alertname", "NodeNotReady"),
+                ("node", "w2"),
+                ("upgrade_gate", "true"),
+            ]),
+            source: Source::Prometheus,
+            since: None,
+        };
+        assert_eq!(b.to_string(), "NodeNotReady {node=w2} (prometheus)");
+    }
+}

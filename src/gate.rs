@@ -1,0 +1,257 @@
+//! The gate service: evaluates the verdict from Prometheus and the alert board, keeps the
+//! last evaluation for `GET /v1/gates`, and executes the `gate` and `quiet-period` steps.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::config::GateSettings;
+use crate::domain::alert::AlertStatus;
+use crate::domain::engine::StepOutcome;
+use crate::domain::gate::{self, Policy, PromReading, PromSeries, Verdict};
+use crate::domain::run::Run;
+use crate::metrics::Metrics;
+use crate::ports::{MetricsSource, StepExecutor};
+use crate::store::Store;
+
+/// One source's part in an evaluation.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct SourceReport {
+    /// `ok`, `error` or `not configured`.
+    pub state: String,
+    /// What went wrong, when it did.
+    pub error: Option<String>,
+    /// Blocking alerts this source showed.
+    pub blocking: usize,
+    /// The query asked (Prometheus only).
+    pub query: Option<String>,
+}
+
+/// A full evaluation, as `GET /v1/gates` shows it.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct GateReport {
+    /// The verdict.
+    pub verdict: Verdict,
+    /// The Prometheus query.
+    pub prometheus: SourceReport,
+    /// The Alertmanager board.
+    pub alertmanager: SourceReport,
+    /// When.
+    pub evaluated_at: DateTime<Utc>,
+}
+
+#[derive(Default)]
+struct PromMemory {
+    failures_in_a_row: u32,
+    last_good: Option<Vec<PromSeries>>,
+}
+
+/// The gate.
+pub struct Gate {
+    prometheus: Option<Arc<dyn MetricsSource>>,
+    store: Store,
+    metrics: Metrics,
+    settings: GateSettings,
+    policy: Policy,
+    memory: Mutex<PromMemory>,
+    last: Mutex<Option<GateReport>>,
+}
+
+impl Gate {
+    /// A gate over `prometheus` (if configured) and the board in `store`.
+    pub fn new(
+        prometheus: Option<Arc<dyn MetricsSource>>,
+        store: Store,
+        metrics: Metrics,
+        settings: GateSettings,
+    ) -> Self {
+        let policy = Policy {
+            board_matchers: settings.board_matchers.clone(),
+            exclude_alerts: settings.exclude_alerts.iter().cloned().collect(),
+            count_pending: settings.count_pending,
+        };
+        Self {
+            prometheus,
+            store,
+            metrics,
+            settings,
+            policy,
+            memory: Mutex::new(PromMemory::default()),
+            last: Mutex::new(None),
+        }
+    }
+
+    /// How often a held step re-checks.
+    pub fn poll_interval(&self) -> Duration {
+        self.settings.poll_interval
+    }
+
+    /// How long a closed gate may hold a step.
+    pub fn halt_after(&self) -> Duration {
+        self.settings.halt_after
+    }
+
+    async fn read_prometheus(&self, query: &str, remember: bool) -> PromReading {
+        let Some(source) = &self.prometheus else {
+            return PromReading::Failed("no Prometheus configured (gate.prometheus_url)".into());
+        };
+        let reading = source.query(query).await;
+        let outcome = if matches!(reading, PromReading::Failed(_)) {
+            "error"
+        } else {
+            "ok"
+        };
+        self.metrics
+            .gate_evaluations
+            .with_label_values(&["prometheus", outcome])
+            .inc();
+        if !remember {
+            return reading;
+        }
+        let Ok(mut memory) = self.memory.lock() else {
+            return reading;
+        };
+        match reading {
+            PromReading::Series(series) => {
+                memory.failures_in_a_row = 0;
+                memory.last_good = Some(series.clone());
+                PromReading::Series(series)
+            }
+            PromReading::Failed(error) => {
+                memory.failures_in_a_row += 1;
+                match &memory.last_good {
+                    // Tolerate a few failures in a row when asked to; never by default.
+                    Some(series)
+                        if memory.failures_in_a_row < self.settings.failures_before_unknown =>
+                    {
+                        tracing::warn!(%error, failures = memory.failures_in_a_row, "Prometheus failed; keeping its last answer");
+                        PromReading::Series(series.clone())
+                    }
+                    _ => PromReading::Failed(error),
+                }
+            }
+        }
+    }
+
+    /// Evaluates both sources now.
+    pub async fn evaluate(&self) -> GateReport {
+        let now = Utc::now();
+        let prom = self.read_prometheus(&self.settings.query, true).await;
+        let (board, board_error) = match self.store.board(now).await {
+            Ok(board) => (board.into_iter().map(|e| e.alert).collect::<Vec<_>>(), None),
+            Err(e) => (Vec::new(), Some(e.to_string())),
+        };
+        let mut verdict = gate::evaluate(&prom, &board, now, &self.policy);
+        if let Some(error) = &board_error
+            && verdict.is_open()
+        {
+            verdict = Verdict::Unknown {
+                reason: format!("the alert board cannot be read: {error}"),
+            };
+        }
+        let blocking = |source| match &verdict {
+            Verdict::Closed { blockers } => blockers.iter().filter(|b| b.source == source).count(),
+            _ => 0,
+        };
+        let report = GateReport {
+            prometheus: SourceReport {
+                state: match (&self.prometheus, &prom) {
+                    (None, _) => "not configured".into(),
+                    (_, PromReading::Failed(_)) => "error".into(),
+                    _ => "ok".into(),
+                },
+                error: match &prom {
+                    PromReading::Failed(e) => Some(e.clone()),
+                    PromReading::Series(_) => None,
+                },
+                blocking: blocking(gate::Source::Prometheus),
+                query: Some(self.settings.query.clone()),
+            },
+            alertmanager: SourceReport {
+                state: if board_error.is_some() {
+                    "error".into()
+                } else {
+                    "ok".into()
+                },
+                error: board_error,
+                blocking: blocking(gate::Source::Alertmanager),
+                query: None,
+            },
+            verdict,
+            evaluated_at: now,
+        };
+        for name in ["open", "closed", "unknown"] {
+            let current = match &report.verdict {
+                Verdict::Open => "open",
+                Verdict::Closed { .. } => "closed",
+                Verdict::Unknown { .. } => "unknown",
+            };
+            self.metrics
+                .gate_verdict
+                .with_label_values(&[name])
+                .set(i64::from(name == current));
+        }
+        if let Ok(mut last) = self.last.lock() {
+            *last = Some(report.clone());
+        }
+        report
+    }
+
+    /// The last evaluation, if any.
+    pub fn last(&self) -> Option<GateReport> {
+        self.last.lock().ok().and_then(|l| l.clone())
+    }
+
+    /// The pre-flight quiet period: no gate alert fired within it.
+    pub async fn quiet_period(&self) -> Verdict {
+        let prom = self
+            .read_prometheus(&self.settings.quiet_query, false)
+            .await;
+        gate::quiet_period(&prom, &self.policy)
+    }
+
+    fn held(&self, verdict: &Verdict) -> StepOutcome {
+        StepOutcome::Blocked {
+            reasons: verdict.reasons(),
+            retry_at: Utc::now()
+                + chrono::Duration::from_std(self.settings.poll_interval).unwrap_or_default(),
+        }
+    }
+}
+
+/// Whether a batch of alerts could open a gate (then held runs re-check at once).
+pub fn may_open(alerts: &[crate::domain::alert::Alert]) -> bool {
+    alerts.iter().any(|a| a.status == AlertStatus::Resolved)
+}
+
+/// The `gate` step: go ahead only when the gate is open.
+pub struct GateStep(pub Arc<Gate>);
+
+#[async_trait::async_trait]
+impl StepExecutor for GateStep {
+    async fn execute(&self, _run: &Run, _index: usize) -> StepOutcome {
+        let report = self.0.evaluate().await;
+        match report.verdict {
+            Verdict::Open => StepOutcome::Done {
+                note: "gate open".into(),
+            },
+            verdict => self.0.held(&verdict),
+        }
+    }
+}
+
+/// The `quiet-period` step: no gate alert fired within the quiet period.
+pub struct QuietPeriodStep(pub Arc<Gate>);
+
+#[async_trait::async_trait]
+impl StepExecutor for QuietPeriodStep {
+    async fn execute(&self, _run: &Run, _index: usize) -> StepOutcome {
+        match self.0.quiet_period().await {
+            Verdict::Open => StepOutcome::Done {
+                note: "no gate alert fired in the quiet period".into(),
+            },
+            verdict => self.0.held(&verdict),
+        }
+    }
+}
