@@ -304,7 +304,7 @@ async fn halt_resume_abort_move_a_run_through_its_statuses_with_history() {
         )
         .await;
     let id = accepted["run_id"].as_str().unwrap().to_owned();
-    rg.wait_run(&id, "planned", |r| support::parked(r)).await;
+    rg.wait_run(&id, "planned", support::parked).await;
 
     let (status, body) = rg.post(&format!("/v1/runs/{id}/resume"), &json!({})).await;
     assert_eq!(status, 409, "resume of a queued run: {body}");
@@ -487,7 +487,7 @@ async fn the_cli_lists_shows_and_controls_runs() {
     let rg = Rollgate::start(&[]).await;
     let (_, accepted) = rg.post("/v1/detections", &detection("1.34.8")).await;
     let id = accepted["run_id"].as_str().unwrap().to_owned();
-    rg.wait_run(&id, "planned", |r| support::parked(r)).await;
+    rg.wait_run(&id, "planned", support::parked).await;
     let cli = |args: &[&str]| {
         std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
             .args(args)
