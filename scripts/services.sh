@@ -9,7 +9,7 @@ apt_install() {
     done
     if [ "${#missing[@]}" -gt 0 ]; then
         echo "installing: ${missing[*]}"
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
     fi
 }
 

@@ -9,4 +9,6 @@ cd "$(dirname "$0")/.."
 DEBIAN_FRONTEND=noninteractive apt-get update -q
 ensure_build_tools
 ensure_rabbitmq
+# Prometheus (with promtool) and Alertmanager: the tests start their own on loopback.
+apt_install prometheus prometheus-alertmanager
 cargo test --locked "$@"

@@ -31,6 +31,8 @@ pub struct Metrics {
     pub runs: IntGaugeVec,
     /// Step durations by run kind and step.
     pub step_duration: HistogramVec,
+    /// The oldest last-transition time among running and waiting runs (now when none).
+    pub stalest_transition: prometheus::Gauge,
     /// The current gate verdict: 1 for the verdict in force, 0 for the others.
     pub gate_verdict: IntGaugeVec,
     /// Gate source reads by source and outcome.
@@ -137,6 +139,14 @@ impl Metrics {
         registry
             .register(Box::new(gate_verdict.clone()))
             .expect("unique metric");
+        let stalest_transition = prometheus::Gauge::new(
+            "rollgate_stalest_run_transition_timestamp_seconds",
+            "Oldest last-transition time among running and waiting runs; now when there are none.",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(stalest_transition.clone()))
+            .expect("unique metric");
         let runs = IntGaugeVec::new(Opts::new("rollgate_runs", "Runs by status."), &["status"])
             .expect("valid metric");
         registry
@@ -155,6 +165,7 @@ impl Metrics {
             dead_depth,
             runs,
             step_duration,
+            stalest_transition,
             gate_verdict,
             gate_evaluations,
             notifications,

@@ -376,6 +376,17 @@ pub async fn metrics(state: State) -> HttpResponse {
     if let Ok(Ok(n)) = tokio::time::timeout(timeout, state.queue.dead_depth()).await {
         state.metrics.dead_depth.set(n as i64);
     }
+    if let Ok(active) = state.store.unfinished().await {
+        let stalest = active
+            .iter()
+            .map(|r| r.updated_at)
+            .min()
+            .unwrap_or_else(Utc::now);
+        state
+            .metrics
+            .stalest_transition
+            .set(stalest.timestamp_millis() as f64 / 1000.0);
+    }
     if let Ok(counts) = state.store.count_by_status().await {
         for status in RunStatus::ALL {
             let n = counts

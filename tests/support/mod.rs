@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod rabbit;
+pub mod services;
 
 use serde_json::{Value, json};
 use std::future::Future;

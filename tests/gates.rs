@@ -1,0 +1,342 @@
+//! Gates against real Prometheus (loading rules/) and Alertmanager from Debian's packages.
+
+mod support;
+
+use serde_json::{Value, json};
+use std::time::Duration;
+use support::services::{Alertmanager, MiniServer, Prometheus};
+use support::{Rollgate, eventually, parked, webhook};
+
+/// Metrics for the scrape target: a node that booted `ago` seconds ago.
+fn booted(ago: i64) -> String {
+    format!(
+        "node_boot_time_seconds{{node=\"w2\"}} {}\n",
+        chrono::Utc::now().timestamp() - ago
+    )
+}
+
+async fn verdict(rg: &Rollgate) -> Value {
+    let (status, report) = rg.get("/v1/gates").await;
+    assert_eq!(status, 200, "{report}");
+    report
+}
+
+async fn wait_verdict(rg: &Rollgate, want: &str) -> Value {
+    eventually(
+        &format!("the gate to be {want}"),
+        Duration::from_secs(30),
+        || async {
+            let report = verdict(rg).await;
+            (report["verdict"]["verdict"] == want).then_some(report)
+        },
+    )
+    .await
+}
+
+async fn start_rollgate(prom: &Prometheus, extra: &[(&str, &str)]) -> Rollgate {
+    let url = prom.url();
+    let mut env = vec![
+        ("ROLLGATE__GATE__PROMETHEUS_URL", url.as_str()),
+        ("ROLLGATE__GATE__POLL_INTERVAL", "300ms"),
+        ("ROLLGATE__GATE__TIMEOUT", "1s"),
+    ];
+    env.extend_from_slice(extra);
+    Rollgate::start(&env).await
+}
+
+fn blocker_names(report: &Value) -> Vec<(String, String)> {
+    report["verdict"]["blockers"]
+        .as_array()
+        .map(|b| {
+            b.iter()
+                .map(|b| {
+                    (
+                        b["name"].as_str().unwrap_or_default().to_owned(),
+                        b["source"].as_str().unwrap_or_default().to_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_prometheus_gate_alert_closes_the_gate_and_clearing_it_opens_it() {
+    let target = MiniServer::start().await;
+    target.set_metrics(&booted(86_400));
+    let prom = Prometheus::start(&target.address()).await;
+    let rg = start_rollgate(&prom, &[]).await;
+    let report = wait_verdict(&rg, "open").await;
+    assert_eq!(report["prometheus"]["state"], "ok");
+
+    target.set_metrics(&booted(30));
+    let report = wait_verdict(&rg, "closed").await;
+    assert_eq!(
+        blocker_names(&report),
+        [("NodeRecentlyRebooted".to_owned(), "prometheus".to_owned())]
+    );
+    assert_eq!(
+        report["verdict"]["blockers"][0]["labels"]["upgrade_gate"],
+        "true"
+    );
+    assert_eq!(report["prometheus"]["blocking"], 1);
+
+    target.set_metrics(&booted(86_400));
+    wait_verdict(&rg, "open").await;
+    assert!(
+        rg.metric("rollgate_gate_evaluations_total{outcome=\"ok\",source=\"prometheus\"}")
+            .await
+            >= 3.0
+    );
+}
+
+#[tokio::test]
+async fn an_alertmanager_webhook_closes_the_gate_and_its_resolution_opens_it() {
+    let target = MiniServer::start().await;
+    target.set_metrics(&booted(86_400));
+    let prom = Prometheus::start(&target.address()).await;
+    let rg = start_rollgate(&prom, &[]).await;
+    let am = Alertmanager::start(
+        &format!("{}/v1/alerts", rg.base()),
+        &rg.data_dir().join("api-token"),
+    )
+    .await;
+    wait_verdict(&rg, "open").await;
+
+    am.post_alert("EtcdMemberDown", false).await;
+    let report = wait_verdict(&rg, "closed").await;
+    assert_eq!(
+        blocker_names(&report),
+        [("EtcdMemberDown".to_owned(), "alertmanager".to_owned())]
+    );
+    assert_eq!(
+        report["prometheus"]["blocking"], 0,
+        "Prometheus has not fired anything"
+    );
+
+    am.post_alert("EtcdMemberDown", true).await;
+    wait_verdict(&rg, "open").await;
+    assert!(
+        rg.metric(
+            "rollgate_http_requests_total{code=\"202\",method=\"POST\",route=\"/v1/alerts\"}"
+        )
+        .await
+            >= 2.0
+    );
+}
+
+#[tokio::test]
+async fn with_prometheus_down_the_gate_is_unknown_and_a_waiting_run_does_not_move() {
+    let target = MiniServer::start().await;
+    target.set_metrics(&booted(86_400));
+    let mut prom = Prometheus::start(&target.address()).await;
+    let rg = start_rollgate(&prom, &[]).await;
+    wait_verdict(&rg, "open").await;
+
+    prom.process.stop();
+    let report = wait_verdict(&rg, "unknown").await;
+    assert_eq!(report["prometheus"]["state"], "error");
+    let (status, accepted) = rg
+        .post(
+            "/v1/detections",
+            &json!({"target_version": "1.34.9", "kind": "patch"}),
+        )
+        .await;
+    assert_eq!(status, 202);
+    let id = accepted["run_id"].as_str().unwrap().to_owned();
+    // Re-checked again and again while Prometheus is down, and held every time.
+    let run = rg
+        .wait_run(&id, "three closed gate checks", |r| {
+            r["steps"][0]["attempts"].as_u64() >= Some(3)
+        })
+        .await;
+    assert_eq!(run["status"], "waiting", "{run}");
+    assert!(
+        run["reason"].as_str().unwrap().contains("gate unknown"),
+        "{run}"
+    );
+    assert_eq!(run["steps"][1]["status"], "pending");
+
+    prom.process.start();
+    prom.wait_ready().await;
+    let run = rg.wait_run(&id, "the run past the gate", parked).await;
+    assert_eq!(run["steps"][0]["status"], "done", "{run}");
+    assert_eq!(run["steps"][1]["name"], "quiet-period");
+    assert_eq!(run["steps"][1]["status"], "done", "{run}");
+    assert!(
+        run["history"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|h| h["reason"]
+                .as_str()
+                .unwrap()
+                .starts_with("gate open again after")),
+        "{run}"
+    );
+}
+
+fn resolved(fingerprint: &str) -> Value {
+    let mut body = webhook(fingerprint);
+    body["status"] = json!("resolved");
+    body["alerts"][0]["status"] = json!("resolved");
+    body["alerts"][0]["endsAt"] = json!(chrono::Utc::now().to_rfc3339());
+    body
+}
+
+#[tokio::test]
+async fn a_gate_closed_past_halt_after_halts_the_run_tells_slack_and_resume_continues() {
+    let target = MiniServer::start().await;
+    target.set_metrics(&booted(86_400));
+    let prom = Prometheus::start(&target.address()).await;
+    let slack = MiniServer::start().await;
+    let secrets = tempfile::tempdir().unwrap();
+    let slack_file = secrets.path().join("slack-url");
+    std::fs::write(
+        &slack_file,
+        format!("http://{}/services/T000/B000/XXXX", slack.address()),
+    )
+    .unwrap();
+    let slack_file = slack_file.display().to_string();
+    let rg = start_rollgate(
+        &prom,
+        &[
+            ("ROLLGATE__GATE__HALT_AFTER", "2s"),
+            ("ROLLGATE__NOTIFY__SLACK_WEBHOOK_FILE", &slack_file),
+        ],
+    )
+    .await;
+
+    // Alertmanager's webhook has it; Prometheus has not fired anything.
+    let (status, _) = rg.post("/v1/alerts", &webhook("dd01")).await;
+    assert_eq!(status, 202);
+    let (_, accepted) = rg
+        .post(
+            "/v1/detections",
+            &json!({"target_version": "1.34.10", "kind": "patch"}),
+        )
+        .await;
+    let id = accepted["run_id"].as_str().unwrap().to_owned();
+    let run = rg
+        .wait_run(&id, "the run halted", |r| r["status"] == "halted")
+        .await;
+    let reason = run["reason"].as_str().unwrap();
+    assert!(reason.starts_with("gate closed for "), "{reason}");
+    assert!(
+        reason.contains("NodeNotReady {node=dd01} (alertmanager)"),
+        "{reason}"
+    );
+    assert_eq!(
+        run["blockers"],
+        json!(["NodeNotReady {node=dd01} (alertmanager)"])
+    );
+    assert_eq!(
+        run["steps"][1]["status"], "pending",
+        "nothing past the gate ran"
+    );
+    let halted = eventually(
+        "Slack told of the halt",
+        Duration::from_secs(10),
+        || async {
+            slack
+                .received()
+                .into_iter()
+                .find(|m| m["text"].as_str().is_some_and(|t| t.contains("→ halted")))
+        },
+    )
+    .await;
+    let blocks = halted["blocks"].to_string();
+    assert!(
+        blocks.contains(&id)
+            && blocks.contains("NodeNotReady")
+            && blocks.contains("preflight/gate"),
+        "{halted}"
+    );
+
+    // Resume while still blocked: re-checked, held again (not run past the gate).
+    let (status, _) = rg
+        .post(
+            &format!("/v1/runs/{id}/resume"),
+            &json!({"reason": "looking"}),
+        )
+        .await;
+    assert_eq!(status, 202);
+    rg.wait_run(&id, "held again after resume", |r| r["status"] == "waiting")
+        .await;
+    // The alert resolves: the held run re-checks at once and goes on.
+    let (status, _) = rg.post("/v1/alerts", &resolved("dd01")).await;
+    assert_eq!(status, 202);
+    let run = rg.wait_run(&id, "past the gate", parked).await;
+    assert_eq!(run["steps"][0]["status"], "done");
+    assert!(run["blockers"].as_array().unwrap().is_empty());
+    eventually(
+        "Slack told of the resume",
+        Duration::from_secs(10),
+        || async {
+            slack.received().into_iter().find(|m| {
+                m["text"]
+                    .as_str()
+                    .is_some_and(|t| t.contains("resume by operator: looking"))
+            })
+        },
+    )
+    .await;
+    assert!(
+        rg.metric("rollgate_notifications_total{outcome=\"sent\",sink=\"slack\"}")
+            .await
+            >= 3.0
+    );
+    let secret = std::fs::read_to_string(&slack_file).unwrap();
+    assert!(
+        !rg.logs().contains(secret.trim()),
+        "the Slack URL leaked into the log"
+    );
+}
+
+#[tokio::test]
+async fn a_slack_outage_does_not_touch_the_run_and_shows_in_metrics() {
+    let target = MiniServer::start().await;
+    target.set_metrics(&booted(86_400));
+    let prom = Prometheus::start(&target.address()).await;
+    let secrets = tempfile::tempdir().unwrap();
+    let slack_file = secrets.path().join("slack-url");
+    std::fs::write(
+        &slack_file,
+        format!("http://127.0.0.1:{}/hook", support::free_port()),
+    )
+    .unwrap();
+    let slack_file = slack_file.display().to_string();
+    let rg = start_rollgate(
+        &prom,
+        &[
+            ("ROLLGATE__NOTIFY__SLACK_WEBHOOK_FILE", &slack_file),
+            ("ROLLGATE__NOTIFY__RETRIES", "1"),
+        ],
+    )
+    .await;
+    let (_, accepted) = rg
+        .post(
+            "/v1/detections",
+            &json!({"target_version": "1.34.11", "kind": "patch"}),
+        )
+        .await;
+    let id = accepted["run_id"].as_str().unwrap().to_owned();
+    let run = rg.wait_run(&id, "the run past the gate", parked).await;
+    assert_eq!(run["steps"][0]["status"], "done");
+    eventually(
+        "failed notifications counted",
+        Duration::from_secs(20),
+        || async {
+            (rg.metric("rollgate_notifications_total{outcome=\"failed\",sink=\"slack\"}")
+                .await
+                >= 1.0)
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(
+        rg.metric("rollgate_notifications_total{outcome=\"retried\",sink=\"slack\"}")
+            .await
+            >= 1.0
+    );
+}

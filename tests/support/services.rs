@@ -1,0 +1,328 @@
+//! Real Prometheus and Alertmanager (Debian's packages) on loopback in temp dirs, stopped
+//! by PID; and a tiny HTTP server that stands in for a scrape target or a Slack webhook.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::free_port;
+
+/// A child process that is killed when dropped.
+pub struct Process {
+    name: &'static str,
+    program: &'static str,
+    args: Vec<String>,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Process {
+    fn spawn(name: &'static str, program: &'static str, args: Vec<String>, log: PathBuf) -> Self {
+        let mut p = Self {
+            name,
+            program,
+            args,
+            log,
+            child: None,
+        };
+        p.start();
+        p
+    }
+
+    /// Starts it (again) with the same arguments.
+    pub fn start(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("log");
+        let child = Command::new(self.program)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot start {} ({}): {e}; is its Debian package installed?",
+                    self.name, self.program
+                )
+            });
+        self.child = Some(child);
+    }
+
+    /// Stops it with SIGTERM and waits for the exit.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            let start = Instant::now();
+            while child.try_wait().ok().flatten().is_none() {
+                if start.elapsed() > Duration::from_secs(10) {
+                    let _ = child.kill();
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("--- {} log ---\n{}", self.name, self.logs());
+        }
+    }
+}
+
+async fn wait_http_ok(url: &str, what: &str, proc: &Process) {
+    let http = reqwest::Client::new();
+    let start = Instant::now();
+    loop {
+        if let Ok(r) = http.get(url).send().await
+            && r.status().is_success()
+        {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{what} did not become ready:\n{}",
+            proc.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The repository's rules directory.
+pub fn rules_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("rules")
+}
+
+/// Prometheus scraping one target every second and loading rules/.
+pub struct Prometheus {
+    pub port: u16,
+    pub process: Process,
+    _dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    pub async fn start(target: &str) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        let config = dir.path().join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}/*.yml\nscrape_configs:\n  - job_name: target\n    static_configs:\n      - targets: ['{target}']\n",
+                rules_dir().display()
+            ),
+        )
+        .expect("config");
+        let args = vec![
+            format!("--config.file={}", config.display()),
+            format!("--storage.tsdb.path={}", dir.path().join("data").display()),
+            format!("--web.listen-address=127.0.0.1:{port}"),
+        ];
+        let process = Process::spawn(
+            "prometheus",
+            "prometheus",
+            args,
+            dir.path().join("prometheus.log"),
+        );
+        let p = Self {
+            port,
+            process,
+            _dir: dir,
+        };
+        p.wait_ready().await;
+        p
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub async fn wait_ready(&self) {
+        wait_http_ok(
+            &format!("{}/-/ready", self.url()),
+            "prometheus",
+            &self.process,
+        )
+        .await;
+    }
+}
+
+/// Alertmanager with one webhook receiver, bearer token from a file.
+pub struct Alertmanager {
+    pub port: u16,
+    pub process: Process,
+    _dir: tempfile::TempDir,
+}
+
+impl Alertmanager {
+    pub async fn start(webhook_url: &str, token_file: &Path) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        let config = dir.path().join("alertmanager.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "route:\n  receiver: rollgate\n  group_by: ['...']\n  group_wait: 0s\n  group_interval: 1s\n  repeat_interval: 1h\nreceivers:\n  - name: rollgate\n    webhook_configs:\n      - url: {webhook_url}\n        send_resolved: true\n        http_config:\n          authorization:\n            type: Bearer\n            credentials_file: {}\n",
+                token_file.display()
+            ),
+        )
+        .expect("config");
+        let args = vec![
+            format!("--config.file={}", config.display()),
+            format!("--storage.path={}", dir.path().join("data").display()),
+            format!("--web.listen-address=127.0.0.1:{port}"),
+            "--cluster.listen-address=".into(),
+        ];
+        let process = Process::spawn(
+            "alertmanager",
+            "prometheus-alertmanager",
+            args,
+            dir.path().join("alertmanager.log"),
+        );
+        let am = Self {
+            port,
+            process,
+            _dir: dir,
+        };
+        wait_http_ok(
+            &format!("http://127.0.0.1:{port}/-/ready"),
+            "alertmanager",
+            &am.process,
+        )
+        .await;
+        am
+    }
+
+    /// Posts an alert to Alertmanager's API; `resolved` sets endsAt in the past.
+    pub async fn post_alert(&self, name: &str, resolved: bool) {
+        let now = chrono::Utc::now();
+        let mut alert = serde_json::json!({
+            "labels": {"alertname": name, "upgrade_gate": "true", "severity": "critical"},
+            "annotations": {"summary": "test alert"},
+            "startsAt": (now - chrono::Duration::minutes(1)).to_rfc3339(),
+        });
+        if resolved {
+            alert["endsAt"] = Value::String((now - chrono::Duration::seconds(1)).to_rfc3339());
+        }
+        let r = reqwest::Client::new()
+            .post(format!("http://127.0.0.1:{}/api/v2/alerts", self.port))
+            .json(&serde_json::json!([alert]))
+            .send()
+            .await
+            .expect("alertmanager answers");
+        assert!(
+            r.status().is_success(),
+            "alertmanager refused the alert: {}",
+            r.status()
+        );
+    }
+}
+
+/// A tiny HTTP/1.1 server: serves `metrics` at GET /metrics, records every other request
+/// and answers it with `status`.
+#[derive(Clone)]
+pub struct MiniServer {
+    pub port: u16,
+    pub metrics: Arc<Mutex<String>>,
+    pub received: Arc<Mutex<Vec<Value>>>,
+    pub status: Arc<Mutex<u16>>,
+}
+
+impl MiniServer {
+    pub async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let server = Self {
+            port,
+            metrics: Arc::new(Mutex::new(String::new())),
+            received: Arc::new(Mutex::new(Vec::new())),
+            status: Arc::new(Mutex::new(200)),
+        };
+        let s = server.clone();
+        tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                let s = s.clone();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 8192];
+                    let (head_end, length) = loop {
+                        let Ok(n) = sock.read(&mut chunk).await else {
+                            return;
+                        };
+                        if n == 0 {
+                            return;
+                        }
+                        buf.extend_from_slice(&chunk[..n]);
+                        if let Some(pos) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            let head = String::from_utf8_lossy(&buf[..pos]).to_ascii_lowercase();
+                            let length = head
+                                .lines()
+                                .find_map(|l| l.strip_prefix("content-length:"))
+                                .and_then(|v| v.trim().parse::<usize>().ok())
+                                .unwrap_or(0);
+                            break (pos + 4, length);
+                        }
+                    };
+                    while buf.len() < head_end + length {
+                        let Ok(n) = sock.read(&mut chunk).await else {
+                            return;
+                        };
+                        if n == 0 {
+                            break;
+                        }
+                        buf.extend_from_slice(&chunk[..n]);
+                    }
+                    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+                    let (status, body) = if head.starts_with("GET /metrics") {
+                        (200, s.metrics.lock().unwrap().clone())
+                    } else {
+                        let body = &buf[head_end..(head_end + length).min(buf.len())];
+                        s.received
+                            .lock()
+                            .unwrap()
+                            .push(serde_json::from_slice(body).unwrap_or(Value::Null));
+                        (*s.status.lock().unwrap(), "ok".to_owned())
+                    };
+                    let answer = format!(
+                        "HTTP/1.1 {status} X\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = sock.write_all(answer.as_bytes()).await;
+                    let _ = sock.shutdown().await;
+                });
+            }
+        });
+        server
+    }
+
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn set_metrics(&self, text: &str) {
+        *self.metrics.lock().unwrap() = text.to_owned();
+    }
+
+    pub fn received(&self) -> Vec<Value> {
+        self.received.lock().unwrap().clone()
+    }
+}
