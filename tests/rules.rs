@@ -58,11 +58,11 @@ fn every_rule_fires_in_some_unit_test_and_gate_rules_carry_the_gate_label() {
 
     let gate_group = rules.split("- name: Rollgate").next().unwrap_or_default();
     let gate_rules = gate_group.matches("- alert: ").count();
-    assert_eq!(
-        gate_group.matches("upgrade_gate: \"true\"").count(),
-        gate_rules,
-        "every Upgrade Gates rule is labelled"
-    );
+    let labelled = gate_group
+        .lines()
+        .filter(|l| l.trim() == "upgrade_gate: \"true\"")
+        .count();
+    assert_eq!(labelled, gate_rules, "every Upgrade Gates rule is labelled");
     let own_group = rules.split("- name: Rollgate").nth(1).unwrap_or_default();
     assert!(
         !own_group.contains("upgrade_gate"),
