@@ -107,6 +107,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     info!(listen = %settings.server.listen, backend = queue.backend(), data_dir = %settings.data_dir.display(), "rollgate serving");
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(watch_gate(gate.clone(), stop_rx.clone()));
     let worker_task = if settings.worker.paused {
         warn!("worker.paused is true: events are queued but not processed");
         None
@@ -151,6 +152,22 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     }
     info!("stopped");
     Ok(())
+}
+
+/// Evaluates the gate every poll interval, so that `GET /v1/gates` and the
+/// `rollgate_gate_verdict` metric stay current even when no run waits at a gate.
+async fn watch_gate(gate: Arc<Gate>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(gate.poll_interval());
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            _ = tick.tick() => {
+                let report = gate.evaluate().await;
+                tracing::debug!(verdict = ?report.verdict, "gate evaluated");
+            }
+        }
+    }
 }
 
 /// One `serve` per data directory: two would share the embedded queue and store.

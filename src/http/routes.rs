@@ -176,10 +176,26 @@ pub async fn get_alerts(state: State) -> Result<HttpResponse, ApiError> {
     Ok(HttpResponse::Ok().json(board))
 }
 
-/// `GET /v1/gates`: the gate evaluated now, with each source's state.
-#[utoipa::path(get, path = "/v1/gates", responses((status = 200, body = crate::gate::GateReport)), security(("bearer" = [])))]
-pub async fn get_gates(state: State) -> HttpResponse {
-    HttpResponse::Ok().json(state.gate.evaluate().await)
+/// Options of `GET /v1/gates`.
+#[derive(Deserialize, utoipa::IntoParams)]
+pub struct GateQuery {
+    /// `true`: the last evaluation (rollgate checks every `gate.poll_interval`) instead of
+    /// a fresh one.
+    pub cached: Option<bool>,
+}
+
+/// `GET /v1/gates`: the verdict, each source's state and the evaluation time.
+#[utoipa::path(get, path = "/v1/gates", params(GateQuery), responses((status = 200, body = crate::gate::GateReport)), security(("bearer" = [])))]
+pub async fn get_gates(state: State, query: web::Query<GateQuery>) -> HttpResponse {
+    let last = if query.cached == Some(true) {
+        state.gate.last()
+    } else {
+        None
+    };
+    match last {
+        Some(report) => HttpResponse::Ok().json(report),
+        None => HttpResponse::Ok().json(state.gate.evaluate().await),
+    }
 }
 
 /// `POST /v1/detections`: ask for a Kubernetes version upgrade.

@@ -1,0 +1,204 @@
+//! Reaction time from a blocking alert to a closed gate, ≥ 100 trials each, in one run:
+//! (a) an Alertmanager webhook arriving at rollgate → `GET /v1/gates` says closed;
+//! (b) the Prometheus-only path: the scrape target's metric flips → Prometheus (scrape and
+//!     rule evaluation every 1 s) fires `NodeRecentlyRebooted` → rollgate's own gate check,
+//!     every `gate.poll_interval` (1 s), sees it (`GET /v1/gates?cached=true`).
+//!
+//! Run: `cargo bench --bench gate` (BENCH_TRIALS=100; needs Debian's prometheus).
+
+#[path = "../tests/support/services.rs"]
+#[allow(dead_code)]
+mod services;
+
+use hdrhistogram::Histogram;
+use serde_json::{Value, json};
+use services::{MiniServer, Prometheus};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port()
+}
+
+fn trials() -> usize {
+    std::env::var("BENCH_TRIALS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100)
+}
+
+struct Serve {
+    child: Child,
+    base: String,
+    token: String,
+    http: reqwest::Client,
+    _dir: tempfile::TempDir,
+}
+
+impl Serve {
+    fn start(prometheus: &str) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        let child = Command::new(env!("CARGO_BIN_EXE_rollgate"))
+            .arg("serve")
+            .current_dir(dir.path())
+            .env("ROLLGATE__SERVER__LISTEN", format!("127.0.0.1:{port}"))
+            .env("ROLLGATE__GATE__PROMETHEUS_URL", prometheus)
+            .env("ROLLGATE__GATE__POLL_INTERVAL", "1s")
+            .env("ROLLGATE__LOG__LEVEL", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn rollgate");
+        let token_path = dir.path().join("data/api-token");
+        let started = Instant::now();
+        while !token_path.exists() || std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "rollgate did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let token = std::fs::read_to_string(token_path)
+            .expect("token")
+            .trim()
+            .to_owned();
+        Self {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            token,
+            http: reqwest::Client::new(),
+            _dir: dir,
+        }
+    }
+
+    async fn verdict(&self, cached: bool) -> String {
+        let r = self
+            .http
+            .get(format!("{}/v1/gates?cached={cached}", self.base))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .expect("gates");
+        let v: Value = r.json().await.expect("json");
+        v["verdict"]["verdict"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    async fn wait_verdict(&self, want: &str, cached: bool, poll: Duration) {
+        let started = Instant::now();
+        while self.verdict(cached).await != want {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "gate never became {want}"
+            );
+            tokio::time::sleep(poll).await;
+        }
+    }
+
+    async fn post_alert(&self, fingerprint: &str, firing: bool) {
+        let status = if firing { "firing" } else { "resolved" };
+        let body = json!({
+            "version": "4", "groupKey": "bench", "status": status, "receiver": "rollgate",
+            "alerts": [{"status": status, "labels": {"alertname": "BenchBlocker", "upgrade_gate": "true"},
+                "annotations": {}, "startsAt": "2026-11-30T06:00:00Z",
+                "endsAt": if firing { "0001-01-01T00:00:00Z".to_owned() } else { chrono::Utc::now().to_rfc3339() },
+                "fingerprint": fingerprint}]
+        });
+        let r = self
+            .http
+            .post(format!("{}/v1/alerts", self.base))
+            .bearer_auth(&self.token)
+            .json(&body)
+            .send()
+            .await
+            .expect("post");
+        assert_eq!(r.status().as_u16(), 202);
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn booted(ago: i64) -> String {
+    format!(
+        "node_boot_time_seconds{{node=\"bench\"}} {}\n",
+        chrono::Utc::now().timestamp() - ago
+    )
+}
+
+fn row(name: &str, h: &Histogram<u64>) {
+    println!(
+        "{name:<58} {:>6} {:>9.1} {:>9.1} {:>9.1}",
+        h.len(),
+        h.value_at_quantile(0.5) as f64 / 1000.0,
+        h.value_at_quantile(0.99) as f64 / 1000.0,
+        h.max() as f64 / 1000.0
+    );
+}
+
+fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let target = MiniServer::start().await;
+        target.set_metrics(&booted(86_400));
+        let prom = Prometheus::start(&target.address()).await;
+        let rg = Serve::start(&prom.url());
+        rg.wait_verdict("open", false, Duration::from_millis(50))
+            .await;
+
+        let mut webhook = Histogram::<u64>::new(3).expect("histogram");
+        for i in 0..trials() {
+            let fp = format!("bench{i:05}");
+            let started = Instant::now();
+            rg.post_alert(&fp, true).await;
+            rg.wait_verdict("closed", false, Duration::from_micros(200))
+                .await;
+            webhook
+                .record(started.elapsed().as_micros() as u64)
+                .expect("record");
+            rg.post_alert(&fp, false).await;
+            rg.wait_verdict("open", false, Duration::from_millis(1))
+                .await;
+        }
+
+        let mut prometheus = Histogram::<u64>::new(3).expect("histogram");
+        for _ in 0..trials() {
+            let started = Instant::now();
+            target.set_metrics(&booted(5));
+            rg.wait_verdict("closed", true, Duration::from_millis(20))
+                .await;
+            prometheus
+                .record(started.elapsed().as_micros() as u64)
+                .expect("record");
+            target.set_metrics(&booted(86_400));
+            rg.wait_verdict("open", true, Duration::from_millis(20))
+                .await;
+        }
+
+        println!(
+            "{:<58} {:>6} {:>9} {:>9} {:>9}",
+            "path (ms)", "trials", "p50", "p99", "max"
+        );
+        row("(a) webhook → verdict closed", &webhook);
+        row(
+            "(b) Prometheus only: scrape 1s + rules 1s + gate poll 1s",
+            &prometheus,
+        );
+    });
+}
