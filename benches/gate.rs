@@ -75,6 +75,17 @@ impl Serve {
         }
     }
 
+    async fn report(&self, cached: bool) -> Value {
+        let r = self
+            .http
+            .get(format!("{}/v1/gates?cached={cached}", self.base))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .expect("gates");
+        r.json().await.expect("json")
+    }
+
     async fn verdict(&self, cached: bool) -> String {
         let r = self
             .http
@@ -93,10 +104,10 @@ impl Serve {
     async fn wait_verdict(&self, want: &str, cached: bool, poll: Duration) {
         let started = Instant::now();
         while self.verdict(cached).await != want {
-            assert!(
-                started.elapsed() < Duration::from_secs(60),
-                "gate never became {want}"
-            );
+            if started.elapsed() > Duration::from_secs(60) {
+                let report = self.report(cached).await;
+                panic!("gate never became {want} (cached={cached}): {report}");
+            }
             tokio::time::sleep(poll).await;
         }
     }

@@ -269,6 +269,15 @@ fn wake(run: &mut Run, epoch: u64, ctx: &Context) -> Next {
                 hold(run, "halted by operator after the step in hand".into(), ctx);
                 return Next::Nothing;
             }
+            if !(ctx.can_execute)(&run.steps[index]) {
+                // E.g. restarted with a configuration that no longer executes this step.
+                run.epoch += 1;
+                run.wake_at = None;
+                run.steps[index].status = StepStatus::Pending;
+                let reason = format!("{NO_EXECUTOR} (next step: {})", run.steps[index].label());
+                run.transition(RunStatus::Queued, reason, ctx.now);
+                return Next::Nothing;
+            }
             run_step(run, index, ctx)
         }
         _ => Next::Nothing,
@@ -974,5 +983,23 @@ mod tests {
             run.reason,
             format!("{NO_EXECUTOR} (next step: test/nodes-ready)")
         );
+    }
+
+    #[test]
+    fn a_wake_for_a_step_nothing_can_execute_parks_the_run() {
+        let mut run = run_with(&["drain"]);
+        advance(&mut run, Input::Start, &ctx(0)).unwrap();
+        let epoch = run.epoch;
+        let ctx = Context {
+            can_execute: &none,
+            ..ctx(1)
+        };
+        assert_eq!(
+            advance(&mut run, Input::Wake { epoch }, &ctx).unwrap(),
+            Next::Nothing
+        );
+        assert_eq!(run.status, RunStatus::Queued);
+        assert!(run.reason.starts_with(NO_EXECUTOR), "{}", run.reason);
+        assert_eq!(run.steps[0].status, StepStatus::Pending);
     }
 }

@@ -2,6 +2,7 @@
 
 pub mod alert;
 pub mod engine;
+pub mod etcd_roll;
 pub mod event;
 pub mod gate;
 pub mod run;

@@ -110,7 +110,9 @@ pub fn rules_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("rules")
 }
 
-/// Prometheus scraping one target every second and loading rules/.
+/// Prometheus scraping one target every second and loading rules/. The target stands in
+/// for the cluster, so its job is `apiserver`: otherwise `KubeAPIServerDown` (rightly)
+/// fires after two minutes and closes every gate.
 pub struct Prometheus {
     pub port: u16,
     pub process: Process,
@@ -125,7 +127,7 @@ impl Prometheus {
         std::fs::write(
             &config,
             format!(
-                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}/*.yml\nscrape_configs:\n  - job_name: target\n    static_configs:\n      - targets: ['{target}']\n",
+                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}/*.yml\nscrape_configs:\n  - job_name: apiserver\n    static_configs:\n      - targets: ['{target}']\n",
                 rules_dir().display()
             ),
         )
