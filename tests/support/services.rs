@@ -238,13 +238,16 @@ impl Alertmanager {
 }
 
 /// A tiny HTTP/1.1 server: serves `metrics` at GET /metrics, records every other request
-/// and answers it with `status`.
+/// (head and JSON body) and answers it with `status` and `reply` after `delay`.
 #[derive(Clone)]
 pub struct MiniServer {
     pub port: u16,
     pub metrics: Arc<Mutex<String>>,
     pub received: Arc<Mutex<Vec<Value>>>,
+    pub heads: Arc<Mutex<Vec<String>>>,
     pub status: Arc<Mutex<u16>>,
+    pub reply: Arc<Mutex<String>>,
+    pub delay: Arc<Mutex<Duration>>,
 }
 
 impl MiniServer {
@@ -257,7 +260,10 @@ impl MiniServer {
             port,
             metrics: Arc::new(Mutex::new(String::new())),
             received: Arc::new(Mutex::new(Vec::new())),
+            heads: Arc::new(Mutex::new(Vec::new())),
             status: Arc::new(Mutex::new(200)),
+            reply: Arc::new(Mutex::new("ok".into())),
+            delay: Arc::new(Mutex::new(Duration::ZERO)),
         };
         let s = server.clone();
         tokio::spawn(async move {
@@ -302,10 +308,18 @@ impl MiniServer {
                             .lock()
                             .unwrap()
                             .push(serde_json::from_slice(body).unwrap_or(Value::Null));
-                        (*s.status.lock().unwrap(), "ok".to_owned())
+                        s.heads.lock().unwrap().push(head.clone());
+                        let delay = *s.delay.lock().unwrap();
+                        tokio::time::sleep(delay).await;
+                        (*s.status.lock().unwrap(), s.reply.lock().unwrap().clone())
+                    };
+                    let content_type = if body.starts_with('{') {
+                        "application/json"
+                    } else {
+                        "text/plain"
                     };
                     let answer = format!(
-                        "HTTP/1.1 {status} X\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        "HTTP/1.1 {status} X\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                         body.len()
                     );
                     let _ = sock.write_all(answer.as_bytes()).await;
@@ -322,6 +336,15 @@ impl MiniServer {
 
     pub fn set_metrics(&self, text: &str) {
         *self.metrics.lock().unwrap() = text.to_owned();
+    }
+
+    pub fn set_reply(&self, status: u16, body: &str) {
+        *self.status.lock().unwrap() = status;
+        *self.reply.lock().unwrap() = body.to_owned();
+    }
+
+    pub fn heads(&self) -> Vec<String> {
+        self.heads.lock().unwrap().clone()
     }
 
     pub fn received(&self) -> Vec<Value> {
