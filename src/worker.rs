@@ -127,12 +127,11 @@ impl Worker {
             }
         }
         if !outbox.is_empty() {
-            self.store
-                .commit(Commit {
-                    outbox,
-                    ..Commit::default()
-                })
-                .await?;
+            self.commit(Commit {
+                outbox,
+                ..Commit::default()
+            })
+            .await?;
             self.flush_outbox().await?;
         }
         Ok(())

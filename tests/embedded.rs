@@ -160,3 +160,86 @@ async fn concurrent_publishes_are_all_durable() {
     let queue = EmbeddedQueue::open(&path, LEASE, 10).unwrap();
     assert_eq!(queue.depth().await.unwrap(), 200);
 }
+
+/// Counts executions and finishes every step.
+struct Recording(std::sync::atomic::AtomicUsize);
+
+#[async_trait::async_trait]
+impl rollgate::ports::StepExecutor for Recording {
+    async fn execute(
+        &self,
+        _run: &rollgate::domain::run::Run,
+        _index: usize,
+    ) -> rollgate::domain::engine::StepOutcome {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        rollgate::domain::engine::StepOutcome::Done {
+            note: "done".into(),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_step_in_hand_at_a_crash_is_run_again_at_start() {
+    use rollgate::domain::engine::{Context, Input, advance};
+    use rollgate::domain::run::{Run, RunKind, RunStatus, Step};
+    let dir = tempfile::tempdir().unwrap();
+    let queue: Arc<dyn Queue> =
+        Arc::new(EmbeddedQueue::open(&dir.path().join("queue.db"), LEASE, 10).unwrap());
+    let store = Store::open(&dir.path().join("store.db")).unwrap();
+    // What a crash leaves: the step persisted as in hand, its message already acked.
+    let mut run = Run::new(
+        "crashed".into(),
+        RunKind::K8sUpgrade,
+        serde_json::json!({}),
+        Some("1.34.5".into()),
+        vec![Step::new("test", "drain", Some("w1".into()))],
+        Utc::now(),
+        "accepted",
+    );
+    let any = |_: &Step| true;
+    let ctx = Context {
+        now: Utc::now(),
+        can_execute: &any,
+        max_attempts: 3,
+        halt_after: chrono::Duration::minutes(30),
+    };
+    advance(&mut run, Input::Start, &ctx).unwrap();
+    assert_eq!(run.status, RunStatus::Running);
+    store.insert_run_if_absent(&run).await.unwrap();
+
+    let recording = Arc::new(Recording(std::sync::atomic::AtomicUsize::new(0)));
+    let executors = Executors::default().with("drain", recording.clone());
+    let policy = WorkerPolicy {
+        max_attempts: 3,
+        halt_after: Duration::from_secs(60),
+    };
+    let worker = Worker::new(
+        queue,
+        store.clone(),
+        Metrics::new(),
+        executors,
+        policy,
+        Arc::new(LogNotifier),
+    );
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(worker.run(stopped));
+    let run = eventually(
+        "the step run again and the run done",
+        Duration::from_secs(10),
+        || async {
+            let run = store.get_run("crashed").await.unwrap()?;
+            (run.status == RunStatus::Succeeded).then_some(run)
+        },
+    )
+    .await;
+    assert_eq!(recording.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(
+        run.steps[0].attempts, 2,
+        "the attempt before the crash and the one after"
+    );
+    stop.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap();
+}
