@@ -51,6 +51,8 @@ pub struct WorkerPolicy {
 
 /// First pause after a transient failure; doubles per failure in a row.
 const RETRY_BASE: Duration = Duration::from_millis(500);
+/// How often messages left in the outbox (broker down) are tried again.
+const OUTBOX_RETRY: Duration = Duration::from_secs(5);
 /// Longest pause between redeliveries of a failing event.
 const RETRY_MAX: Duration = Duration::from_secs(60);
 
@@ -95,6 +97,10 @@ impl Worker {
             let delivery = tokio::select! {
                 _ = shutdown.changed() => break,
                 d = self.queue.next() => d,
+                () = tokio::time::sleep(OUTBOX_RETRY), if self.outbox_pending.load(Ordering::Acquire) => {
+                    self.flush_or_keep().await;
+                    continue;
+                }
             };
             match delivery {
                 Ok(d) => self.handle(d).await,
@@ -153,6 +159,18 @@ impl Worker {
             self.outbox_pending.store(true, Ordering::Release);
         }
         result
+    }
+
+    /// Publishes the outbox; on failure leaves it for the next try (every
+    /// `OUTBOX_RETRY`, or the next event).
+    async fn flush_or_keep(&self) {
+        if let Err(e) = self.flush_outbox().await {
+            self.metrics
+                .queue_errors
+                .with_label_values(&["outbox"])
+                .inc();
+            warn!(error = %e, "cannot publish the outbox now; retrying later");
+        }
     }
 
     /// Commits, remembering that the outbox has messages to publish.
@@ -346,7 +364,9 @@ impl Worker {
             .with_label_values(&[kind.label()])
             .inc();
         self.tell(notices);
-        self.flush_outbox().await?;
+        // The event is processed either way: what cannot be published now stays in the
+        // outbox and is retried, and the step it started must still be driven.
+        self.flush_or_keep().await;
         Ok(step.and_then(|(index, epoch)| runs.into_iter().next().map(|run| (run, index, epoch))))
     }
 
@@ -424,9 +444,7 @@ impl Worker {
                 return;
             }
             self.tell(notices);
-            if let Err(e) = self.flush_outbox().await {
-                warn!(error = %e, "cannot publish the outbox now; it is retried on the next event");
-            }
+            self.flush_or_keep().await;
             match next {
                 Some((i, e)) => (index, epoch) = (i, e),
                 None => return,

@@ -243,3 +243,32 @@ async fn a_step_in_hand_at_a_crash_is_run_again_at_start() {
         .unwrap()
         .unwrap();
 }
+
+#[tokio::test]
+async fn a_cancelled_receive_does_not_strand_a_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let queue = EmbeddedQueue::open(&dir.path().join("queue.db"), LEASE, 10).unwrap();
+    let msg = wake_message("e", 0);
+    queue.publish(msg.clone()).await.unwrap();
+    // Poll a receive once (its lease request goes out), then drop it: before the reply
+    // (the writer finds nobody to hand it to) and after (the reply sits unread).
+    for settle in [Duration::ZERO, Duration::from_millis(100)] {
+        let mut receive = Box::pin(queue.next());
+        tokio::select! {
+            biased;
+            _ = &mut receive => panic!("a lease cannot complete within one poll"),
+            () = std::future::ready(()) => {}
+        }
+        tokio::time::sleep(settle).await;
+        drop(receive);
+    }
+    let got = tokio::time::timeout(Duration::from_secs(5), queue.next())
+        .await
+        .expect("the message is deliverable at once, not after the 10 min lease")
+        .unwrap();
+    assert_eq!(got.body, msg.body);
+    assert!(
+        !got.redelivered,
+        "the cancelled leases were undone, attempts included"
+    );
+}

@@ -147,7 +147,8 @@ async fn with_prometheus_down_the_gate_is_unknown_and_a_waiting_run_does_not_mov
     // Re-checked again and again while Prometheus is down, and held every time.
     let run = rg
         .wait_run(&id, "three closed gate checks", |r| {
-            r["steps"][0]["attempts"].as_u64() >= Some(3)
+            // Running while a check is under way; waiting once it has held the run.
+            r["steps"][0]["attempts"].as_u64() >= Some(3) && r["status"] == "waiting"
         })
         .await;
     assert_eq!(run["status"], "waiting", "{run}");

@@ -23,7 +23,13 @@ enum Cmd {
     Release(i64, oneshot::Sender<Result<(), QueueError>>),
     Dead(i64, String, oneshot::Sender<Result<(), QueueError>>),
     Depth(oneshot::Sender<Result<(u64, u64), QueueError>>),
+    /// Gives back a lease whose receiver went away, as if it had never been taken.
+    Unlease(i64),
 }
+
+/// Undoes a lease the consumer never saw.
+const UNLEASE: &str =
+    "UPDATE messages SET lease_until = NULL, attempts = MAX(attempts - 1, 0) WHERE seq = ?1";
 
 enum Leased {
     Message(Delivery),
@@ -97,6 +103,24 @@ impl EmbeddedQueue {
     }
 }
 
+struct LeaseGuard<'a> {
+    rx: Option<oneshot::Receiver<Result<Leased, QueueError>>>,
+    tx: &'a mpsc::Sender<Cmd>,
+}
+
+impl Drop for LeaseGuard<'_> {
+    fn drop(&mut self) {
+        let Some(mut rx) = self.rx.take() else { return };
+        // After close() the writer can no longer deliver; it gives back what it leased.
+        rx.close();
+        if let Ok(Ok(Leased::Message(d))) = rx.try_recv()
+            && let Handle::Embedded { seq } = d.handle
+        {
+            let _ = self.tx.send(Cmd::Unlease(seq));
+        }
+    }
+}
+
 fn unavailable(e: rusqlite::Error) -> QueueError {
     QueueError::Unavailable(format!("embedded queue: {e}"))
 }
@@ -117,7 +141,19 @@ impl Queue for EmbeddedQueue {
 
     async fn next(&self) -> Result<Delivery, QueueError> {
         loop {
-            match self.call(Cmd::Lease).await?? {
+            // Cancel-safe: if this future is dropped while the lease is in flight, the
+            // guard hands a leased message straight back.
+            let (reply, rx) = oneshot::channel();
+            self.tx
+                .send(Cmd::Lease(reply))
+                .map_err(|_| QueueError::Closed)?;
+            let mut guard = LeaseGuard {
+                rx: Some(rx),
+                tx: &self.tx,
+            };
+            let leased = guard.rx.as_mut().ok_or(QueueError::Closed)?.await;
+            guard.rx = None;
+            match leased.map_err(|_| QueueError::Closed)?? {
                 Leased::Message(d) => return Ok(d),
                 Leased::Idle(next_due) => {
                     let wait = next_due
@@ -187,6 +223,7 @@ enum Reply {
         oneshot::Sender<Result<(u64, u64), QueueError>>,
         Result<(u64, u64), QueueError>,
     ),
+    Nothing,
 }
 
 impl Writer {
@@ -230,21 +267,38 @@ impl Writer {
                     ),
                     Cmd::Dead(seq, reason, r) => Reply::Unit(r, bury(&tx, seq, &reason)),
                     Cmd::Depth(r) => Reply::Depth(r, depth(&tx)),
+                    Cmd::Unlease(seq) => {
+                        any_published |= exec(&tx, UNLEASE, seq).is_ok();
+                        Reply::Nothing
+                    }
                 });
             }
             let committed = tx.commit().map_err(unavailable);
+            let mut orphaned = Vec::new();
             for reply in replies {
                 // A failed commit undoes every command of the batch, so each one fails.
                 match (reply, &committed) {
                     (Reply::Unit(r, res), Ok(())) => drop(r.send(res)),
-                    (Reply::Lease(r, res), Ok(())) => drop(r.send(res)),
+                    (Reply::Lease(r, res), Ok(())) => {
+                        // The consumer stopped waiting (its `next()` was cancelled): give
+                        // the message back at once instead of leaving it leased.
+                        if let Err(Ok(Leased::Message(d))) = r.send(res)
+                            && let Handle::Embedded { seq } = d.handle
+                        {
+                            orphaned.push(seq);
+                        }
+                    }
                     (Reply::Depth(r, res), Ok(())) => drop(r.send(res)),
                     (Reply::Unit(r, _), Err(e)) => drop(r.send(Err(e.clone()))),
                     (Reply::Lease(r, _), Err(e)) => drop(r.send(Err(e.clone()))),
                     (Reply::Depth(r, _), Err(e)) => drop(r.send(Err(e.clone()))),
+                    (Reply::Nothing, _) => {}
                 }
             }
-            if any_published && committed.is_ok() {
+            for seq in &orphaned {
+                let _ = self.conn.execute(UNLEASE, params![seq]);
+            }
+            if (any_published || !orphaned.is_empty()) && committed.is_ok() {
                 published.notify_one();
             }
         }
@@ -259,6 +313,7 @@ fn fail_all(batch: Vec<Cmd>, e: &QueueError) {
             }
             Cmd::Lease(r) => drop(r.send(Err(e.clone()))),
             Cmd::Depth(r) => drop(r.send(Err(e.clone()))),
+            Cmd::Unlease(_) => {}
         }
     }
 }
