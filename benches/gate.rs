@@ -87,15 +87,8 @@ impl Serve {
     }
 
     async fn verdict(&self, cached: bool) -> String {
-        let r = self
-            .http
-            .get(format!("{}/v1/gates?cached={cached}", self.base))
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .expect("gates");
-        let v: Value = r.json().await.expect("json");
-        v["verdict"]["verdict"]
+        let report = self.report(cached).await;
+        report["verdict"]["verdict"]
             .as_str()
             .unwrap_or_default()
             .to_owned()

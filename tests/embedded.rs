@@ -18,6 +18,45 @@ use support::{eventually, receive_on_time, wake_message, webhook};
 
 const LEASE: Duration = Duration::from_secs(600);
 
+/// A worker over `queue` and `store` in this process; stop it with [`stop_worker`].
+fn spawn_worker(
+    queue: Arc<dyn Queue>,
+    store: Store,
+    metrics: Metrics,
+    executors: Executors,
+) -> (
+    tokio::sync::watch::Sender<bool>,
+    tokio::task::JoinHandle<()>,
+) {
+    let policy = WorkerPolicy {
+        max_attempts: 3,
+        halt_after: Duration::from_secs(60),
+    };
+    let worker = Worker::new(
+        queue,
+        store,
+        metrics,
+        executors,
+        policy,
+        Arc::new(LogNotifier),
+    );
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    (stop, tokio::spawn(worker.run(stopped)))
+}
+
+async fn stop_worker(
+    (stop, task): (
+        tokio::sync::watch::Sender<bool>,
+        tokio::task::JoinHandle<()>,
+    ),
+) {
+    stop.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
 #[tokio::test]
 async fn a_wake_2s_ahead_fires_no_earlier_than_2s_also_across_a_reopen() {
     let dir = tempfile::tempdir().unwrap();
@@ -82,20 +121,12 @@ async fn poison_goes_to_the_dead_table_with_its_reason_and_the_worker_goes_on() 
     let queue: Arc<dyn Queue> = Arc::new(EmbeddedQueue::open(&path, LEASE, 10).unwrap());
     let store = Store::open(&dir.path().join("store.db")).unwrap();
     let metrics = Metrics::new();
-    let policy = WorkerPolicy {
-        max_attempts: 3,
-        halt_after: Duration::from_secs(60),
-    };
-    let worker = Worker::new(
+    let worker = spawn_worker(
         queue.clone(),
         store.clone(),
         metrics.clone(),
         Executors::default(),
-        policy,
-        Arc::new(LogNotifier),
     );
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let task = tokio::spawn(worker.run(stopped));
     let raw = |id: &str, body: Vec<u8>| Outgoing {
         id: id.into(),
         routing_key: "alerts".into(),
@@ -133,11 +164,7 @@ async fn poison_goes_to_the_dead_table_with_its_reason_and_the_worker_goes_on() 
             .render()
             .contains("rollgate_events_dead_lettered_total{type=\"unknown\"} 1")
     );
-    stop.send(true).unwrap();
-    tokio::time::timeout(Duration::from_secs(5), task)
-        .await
-        .unwrap()
-        .unwrap();
+    stop_worker(worker).await;
 }
 
 #[tokio::test]
@@ -209,20 +236,7 @@ async fn a_step_in_hand_at_a_crash_is_run_again_at_start() {
 
     let recording = Arc::new(Recording(std::sync::atomic::AtomicUsize::new(0)));
     let executors = Executors::default().with("drain", recording.clone());
-    let policy = WorkerPolicy {
-        max_attempts: 3,
-        halt_after: Duration::from_secs(60),
-    };
-    let worker = Worker::new(
-        queue,
-        store.clone(),
-        Metrics::new(),
-        executors,
-        policy,
-        Arc::new(LogNotifier),
-    );
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let task = tokio::spawn(worker.run(stopped));
+    let worker = spawn_worker(queue, store.clone(), Metrics::new(), executors);
     let run = eventually(
         "the step run again and the run done",
         Duration::from_secs(10),
@@ -237,11 +251,7 @@ async fn a_step_in_hand_at_a_crash_is_run_again_at_start() {
         run.steps[0].attempts, 2,
         "the attempt before the crash and the one after"
     );
-    stop.send(true).unwrap();
-    tokio::time::timeout(Duration::from_secs(5), task)
-        .await
-        .unwrap()
-        .unwrap();
+    stop_worker(worker).await;
 }
 
 #[tokio::test]
