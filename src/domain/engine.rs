@@ -223,13 +223,7 @@ fn control(run: &mut Run, action: ControlAction, reason: String, ctx: &Context) 
         ControlAction::Halt if run.status == RunStatus::Running => {
             // The step in hand finishes first; its outcome applies the halt.
             run.halt_requested = true;
-            run.history.push(super::run::Transition {
-                at: ctx.now,
-                from: Some(run.status),
-                to: run.status,
-                step: run.current().map(super::run::Step::label),
-                reason: format!("{reason} (after the step in hand)"),
-            });
+            run.note(format!("{reason} (after the step in hand)"), ctx.now);
             Next::Nothing
         }
         ControlAction::Halt => {
@@ -302,13 +296,10 @@ fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context)
             run.blockers.clear();
             if let Some(since) = run.blocked_since.take() {
                 let held = (ctx.now - since).num_seconds();
-                run.history.push(super::run::Transition {
-                    at: ctx.now,
-                    from: Some(run.status),
-                    to: run.status,
-                    step: Some(label.clone()),
-                    reason: format!("gate open again after {held}s: step {label} done"),
-                });
+                run.note(
+                    format!("gate open again after {held}s: step {label} done"),
+                    ctx.now,
+                );
             }
             if run.halt_requested {
                 hold(run, format!("halted by operator after step {label}"), ctx);

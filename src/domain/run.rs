@@ -261,6 +261,18 @@ impl Run {
         self.current_step.and_then(|i| self.steps.get(i))
     }
 
+    /// Records `reason` in the history without changing the status.
+    pub fn note(&mut self, reason: impl Into<String>, now: DateTime<Utc>) {
+        self.history.push(Transition {
+            at: now,
+            from: Some(self.status),
+            to: self.status,
+            step: self.current().map(Step::label),
+            reason: reason.into(),
+        });
+        self.updated_at = now;
+    }
+
     /// Moves to `to` for `reason`, recording a transition unless nothing changed.
     pub fn transition(&mut self, to: RunStatus, reason: impl Into<String>, now: DateTime<Utc>) {
         let reason = reason.into();
