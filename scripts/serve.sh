@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/services.sh
 . scripts/services.sh
-if ! command -v cc >/dev/null; then
+if ! command -v cc >/dev/null || ! command -v protoc >/dev/null || [ ! -f /usr/include/google/protobuf/descriptor.proto ]; then
     DEBIAN_FRONTEND=noninteractive apt-get update -q
 fi
 ensure_build_tools

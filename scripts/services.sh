@@ -16,6 +16,8 @@ apt_install() {
 ensure_build_tools() {
     command -v cargo >/dev/null || { echo "cargo is required (rustup)"; exit 1; }
     command -v cc >/dev/null || apt_install gcc libc6-dev
+    # etcd-client compiles etcd's protobuf API at build time.
+    apt_install protobuf-compiler libprotobuf-dev
 }
 
 ensure_rabbitmq() {

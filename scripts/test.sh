@@ -11,4 +11,6 @@ ensure_build_tools
 ensure_rabbitmq
 # Prometheus (with promtool) and Alertmanager: the tests start their own on loopback.
 apt_install prometheus prometheus-alertmanager
+# etcd 3.4 for the etcd adapter tests (the tests start their own members on loopback).
+apt_install etcd-server etcd-client
 cargo test --locked "$@"

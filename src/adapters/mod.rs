@@ -1,4 +1,5 @@
 //! Adapters: the ports implemented against real systems.
 
+pub mod etcd;
 pub mod notify;
 pub mod prometheus;

@@ -2,6 +2,7 @@
 //! RabbitMQ on 127.0.0.1:5672 with names unique to each test.
 #![allow(dead_code)]
 
+pub mod etcd;
 pub mod rabbit;
 pub mod services;
 

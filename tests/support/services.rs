@@ -20,7 +20,12 @@ pub struct Process {
 }
 
 impl Process {
-    fn spawn(name: &'static str, program: &'static str, args: Vec<String>, log: PathBuf) -> Self {
+    pub fn spawn(
+        name: &'static str,
+        program: &'static str,
+        args: Vec<String>,
+        log: PathBuf,
+    ) -> Self {
         let mut p = Self {
             name,
             program,
