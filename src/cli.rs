@@ -26,6 +26,9 @@ pub enum Command {
     Serve,
     /// Check the configuration and report every bad value (exit 2 when any).
     CheckConfig,
+    /// Roll an etcd cluster in the foreground (command driver): followers first, one
+    /// leadership transfer, the old leader last; a progress line per step, a JSON report.
+    EtcdRoll(EtcdRollArgs),
     /// Look at and control runs through the API.
     Runs {
         /// API base URL (default: from server.listen).
@@ -38,6 +41,50 @@ pub enum Command {
         #[command(subcommand)]
         action: RunsAction,
     },
+}
+
+/// `etcd-roll` options.
+#[derive(clap::Args, Debug)]
+pub struct EtcdRollArgs {
+    /// Client URL of every member, comma-separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub endpoints: Vec<String>,
+    /// Shell command restarting one member (`{name}`, `{endpoint}`, or $ROLLGATE_MEMBER,
+    /// $ROLLGATE_ENDPOINT).
+    #[arg(long)]
+    pub restart_command: String,
+    /// Shell command exiting 0 when a member runs the target revision (same variables).
+    #[arg(long)]
+    pub probe_command: String,
+    /// How long a restarted member may take to be healthy, at target and caught up.
+    #[arg(long, default_value = "60s", value_parser = duration)]
+    pub ready_timeout: std::time::Duration,
+    /// Pause after each member is back.
+    #[arg(long, default_value = "5s", value_parser = duration)]
+    pub cooldown: std::time::Duration,
+    /// How far behind the leader's raft index another member may be.
+    #[arg(long, default_value_t = 1000)]
+    pub max_lag: u64,
+    /// Timeout of every etcd call.
+    #[arg(long, default_value = "5s", value_parser = duration)]
+    pub timeout: std::time::Duration,
+    /// PEM CA bundle for etcd over TLS.
+    #[arg(long)]
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate for etcd.
+    #[arg(long, requires = "key_file")]
+    pub cert_file: Option<PathBuf>,
+    /// PEM key of the client certificate.
+    #[arg(long, requires = "cert_file")]
+    pub key_file: Option<PathBuf>,
+    /// Required: this one-shot command does not consult the gate yet.
+    #[arg(long)]
+    pub no_gate: bool,
+}
+
+fn duration(s: &str) -> Result<std::time::Duration, String> {
+    crate::config::parse_duration(s)
+        .ok_or_else(|| format!("{s:?} is not a duration like 500ms, 30s or 5m"))
 }
 
 /// `runs` sub-commands.
@@ -117,6 +164,21 @@ pub fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
+        Command::EtcdRoll(args) => {
+            init_logging(&settings);
+            let result = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("cannot start the runtime")
+                .and_then(|rt| rt.block_on(etcd_roll(args)));
+            match result {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("rollgate: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Runs {
             url,
             token_file,
@@ -136,6 +198,38 @@ pub fn run(cli: Cli) -> ExitCode {
             }
         }
     }
+}
+
+async fn etcd_roll(args: EtcdRollArgs) -> anyhow::Result<()> {
+    use crate::adapters::etcd::{Etcd, EtcdSettings, EtcdTls};
+    if !args.no_gate {
+        bail!("etcd-roll does not consult the gate yet: pass --no-gate to roll without it");
+    }
+    let etcd = Etcd::new(EtcdSettings {
+        endpoints: args.endpoints.clone(),
+        timeout: args.timeout,
+        tls: args.ca_file.clone().map(|ca_file| EtcdTls {
+            ca_file,
+            cert_file: args.cert_file.clone(),
+            key_file: args.key_file.clone(),
+            domain: None,
+        }),
+    })?;
+    let settings = crate::etcd_roll::RollSettings {
+        restart_command: args.restart_command,
+        probe_command: args.probe_command,
+        ready_timeout: args.ready_timeout,
+        cooldown: args.cooldown,
+        max_lag: args.max_lag,
+        transfer_timeout: args.ready_timeout,
+    };
+    let started = std::time::Instant::now();
+    let report = crate::etcd_roll::roll(std::sync::Arc::new(etcd), &settings, |line| {
+        println!("[{:>6.1}s] {line}", started.elapsed().as_secs_f64());
+    })
+    .await?;
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
 }
 
 fn init_logging(settings: &Settings) {

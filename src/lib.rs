@@ -5,6 +5,7 @@ pub mod app;
 pub mod cli;
 pub mod config;
 pub mod domain;
+pub mod etcd_roll;
 pub mod gate;
 pub mod http;
 pub mod metrics;

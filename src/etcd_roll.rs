@@ -1,0 +1,368 @@
+//! Rolling an etcd cluster with the `command` driver: members restarted by an operator's
+//! command (VMs, systemd), "at target" decided by a probe command. Each step re-reads the
+//! cluster and asks the pure planner (`domain::etcd_roll`) for the next safe action, so a
+//! crashed roll resumes by itself; a sampler records every leadership change meanwhile.
+
+use serde::Serialize;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::process::Command;
+use tokio::sync::Mutex;
+
+use crate::adapters::etcd::{Etcd, EtcdError, MemberInfo, MemberStatus, agreed_leader};
+use crate::domain::etcd_roll::{Action, ClusterView, Member, Order, Refusal, next_action};
+
+/// How to roll.
+#[derive(Debug, Clone)]
+pub struct RollSettings {
+    /// Shell command restarting one member; `ROLLGATE_MEMBER` and `ROLLGATE_ENDPOINT` are set,
+    /// and `{name}` / `{endpoint}` are replaced (both validated first).
+    pub restart_command: String,
+    /// Shell command exiting 0 when a member already runs the target revision; same
+    /// variables as `restart_command`.
+    pub probe_command: String,
+    /// How long a restarted member may take to be healthy, at target and caught up.
+    pub ready_timeout: Duration,
+    /// Pause after a member is back, before the next action.
+    pub cooldown: Duration,
+    /// How far behind the leader's raft index a member may be.
+    pub max_lag: u64,
+    /// How long a leadership transfer may take to be confirmed by a majority.
+    pub transfer_timeout: Duration,
+}
+
+/// What a roll did to leadership, and what it cost.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct RollReport {
+    /// Members restarted.
+    pub restarted: Vec<String>,
+    /// Leadership transfers rollgate made.
+    pub transfers: u64,
+    /// Leadership changes observed: the raft term's rise across the members.
+    pub leadership_changes: u64,
+    /// Changes rollgate did not make (elections).
+    pub uncontrolled_changes: u64,
+    /// The longest time, in milliseconds, no majority agreed on a leader.
+    pub longest_leaderless_ms: u64,
+}
+
+/// Why a roll stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RollError {
+    /// The planner refused: the cluster is not safe to touch now.
+    #[error("refusing to go on: {0}")]
+    Refused(String),
+    /// etcd could not be asked.
+    #[error(transparent)]
+    Etcd(#[from] EtcdError),
+    /// A command failed.
+    #[error("{0}")]
+    Command(String),
+    /// A restarted member did not come back in time; nothing else was restarted.
+    #[error(
+        "member {name} is not healthy, at target and caught up within {within:?}; the roll stops here"
+    )]
+    NotReady {
+        /// The member.
+        name: String,
+        /// The bound.
+        within: Duration,
+    },
+    /// A member name or endpoint that must not reach a shell.
+    #[error("member {0:?} has characters that cannot be passed to a command")]
+    Unsafe(String),
+}
+
+impl From<Refusal> for RollError {
+    fn from(r: Refusal) -> Self {
+        RollError::Refused(r.to_string())
+    }
+}
+
+fn safe(s: &str) -> Result<&str, RollError> {
+    let ok = !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._:/-".contains(&b));
+    if ok {
+        Ok(s)
+    } else {
+        Err(RollError::Unsafe(s.to_owned()))
+    }
+}
+
+async fn run_command(
+    template: &str,
+    name: &str,
+    endpoint: &str,
+    timeout: Duration,
+) -> Result<bool, RollError> {
+    let (name, endpoint) = (safe(name)?, safe(endpoint)?);
+    let script = template
+        .replace("{name}", name)
+        .replace("{endpoint}", endpoint);
+    let mut child = Command::new("sh");
+    child
+        .arg("-c")
+        .arg(&script)
+        .env("ROLLGATE_MEMBER", name)
+        .env("ROLLGATE_ENDPOINT", endpoint)
+        .kill_on_drop(true);
+    match tokio::time::timeout(timeout, child.status()).await {
+        Ok(Ok(status)) => Ok(status.success()),
+        Ok(Err(e)) => Err(RollError::Command(format!("cannot run {script:?}: {e}"))),
+        Err(_) => Err(RollError::Command(format!(
+            "{script:?} did not finish within {timeout:?}"
+        ))),
+    }
+}
+
+/// The endpoint of `member` among the configured ones.
+fn endpoint_of<'a>(member: &MemberInfo, endpoints: &'a [String]) -> Option<&'a String> {
+    endpoints.iter().find(|e| {
+        member
+            .client_urls
+            .iter()
+            .any(|u| u.trim_end_matches('/') == e.trim_end_matches('/'))
+    })
+}
+
+/// Reads the cluster into the planner's view.
+async fn view(
+    etcd: &Etcd,
+    settings: &RollSettings,
+) -> Result<(ClusterView, Vec<(u64, String, String)>), RollError> {
+    let members = etcd.members().await?;
+    let statuses: Vec<MemberStatus> = etcd
+        .statuses()
+        .await
+        .into_iter()
+        .filter_map(Result::ok)
+        .collect();
+    let mut out = Vec::new();
+    let mut names = Vec::new();
+    for m in &members {
+        let endpoint = endpoint_of(m, etcd.endpoints())
+            .cloned()
+            .unwrap_or_default();
+        let status = statuses.iter().find(|s| s.id == m.id);
+        let at_target = if endpoint.is_empty() {
+            false
+        } else {
+            run_command(
+                &settings.probe_command,
+                &m.name,
+                &endpoint,
+                settings.ready_timeout,
+            )
+            .await?
+        };
+        out.push(Member {
+            id: m.id,
+            name: m.name.clone(),
+            ordinal: None,
+            at_target,
+            healthy: status.is_some(),
+            raft_index: status.map_or(0, |s| s.raft_index),
+        });
+        names.push((m.id, m.name.clone(), endpoint));
+    }
+    let leader = agreed_leader(&statuses, members.len());
+    Ok((
+        ClusterView {
+            members: out,
+            leader,
+        },
+        names,
+    ))
+}
+
+#[derive(Default)]
+struct Watch {
+    first_term: Option<u64>,
+    last_term: u64,
+    leaderless_since: Option<Instant>,
+    longest_leaderless: Duration,
+}
+
+/// Samples the cluster every 50 ms: the highest raft term seen and leaderless stretches.
+async fn sample(
+    etcd: Arc<Etcd>,
+    watch: Arc<Mutex<Watch>>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        let statuses: Vec<MemberStatus> = etcd
+            .statuses()
+            .await
+            .into_iter()
+            .filter_map(Result::ok)
+            .collect();
+        {
+            let mut w = watch.lock().await;
+            if let Some(term) = statuses.iter().map(|s| s.raft_term).max() {
+                w.first_term.get_or_insert(term);
+                w.last_term = w.last_term.max(term);
+            }
+            match (
+                agreed_leader(&statuses, etcd.endpoints().len()),
+                w.leaderless_since,
+            ) {
+                (None, None) => w.leaderless_since = Some(Instant::now()),
+                (Some(_), Some(since)) => {
+                    w.longest_leaderless = w.longest_leaderless.max(since.elapsed());
+                    w.leaderless_since = None;
+                }
+                _ => {}
+            }
+        }
+        tokio::select! {
+            _ = stop.changed() => return,
+            () = tokio::time::sleep(Duration::from_millis(50)) => {}
+        }
+    }
+}
+
+/// Rolls every member not at the target. `progress` gets one line per step.
+pub async fn roll(
+    etcd: Arc<Etcd>,
+    settings: &RollSettings,
+    mut progress: impl FnMut(&str),
+) -> Result<RollReport, RollError> {
+    let watch = Arc::new(Mutex::new(Watch::default()));
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let sampler = tokio::spawn(sample(etcd.clone(), watch.clone(), stopped));
+    let mut report = RollReport::default();
+    let result = steps(&etcd, settings, &mut report, &mut progress).await;
+    let _ = stop.send(true);
+    let _ = sampler.await;
+    let w = watch.lock().await;
+    report.leadership_changes = w
+        .first_term
+        .map_or(0, |first| w.last_term.saturating_sub(first));
+    report.uncontrolled_changes = report.leadership_changes.saturating_sub(report.transfers);
+    report.longest_leaderless_ms =
+        u64::try_from(w.longest_leaderless.as_millis()).unwrap_or(u64::MAX);
+    result.map(|()| report)
+}
+
+async fn steps(
+    etcd: &Etcd,
+    settings: &RollSettings,
+    report: &mut RollReport,
+    progress: &mut impl FnMut(&str),
+) -> Result<(), RollError> {
+    let mut unsafe_since: Option<(Instant, String)> = None;
+    loop {
+        let (view, names) = view(etcd, settings).await?;
+        let action = match next_action(&view, Order::Free, settings.max_lag) {
+            Ok(action) => {
+                unsafe_since = None;
+                action
+            }
+            // A member down, no leader, a member behind: possibly passing (a restart in
+            // flight when a previous roll died). Wait, touching nothing, then give up.
+            Err(refusal @ (Refusal::Unhealthy(_) | Refusal::NoLeader | Refusal::Lagging(_))) => {
+                let reason = refusal.to_string();
+                let since = match &unsafe_since {
+                    Some((since, last)) if *last == reason => *since,
+                    _ => {
+                        progress(&format!("waiting: {reason}"));
+                        unsafe_since = Some((Instant::now(), reason.clone()));
+                        Instant::now()
+                    }
+                };
+                if since.elapsed() > settings.ready_timeout {
+                    return Err(refusal.into());
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+            Err(refusal) => return Err(refusal.into()),
+        };
+        match action {
+            Action::Done => {
+                progress("every member is at the target");
+                return Ok(());
+            }
+            Action::MoveLeader { to, name } => {
+                progress(&format!("moving leadership to {name}"));
+                etcd.move_leader(to, settings.transfer_timeout).await?;
+                report.transfers += 1;
+            }
+            Action::Restart { id, name } => {
+                let endpoint = names
+                    .iter()
+                    .find(|(i, ..)| *i == id)
+                    .map(|(.., e)| e.clone())
+                    .unwrap_or_default();
+                progress(&format!("restarting {name} ({endpoint})"));
+                if !run_command(
+                    &settings.restart_command,
+                    &name,
+                    &endpoint,
+                    settings.ready_timeout,
+                )
+                .await?
+                {
+                    return Err(RollError::Command(format!(
+                        "the restart command failed for {name}"
+                    )));
+                }
+                report.restarted.push(name.clone());
+                wait_ready(etcd, settings, id, &name).await?;
+                progress(&format!(
+                    "{name} is back, at the target and caught up; cooling down {:?}",
+                    settings.cooldown
+                ));
+                tokio::time::sleep(settings.cooldown).await;
+            }
+        }
+    }
+}
+
+async fn wait_ready(
+    etcd: &Etcd,
+    settings: &RollSettings,
+    id: u64,
+    name: &str,
+) -> Result<(), RollError> {
+    let started = Instant::now();
+    loop {
+        if let Ok((view, _)) = view(etcd, settings).await
+            && let (Some(member), Some(leader)) = (
+                view.members.iter().find(|m| m.id == id),
+                view.leader
+                    .and_then(|l| view.members.iter().find(|m| m.id == l)),
+            )
+            && member.healthy
+            && member.at_target
+            && member.raft_index + settings.max_lag >= leader.raft_index
+        {
+            return Ok(());
+        }
+        if started.elapsed() > settings.ready_timeout {
+            return Err(RollError::NotReady {
+                name: name.to_owned(),
+                within: settings.ready_timeout,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_names_reach_a_shell() {
+        for ok in ["etcd-0", "m1", "http://127.0.0.1:2379", "node_a.example"] {
+            assert!(safe(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "", "a b", "x;reboot", "$(id)", "`id`", "a|b", "a&b", "a'b", "a\nb",
+        ] {
+            assert!(safe(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,338 @@
+//! `rollgate etcd-roll` (command driver) against real etcd: members are processes that a
+//! restart script stops with SIGTERM and starts again with a new revision marker.
+
+mod support;
+
+use rollgate::adapters::etcd::{Etcd, EtcdSettings};
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const START: &str = r#"#!/bin/sh
+# start.sh NAME: starts member NAME from NAME.args in the background, records its PID.
+cd "$(dirname "$0")"
+setsid etcd $(cat "$1.args") >> "$1.log" 2>&1 < /dev/null &
+echo $! > "$1.pid"
+"#;
+
+const RESTART: &str = r#"#!/bin/sh
+# restart.sh NAME: SIGTERM, wait for the exit, mark the new revision, start again.
+cd "$(dirname "$0")"
+pid=$(cat "$1.pid")
+kill -TERM "$pid"
+while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+echo v2 > "$1.rev"
+./start.sh "$1"
+"#;
+
+/// Members run by scripts in a temp dir; killed by PID when dropped.
+struct Scripted {
+    dir: tempfile::TempDir,
+    names: Vec<String>,
+    endpoints: Vec<String>,
+}
+
+impl Scripted {
+    async fn start(n: usize) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        for (file, body) in [("start.sh", START), ("restart.sh", RESTART)] {
+            let path = dir.path().join(file);
+            std::fs::write(&path, body).unwrap();
+            Command::new("chmod").arg("+x").arg(&path).status().unwrap();
+        }
+        let token = format!("rg-{}", uuid::Uuid::now_v7().simple());
+        let ports: Vec<(u16, u16)> = (0..n)
+            .map(|_| (support::free_port(), support::free_port()))
+            .collect();
+        let initial: Vec<String> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, p))| format!("m{i}=http://127.0.0.1:{p}"))
+            .collect();
+        let mut names = Vec::new();
+        let mut endpoints = Vec::new();
+        for (i, (client, peer)) in ports.iter().enumerate() {
+            let name = format!("m{i}");
+            let args = format!(
+                "--name={name} --data-dir={} --listen-client-urls=http://127.0.0.1:{client} --advertise-client-urls=http://127.0.0.1:{client} --listen-peer-urls=http://127.0.0.1:{peer} --initial-advertise-peer-urls=http://127.0.0.1:{peer} --initial-cluster={} --initial-cluster-state=new --initial-cluster-token={token} --log-level=warn",
+                dir.path().join(&name).display(),
+                initial.join(",")
+            );
+            std::fs::write(dir.path().join(format!("{name}.args")), args).unwrap();
+            assert!(
+                Command::new(dir.path().join("start.sh"))
+                    .arg(&name)
+                    .status()
+                    .unwrap()
+                    .success()
+            );
+            names.push(name);
+            endpoints.push(format!("http://127.0.0.1:{client}"));
+        }
+        let s = Self {
+            dir,
+            names,
+            endpoints,
+        };
+        support::eventually(
+            "every member answering, one leader",
+            Duration::from_secs(30),
+            || async {
+                let etcd = s.etcd();
+                let all = etcd.statuses().await.iter().all(Result::is_ok);
+                (all && etcd.leader().await.is_ok()).then_some(())
+            },
+        )
+        .await;
+        s
+    }
+
+    fn etcd(&self) -> Etcd {
+        Etcd::new(EtcdSettings {
+            endpoints: self.endpoints.clone(),
+            timeout: Duration::from_secs(2),
+            tls: None,
+        })
+        .unwrap()
+    }
+
+    fn path(&self, file: &str) -> PathBuf {
+        self.dir.path().join(file)
+    }
+
+    fn marked(&self) -> Vec<String> {
+        self.names
+            .iter()
+            .filter(|n| self.path(&format!("{n}.rev")).exists())
+            .cloned()
+            .collect()
+    }
+
+    fn roll(&self, restart: &str) -> (bool, String, String) {
+        self.roll_within(restart, "15s")
+    }
+
+    fn roll_within(&self, restart: &str, ready_timeout: &str) -> (bool, String, String) {
+        let probe = format!(
+            "test \"$(cat {}/$ROLLGATE_MEMBER.rev 2>/dev/null)\" = v2",
+            self.dir.path().display()
+        );
+        let out = Command::new(env!("CARGO_BIN_EXE_rollgate"))
+            .args([
+                "etcd-roll",
+                "--no-gate",
+                "--cooldown",
+                "300ms",
+                "--ready-timeout",
+                ready_timeout,
+                "--timeout",
+                "2s",
+            ])
+            .arg("--endpoints")
+            .arg(self.endpoints.join(","))
+            .arg("--restart-command")
+            .arg(restart)
+            .arg("--probe-command")
+            .arg(probe)
+            .current_dir(self.dir.path())
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    fn restart_command(&self) -> String {
+        format!("{}/restart.sh {{name}}", self.dir.path().display())
+    }
+}
+
+impl Drop for Scripted {
+    fn drop(&mut self) {
+        for name in &self.names {
+            if let Ok(pid) = std::fs::read_to_string(self.path(&format!("{name}.pid"))) {
+                let _ = Command::new("kill")
+                    .args(["-KILL", pid.trim()])
+                    .stderr(std::process::Stdio::null())
+                    .status();
+            }
+        }
+    }
+}
+
+fn report(stdout: &str) -> Value {
+    serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap_or(Value::Null)
+}
+
+async fn roll_with_leader_at(k: usize) {
+    roll_members_with_leader_at(3, k).await;
+}
+
+async fn roll_members_with_leader_at(n: usize, k: usize) {
+    let cluster = Scripted::start(n).await;
+    let etcd = cluster.etcd();
+    let members = etcd.members().await.unwrap();
+    let target = members.iter().find(|m| m.name == format!("m{k}")).unwrap();
+    etcd.move_leader(target.id, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let (ok, stdout, stderr) = cluster.roll(&cluster.restart_command());
+    assert!(ok, "roll failed:\n{stdout}\n{stderr}");
+    let report = report(&stdout);
+    assert_eq!(report["transfers"], 1, "{stdout}");
+    assert_eq!(report["uncontrolled_changes"], 0, "{stdout}");
+    assert_eq!(report["leadership_changes"], 1, "{stdout}");
+    let restarted: Vec<&str> = report["restarted"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(restarted.len(), n, "{stdout}");
+    assert_eq!(
+        restarted[n - 1],
+        format!("m{k}"),
+        "the old leader restarts last: {stdout}"
+    );
+    assert_eq!(cluster.marked().len(), n);
+    assert!(
+        stdout.lines().any(|l| l.contains("moving leadership to")),
+        "{stdout}"
+    );
+    eprintln!(
+        "{n} members, leader m{k}: {} in {:?}",
+        stdout.lines().last().unwrap_or_default(),
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_roll_with_the_leader_at_m0_moves_leadership_once_and_elects_nobody() {
+    roll_with_leader_at(0).await;
+}
+
+#[tokio::test]
+async fn a_roll_with_the_leader_at_m1_moves_leadership_once_and_elects_nobody() {
+    roll_with_leader_at(1).await;
+}
+
+#[tokio::test]
+async fn a_roll_with_the_leader_at_m2_moves_leadership_once_and_elects_nobody() {
+    roll_with_leader_at(2).await;
+}
+
+#[tokio::test]
+async fn an_unhealthy_member_before_the_roll_is_named_and_nothing_restarts() {
+    let cluster = Scripted::start(3).await;
+    let pid = std::fs::read_to_string(cluster.path("m1.pid")).unwrap();
+    Command::new("kill")
+        .args(["-TERM", pid.trim()])
+        .status()
+        .unwrap();
+    let (ok, stdout, stderr) = cluster.roll_within(&cluster.restart_command(), "2s");
+    assert!(!ok, "{stdout}");
+    assert!(stderr.contains("unhealthy member(s): m1"), "{stderr}");
+    assert!(
+        stdout.contains("waiting: unhealthy member(s): m1"),
+        "it waited before refusing: {stdout}"
+    );
+    assert!(
+        cluster.marked().is_empty(),
+        "something was restarted: {:?}",
+        cluster.marked()
+    );
+}
+
+#[tokio::test]
+async fn a_member_that_does_not_come_back_stops_the_roll_before_any_other_restart() {
+    let cluster = Scripted::start(3).await;
+    // Stops the member and marks it, but never starts it again.
+    let broken = format!(
+        "kill -TERM $(cat {dir}/{{name}}.pid); echo v2 > {dir}/{{name}}.rev",
+        dir = cluster.dir.path().display()
+    );
+    let (ok, stdout, stderr) = cluster.roll(&broken);
+    assert!(!ok, "{stdout}");
+    assert!(
+        stderr.contains("within") && stderr.contains("the roll stops here"),
+        "{stderr}"
+    );
+    assert_eq!(
+        cluster.marked().len(),
+        1,
+        "only one member was touched: {:?}",
+        cluster.marked()
+    );
+}
+
+#[tokio::test]
+async fn five_members_roll_with_one_move_from_every_starting_leader() {
+    for k in 0..5 {
+        roll_members_with_leader_at(5, k).await;
+    }
+}
+
+#[tokio::test]
+async fn a_roll_killed_mid_way_resumes_and_the_whole_costs_one_leadership_change() {
+    use std::io::{BufRead, BufReader};
+    let cluster = Scripted::start(3).await;
+    let etcd = cluster.etcd();
+    let term_before = etcd.leader().await.unwrap().raft_term;
+    let probe = format!(
+        "test \"$(cat {}/$ROLLGATE_MEMBER.rev 2>/dev/null)\" = v2",
+        cluster.dir.path().display()
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rollgate"))
+        .args([
+            "etcd-roll",
+            "--no-gate",
+            "--cooldown",
+            "300ms",
+            "--ready-timeout",
+            "15s",
+            "--timeout",
+            "2s",
+        ])
+        .arg("--endpoints")
+        .arg(cluster.endpoints.join(","))
+        .arg("--restart-command")
+        .arg(cluster.restart_command())
+        .arg("--probe-command")
+        .arg(&probe)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Kill -9 as the second member starts restarting.
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut restarts = 0;
+    while let Some(Ok(line)) = lines.next() {
+        if line.contains("restarting") {
+            restarts += 1;
+            if restarts == 2 {
+                child.kill().unwrap();
+                break;
+            }
+        }
+    }
+    child.wait().unwrap();
+    assert_eq!(restarts, 2, "killed mid-roll");
+
+    let (ok, stdout, stderr) = cluster.roll(&cluster.restart_command());
+    assert!(ok, "the resumed roll failed:\n{stdout}\n{stderr}");
+    assert_eq!(report(&stdout)["uncontrolled_changes"], 0, "{stdout}");
+    assert_eq!(cluster.marked().len(), 3);
+    let term_after = support::eventually("a leader", Duration::from_secs(10), || async {
+        etcd.leader().await.ok()
+    })
+    .await
+    .raft_term;
+    assert_eq!(
+        term_after,
+        term_before + 1,
+        "one leadership change for the whole roll, kill included: {stdout}"
+    );
+}
