@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tokio::process::Command;
 use tokio::sync::Mutex;
 
-use crate::adapters::etcd::{Etcd, EtcdError, MemberInfo, MemberStatus, agreed_leader};
+use crate::adapters::etcd::{Etcd, EtcdError, MemberInfo, agreed_leader};
 use crate::domain::etcd_roll::{Action, ClusterView, Member, Order, Refusal, next_action};
 
 /// How to roll.
@@ -132,12 +132,7 @@ async fn view(
     settings: &RollSettings,
 ) -> Result<(ClusterView, Vec<(u64, String, String)>), RollError> {
     let members = etcd.members().await?;
-    let statuses: Vec<MemberStatus> = etcd
-        .statuses()
-        .await
-        .into_iter()
-        .filter_map(Result::ok)
-        .collect();
+    let statuses = etcd.answering().await;
     let mut out = Vec::new();
     let mut names = Vec::new();
     for m in &members {
@@ -191,12 +186,7 @@ async fn sample(
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     loop {
-        let statuses: Vec<MemberStatus> = etcd
-            .statuses()
-            .await
-            .into_iter()
-            .filter_map(Result::ok)
-            .collect();
+        let statuses = etcd.answering().await;
         {
             let mut w = watch.lock().await;
             if let Some(term) = statuses.iter().map(|s| s.raft_term).max() {

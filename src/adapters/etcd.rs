@@ -202,6 +202,15 @@ impl Etcd {
         futures_util::future::join_all(self.settings.endpoints.iter().map(|e| self.status(e))).await
     }
 
+    /// The statuses of the members that answered.
+    pub async fn answering(&self) -> Vec<MemberStatus> {
+        self.statuses()
+            .await
+            .into_iter()
+            .filter_map(Result::ok)
+            .collect()
+    }
+
     /// The members as the first answering endpoint lists them.
     pub async fn members(&self) -> Result<Vec<MemberInfo>, EtcdError> {
         let mut last = EtcdError::NoLeader { members: 0 };
@@ -235,12 +244,7 @@ impl Etcd {
 
     /// The leader's own status, when a majority of the configured members agree on it.
     pub async fn leader(&self) -> Result<MemberStatus, EtcdError> {
-        let statuses: Vec<MemberStatus> = self
-            .statuses()
-            .await
-            .into_iter()
-            .filter_map(Result::ok)
-            .collect();
+        let statuses = self.answering().await;
         let n = self.settings.endpoints.len();
         let leader = agreed_leader(&statuses, n).ok_or(EtcdError::NoLeader { members: n })?;
         statuses
@@ -262,12 +266,7 @@ impl Etcd {
         }
         let started = Instant::now();
         loop {
-            let statuses: Vec<MemberStatus> = self
-                .statuses()
-                .await
-                .into_iter()
-                .filter_map(Result::ok)
-                .collect();
+            let statuses = self.answering().await;
             if agreed_leader(&statuses, self.settings.endpoints.len()) == Some(to) {
                 return Ok(());
             }
