@@ -113,31 +113,34 @@ impl Scripted {
         self.roll_within(restart, "15s")
     }
 
-    fn roll_within(&self, restart: &str, ready_timeout: &str) -> (bool, String, String) {
+    /// `rollgate etcd-roll` over this cluster; the probe reads the revision markers.
+    fn roll_command(&self, restart: &str, ready_timeout: &str) -> Command {
         let probe = format!(
             "test \"$(cat {}/$ROLLGATE_MEMBER.rev 2>/dev/null)\" = v2",
             self.dir.path().display()
         );
-        let out = Command::new(env!("CARGO_BIN_EXE_rollgate"))
-            .args([
-                "etcd-roll",
-                "--no-gate",
-                "--cooldown",
-                "300ms",
-                "--ready-timeout",
-                ready_timeout,
-                "--timeout",
-                "2s",
-            ])
-            .arg("--endpoints")
-            .arg(self.endpoints.join(","))
-            .arg("--restart-command")
-            .arg(restart)
-            .arg("--probe-command")
-            .arg(probe)
-            .current_dir(self.dir.path())
-            .output()
-            .unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_rollgate"));
+        cmd.args([
+            "etcd-roll",
+            "--no-gate",
+            "--cooldown",
+            "300ms",
+            "--timeout",
+            "2s",
+        ])
+        .args(["--ready-timeout", ready_timeout])
+        .arg("--endpoints")
+        .arg(self.endpoints.join(","))
+        .arg("--restart-command")
+        .arg(restart)
+        .arg("--probe-command")
+        .arg(probe)
+        .current_dir(self.dir.path());
+        cmd
+    }
+
+    fn roll_within(&self, restart: &str, ready_timeout: &str) -> (bool, String, String) {
+        let out = self.roll_command(restart, ready_timeout).output().unwrap();
         (
             out.status.success(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -282,27 +285,8 @@ async fn a_roll_killed_mid_way_resumes_and_the_whole_costs_one_leadership_change
     let cluster = Scripted::start(3).await;
     let etcd = cluster.etcd();
     let term_before = etcd.leader().await.unwrap().raft_term;
-    let probe = format!(
-        "test \"$(cat {}/$ROLLGATE_MEMBER.rev 2>/dev/null)\" = v2",
-        cluster.dir.path().display()
-    );
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rollgate"))
-        .args([
-            "etcd-roll",
-            "--no-gate",
-            "--cooldown",
-            "300ms",
-            "--ready-timeout",
-            "15s",
-            "--timeout",
-            "2s",
-        ])
-        .arg("--endpoints")
-        .arg(cluster.endpoints.join(","))
-        .arg("--restart-command")
-        .arg(cluster.restart_command())
-        .arg("--probe-command")
-        .arg(&probe)
+    let mut child = cluster
+        .roll_command(&cluster.restart_command(), "15s")
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
