@@ -108,7 +108,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(watch_gate(gate.clone(), stop_rx.clone()));
-    let worker_task = if settings.worker.paused {
+    let mut worker_task = if settings.worker.paused {
         warn!("worker.paused is true: events are queued but not processed");
         None
     } else {
@@ -122,7 +122,6 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
 
     let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
-    let mut worker_task = worker_task;
     let worker_ended = async {
         match worker_task.as_mut() {
             Some(task) => drop(task.await),

@@ -299,7 +299,7 @@ async fn steps(
                     )));
                 }
                 report.restarted.push(name.clone());
-                wait_ready(etcd, settings, id, &name).await?;
+                wait_ready(etcd, settings, id, &name, &endpoint).await?;
                 progress(&format!(
                     "{name} is back, at the target and caught up; cooling down {:?}",
                     settings.cooldown
@@ -310,23 +310,33 @@ async fn steps(
     }
 }
 
+/// Waits until the restarted member answers, is caught up with an agreed leader, and
+/// its probe says it is at the target. Only that member is probed: the probe may be an
+/// ssh round trip, and this loop ticks every 100 ms.
 async fn wait_ready(
     etcd: &Etcd,
     settings: &RollSettings,
     id: u64,
     name: &str,
+    endpoint: &str,
 ) -> Result<(), RollError> {
     let started = Instant::now();
     loop {
-        if let Ok((view, _)) = view(etcd, settings).await
-            && let (Some(member), Some(leader)) = (
-                view.members.iter().find(|m| m.id == id),
-                view.leader
-                    .and_then(|l| view.members.iter().find(|m| m.id == l)),
-            )
-            && member.healthy
-            && member.at_target
+        let statuses = etcd.answering().await;
+        let leader = agreed_leader(&statuses, etcd.endpoints().len())
+            .and_then(|l| statuses.iter().find(|s| s.id == l));
+        if let (Some(member), Some(leader)) = (statuses.iter().find(|s| s.id == id), leader)
             && member.raft_index + settings.max_lag >= leader.raft_index
+            && matches!(
+                run_command(
+                    &settings.probe_command,
+                    name,
+                    endpoint,
+                    settings.ready_timeout
+                )
+                .await,
+                Ok(true)
+            )
         {
             return Ok(());
         }

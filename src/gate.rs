@@ -87,11 +87,6 @@ impl Gate {
         self.settings.poll_interval
     }
 
-    /// How long a closed gate may hold a step.
-    pub fn halt_after(&self) -> Duration {
-        self.settings.halt_after
-    }
-
     async fn read_prometheus(&self, query: &str, remember: bool) -> PromReading {
         let Some(source) = &self.prometheus else {
             return PromReading::Failed("no Prometheus configured (gate.prometheus_url)".into());

@@ -9,7 +9,7 @@ pub mod services;
 use serde_json::{Value, json};
 use std::future::Future;
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
@@ -357,9 +357,4 @@ pub async fn board(rg: &Rollgate) -> std::collections::HashMap<String, u64> {
             )
         })
         .collect()
-}
-
-/// Whether `path` exists (for token-file checks).
-pub fn exists(path: &Path) -> bool {
-    path.exists()
 }
