@@ -13,17 +13,23 @@ use std::time::Duration;
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::{info, warn};
 
+use crate::adapters::etcd::{Etcd, EtcdSettings, EtcdTls};
+use crate::adapters::kube::{Kube, KubeSettings, Source};
 use crate::adapters::notify::{Fanout, LogNotifier, SlackNotifier};
 use crate::adapters::prometheus::Prometheus;
+use crate::adapters::snapshot::EtcdSnapshots;
+use crate::adapters::ssh::{Ssh, SshSettings};
 use crate::config::{QueueBackend, Settings};
+use crate::domain::plan::PlanSettings;
 use crate::gate::{Gate, GateStep, QuietPeriodStep};
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
-use crate::ports::{Executors, MetricsSource, Notifier};
+use crate::ports::{ClusterRead, DrainOptions, Executors, MetricsSource, Notifier, Snapshots};
 use crate::queue::Queue;
 use crate::queue::amqp::AmqpQueue;
 use crate::queue::embedded::EmbeddedQueue;
 use crate::store::Store;
+use crate::upgrade::{UpgradeSettings, UpgradeSteps};
 use crate::worker::{Worker, WorkerPolicy};
 
 /// How long the worker may take to finish the message in hand after a stop signal.
@@ -73,9 +79,25 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         sinks.push(Arc::new(slack));
     }
     let notifier: Arc<dyn Notifier> = Arc::new(Fanout(sinks));
-    let executors = Executors::default()
+    let mut executors = Executors::default()
         .with("gate", Arc::new(GateStep(gate.clone())))
         .with("quiet-period", Arc::new(QuietPeriodStep(gate.clone())));
+    let cluster = match build_upgrade_steps(&settings, metrics.clone()).await? {
+        Some((steps, cluster)) => {
+            executors = steps.register(executors);
+            Some(cluster)
+        }
+        None => {
+            warn!(
+                "no cluster configured (cluster.kubeconfig or cluster.in_cluster): upgrade runs wait at their plan step"
+            );
+            None
+        }
+    };
+    match store.unfinished().await {
+        Ok(runs) => crate::upgrade::restore_gauges(&metrics, &runs),
+        Err(e) => warn!(error = %e, "cannot read unfinished runs to restore the upgrade gauges"),
+    }
     let state = web::Data::new(AppState {
         gate: gate.clone(),
         queue: queue.clone(),
@@ -84,6 +106,11 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         token,
         max_body_bytes: settings.server.max_body_bytes,
         intake: tokio::sync::Mutex::new(()),
+        cluster,
+        plan_settings: PlanSettings {
+            worker_order: settings.cluster.worker_order.clone(),
+        },
+        on_failure: settings.worker.on_failure,
     });
     let server = HttpServer::new(move || {
         App::new()
@@ -115,6 +142,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         let policy = WorkerPolicy {
             max_attempts: settings.worker.max_attempts,
             halt_after: settings.gate.halt_after,
+            on_failure: settings.worker.on_failure,
         };
         let worker = Worker::new(queue, store, metrics, executors, policy, notifier);
         Some(tokio::spawn(worker.run(stop_rx)))
@@ -151,6 +179,89 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     }
     info!("stopped");
     Ok(())
+}
+
+/// The upgrade steps over kube, ssh and etcd, when a cluster is configured; also the
+/// cluster reader the API plans detections with.
+pub async fn build_upgrade_steps(
+    settings: &Settings,
+    metrics: Metrics,
+) -> anyhow::Result<Option<(Arc<UpgradeSteps>, Arc<dyn ClusterRead>)>> {
+    let c = &settings.cluster;
+    let source = match (&c.kubeconfig, c.in_cluster) {
+        (Some(path), _) => Source::Kubeconfig {
+            path: path.clone(),
+            context: c.context.clone(),
+        },
+        (None, true) => Source::InCluster,
+        (None, false) => return Ok(None),
+    };
+    let kube = Arc::new(
+        Kube::new(KubeSettings {
+            source,
+            namespace: c.namespace.clone(),
+            annotation_prefix: c.annotation_prefix.clone(),
+            request_timeout: c.request_timeout,
+        })
+        .await?,
+    );
+    let (Some(key_file), Some(known_hosts_file)) = (
+        settings.ssh.key_file.clone(),
+        settings.ssh.known_hosts_file.clone(),
+    ) else {
+        bail!("a configured cluster needs ssh.key_file and ssh.known_hosts_file");
+    };
+    let ssh = Ssh::new(SshSettings {
+        user: settings.ssh.user.clone(),
+        port: settings.ssh.port,
+        key_file,
+        known_hosts_file,
+        connect_timeout: settings.ssh.connect_timeout,
+        command_timeout: settings.ssh.command_timeout,
+        hosts: settings.ssh.hosts.clone(),
+        control_dir: settings.data_dir.join("ssh"),
+    })?;
+    let snapshots: Option<Arc<dyn Snapshots>> = if settings.etcd.endpoints.is_empty() {
+        warn!("etcd.endpoints is not set: upgrade runs fail at their snapshot stage");
+        None
+    } else {
+        let e = &settings.etcd;
+        let tls = e.ca_file.clone().map(|ca_file| EtcdTls {
+            ca_file,
+            cert_file: e.cert_file.clone(),
+            key_file: e.key_file.clone(),
+            domain: None,
+        });
+        let etcd = Etcd::new(EtcdSettings {
+            endpoints: e.endpoints.clone(),
+            timeout: e.timeout,
+            tls,
+        })?;
+        Some(Arc::new(EtcdSnapshots::new(Arc::new(etcd))))
+    };
+    let steps = UpgradeSteps {
+        cluster: kube.clone(),
+        nodes: kube.clone(),
+        marks: kube.clone(),
+        exec: Arc::new(ssh),
+        snapshots,
+        settings: UpgradeSettings {
+            plan: PlanSettings {
+                worker_order: c.worker_order.clone(),
+            },
+            drain: DrainOptions {
+                timeout: c.drain_timeout,
+                retry_every: c.eviction_retry,
+                grace_period: c.grace_period,
+            },
+            soak: c.soak,
+            verify_timeout: c.verify_timeout,
+            pod_ready_ratio: c.pod_ready_ratio,
+            snapshot_dir: settings.etcd.snapshot_dir.clone(),
+        },
+        metrics,
+    };
+    Ok(Some((Arc::new(steps), kube)))
 }
 
 /// Evaluates the gate every poll interval, so that `GET /v1/gates` and the

@@ -3,6 +3,8 @@
 //! `rollgate check-config` can report every bad value at once.
 
 use config::{Config, Environment, File, FileFormat, Value, ValueKind};
+
+use crate::domain::run::FailurePolicy;
 use std::collections::BTreeSet;
 use std::fmt;
 use std::net::SocketAddr;
@@ -77,6 +79,9 @@ pub struct WorkerSettings {
     pub paused: bool,
     /// `worker.max_attempts`: starts of one step before it gives up (default 5).
     pub max_attempts: u32,
+    /// `worker.on_failure`: `halt` (default; resume after a fix) or `fail`, when a step
+    /// gives up.
+    pub on_failure: FailurePolicy,
 }
 
 /// Gate settings: when may a risky step go ahead.
@@ -137,6 +142,81 @@ pub struct LogSettings {
     pub level: String,
 }
 
+/// The Kubernetes cluster rollgate upgrades (section `cluster`). Without `kubeconfig` or
+/// `in_cluster`, no cluster is configured and upgrade runs wait at their first step.
+#[derive(Debug, Clone)]
+pub struct ClusterSettings {
+    /// Kubeconfig file to use.
+    pub kubeconfig: Option<PathBuf>,
+    /// Context in the kubeconfig; its current context when unset.
+    pub context: Option<String>,
+    /// Use the pod's service account.
+    pub in_cluster: bool,
+    /// Namespace that carries the in-flight annotations.
+    pub namespace: String,
+    /// Prefix of rollgate's annotations.
+    pub annotation_prefix: String,
+    /// Workers in upgrade order; those not named follow by name.
+    pub worker_order: Vec<String>,
+    /// How long a drain may take before the step fails (the node stays cordoned).
+    pub drain_timeout: Duration,
+    /// Pause between evictions refused by a PodDisruptionBudget.
+    pub eviction_retry: Duration,
+    /// Grace period for evicted pods, in seconds; each pod's own when unset.
+    pub grace_period: Option<u32>,
+    /// How long each upgraded worker soaks before the next.
+    pub soak: Duration,
+    /// How long a node may take to report the target and Ready after its script.
+    pub verify_timeout: Duration,
+    /// Lowest ratio of Ready pods that post-flight accepts.
+    pub pod_ready_ratio: f64,
+    /// Bound on every API request.
+    pub request_timeout: Duration,
+}
+
+impl ClusterSettings {
+    /// Whether a cluster is configured.
+    pub fn is_configured(&self) -> bool {
+        self.kubeconfig.is_some() || self.in_cluster
+    }
+}
+
+/// SSH to nodes (section `ssh`).
+#[derive(Debug, Clone)]
+pub struct SshConfig {
+    /// Login user.
+    pub user: String,
+    /// Default port.
+    pub port: u16,
+    /// Private key file (a secret: a path, never the key).
+    pub key_file: Option<PathBuf>,
+    /// known_hosts file; host keys are checked strictly against it.
+    pub known_hosts_file: Option<PathBuf>,
+    /// Bound on connecting.
+    pub connect_timeout: Duration,
+    /// Bound on one node-script run, enforced on the node.
+    pub command_timeout: Duration,
+    /// `node=host[:port]` entries for nodes not reached at their InternalIP.
+    pub hosts: std::collections::HashMap<String, (String, Option<u16>)>,
+}
+
+/// The etcd cluster of the control plane (section `etcd`), for the pre-upgrade snapshot.
+#[derive(Debug, Clone)]
+pub struct EtcdConfig {
+    /// Client URLs of the members.
+    pub endpoints: Vec<String>,
+    /// PEM CA bundle, for TLS.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate.
+    pub cert_file: Option<PathBuf>,
+    /// PEM client key (a secret: a path).
+    pub key_file: Option<PathBuf>,
+    /// Bound on connecting and on every request.
+    pub timeout: Duration,
+    /// Where snapshots are written.
+    pub snapshot_dir: PathBuf,
+}
+
 /// Every setting, validated.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -155,6 +235,12 @@ pub struct Settings {
     pub notify: NotifySettings,
     /// Logging.
     pub log: LogSettings,
+    /// The Kubernetes cluster.
+    pub cluster: ClusterSettings,
+    /// SSH to nodes.
+    pub ssh: SshConfig,
+    /// The control plane's etcd.
+    pub etcd: EtcdConfig,
 }
 
 /// One bad setting.
@@ -215,6 +301,33 @@ const KEYS: &[&str] = &[
     "notify.retries",
     "worker.paused",
     "worker.max_attempts",
+    "worker.on_failure",
+    "cluster.kubeconfig",
+    "cluster.context",
+    "cluster.in_cluster",
+    "cluster.namespace",
+    "cluster.annotation_prefix",
+    "cluster.worker_order",
+    "cluster.drain_timeout",
+    "cluster.eviction_retry",
+    "cluster.grace_period",
+    "cluster.soak",
+    "cluster.verify_timeout",
+    "cluster.pod_ready_ratio",
+    "cluster.request_timeout",
+    "ssh.user",
+    "ssh.port",
+    "ssh.key_file",
+    "ssh.known_hosts_file",
+    "ssh.connect_timeout",
+    "ssh.command_timeout",
+    "ssh.hosts",
+    "etcd.endpoints",
+    "etcd.ca_file",
+    "etcd.cert_file",
+    "etcd.key_file",
+    "etcd.timeout",
+    "etcd.snapshot_dir",
     "log.format",
     "log.level",
 ];
@@ -329,6 +442,17 @@ impl Settings {
         let worker = WorkerSettings {
             paused: r.bool("worker.paused", false),
             max_attempts: r.int("worker.max_attempts", 5, 1, 100) as u32,
+            on_failure: match r.string("worker.on_failure", "halt").as_str() {
+                "halt" => FailurePolicy::Halt,
+                "fail" => FailurePolicy::Fail,
+                other => {
+                    r.problem(
+                        "worker.on_failure",
+                        format!("{other:?} is neither \"halt\" nor \"fail\""),
+                    );
+                    FailurePolicy::Halt
+                }
+            },
         };
         let count_pending = r.bool("gate.count_pending", false);
         let default_query = if count_pending {
@@ -435,8 +559,14 @@ impl Settings {
                 level
             },
         };
+        let cluster = cluster_settings(&mut r);
+        let ssh = ssh_settings(&mut r, cluster.is_configured());
+        let etcd = etcd_settings(&mut r, &data_dir);
         if r.problems.is_empty() {
             Ok(Self {
+                cluster,
+                ssh,
+                etcd,
                 data_dir,
                 server,
                 queue,
@@ -448,6 +578,176 @@ impl Settings {
         } else {
             Err(ConfigError(r.problems))
         }
+    }
+}
+
+fn cluster_settings(r: &mut Reader) -> ClusterSettings {
+    let kubeconfig = r.opt_path("cluster.kubeconfig");
+    let in_cluster = r.bool("cluster.in_cluster", false);
+    if kubeconfig.is_some() && in_cluster {
+        r.problem(
+            "cluster.in_cluster",
+            "set either cluster.kubeconfig or cluster.in_cluster, not both",
+        );
+    }
+    let ratio = r.string("cluster.pod_ready_ratio", "0.9");
+    let pod_ready_ratio = match ratio.parse::<f64>() {
+        Ok(x) if (0.0..=1.0).contains(&x) => x,
+        _ => {
+            r.problem(
+                "cluster.pod_ready_ratio",
+                format!("{ratio:?} must be a number from 0 to 1"),
+            );
+            0.9
+        }
+    };
+    let worker_order = r.list("cluster.worker_order", &[]);
+    for name in &worker_order {
+        if !is_dns_label(name) {
+            r.problem(
+                "cluster.worker_order",
+                format!("{name:?} is not a node name"),
+            );
+        }
+    }
+    ClusterSettings {
+        kubeconfig,
+        context: r
+            .raw("cluster.context")
+            .map(|_| r.string("cluster.context", "")),
+        in_cluster,
+        namespace: r.name("cluster.namespace", "k8s-upgrade"),
+        annotation_prefix: r.name("cluster.annotation_prefix", "rollgate.io"),
+        worker_order,
+        drain_timeout: r.duration(
+            "cluster.drain_timeout",
+            "10m",
+            Duration::from_secs(1),
+            Duration::from_secs(24 * 3600),
+        ),
+        eviction_retry: r.duration(
+            "cluster.eviction_retry",
+            "5s",
+            Duration::from_millis(10),
+            Duration::from_secs(300),
+        ),
+        grace_period: r
+            .raw("cluster.grace_period")
+            .map(|_| r.int("cluster.grace_period", 30, 0, 86_400) as u32),
+        soak: r.duration(
+            "cluster.soak",
+            "10m",
+            Duration::ZERO,
+            Duration::from_secs(24 * 3600),
+        ),
+        verify_timeout: r.duration(
+            "cluster.verify_timeout",
+            "5m",
+            Duration::from_secs(1),
+            Duration::from_secs(3600),
+        ),
+        pod_ready_ratio,
+        request_timeout: r.duration(
+            "cluster.request_timeout",
+            "10s",
+            Duration::from_millis(100),
+            Duration::from_secs(300),
+        ),
+    }
+}
+
+/// A Kubernetes node name: lowercase letters, digits, `-` and `.`.
+fn is_dns_label(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+}
+
+fn ssh_settings(r: &mut Reader, cluster_configured: bool) -> SshConfig {
+    let key_file = r.opt_path("ssh.key_file");
+    let known_hosts_file = r.opt_path("ssh.known_hosts_file");
+    if cluster_configured && (key_file.is_none() || known_hosts_file.is_none()) {
+        r.problem(
+            "ssh.key_file",
+            "a configured cluster needs ssh.key_file and ssh.known_hosts_file",
+        );
+    }
+    let mut hosts = std::collections::HashMap::new();
+    for entry in r.list("ssh.hosts", &[]) {
+        let parsed = entry.split_once('=').and_then(|(node, addr)| {
+            let (host, port) = match addr.rsplit_once(':') {
+                Some((h, p)) => (h, Some(p.parse::<u16>().ok()?)),
+                None => (addr, None),
+            };
+            (is_dns_label(node) && !host.is_empty())
+                .then(|| (node.to_owned(), (host.to_owned(), port)))
+        });
+        match parsed {
+            Some((node, addr)) => {
+                hosts.insert(node, addr);
+            }
+            None => r.problem(
+                "ssh.hosts",
+                format!("{entry:?} is not node=host or node=host:port"),
+            ),
+        }
+    }
+    SshConfig {
+        user: r.name("ssh.user", "rollgate"),
+        port: r.int("ssh.port", 22, 1, 65_535) as u16,
+        key_file,
+        known_hosts_file,
+        connect_timeout: r.duration(
+            "ssh.connect_timeout",
+            "10s",
+            Duration::from_millis(100),
+            Duration::from_secs(300),
+        ),
+        command_timeout: r.duration(
+            "ssh.command_timeout",
+            "30m",
+            Duration::from_secs(1),
+            Duration::from_secs(6 * 3600),
+        ),
+        hosts,
+    }
+}
+
+fn etcd_settings(r: &mut Reader, data_dir: &Path) -> EtcdConfig {
+    let endpoints = r.list("etcd.endpoints", &[]);
+    for e in &endpoints {
+        if reqwest::Url::parse(e).is_err() {
+            r.problem(
+                "etcd.endpoints",
+                format!("{e:?} is not a URL like https://10.0.0.5:2379"),
+            );
+        }
+    }
+    let cert_file = r.opt_path("etcd.cert_file");
+    let key_file = r.opt_path("etcd.key_file");
+    if cert_file.is_some() != key_file.is_some() {
+        r.problem(
+            "etcd.cert_file",
+            "a client certificate needs both etcd.cert_file and etcd.key_file",
+        );
+    }
+    let snapshot_dir = r
+        .opt_path("etcd.snapshot_dir")
+        .unwrap_or_else(|| data_dir.join("snapshots"));
+    EtcdConfig {
+        endpoints,
+        ca_file: r.opt_path("etcd.ca_file"),
+        cert_file,
+        key_file,
+        timeout: r.duration(
+            "etcd.timeout",
+            "10s",
+            Duration::from_millis(100),
+            Duration::from_secs(300),
+        ),
+        snapshot_dir,
     }
 }
 

@@ -12,4 +12,5 @@ pub mod metrics;
 pub mod ports;
 pub mod queue;
 pub mod store;
+pub mod upgrade;
 pub mod worker;

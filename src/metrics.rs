@@ -39,6 +39,14 @@ pub struct Metrics {
     pub gate_evaluations: IntCounterVec,
     /// Notifications by sink and outcome (sent, retried, failed).
     pub notifications: IntCounterVec,
+    /// 1 while a Kubernetes upgrade is in flight (the name the Upgrade Gates alerts use).
+    pub upgrade_in_flight: IntGauge,
+    /// 1 once the in-flight upgrade's etcd snapshot is taken.
+    pub upgrade_snapshot_taken: IntGauge,
+    /// The stage number (0–7) of the upgrade step in hand; -1 when none is.
+    pub upgrade_stage: IntGauge,
+    /// Durations of node steps by step and node.
+    pub node_step_duration: HistogramVec,
 }
 
 impl Metrics {
@@ -152,7 +160,43 @@ impl Metrics {
         registry
             .register(Box::new(runs.clone()))
             .expect("unique metric");
+        let gauge = |name: &str, help: &str| {
+            let g = IntGauge::new(name, help).expect("valid metric");
+            registry
+                .register(Box::new(g.clone()))
+                .expect("unique metric");
+            g
+        };
+        let upgrade_in_flight = gauge(
+            "k8s_upgrade_in_flight",
+            "1 while a Kubernetes version upgrade is in flight.",
+        );
+        let upgrade_snapshot_taken = gauge(
+            "k8s_upgrade_snapshot_taken",
+            "1 once the in-flight upgrade's pre-upgrade etcd snapshot is taken.",
+        );
+        let upgrade_stage = gauge(
+            "k8s_upgrade_stage",
+            "Stage number (0-7) of the upgrade step in hand; -1 when none.",
+        );
+        upgrade_stage.set(-1);
+        let node_step_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "rollgate_node_step_duration_seconds",
+                "Durations of node steps, by step and node.",
+            )
+            .buckets(vec![0.1, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0]),
+            &["step", "node"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(node_step_duration.clone()))
+            .expect("unique metric");
         Self {
+            upgrade_in_flight,
+            upgrade_snapshot_taken,
+            upgrade_stage,
+            node_step_duration,
             registry,
             http_requests,
             http_duration,

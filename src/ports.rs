@@ -1,12 +1,15 @@
 //! The narrow traits the worker drives the world through. Adapters (prometheus, notify,
-//! and later kube, ssh, etcd) implement them; the worker and the gate only see these.
+//! kube, ssh, etcd) implement them; the worker, the gate and the steps only see these.
 
 use chrono::{DateTime, Utc};
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::domain::engine::StepOutcome;
 use crate::domain::gate::PromReading;
+use crate::domain::plan::ClusterFacts;
 use crate::domain::run::{Run, RunStatus, Step};
 
 /// Carries out one kind of step. A step must be idempotent: after a crash it is executed
@@ -69,3 +72,207 @@ pub trait Notifier: Send + Sync {
     /// Sends `notice` in the background.
     fn notify(&self, notice: Notice);
 }
+
+/// Reads what the planner and the checks need from the cluster.
+#[async_trait::async_trait]
+pub trait ClusterRead: Send + Sync {
+    /// Every node with its role, versions and readiness.
+    async fn facts(&self) -> Result<ClusterFacts, ClusterError>;
+    /// Pods that should run (not Succeeded or Failed): `(ready, total)`.
+    async fn pod_readiness(&self) -> Result<(usize, usize), ClusterError>;
+}
+
+/// Cordons, drains and uncordons nodes.
+#[async_trait::async_trait]
+pub trait NodeDrain: Send + Sync {
+    /// Cordons `node` on behalf of `owner` (a run id), unless someone else already did.
+    async fn cordon(&self, node: &str, owner: &str) -> Result<Cordon, ClusterError>;
+    /// Evicts every evictable pod from `node` and waits until they are gone.
+    async fn drain(&self, node: &str, options: &DrainOptions) -> Result<DrainReport, DrainError>;
+    /// Uncordons `node` if `owner` cordoned it; leaves anyone else's cordon alone.
+    async fn uncordon(&self, node: &str, owner: &str) -> Result<Cordon, ClusterError>;
+}
+
+/// Keeps the in-flight annotations on the upgrade namespace.
+#[async_trait::async_trait]
+pub trait InFlightMarks: Send + Sync {
+    /// Sets (`Some`) or clears (`None`) the marks.
+    async fn set_in_flight(&self, marks: Option<&InFlight>) -> Result<(), ClusterError>;
+}
+
+/// The in-flight marks of a run.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct InFlight {
+    /// The run.
+    pub run_id: String,
+    /// The target version.
+    pub target: String,
+    /// The pre-upgrade snapshot, once taken.
+    pub snapshot_path: Option<String>,
+}
+
+/// Who holds a node's cordon.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cordon {
+    /// Schedulable.
+    None,
+    /// Cordoned by this owner (now or earlier).
+    Ours,
+    /// Cordoned by someone else; rollgate leaves it so.
+    Theirs,
+}
+
+/// How to drain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DrainOptions {
+    /// Give up after this long.
+    pub timeout: Duration,
+    /// Pause between eviction attempts refused by a PodDisruptionBudget.
+    pub retry_every: Duration,
+    /// Grace period for the evicted pods; `None` = each pod's own.
+    pub grace_period: Option<u32>,
+}
+
+/// What a drain did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DrainReport {
+    /// Pods evicted and gone.
+    pub evicted: usize,
+    /// DaemonSet and mirror pods left in place.
+    pub skipped: usize,
+    /// Evictions refused by a PodDisruptionBudget and tried again.
+    pub refusals: usize,
+}
+
+/// Why a drain did not finish.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DrainError {
+    /// PodDisruptionBudgets still refused evictions at the timeout.
+    #[error("drain of {node} timed out after {secs}s; still blocked: {blocked}")]
+    Blocked {
+        /// The node.
+        node: String,
+        /// The timeout.
+        secs: u64,
+        /// Each pod and what blocks it.
+        blocked: String,
+    },
+    /// Pods evicted but not gone at the timeout.
+    #[error("drain of {node} timed out after {secs}s; pods still terminating: {pods}")]
+    Terminating {
+        /// The node.
+        node: String,
+        /// The timeout.
+        secs: u64,
+        /// The pods.
+        pods: String,
+    },
+    /// The API failed.
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+}
+
+/// A Kubernetes API failure, in words an operator can act on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("kubernetes API: {0}")]
+pub struct ClusterError(pub String);
+
+/// Runs the node script on a node over SSH.
+#[async_trait::async_trait]
+pub trait NodeExec: Send + Sync {
+    /// Runs `bash -s -- args` on `node` with `script` on stdin.
+    async fn run_script(
+        &self,
+        node: &NodeTarget,
+        script: &str,
+        args: &[String],
+    ) -> Result<ExecOutput, ExecError>;
+}
+
+/// Where a node is reached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeTarget {
+    /// The node's name.
+    pub name: String,
+    /// Its InternalIP, used unless the configuration names a host for it.
+    pub address: Option<String>,
+}
+
+/// What a remote command printed and how it ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecOutput {
+    /// Exit status (`None` when killed by a signal).
+    pub status: Option<i32>,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+}
+
+impl ExecOutput {
+    /// The last `lines` lines of stdout and stderr, for the run history.
+    pub fn tail(&self, lines: usize) -> String {
+        let all: Vec<&str> = self.stdout.lines().chain(self.stderr.lines()).collect();
+        all[all.len().saturating_sub(lines)..].join(" | ")
+    }
+}
+
+/// Why a remote command did not run to its end.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExecError {
+    /// The node's host key does not match known_hosts: nothing was run.
+    #[error(
+        "ssh to {node}: host key verification failed (the key differs from known_hosts, or is missing); nothing was run"
+    )]
+    HostKey {
+        /// The node.
+        node: String,
+    },
+    /// No connection.
+    #[error("ssh to {node}: cannot connect: {error}")]
+    Connect {
+        /// The node.
+        node: String,
+        /// Why.
+        error: String,
+    },
+    /// The command ran past its timeout and was ended.
+    #[error("ssh to {node}: command ended after its {secs}s timeout")]
+    Timeout {
+        /// The node.
+        node: String,
+        /// The timeout.
+        secs: u64,
+    },
+    /// Anything else.
+    #[error("ssh to {node}: {error}")]
+    Other {
+        /// The node.
+        node: String,
+        /// Why.
+        error: String,
+    },
+}
+
+/// Takes etcd snapshots.
+#[async_trait::async_trait]
+pub trait Snapshots: Send + Sync {
+    /// Streams a snapshot to `path` (through a temp file), verifies it, and says what it wrote.
+    async fn save(&self, path: &Path) -> Result<SnapshotInfo, SnapshotError>;
+}
+
+/// A snapshot written and verified.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    /// Where.
+    pub path: String,
+    /// Its size.
+    pub bytes: u64,
+    /// sha256 of the whole file, hex.
+    pub sha256: String,
+}
+
+/// Why no snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("etcd snapshot: {0}")]
+pub struct SnapshotError(pub String);

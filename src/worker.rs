@@ -11,7 +11,7 @@ use tracing::{Instrument, info, info_span, warn};
 
 use crate::domain::engine::{self, Context, Input, Next};
 use crate::domain::event::{CloudEvent, ControlRequest, EventData, EventType, WakeRequest};
-use crate::domain::run::{Run, RunKind, RunStatus, Step};
+use crate::domain::run::{FailurePolicy, Run, RunKind, RunStatus, Step};
 use crate::metrics::Metrics;
 use crate::ports::{Executors, Notice, Notifier};
 use crate::queue::{Delivery, Outgoing, Queue, QueueError};
@@ -47,6 +47,8 @@ pub struct WorkerPolicy {
     pub max_attempts: u32,
     /// How long a closed gate may hold a step before the run halts.
     pub halt_after: Duration,
+    /// What a run does when a step gives up.
+    pub on_failure: FailurePolicy,
 }
 
 /// First pause after a transient failure; doubles per failure in a row.
@@ -313,11 +315,12 @@ impl Worker {
                 } else {
                     let mut run = match existing {
                         Some(run) => run,
-                        None => new_upgrade_run(run_id, &request, Utc::now()),
+                        None => accepted_run(
+                            run_id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string()),
+                            &request,
+                            self.policy.on_failure,
+                        ),
                     };
-                    if run.steps.is_empty() {
-                        run.steps = plan_stages(&request);
-                    }
                     step = self.apply(&mut run, Input::Start, &mut commit, &mut notices);
                     // Its whole history is news, creation included (the intake tells nothing).
                     notices = notices_since(&run, 0);
@@ -486,42 +489,6 @@ fn notices_since(run: &Run, from: usize) -> Vec<Notice> {
         .collect()
 }
 
-fn new_upgrade_run(
-    run_id: Option<String>,
-    request: &crate::domain::event::DetectionRequest,
-    now: chrono::DateTime<Utc>,
-) -> Run {
-    Run::new(
-        run_id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string()),
-        RunKind::K8sUpgrade,
-        request.to_json(),
-        Some(request.target_version.to_string()),
-        Vec::new(),
-        now,
-        "accepted",
-    )
-}
-
-/// The plan until cluster-aware planning lands: pre-flight's checks, then one step per
-/// other selected stage.
-fn plan_stages(request: &crate::domain::event::DetectionRequest) -> Vec<Step> {
-    use crate::domain::event::Stage;
-    let mut steps = Vec::new();
-    for stage in request.stages.stages() {
-        if stage == Stage::Preflight {
-            for check in PREFLIGHT_CHECKS {
-                steps.push(Step::new(stage.name(), check, None));
-            }
-        } else {
-            steps.push(Step::new(stage.name(), stage.name(), None));
-        }
-    }
-    steps
-}
-
-/// Pre-flight's steps: the gate, the quiet period, every node Ready, the target plannable.
-pub const PREFLIGHT_CHECKS: [&str; 4] = ["gate", "quiet-period", "nodes-ready", "plannable"];
-
 fn wake_message(run: &Run, at: Option<chrono::DateTime<Utc>>) -> Outgoing {
     let data = EventData::Wake(WakeRequest {
         run_id: run.id.clone(),
@@ -536,9 +503,21 @@ fn wake_message(run: &Run, at: Option<chrono::DateTime<Utc>>) -> Outgoing {
     }
 }
 
-/// The initial record of a run accepted over HTTP, written once its event is queued.
-pub fn accepted_run(run_id: String, request: &crate::domain::event::DetectionRequest) -> Run {
-    let mut run = new_upgrade_run(Some(run_id), request, Utc::now());
-    run.steps = plan_stages(request);
+/// A new upgrade run: the gate, the quiet period and `plan`, which appends the rest.
+pub fn accepted_run(
+    run_id: String,
+    request: &crate::domain::event::DetectionRequest,
+    on_failure: FailurePolicy,
+) -> Run {
+    let mut run = Run::new(
+        run_id,
+        RunKind::K8sUpgrade,
+        request.to_json(),
+        Some(request.target_version.to_string()),
+        crate::domain::plan::initial_steps(),
+        Utc::now(),
+        "accepted",
+    );
+    run.on_failure = on_failure;
     run
 }

@@ -29,6 +29,7 @@ fn spawn_worker(
     tokio::task::JoinHandle<()>,
 ) {
     let policy = WorkerPolicy {
+        on_failure: rollgate::domain::run::FailurePolicy::Halt,
         max_attempts: 3,
         halt_after: Duration::from_secs(60),
     };

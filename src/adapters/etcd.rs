@@ -140,6 +140,25 @@ impl Etcd {
         })
     }
 
+    /// A fresh client for `endpoint` with the connect timeout only, for long streams.
+    pub async fn streaming_client(&self, endpoint: &str) -> Result<Client, EtcdError> {
+        let mut options = self
+            .options
+            .clone()
+            .with_timeout(Duration::from_secs(24 * 3600));
+        options = options.with_keep_alive(Duration::from_secs(10), self.settings.timeout);
+        let connect = Client::connect([endpoint], Some(options));
+        tokio::time::timeout(self.settings.timeout, connect)
+            .await
+            .map_err(|_| member_error(endpoint, "no connection in time"))?
+            .map_err(|e| member_error(endpoint, e))
+    }
+
+    /// The bound on connecting and on every request.
+    pub fn timeout(&self) -> Duration {
+        self.settings.timeout
+    }
+
     /// The configured endpoints.
     pub fn endpoints(&self) -> &[String] {
         &self.settings.endpoints

@@ -1,5 +1,8 @@
 //! Adapters: the ports implemented against real systems.
 
 pub mod etcd;
+pub mod kube;
 pub mod notify;
 pub mod prometheus;
+pub mod snapshot;
+pub mod ssh;

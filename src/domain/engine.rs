@@ -29,6 +29,13 @@ pub enum StepOutcome {
         /// What happened.
         note: String,
     },
+    /// Done, and the steps after it are now known: they replace whatever followed.
+    Planned {
+        /// What happened.
+        note: String,
+        /// The steps that follow.
+        steps: Vec<Step>,
+    },
     /// Not done and not failed: come back to this step at `until` (gate closed, soak).
     Wait {
         /// When to run the step again.
@@ -278,6 +285,27 @@ fn wake(run: &mut Run, epoch: u64, ctx: &Context) -> Next {
     }
 }
 
+fn step_done(run: &mut Run, index: usize, note: String, ctx: &Context) -> Next {
+    let step = &mut run.steps[index];
+    let label = step.label();
+    step.status = StepStatus::Done;
+    step.ended_at = Some(ctx.now);
+    step.outcome = Some(note);
+    run.blockers.clear();
+    if let Some(since) = run.blocked_since.take() {
+        let held = (ctx.now - since).num_seconds();
+        run.note(
+            format!("gate open again after {held}s: step {label} done"),
+            ctx.now,
+        );
+    }
+    if run.halt_requested {
+        hold(run, format!("halted by operator after step {label}"), ctx);
+        return Next::Nothing;
+    }
+    start(run, ctx)
+}
+
 fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context) -> Next {
     if epoch != run.epoch || run.status != RunStatus::Running {
         return Next::Nothing;
@@ -289,23 +317,11 @@ fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context)
     let step = &mut run.steps[index];
     let label = step.label();
     match outcome {
-        StepOutcome::Done { note } => {
-            step.status = StepStatus::Done;
-            step.ended_at = Some(ctx.now);
-            step.outcome = Some(note);
-            run.blockers.clear();
-            if let Some(since) = run.blocked_since.take() {
-                let held = (ctx.now - since).num_seconds();
-                run.note(
-                    format!("gate open again after {held}s: step {label} done"),
-                    ctx.now,
-                );
-            }
-            if run.halt_requested {
-                hold(run, format!("halted by operator after step {label}"), ctx);
-                return Next::Nothing;
-            }
-            start(run, ctx)
+        StepOutcome::Done { note } => step_done(run, index, note, ctx),
+        StepOutcome::Planned { note, steps } => {
+            run.steps.truncate(index + 1);
+            run.steps.extend(steps);
+            step_done(run, index, note, ctx)
         }
         StepOutcome::Wait { until, reason } => {
             step.status = StepStatus::Waiting;
@@ -775,6 +791,33 @@ mod tests {
             ],
         );
         assert_eq!(run.steps[1].status, StepStatus::Pending);
+    }
+
+    #[test]
+    fn a_planned_outcome_replaces_the_steps_that_follow() {
+        let mut run = run_with(&["plan", "placeholder"]);
+        let Next::RunStep { epoch, .. } = advance(&mut run, Input::Start, &ctx(0)).unwrap() else {
+            panic!("plan not started");
+        };
+        let planned = StepOutcome::Planned {
+            note: "planned".into(),
+            steps: vec![Step::new("a", "one", None), Step::new("b", "two", None)],
+        };
+        let next = advance(
+            &mut run,
+            Input::StepFinished {
+                epoch,
+                outcome: planned,
+            },
+            &ctx(1),
+        );
+        assert!(
+            matches!(next, Ok(Next::RunStep { index: 1, .. })),
+            "{next:?}"
+        );
+        let names: Vec<&str> = run.steps.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["plan", "one", "two"]);
+        assert_eq!(run.steps[0].status, StepStatus::Done);
     }
 
     #[test]

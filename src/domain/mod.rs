@@ -5,5 +5,6 @@ pub mod engine;
 pub mod etcd_roll;
 pub mod event;
 pub mod gate;
+pub mod plan;
 pub mod run;
 pub mod version;

@@ -32,6 +32,13 @@ pub struct AppState {
     pub max_body_bytes: usize,
     /// Serialises detection intake so that two requests for one target make one run.
     pub intake: tokio::sync::Mutex<()>,
+    /// The cluster, when configured: detections are planned against it before they are
+    /// accepted.
+    pub cluster: Option<Arc<dyn crate::ports::ClusterRead>>,
+    /// Planning choices.
+    pub plan_settings: crate::domain::plan::PlanSettings,
+    /// What new runs do when a step gives up.
+    pub on_failure: crate::domain::run::FailurePolicy,
 }
 
 /// Registers every route on an actix `App`.

@@ -225,6 +225,7 @@ pub async fn post_detections(
             status: run.status,
         }));
     }
+    check_plan(&state, &request).await?;
     let run_id = uuid::Uuid::now_v7().to_string();
     enqueue(
         &state,
@@ -237,7 +238,7 @@ pub async fn post_detections(
     // The event is durable; the worker creates the run if this write is lost.
     if let Err(e) = state
         .store
-        .insert_run_if_absent(&accepted_run(run_id.clone(), &request))
+        .insert_run_if_absent(&accepted_run(run_id.clone(), &request, state.on_failure))
         .await
     {
         tracing::warn!(error = %e, %run_id, "run record not written at intake; the worker will write it");
@@ -246,6 +247,24 @@ pub async fn post_detections(
         run_id,
         status: RunStatus::Queued,
     }))
+}
+
+/// With a cluster configured, plans the request against the cluster as it is now: a
+/// request the version or stage rules refuse is a 422 and nothing is queued. A cluster
+/// that cannot be read is a 503: the request cannot be checked, so it is not taken.
+async fn check_plan(state: &AppState, request: &DetectionRequest) -> Result<(), ApiError> {
+    let Some(cluster) = &state.cluster else {
+        return Ok(());
+    };
+    let facts = cluster.facts().await.map_err(|e| {
+        tracing::warn!(error = %e, "cannot read the cluster to check a detection");
+        ApiError::unavailable(format!(
+            "cannot read the cluster to check the request; retry later ({e})"
+        ))
+    })?;
+    crate::domain::plan::plan(request, &facts, &state.plan_settings)
+        .map(drop)
+        .map_err(|e| ApiError::invalid(e.to_string()))
 }
 
 /// Filters for `GET /v1/runs`.

@@ -3,6 +3,9 @@
 #![allow(dead_code)]
 
 pub mod etcd;
+pub mod ground;
+pub mod kube;
+pub mod nodes;
 pub mod rabbit;
 pub mod services;
 

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# node-upgrade.sh: upgrades kubeadm, kubelet and kubectl on one kubeadm node.
+# rollgate pipes it over SSH:  bash -s -- ACTION
+#
+#   --role control-plane|worker --release X.Y.Z   upgrade this node (kubeadm upgrade apply|node)
+#   --containerd X.Y.Z                            upgrade containerd to X.Y.Z
+#   --apt-minor 1.NN                              point the Kubernetes apt repository at v1.NN
+#   --plan --release X.Y.Z                        kubeadm upgrade plan; report the package for X.Y.Z
+#   --check                                       prove the node answers and has the tools
+#
+# Safe to re-run: each part checks what is installed before it changes anything.
+# Environment (for unusual layouts): K8S_APT_SOURCE (default
+# /etc/apt/sources.list.d/kubernetes.list), CONTAINERD_PACKAGE (default containerd.io).
+set -euo pipefail
+
+role="" release="" containerd="" apt_minor="" action=""
+K8S_APT_SOURCE=${K8S_APT_SOURCE:-/etc/apt/sources.list.d/kubernetes.list}
+CONTAINERD_PACKAGE=${CONTAINERD_PACKAGE:-containerd.io}
+
+die() { echo "node-upgrade: $*" >&2; exit 2; }
+log() { echo "node-upgrade: $*"; }
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --role) role=${2:-}; shift 2 || die "--role needs a value" ;;
+    --release) release=${2:-}; shift 2 || die "--release needs a value" ;;
+    --containerd) containerd=${2:-}; action=containerd; shift 2 || die "--containerd needs a value" ;;
+    --apt-minor) apt_minor=${2:-}; action=apt-minor; shift 2 || die "--apt-minor needs a value" ;;
+    --plan) action=plan; shift ;;
+    --check) action=check; shift ;;
+    *) die "unknown argument: $1" ;;
+  esac
+done
+
+is_version() { [[ $1 =~ ^(0|[1-9][0-9]{0,5})\.(0|[1-9][0-9]{0,5})\.(0|[1-9][0-9]{0,5})$ ]]; }
+is_minor() { [[ $1 =~ ^(0|[1-9][0-9]{0,5})\.(0|[1-9][0-9]{0,5})$ ]]; }
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo -n"; fi
+export DEBIAN_FRONTEND=noninteractive
+
+# The package version string (e.g. 1.34.5-1.1) the repository has for release $2 of $1.
+candidate() {
+  apt-cache madison "$1" | awk -v want="$2" '{ v = $3; if (index(v, want "-") == 1) { print v; exit } }'
+}
+
+installed() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || true; }
+
+install_pinned() {
+  local pkg=$1 version=$2
+  if [ "$(installed "$pkg")" = "$version" ]; then
+    log "$pkg $version already installed"
+    return
+  fi
+  $SUDO apt-mark unhold "$pkg" >/dev/null
+  $SUDO apt-get install -y --allow-change-held-packages "$pkg=$version"
+  $SUDO apt-mark hold "$pkg" >/dev/null
+}
+
+upgrade_node() {
+  [ "$role" = control-plane ] || [ "$role" = worker ] || die "--role must be control-plane or worker"
+  is_version "$release" || die "--release must be MAJOR.MINOR.PATCH, got '$release'"
+  $SUDO apt-get update -q
+  local pkg
+  pkg=$(candidate kubeadm "$release")
+  [ -n "$pkg" ] || die "kubeadm $release is not in the apt repository (apt-cache madison kubeadm)"
+  install_pinned kubeadm "$pkg"
+  if [ "$role" = control-plane ]; then
+    $SUDO kubeadm upgrade apply -y "v$release"
+  else
+    $SUDO kubeadm upgrade node
+  fi
+  install_pinned kubelet "$pkg"
+  install_pinned kubectl "$pkg"
+  $SUDO systemctl daemon-reload
+  $SUDO systemctl restart kubelet
+  log "node at $release ($role)"
+}
+
+upgrade_containerd() {
+  is_version "$containerd" || die "--containerd must be MAJOR.MINOR.PATCH, got '$containerd'"
+  $SUDO apt-get update -q
+  local pkg
+  pkg=$(candidate "$CONTAINERD_PACKAGE" "$containerd")
+  [ -n "$pkg" ] || die "$CONTAINERD_PACKAGE $containerd is not in the apt repository"
+  install_pinned "$CONTAINERD_PACKAGE" "$pkg"
+  $SUDO systemctl restart containerd
+  log "containerd at $containerd"
+}
+
+rewrite_repo() {
+  is_minor "$apt_minor" || die "--apt-minor must be MAJOR.MINOR, got '$apt_minor'"
+  [ -f "$K8S_APT_SOURCE" ] || die "$K8S_APT_SOURCE does not exist"
+  if grep -q "/v$apt_minor/deb" "$K8S_APT_SOURCE"; then
+    log "apt repository already at v$apt_minor"
+  else
+    grep -qE '/v[0-9]+\.[0-9]+/deb' "$K8S_APT_SOURCE" || die "$K8S_APT_SOURCE has no /vX.Y/deb repository line"
+    $SUDO sed -i -E "s#/v[0-9]+\.[0-9]+/deb#/v$apt_minor/deb#g" "$K8S_APT_SOURCE"
+    log "apt repository now at v$apt_minor"
+  fi
+  $SUDO apt-get update -q
+}
+
+plan() {
+  is_version "$release" || die "--release must be MAJOR.MINOR.PATCH, got '$release'"
+  $SUDO kubeadm upgrade plan
+  local pkg
+  pkg=$(candidate kubeadm "$release")
+  echo "rollgate: kubeadm-candidate $pkg"
+}
+
+check() {
+  local tool
+  for tool in apt-get apt-cache apt-mark dpkg-query kubeadm systemctl timeout; do
+    command -v "$tool" >/dev/null || die "$tool is missing on this node"
+  done
+  log "ok: kubeadm $(installed kubeadm), kubelet $(installed kubelet)"
+}
+
+case "$action" in
+  "") upgrade_node ;;
+  containerd) upgrade_containerd ;;
+  apt-minor) rewrite_repo ;;
+  plan) plan ;;
+  check) check ;;
+esac

@@ -1,0 +1,537 @@
+//! The Kubernetes API through kube-rs: node facts, cordon with an owner mark, drain through
+//! the Eviction API, pod readiness, and the in-flight annotations.
+//!
+//! Every verb used here is listed in [`API_USE`], which the RBAC manifests are checked
+//! against.
+
+use futures_util::future::join_all;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use crate::domain::plan::{ClusterFacts, NodeFacts, Role};
+use crate::domain::version::Version;
+use crate::ports::{
+    ClusterError, ClusterRead, Cordon, DrainError, DrainOptions, DrainReport, InFlight,
+    InFlightMarks, NodeDrain,
+};
+
+/// Every (API group, resource, verb) this adapter uses.
+pub const API_USE: &[(&str, &str, &str)] = &[
+    ("", "nodes", "list"),
+    ("", "nodes", "get"),
+    ("", "nodes", "patch"),
+    ("", "pods", "list"),
+    ("", "pods", "get"),
+    ("", "pods/eviction", "create"),
+    ("", "namespaces", "patch"),
+];
+
+/// The label that marks control-plane nodes.
+const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
+/// How often a drain looks whether evicted pods are gone.
+const GONE_POLL: Duration = Duration::from_millis(250);
+/// How many times a patch is retried after a resourceVersion conflict.
+const CONFLICT_RETRIES: usize = 5;
+
+/// Where the client comes from.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// A kubeconfig file, with an optional context.
+    Kubeconfig {
+        /// The file.
+        path: PathBuf,
+        /// The context; the file's current one when `None`.
+        context: Option<String>,
+    },
+    /// The pod's service account.
+    InCluster,
+}
+
+/// How rollgate uses the cluster.
+#[derive(Debug, Clone)]
+pub struct KubeSettings {
+    /// Where the client comes from.
+    pub source: Source,
+    /// The namespace that carries the in-flight annotations.
+    pub namespace: String,
+    /// Prefix of rollgate's annotations, e.g. `rollgate.io`.
+    pub annotation_prefix: String,
+    /// Bound on every API request.
+    pub request_timeout: Duration,
+}
+
+/// The cluster.
+#[derive(Clone)]
+pub struct Kube {
+    client: Client,
+    settings: KubeSettings,
+}
+
+fn api_error(what: &str, e: kube::Error) -> ClusterError {
+    match e {
+        kube::Error::Api(status) => ClusterError(format!(
+            "{what}: {} {} ({})",
+            status.code, status.reason, status.message
+        )),
+        other => ClusterError(format!("{what}: {other}")),
+    }
+}
+
+fn status_code(e: &kube::Error) -> Option<u16> {
+    match e {
+        kube::Error::Api(status) => Some(status.code),
+        _ => None,
+    }
+}
+
+/// `v1.34.5` (or `1.34.5+k3s1`, `containerd://1.7.24`) as a version.
+fn reported_version(raw: &str) -> Option<Version> {
+    let raw = raw.rsplit("://").next().unwrap_or(raw);
+    let raw = raw.strip_prefix('v').unwrap_or(raw);
+    let core = raw.split(['+', '-']).next().unwrap_or(raw);
+    Version::parse(core).ok()
+}
+
+fn node_facts(node: &Node) -> Result<NodeFacts, ClusterError> {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    let status = node.status.clone().unwrap_or_default();
+    let info = status.node_info.unwrap_or_default();
+    let kubelet = reported_version(&info.kubelet_version).ok_or_else(|| {
+        ClusterError(format!(
+            "node {name} reports kubelet version {:?}, not MAJOR.MINOR.PATCH",
+            info.kubelet_version
+        ))
+    })?;
+    let containerd = info
+        .container_runtime_version
+        .starts_with("containerd://")
+        .then(|| reported_version(&info.container_runtime_version))
+        .flatten();
+    let ready = status
+        .conditions
+        .unwrap_or_default()
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    let address = status
+        .addresses
+        .unwrap_or_default()
+        .into_iter()
+        .find(|a| a.type_ == "InternalIP")
+        .map(|a| a.address);
+    Ok(NodeFacts {
+        role: if labels.contains_key(CONTROL_PLANE_LABEL) {
+            Role::ControlPlane
+        } else {
+            Role::Worker
+        },
+        name,
+        kubelet,
+        containerd,
+        ready,
+        address,
+    })
+}
+
+/// Whether `node` is cordoned, and the owner its `mark` annotation names.
+fn cordon_state(node: &Node, mark: &str) -> (bool, Option<String>) {
+    let cordoned = node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+    let by = node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(mark))
+        .cloned();
+    (cordoned, by)
+}
+
+/// Why a pod stays on the node during a drain, if it does.
+fn stays(pod: &Pod) -> Option<&'static str> {
+    let mirror = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
+    if mirror {
+        return Some("mirror pod");
+    }
+    let daemon = pod
+        .metadata
+        .owner_references
+        .as_ref()
+        .is_some_and(|o| o.iter().any(|r| r.kind == "DaemonSet"));
+    daemon.then_some("DaemonSet pod")
+}
+
+fn pod_key(pod: &Pod) -> (String, String, String) {
+    (
+        pod.metadata.namespace.clone().unwrap_or_default(),
+        pod.metadata.name.clone().unwrap_or_default(),
+        pod.metadata.uid.clone().unwrap_or_default(),
+    )
+}
+
+/// The PodDisruptionBudget named by a 429's causes or message, if any.
+fn blocking_budget(status: &kube::core::Status) -> String {
+    let from_causes = status.details.as_ref().and_then(|d| {
+        d.causes
+            .iter()
+            .find(|c| c.reason == "DisruptionBudget")
+            .map(|c| c.message.clone())
+    });
+    from_causes.unwrap_or_else(|| status.message.clone())
+}
+
+impl Kube {
+    /// Builds the client; nothing is asked of the API server yet.
+    pub async fn new(settings: KubeSettings) -> Result<Self, ClusterError> {
+        let mut config = match &settings.source {
+            Source::Kubeconfig { path, context } => {
+                let file = Kubeconfig::read_from(path).map_err(|e| {
+                    ClusterError(format!("cannot read kubeconfig {}: {e}", path.display()))
+                })?;
+                let options = KubeConfigOptions {
+                    context: context.clone(),
+                    ..KubeConfigOptions::default()
+                };
+                Config::from_custom_kubeconfig(file, &options)
+                    .await
+                    .map_err(|e| ClusterError(format!("kubeconfig {}: {e}", path.display())))?
+            }
+            Source::InCluster => Config::incluster()
+                .map_err(|e| ClusterError(format!("in-cluster configuration: {e}")))?,
+        };
+        config.connect_timeout = Some(settings.request_timeout);
+        config.read_timeout = Some(settings.request_timeout);
+        config.write_timeout = Some(settings.request_timeout);
+        let client = Client::try_from(config)
+            .map_err(|e| ClusterError(format!("cannot build the client: {e}")))?;
+        Ok(Self { client, settings })
+    }
+
+    fn nodes(&self) -> Api<Node> {
+        Api::all(self.client.clone())
+    }
+
+    fn cordon_mark(&self) -> String {
+        format!("{}/cordoned-by", self.settings.annotation_prefix)
+    }
+
+    /// Merge-patches `node` with `patch` at the resourceVersion `decide` saw; re-reads and
+    /// decides again after a 409.
+    async fn patch_node_checked(
+        &self,
+        name: &str,
+        decide: impl Fn(&Node) -> Result<Option<Value>, Cordon>,
+    ) -> Result<Cordon, ClusterError> {
+        let nodes = self.nodes();
+        for _ in 0..CONFLICT_RETRIES {
+            let node = nodes
+                .get(name)
+                .await
+                .map_err(|e| api_error(&format!("get node {name}"), e))?;
+            let mut patch = match decide(&node) {
+                Err(state) => return Ok(state),
+                Ok(None) => return Ok(Cordon::None),
+                Ok(Some(patch)) => patch,
+            };
+            patch["metadata"]["resourceVersion"] = json!(node.metadata.resource_version);
+            match nodes
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => return Ok(Cordon::Ours),
+                Err(e) if status_code(&e) == Some(409) => continue,
+                Err(e) => return Err(api_error(&format!("patch node {name}"), e)),
+            }
+        }
+        Err(ClusterError(format!(
+            "patch node {name}: still conflicting after {CONFLICT_RETRIES} tries"
+        )))
+    }
+
+    async fn pods_on(&self, node: &str) -> Result<Vec<Pod>, ClusterError> {
+        let params = ListParams::default().fields(&format!("spec.nodeName={node}"));
+        Api::<Pod>::all(self.client.clone())
+            .list(&params)
+            .await
+            .map(|l| l.items)
+            .map_err(|e| api_error(&format!("list pods on {node}"), e))
+    }
+
+    /// Evicts one pod, retrying while a PodDisruptionBudget refuses, until `deadline`.
+    /// `Err` carries what blocked it.
+    async fn evict(
+        &self,
+        pod: &Pod,
+        options: &DrainOptions,
+        deadline: Instant,
+        refusals: &std::sync::atomic::AtomicUsize,
+    ) -> Result<(), String> {
+        let (ns, name, _) = pod_key(pod);
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+        let params = EvictParams {
+            delete_options: Some(DeleteParams {
+                grace_period_seconds: options.grace_period,
+                ..DeleteParams::default()
+            }),
+            ..EvictParams::default()
+        };
+        loop {
+            match api.evict(&name, &params).await {
+                Ok(_) => return Ok(()),
+                Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
+                Err(kube::Error::Api(status)) if status.code == 429 || status.code == 500 => {
+                    // 429: a PDB refuses now; 500: several PDBs match the pod. Both may
+                    // clear (pods elsewhere become Ready, or someone fixes the budgets).
+                    refusals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let why = blocking_budget(&status);
+                    if Instant::now() + options.retry_every > deadline {
+                        return Err(format!("{ns}/{name}: {why}"));
+                    }
+                    tokio::time::sleep(options.retry_every).await;
+                }
+                Err(e) => {
+                    if Instant::now() + options.retry_every > deadline {
+                        return Err(format!("{ns}/{name}: {e}"));
+                    }
+                    warn!(pod = %name, error = %e, "eviction failed; retrying");
+                    tokio::time::sleep(options.retry_every).await;
+                }
+            }
+        }
+    }
+
+    /// Waits until none of `pods` (by uid) is left, or `deadline`. Returns those left.
+    async fn wait_gone(
+        &self,
+        pods: &[(String, String, String)],
+        deadline: Instant,
+    ) -> Result<Vec<String>, ClusterError> {
+        let mut left: Vec<&(String, String, String)> = pods.iter().collect();
+        loop {
+            let mut still = Vec::new();
+            for key in left {
+                let (ns, name, uid) = key;
+                let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+                let current = api
+                    .get_opt(name)
+                    .await
+                    .map_err(|e| api_error(&format!("get pod {ns}/{name}"), e))?;
+                if current.is_some_and(|p| p.metadata.uid.as_deref() == Some(uid.as_str())) {
+                    still.push(key);
+                }
+            }
+            if still.is_empty() {
+                return Ok(Vec::new());
+            }
+            if Instant::now() >= deadline {
+                return Ok(still.iter().map(|(ns, n, _)| format!("{ns}/{n}")).collect());
+            }
+            left = still;
+            tokio::time::sleep(GONE_POLL).await;
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl ClusterRead for Kube {
+    async fn facts(&self) -> Result<ClusterFacts, ClusterError> {
+        let list = self
+            .nodes()
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| api_error("list nodes", e))?;
+        let nodes = list
+            .items
+            .iter()
+            .map(node_facts)
+            .collect::<Result<_, _>>()?;
+        Ok(ClusterFacts { nodes })
+    }
+
+    async fn pod_readiness(&self) -> Result<(usize, usize), ClusterError> {
+        let pods = Api::<Pod>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| api_error("list pods", e))?;
+        let mut ready = 0;
+        let mut total = 0;
+        for pod in &pods.items {
+            let status = pod.status.clone().unwrap_or_default();
+            if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+                continue;
+            }
+            total += 1;
+            if status
+                .conditions
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+            {
+                ready += 1;
+            }
+        }
+        Ok((ready, total))
+    }
+}
+
+#[async_trait::async_trait]
+impl NodeDrain for Kube {
+    async fn cordon(&self, node: &str, owner: &str) -> Result<Cordon, ClusterError> {
+        let mark = self.cordon_mark();
+        self.patch_node_checked(node, |n| {
+            let (cordoned, by) = cordon_state(n, &mark);
+            match (cordoned, by) {
+                (true, Some(by)) if by == owner => Err(Cordon::Ours),
+                (true, _) => Err(Cordon::Theirs),
+                (false, _) => Ok(Some(json!({
+                    "metadata": {"annotations": {mark.clone(): owner}},
+                    "spec": {"unschedulable": true},
+                }))),
+            }
+        })
+        .await
+    }
+
+    async fn drain(&self, node: &str, options: &DrainOptions) -> Result<DrainReport, DrainError> {
+        let deadline = Instant::now() + options.timeout;
+        let pods = self.pods_on(node).await?;
+        let mut report = DrainReport::default();
+        let mut evict = Vec::new();
+        for pod in &pods {
+            match stays(pod) {
+                Some(_) => report.skipped += 1,
+                None => evict.push(pod),
+            }
+        }
+        let refusals = std::sync::atomic::AtomicUsize::new(0);
+        // In parallel, as kubectl drain does: one pod blocked by its budget does not hold
+        // the others.
+        let results = join_all(
+            evict
+                .iter()
+                .map(|pod| self.evict(pod, options, deadline, &refusals)),
+        )
+        .await;
+        report.refusals = refusals.load(std::sync::atomic::Ordering::Relaxed);
+        let blocked: Vec<String> = results.into_iter().filter_map(Result::err).collect();
+        if !blocked.is_empty() {
+            return Err(DrainError::Blocked {
+                node: node.to_owned(),
+                secs: options.timeout.as_secs(),
+                blocked: blocked.join("; "),
+            });
+        }
+        let keys: Vec<_> = evict.iter().map(|p| pod_key(p)).collect();
+        let left = self.wait_gone(&keys, deadline).await?;
+        if !left.is_empty() {
+            return Err(DrainError::Terminating {
+                node: node.to_owned(),
+                secs: options.timeout.as_secs(),
+                pods: left.join(", "),
+            });
+        }
+        report.evicted = keys.len();
+        info!(
+            node,
+            evicted = report.evicted,
+            skipped = report.skipped,
+            refusals = report.refusals,
+            "drained"
+        );
+        Ok(report)
+    }
+
+    async fn uncordon(&self, node: &str, owner: &str) -> Result<Cordon, ClusterError> {
+        let mark = self.cordon_mark();
+        let result = self
+            .patch_node_checked(node, |n| {
+                let (cordoned, by) = cordon_state(n, &mark);
+                match (cordoned, by) {
+                    (true, Some(by)) if by == owner => Ok(Some(json!({
+                        "metadata": {"annotations": {mark.clone(): null}},
+                        "spec": {"unschedulable": null},
+                    }))),
+                    (true, _) => Err(Cordon::Theirs),
+                    (false, Some(by)) if by == owner => Ok(Some(json!({
+                        "metadata": {"annotations": {mark.clone(): null}},
+                    }))),
+                    (false, _) => Ok(None),
+                }
+            })
+            .await?;
+        // `Ours` here means the patch that lifted our cordon went through.
+        Ok(match result {
+            Cordon::Ours => Cordon::None,
+            other => other,
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl InFlightMarks for Kube {
+    async fn set_in_flight(&self, marks: Option<&InFlight>) -> Result<(), ClusterError> {
+        let prefix = &self.settings.annotation_prefix;
+        let mut annotations = BTreeMap::new();
+        let key = |k: &str| format!("{prefix}/k8s-upgrade-{k}");
+        match marks {
+            Some(m) => {
+                annotations.insert(key("in-flight"), json!("true"));
+                annotations.insert(key("run-id"), json!(m.run_id));
+                annotations.insert(key("target"), json!(m.target));
+                if let Some(path) = &m.snapshot_path {
+                    annotations.insert(key("snapshot-path"), json!(path));
+                }
+            }
+            None => {
+                for k in ["in-flight", "run-id", "target", "snapshot-path"] {
+                    annotations.insert(key(k), Value::Null);
+                }
+            }
+        }
+        let ns = &self.settings.namespace;
+        Api::<Namespace>::all(self.client.clone())
+            .patch(
+                ns,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": annotations}})),
+            )
+            .await
+            .map(drop)
+            .map_err(|e| api_error(&format!("annotate namespace {ns}"), e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reported_versions_parse() {
+        let cases = [
+            ("v1.34.5", Some("1.34.5")),
+            ("1.34.5", Some("1.34.5")),
+            ("v1.34.5+k3s1", Some("1.34.5")),
+            ("containerd://1.7.24", Some("1.7.24")),
+            ("containerd://1.7.24-1", Some("1.7.24")),
+            ("v1.34", None),
+            ("", None),
+        ];
+        for (raw, want) in cases {
+            assert_eq!(
+                reported_version(raw).map(|v| v.to_string()).as_deref(),
+                want,
+                "{raw}"
+            );
+        }
+    }
+}

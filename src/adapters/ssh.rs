@@ -1,0 +1,197 @@
+//! Running the node script over SSH with openssh (native mux): strict host-key checking
+//! against rollgate's own known_hosts file, a key file, a connect timeout, and a
+//! per-command timeout enforced on the node (`timeout` ends the remote command too).
+
+use openssh::{KnownHosts, SessionBuilder, Stdio};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+use tracing::info;
+
+use crate::ports::{ExecError, ExecOutput, NodeExec, NodeTarget};
+
+/// How rollgate reaches nodes.
+#[derive(Debug, Clone)]
+pub struct SshSettings {
+    /// Login user.
+    pub user: String,
+    /// Default port.
+    pub port: u16,
+    /// Private key file.
+    pub key_file: PathBuf,
+    /// known_hosts file; host keys not in it, or different from it, are refused.
+    pub known_hosts_file: PathBuf,
+    /// Bound on connecting.
+    pub connect_timeout: Duration,
+    /// Bound on one command, enforced on the node.
+    pub command_timeout: Duration,
+    /// Host (and port) per node name, when not the node's InternalIP.
+    pub hosts: HashMap<String, (String, Option<u16>)>,
+    /// Where the mux sockets live (keep the path short).
+    pub control_dir: PathBuf,
+}
+
+/// SSH to nodes.
+pub struct Ssh {
+    settings: SshSettings,
+}
+
+/// Extra time, beyond the remote `timeout`, before the local side gives up.
+const LOCAL_GRACE: Duration = Duration::from_secs(15);
+
+impl Ssh {
+    /// Checks that the key and known_hosts files exist; connects lazily.
+    pub fn new(settings: SshSettings) -> Result<Self, ExecError> {
+        for (what, path) in [
+            ("ssh.key_file", &settings.key_file),
+            ("ssh.known_hosts_file", &settings.known_hosts_file),
+        ] {
+            if !path.is_file() {
+                return Err(ExecError::Other {
+                    node: "-".into(),
+                    error: format!("{what} {} is not a readable file", path.display()),
+                });
+            }
+        }
+        std::fs::create_dir_all(&settings.control_dir).map_err(|e| ExecError::Other {
+            node: "-".into(),
+            error: format!(
+                "cannot create ssh control dir {}: {e}",
+                settings.control_dir.display()
+            ),
+        })?;
+        Ok(Self { settings })
+    }
+
+    fn destination(&self, node: &NodeTarget) -> (String, u16) {
+        match self.settings.hosts.get(&node.name) {
+            Some((host, port)) => (host.clone(), port.unwrap_or(self.settings.port)),
+            None => (
+                node.address.clone().unwrap_or_else(|| node.name.clone()),
+                self.settings.port,
+            ),
+        }
+    }
+
+    async fn session(&self, node: &NodeTarget) -> Result<openssh::Session, ExecError> {
+        let (host, port) = self.destination(node);
+        let mut builder = SessionBuilder::default();
+        builder
+            .user(self.settings.user.clone())
+            .port(port)
+            .keyfile(&self.settings.key_file)
+            .known_hosts_check(KnownHosts::Strict)
+            .user_known_hosts_file(&self.settings.known_hosts_file)
+            .config_file("/dev/null")
+            .connect_timeout(self.settings.connect_timeout)
+            .server_alive_interval(Duration::from_secs(15))
+            .control_directory(&self.settings.control_dir);
+        let connect = builder.connect_mux(&host);
+        let bound = self.settings.connect_timeout + Duration::from_secs(5);
+        match tokio::time::timeout(bound, connect).await {
+            Err(_) => Err(ExecError::Connect {
+                node: node.name.clone(),
+                error: format!("no session with {host}:{port} within {bound:?}"),
+            }),
+            Ok(Err(e)) => {
+                let text = error_text(&e);
+                if text.contains("Host key verification failed")
+                    || text.contains("REMOTE HOST IDENTIFICATION HAS CHANGED")
+                    || text.contains("No ED25519 host key is known")
+                {
+                    Err(ExecError::HostKey {
+                        node: node.name.clone(),
+                    })
+                } else {
+                    Err(ExecError::Connect {
+                        node: node.name.clone(),
+                        error: format!("{host}:{port}: {}", text.trim()),
+                    })
+                }
+            }
+            Ok(Ok(session)) => Ok(session),
+        }
+    }
+}
+
+fn error_text(e: &openssh::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+#[async_trait::async_trait]
+impl NodeExec for Ssh {
+    async fn run_script(
+        &self,
+        node: &NodeTarget,
+        script: &str,
+        args: &[String],
+    ) -> Result<ExecOutput, ExecError> {
+        let session = self.session(node).await?;
+        let secs = self.settings.command_timeout.as_secs().max(1);
+        let other = |e: openssh::Error| ExecError::Other {
+            node: node.name.clone(),
+            error: error_text(&e),
+        };
+        let mut command = session.command("timeout");
+        command
+            .arg("--kill-after=10")
+            .arg(secs.to_string())
+            .arg("bash")
+            .arg("-s")
+            .arg("--")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        info!(node = %node.name, ?args, "running the node script");
+        let mut child = command.spawn().await.map_err(other)?;
+        if let Some(mut stdin) = child.stdin().take() {
+            stdin
+                .write_all(script.as_bytes())
+                .await
+                .map_err(|e| ExecError::Other {
+                    node: node.name.clone(),
+                    error: format!("cannot send the script: {e}"),
+                })?;
+            drop(stdin);
+        }
+        let waited = tokio::time::timeout(
+            self.settings.command_timeout + LOCAL_GRACE,
+            child.wait_with_output(),
+        )
+        .await;
+        let _ = session.close().await;
+        let output = match waited {
+            Err(_) => {
+                return Err(ExecError::Timeout {
+                    node: node.name.clone(),
+                    secs,
+                });
+            }
+            Ok(result) => result.map_err(other)?,
+        };
+        let status = output.status.code();
+        let out = ExecOutput {
+            status,
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        };
+        info!(node = %node.name, status = ?status, stdout = %out.stdout, stderr = %out.stderr, "node script output");
+        // `timeout` exits 124 when it ended the command, 137 when it had to kill it.
+        if matches!(status, Some(124 | 137)) {
+            return Err(ExecError::Timeout {
+                node: node.name.clone(),
+                secs,
+            });
+        }
+        Ok(out)
+    }
+}

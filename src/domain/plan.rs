@@ -1,0 +1,777 @@
+//! Planning a Kubernetes version upgrade: from the request and the cluster's facts to the
+//! steps of stages 0–7. Version rules and stage-subset rules live here, so that the API,
+//! the CLI (`rollgate plan`) and the worker give the same answer for the same facts.
+
+use std::collections::BTreeSet;
+
+use super::event::{DetectionRequest, Stage, StageSelection, UpgradeKind};
+use super::run::Step;
+use super::version::Version;
+
+/// What a node is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Runs the control plane (label `node-role.kubernetes.io/control-plane`).
+    ControlPlane,
+    /// Runs workloads.
+    Worker,
+}
+
+/// What the cluster says about one node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeFacts {
+    /// Node name.
+    pub name: String,
+    /// Control plane or worker.
+    pub role: Role,
+    /// The kubelet version it reports.
+    pub kubelet: Version,
+    /// The containerd version it reports, when its runtime is containerd.
+    pub containerd: Option<Version>,
+    /// Its Ready condition is True.
+    pub ready: bool,
+    /// Its InternalIP, if it reports one.
+    pub address: Option<String>,
+}
+
+/// What the cluster says about itself.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ClusterFacts {
+    /// Every node.
+    pub nodes: Vec<NodeFacts>,
+}
+
+impl ClusterFacts {
+    /// The node called `name`.
+    pub fn node(&self, name: &str) -> Option<&NodeFacts> {
+        self.nodes.iter().find(|n| n.name == name)
+    }
+    /// Nodes not Ready, by name.
+    pub fn not_ready(&self) -> Vec<&str> {
+        self.nodes
+            .iter()
+            .filter(|n| !n.ready)
+            .map(|n| n.name.as_str())
+            .collect()
+    }
+    /// Nodes whose kubelet is not at `target`, with what they run.
+    pub fn behind(&self, target: Version) -> Vec<String> {
+        self.nodes
+            .iter()
+            .filter(|n| n.kubelet != target)
+            .map(|n| format!("{} runs {}", n.name, n.kubelet))
+            .collect()
+    }
+}
+
+/// Planning choices from the configuration.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PlanSettings {
+    /// Workers in the order to upgrade them; workers not named follow, by name.
+    pub worker_order: Vec<String>,
+}
+
+/// Why a request cannot be planned against these facts. Each message says what to change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// No node has the control-plane role.
+    #[error(
+        "no control-plane node found (none has the label node-role.kubernetes.io/control-plane)"
+    )]
+    NoControlPlane,
+    /// More than one control-plane node.
+    #[error(
+        "{0} control-plane nodes ({1}): only single control-plane clusters are supported so far"
+    )]
+    SeveralControlPlanes(usize, String),
+    /// The target breaks the version rules.
+    #[error("{0}")]
+    Version(String),
+    /// The stage subset does not make sense.
+    #[error("stages {stages}: {why}")]
+    Stages {
+        /// The subset as asked.
+        stages: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// The configured worker order names a node that is not a worker.
+    #[error("cluster.worker_order names {0}, which is not a worker node of this cluster")]
+    UnknownWorker(String),
+}
+
+/// Step names, shared with the executors.
+pub mod steps {
+    /// Reads the cluster and expands the plan (always first).
+    pub const PLAN: &str = "plan";
+    /// Stage 0: in-flight annotations and gauge.
+    pub const MARK_IN_FLIGHT: &str = "mark-in-flight";
+    /// Every node Ready.
+    pub const NODES_READY: &str = "nodes-ready";
+    /// Every node answers over SSH.
+    pub const SSH_REACHABLE: &str = "ssh-reachable";
+    /// The gate is open.
+    pub const GATE: &str = "gate";
+    /// No blocking alert in the quiet period.
+    pub const QUIET_PERIOD: &str = "quiet-period";
+    /// `kubeadm upgrade plan` on the control plane offers the target.
+    pub const KUBEADM_PLAN: &str = "kubeadm-plan";
+    /// Stage 2.
+    pub const ETCD_SNAPSHOT: &str = "etcd-snapshot";
+    /// Stage 3.
+    pub const CONTAINERD: &str = "containerd";
+    /// Stage 4.
+    pub const APT_REPO: &str = "apt-repo";
+    /// Cordon and evict.
+    pub const DRAIN: &str = "drain";
+    /// The node script over SSH.
+    pub const UPGRADE: &str = "upgrade";
+    /// The node reports the target and Ready.
+    pub const VERIFY: &str = "verify";
+    /// Undo our cordon.
+    pub const UNCORDON: &str = "uncordon";
+    /// Wait before the next worker.
+    pub const SOAK: &str = "soak";
+    /// Stage 7: every node at the target.
+    pub const NODES_AT_TARGET: &str = "nodes-at-target";
+    /// Stage 7: enough pods Ready.
+    pub const POD_READY: &str = "pod-ready";
+    /// Last: clear the in-flight marks.
+    pub const CLEAR_IN_FLIGHT: &str = "clear-in-flight";
+}
+
+/// The stage name of the bookend steps.
+pub const ACCEPT: &str = "accept";
+/// The stage name of the final step.
+pub const FINISH: &str = "finish";
+
+/// A planned upgrade.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// The control plane's version now.
+    pub current: Version,
+    /// The control-plane node.
+    pub control_plane: String,
+    /// Workers in upgrade order (those already at the target left out).
+    pub workers: Vec<String>,
+    /// What the plan leaves out and why, one line each.
+    pub skipped: Vec<String>,
+    /// The steps after `plan` (the gate and quiet period of pre-flight come before it).
+    pub steps: Vec<Step>,
+}
+
+/// A run's steps before its plan is known: the gate and the quiet period first (no
+/// cluster is even read during an incident), then `plan`, which appends the rest.
+pub fn initial_steps() -> Vec<Step> {
+    vec![
+        Step::new(Stage::Preflight.name(), steps::GATE, None),
+        Step::new(Stage::Preflight.name(), steps::QUIET_PERIOD, None),
+        Step::new(steps::PLAN, steps::PLAN, None),
+    ]
+}
+
+fn version_error(msg: String) -> PlanError {
+    PlanError::Version(msg)
+}
+
+/// Checks `target` against the control plane's `current` version and every node.
+pub fn check_target(
+    kind: UpgradeKind,
+    target: Version,
+    current: Version,
+    facts: &ClusterFacts,
+) -> Result<(), PlanError> {
+    if target < current {
+        return Err(version_error(format!(
+            "target {target} is older than the control plane's {current}: downgrades are not supported"
+        )));
+    }
+    if target.major != current.major {
+        return Err(version_error(format!(
+            "target {target} changes the major version of {current}: not supported"
+        )));
+    }
+    if let Some(newer) = facts.nodes.iter().find(|n| n.kubelet > target) {
+        return Err(version_error(format!(
+            "node {} already runs {}, newer than target {target}",
+            newer.name, newer.kubelet
+        )));
+    }
+    if target == current {
+        // Finishing a rollout that stopped part-way is allowed; a no-op is not.
+        return if facts.behind(target).is_empty() {
+            Err(version_error(format!(
+                "every node already runs {target}: nothing to do"
+            )))
+        } else {
+            Ok(())
+        };
+    }
+    match kind {
+        UpgradeKind::Patch if target.minor == current.minor => Ok(()),
+        UpgradeKind::Patch => Err(version_error(format!(
+            "target {target} is not a patch of {current} (a patch upgrade keeps the minor {}.{}); use kind=minor for a minor upgrade",
+            current.major, current.minor
+        ))),
+        UpgradeKind::Minor if target.minor == current.minor + 1 => Ok(()),
+        UpgradeKind::Minor if target.minor == current.minor => Err(version_error(format!(
+            "target {target} is a patch of {current}: use kind=patch"
+        ))),
+        UpgradeKind::Minor => Err(version_error(format!(
+            "target {target} skips minors: from {current} the next minor is {}.{}",
+            current.major,
+            current.minor + 1
+        ))),
+    }
+}
+
+fn stage_error(selection: &StageSelection, why: impl Into<String>) -> PlanError {
+    PlanError::Stages {
+        stages: selection.to_text(),
+        why: why.into(),
+    }
+}
+
+/// Checks that the stage subset makes sense for this request and these facts.
+fn check_stages(
+    request: &DetectionRequest,
+    cp_at_target: bool,
+    workers_behind: bool,
+) -> Result<(), PlanError> {
+    let selection = &request.stages;
+    let has = |s: Stage| selection.0.contains(&s);
+    let all = selection.0.len() == Stage::ALL.len();
+    let changes_nodes = [
+        Stage::Containerd,
+        Stage::AptRepo,
+        Stage::ControlPlane,
+        Stage::Workers,
+    ]
+    .into_iter()
+    .any(has);
+    if changes_nodes && !has(Stage::Preflight) {
+        return Err(stage_error(
+            selection,
+            "stages that change nodes need preflight in the same run",
+        ));
+    }
+    if has(Stage::AptRepo) && request.kind == UpgradeKind::Patch && !all {
+        return Err(stage_error(
+            selection,
+            "apt-repo rewrites the repository to a new minor: it is for kind=minor only",
+        ));
+    }
+    if has(Stage::ControlPlane) && !cp_at_target {
+        if !has(Stage::Snapshot) {
+            return Err(stage_error(
+                selection,
+                "upgrading the control plane needs a fresh etcd snapshot: add snapshot",
+            ));
+        }
+        if request.kind == UpgradeKind::Minor && !has(Stage::AptRepo) {
+            return Err(stage_error(
+                selection,
+                "a minor upgrade of the control plane needs the apt repository of the new minor: add apt-repo",
+            ));
+        }
+    }
+    if has(Stage::Workers) && workers_behind && !cp_at_target && !has(Stage::ControlPlane) {
+        return Err(stage_error(
+            selection,
+            format!(
+                "workers may only move to {} once the control plane runs it: add control-plane",
+                request.target_version
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Workers in upgrade order: the configured order first, then the rest by name.
+fn worker_order(facts: &ClusterFacts, settings: &PlanSettings) -> Result<Vec<String>, PlanError> {
+    let workers: BTreeSet<&str> = facts
+        .nodes
+        .iter()
+        .filter(|n| n.role == Role::Worker)
+        .map(|n| n.name.as_str())
+        .collect();
+    let mut order = Vec::new();
+    for name in &settings.worker_order {
+        if !workers.contains(name.as_str()) {
+            return Err(PlanError::UnknownWorker(name.clone()));
+        }
+        if !order.contains(name) {
+            order.push(name.clone());
+        }
+    }
+    for name in workers {
+        if !order.iter().any(|o| o == name) {
+            order.push(name.to_owned());
+        }
+    }
+    Ok(order)
+}
+
+fn node_steps(stage: Stage, node: &str, names: &[&str]) -> impl Iterator<Item = Step> {
+    names
+        .iter()
+        .map(move |name| Step::new(stage.name(), *name, Some(node.to_owned())))
+}
+
+/// Plans `request` against `facts`: the steps that follow the `plan` step.
+pub fn plan(
+    request: &DetectionRequest,
+    facts: &ClusterFacts,
+    settings: &PlanSettings,
+) -> Result<Plan, PlanError> {
+    use steps::*;
+    let control_planes: Vec<&NodeFacts> = facts
+        .nodes
+        .iter()
+        .filter(|n| n.role == Role::ControlPlane)
+        .collect();
+    let cp = match control_planes.as_slice() {
+        [] => return Err(PlanError::NoControlPlane),
+        [one] => *one,
+        many => {
+            let names: Vec<&str> = many.iter().map(|n| n.name.as_str()).collect();
+            return Err(PlanError::SeveralControlPlanes(
+                many.len(),
+                names.join(", "),
+            ));
+        }
+    };
+    let target = request.target_version;
+    check_target(request.kind, target, cp.kubelet, facts)?;
+    let order = worker_order(facts, settings)?;
+    let mut skipped = Vec::new();
+    let workers: Vec<String> = order
+        .into_iter()
+        .filter(|name| {
+            let at_target = facts.node(name).is_some_and(|n| n.kubelet == target);
+            if at_target {
+                skipped.push(format!("worker {name} already runs {target}"));
+            }
+            !at_target
+        })
+        .collect();
+    let cp_at_target = cp.kubelet == target;
+    check_stages(request, cp_at_target, !workers.is_empty())?;
+
+    let has = |s: Stage| request.stages.0.contains(&s);
+    let mut out = Vec::new();
+    let preflight = |out: &mut Vec<Step>| {
+        for check in [NODES_READY, SSH_REACHABLE] {
+            out.push(Step::new(Stage::Preflight.name(), check, None));
+        }
+        out.push(Step::new(
+            Stage::Preflight.name(),
+            KUBEADM_PLAN,
+            Some(cp.name.clone()),
+        ));
+    };
+    if request.dry_run {
+        preflight(&mut out);
+        skipped.push("dry run: nothing is changed".into());
+        return Ok(Plan {
+            current: cp.kubelet,
+            control_plane: cp.name.clone(),
+            workers,
+            skipped,
+            steps: out,
+        });
+    }
+    out.push(Step::new(ACCEPT, MARK_IN_FLIGHT, None));
+    if has(Stage::Preflight) {
+        preflight(&mut out);
+    }
+    if has(Stage::Snapshot) {
+        out.push(Step::new(Stage::Snapshot.name(), ETCD_SNAPSHOT, None));
+    }
+    if has(Stage::Containerd) {
+        let newest_worker = facts
+            .nodes
+            .iter()
+            .filter(|n| n.role == Role::Worker)
+            .filter_map(|n| n.containerd)
+            .max();
+        match (cp.containerd, newest_worker) {
+            (Some(on_cp), Some(newest)) if on_cp < newest => out.push(Step::new(
+                Stage::Containerd.name(),
+                CONTAINERD,
+                Some(cp.name.clone()),
+            )),
+            (Some(on_cp), _) => skipped.push(format!(
+                "containerd: the control plane's {on_cp} is not behind the workers"
+            )),
+            (None, _) => skipped
+                .push("containerd: the control plane does not report a containerd version".into()),
+        }
+    }
+    if has(Stage::AptRepo) && request.kind == UpgradeKind::Minor {
+        let mut nodes = Vec::new();
+        if !cp_at_target {
+            nodes.push(cp.name.clone());
+        }
+        nodes.extend(workers.iter().cloned());
+        for node in nodes {
+            out.push(Step::new(Stage::AptRepo.name(), APT_REPO, Some(node)));
+        }
+    } else if has(Stage::AptRepo) {
+        skipped.push("apt-repo: a patch upgrade stays on the current repository".into());
+    }
+    if has(Stage::ControlPlane) {
+        if cp_at_target {
+            skipped.push(format!("control plane {} already runs {target}", cp.name));
+        } else {
+            out.extend(node_steps(
+                Stage::ControlPlane,
+                &cp.name,
+                &[GATE, DRAIN, UPGRADE, VERIFY, UNCORDON],
+            ));
+        }
+    }
+    if has(Stage::Workers) {
+        for worker in &workers {
+            out.extend(node_steps(
+                Stage::Workers,
+                worker,
+                &[GATE, DRAIN, UPGRADE, VERIFY, UNCORDON, SOAK],
+            ));
+        }
+    }
+    if has(Stage::Postflight) {
+        for check in [NODES_AT_TARGET, GATE, POD_READY] {
+            out.push(Step::new(Stage::Postflight.name(), check, None));
+        }
+    }
+    out.push(Step::new(FINISH, CLEAR_IN_FLIGHT, None));
+    Ok(Plan {
+        current: cp.kubelet,
+        control_plane: cp.name.clone(),
+        workers,
+        skipped,
+        steps: out,
+    })
+}
+
+/// What `step` will do, in words, for `rollgate plan`.
+pub fn describe(step: &Step, target: Version) -> String {
+    use steps::*;
+    let node = step.node.as_deref().unwrap_or("");
+    match step.name.as_str() {
+        PLAN => "read the nodes and plan the run".into(),
+        MARK_IN_FLIGHT => format!(
+            "annotate the upgrade namespace in-flight (target {target}); set k8s_upgrade_in_flight=1"
+        ),
+        NODES_READY => "check that every node is Ready".into(),
+        SSH_REACHABLE => "check that every node answers over SSH with a known host key".into(),
+        GATE => "wait for the gate to open (no blocking alert firing)".into(),
+        QUIET_PERIOD => "check that no blocking alert fired in the quiet period".into(),
+        KUBEADM_PLAN => {
+            format!("run `kubeadm upgrade plan` on {node} and check it offers {target}")
+        }
+        ETCD_SNAPSHOT => format!(
+            "stream an etcd snapshot to k8s-upgrade-pre-{target}-EPOCH.db, fsync, verify, record its sha256"
+        ),
+        CONTAINERD => format!("upgrade containerd on {node} to the workers' version"),
+        APT_REPO => format!(
+            "point {node}'s Kubernetes apt repository at v{}.{}",
+            target.major, target.minor
+        ),
+        DRAIN => format!(
+            "cordon {node}, evict its pods through the Eviction API (PDBs honoured), wait until they are gone"
+        ),
+        UPGRADE if step.stage == Stage::ControlPlane.name() => format!(
+            "run node-upgrade.sh --role control-plane --release {target} on {node} (kubeadm upgrade apply)"
+        ),
+        UPGRADE => format!(
+            "run node-upgrade.sh --role worker --release {target} on {node} (kubeadm upgrade node)"
+        ),
+        VERIFY => format!("wait until {node} is Ready with kubelet {target}"),
+        UNCORDON => format!("uncordon {node} if rollgate cordoned it"),
+        SOAK => format!("let {node} soak before the next worker"),
+        NODES_AT_TARGET => format!("check that every node runs {target}"),
+        POD_READY => "check the ratio of Ready pods".into(),
+        CLEAR_IN_FLIGHT => "clear the in-flight annotations; set k8s_upgrade_in_flight=0".into(),
+        other => other.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(s: &str) -> Version {
+        Version::parse(s).unwrap()
+    }
+
+    fn node(name: &str, role: Role, kubelet: &str, containerd: &str) -> NodeFacts {
+        NodeFacts {
+            name: name.into(),
+            role,
+            kubelet: v(kubelet),
+            containerd: Some(v(containerd)),
+            ready: true,
+            address: None,
+        }
+    }
+
+    fn cluster(cp: &str, workers: &[&str]) -> ClusterFacts {
+        let mut nodes = vec![node("cp", Role::ControlPlane, cp, "1.7.20")];
+        for (i, w) in workers.iter().enumerate() {
+            nodes.push(node(&format!("w{}", i + 1), Role::Worker, w, "1.7.20"));
+        }
+        ClusterFacts { nodes }
+    }
+
+    fn request(target: &str, kind: UpgradeKind, stages: &str) -> DetectionRequest {
+        DetectionRequest {
+            target_version: v(target),
+            kind,
+            dry_run: false,
+            stages: StageSelection::parse(stages).unwrap(),
+        }
+    }
+
+    fn labels(plan: &Plan) -> Vec<String> {
+        plan.steps.iter().map(Step::label).collect()
+    }
+
+    /// Expected: `Ok(())`, or an error whose message holds this text.
+    type Want = Result<(), &'static str>;
+
+    #[test]
+    fn version_rules() {
+        use UpgradeKind::*;
+        let cases: &[(&str, UpgradeKind, &str, &[&str], Want)] = &[
+            ("1.34.5", Patch, "1.34.2", &["1.34.2"], Ok(())),
+            ("1.35.0", Minor, "1.34.2", &["1.34.2"], Ok(())),
+            ("1.35.4", Minor, "1.34.2", &["1.34.2"], Ok(())),
+            ("1.34.1", Patch, "1.34.2", &["1.34.2"], Err("downgrades")),
+            ("1.33.9", Minor, "1.34.2", &["1.34.2"], Err("downgrades")),
+            (
+                "1.35.0",
+                Patch,
+                "1.34.2",
+                &["1.34.2"],
+                Err("use kind=minor"),
+            ),
+            (
+                "1.34.5",
+                Minor,
+                "1.34.2",
+                &["1.34.2"],
+                Err("use kind=patch"),
+            ),
+            (
+                "1.36.0",
+                Minor,
+                "1.34.2",
+                &["1.34.2"],
+                Err("next minor is 1.35"),
+            ),
+            ("2.0.0", Minor, "1.34.2", &["1.34.2"], Err("major")),
+            ("1.34.2", Patch, "1.34.2", &["1.34.2"], Err("nothing to do")),
+            // The control plane got there, a worker did not: finishing is allowed.
+            ("1.34.5", Patch, "1.34.5", &["1.34.2"], Ok(())),
+            (
+                "1.34.5",
+                Patch,
+                "1.34.2",
+                &["1.34.6"],
+                Err("newer than target"),
+            ),
+        ];
+        for (target, kind, cp, workers, want) in cases {
+            let facts = cluster(cp, workers);
+            let got = check_target(*kind, v(target), v(cp), &facts);
+            match (want, got) {
+                (Ok(()), Ok(())) => {}
+                (Err(needle), Err(e)) => assert!(
+                    e.to_string().contains(needle),
+                    "{target} {kind:?} from {cp}: {e} lacks {needle:?}"
+                ),
+                (want, got) => panic!("{target} {kind:?} from {cp}: want {want:?}, got {got:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_full_patch_plan_goes_stage_by_stage_in_the_configured_order() {
+        let facts = cluster("1.34.2", &["1.34.2", "1.34.2", "1.34.2"]);
+        let settings = PlanSettings {
+            worker_order: vec!["w3".into(), "w1".into()],
+        };
+        let plan = plan(
+            &request("1.34.5", UpgradeKind::Patch, "all"),
+            &facts,
+            &settings,
+        )
+        .unwrap();
+        assert_eq!(plan.workers, ["w3", "w1", "w2"]);
+        let labels = labels(&plan);
+        let expected_head = [
+            "accept/mark-in-flight",
+            "preflight/nodes-ready",
+            "preflight/ssh-reachable",
+            "preflight/kubeadm-plan@cp",
+            "snapshot/etcd-snapshot",
+            "control-plane/gate@cp",
+            "control-plane/drain@cp",
+            "control-plane/upgrade@cp",
+            "control-plane/verify@cp",
+            "control-plane/uncordon@cp",
+            "workers/gate@w3",
+            "workers/drain@w3",
+        ];
+        assert_eq!(&labels[..expected_head.len()], expected_head);
+        assert_eq!(
+            &labels[labels.len() - 4..],
+            [
+                "postflight/nodes-at-target",
+                "postflight/gate",
+                "postflight/pod-ready",
+                "finish/clear-in-flight"
+            ]
+        );
+        assert!(!labels.iter().any(|l| l.starts_with("apt-repo")));
+        assert!(!labels.iter().any(|l| l.starts_with("containerd")));
+        // Every drain is preceded by a gate on the same node.
+        for (i, step) in plan.steps.iter().enumerate() {
+            if step.name == steps::DRAIN {
+                assert_eq!(plan.steps[i - 1].name, steps::GATE);
+                assert_eq!(plan.steps[i - 1].node, step.node);
+            }
+        }
+    }
+
+    #[test]
+    fn a_minor_plan_rewrites_the_repository_on_every_node_first() {
+        let mut facts = cluster("1.34.2", &["1.34.2", "1.34.2"]);
+        facts.nodes[1].containerd = Some(v("1.7.24"));
+        let plan = plan(
+            &request("1.35.0", UpgradeKind::Minor, "all"),
+            &facts,
+            &PlanSettings::default(),
+        )
+        .unwrap();
+        let labels = labels(&plan);
+        let pos = |l: &str| labels.iter().position(|x| x == l).unwrap();
+        assert!(pos("containerd@cp") < pos("apt-repo@cp"));
+        assert!(pos("apt-repo@w2") < pos("control-plane/drain@cp"));
+    }
+
+    #[test]
+    fn nodes_already_at_target_are_left_out() {
+        let facts = cluster("1.34.5", &["1.34.5", "1.34.2"]);
+        let plan = plan(
+            &request("1.34.5", UpgradeKind::Patch, "all"),
+            &facts,
+            &PlanSettings::default(),
+        )
+        .unwrap();
+        let labels = labels(&plan);
+        assert!(!labels.iter().any(|l| l.ends_with("@w1")), "{labels:?}");
+        assert!(!labels.iter().any(|l| l.starts_with("control-plane/")));
+        assert!(labels.contains(&"workers/drain@w2".to_owned()));
+        for skipped in [
+            "worker w1 already runs 1.34.5",
+            "control plane cp already runs 1.34.5",
+        ] {
+            assert!(
+                plan.skipped.iter().any(|s| s == skipped),
+                "{:?}",
+                plan.skipped
+            );
+        }
+    }
+
+    #[test]
+    fn a_dry_run_only_checks() {
+        let facts = cluster("1.34.2", &["1.34.2"]);
+        let mut req = request("1.34.5", UpgradeKind::Patch, "all");
+        req.dry_run = true;
+        let plan = plan(&req, &facts, &PlanSettings::default()).unwrap();
+        let names: Vec<&str> = plan.steps.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["nodes-ready", "ssh-reachable", "kubeadm-plan"]);
+    }
+
+    #[test]
+    fn stage_subsets_that_make_no_sense_are_refused() {
+        use UpgradeKind::*;
+        let behind = cluster("1.34.2", &["1.34.2"]);
+        let cp_done = cluster("1.34.5", &["1.34.2"]);
+        let cases: &[(&str, UpgradeKind, &str, &ClusterFacts, Want)] = &[
+            ("1.34.5", Patch, "preflight,snapshot", &behind, Ok(())),
+            ("1.34.5", Patch, "preflight,workers", &cp_done, Ok(())),
+            (
+                "1.34.5",
+                Patch,
+                "preflight,workers",
+                &behind,
+                Err("add control-plane"),
+            ),
+            ("1.34.5", Patch, "workers", &cp_done, Err("need preflight")),
+            (
+                "1.34.5",
+                Patch,
+                "preflight,control-plane",
+                &behind,
+                Err("add snapshot"),
+            ),
+            (
+                "1.35.0",
+                Minor,
+                "preflight,snapshot,control-plane",
+                &behind,
+                Err("add apt-repo"),
+            ),
+            (
+                "1.34.5",
+                Patch,
+                "preflight,apt-repo",
+                &behind,
+                Err("kind=minor only"),
+            ),
+            ("1.34.5", Patch, "snapshot", &behind, Ok(())),
+        ];
+        for (target, kind, stages, facts, want) in cases {
+            let got = plan(
+                &request(target, *kind, stages),
+                facts,
+                &PlanSettings::default(),
+            );
+            match (want, got) {
+                (Ok(()), Ok(_)) => {}
+                (Err(needle), Err(e)) => {
+                    assert!(e.to_string().contains(needle), "{stages}: {e}")
+                }
+                (want, got) => panic!("{stages}: want {want:?}, got {got:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn cluster_shape_errors_name_the_problem() {
+        let mut facts = cluster("1.34.2", &["1.34.2"]);
+        let req = request("1.34.5", UpgradeKind::Patch, "all");
+        let unknown = PlanSettings {
+            worker_order: vec!["w9".into()],
+        };
+        assert_eq!(
+            plan(&req, &facts, &unknown),
+            Err(PlanError::UnknownWorker("w9".into()))
+        );
+        facts.nodes[1].role = Role::ControlPlane;
+        assert!(matches!(
+            plan(&req, &facts, &PlanSettings::default()),
+            Err(PlanError::SeveralControlPlanes(2, _))
+        ));
+        facts.nodes.iter_mut().for_each(|n| n.role = Role::Worker);
+        assert_eq!(
+            plan(&req, &facts, &PlanSettings::default()),
+            Err(PlanError::NoControlPlane)
+        );
+    }
+}

@@ -1,0 +1,678 @@
+//! A fake Kubernetes API server: the one fake the tests allow, because no API server can
+//! be installed here. It behaves like the real one for what rollgate uses: nodes (get,
+//! list, merge and strategic-merge patch, status patch), pods (get, list with the
+//! `spec.nodeName` field selector), the Eviction subresource with PodDisruptionBudget
+//! refusals (429, or 500 when several budgets match), namespaces with annotations, 409 on a
+//! stale resourceVersion, bearer-token auth, and Kubernetes `Status` error bodies.
+//!
+//! Evicted pods terminate after `terminate_after`; pods owned by a ReplicaSet come back
+//! under a new name on a schedulable node and turn Ready after `ready_after`, as a
+//! Deployment's would. Time-driven changes are applied lazily on every request.
+
+use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// One recorded API call that changed something, for assertions and benchmarks.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    Cordon(String),
+    Uncordon(String),
+    Evicted { node: String, pod: String },
+    Refused { node: String, pod: String },
+    KubeletVersion { node: String, version: String },
+}
+
+/// A PodDisruptionBudget: `min_available` of the pods matching `selector` must stay Ready.
+#[derive(Debug, Clone)]
+pub struct Pdb {
+    pub namespace: String,
+    pub name: String,
+    pub selector: BTreeMap<String, String>,
+    pub min_available: usize,
+}
+
+#[derive(Debug, Default)]
+struct PodTimers {
+    delete_at: Option<Instant>,
+    ready_at: Option<Instant>,
+}
+
+pub struct State {
+    rv: u64,
+    pub nodes: BTreeMap<String, Value>,
+    pods: BTreeMap<(String, String), Value>,
+    timers: BTreeMap<(String, String), PodTimers>,
+    pub namespaces: BTreeMap<String, Value>,
+    pub pdbs: Vec<Pdb>,
+    pub changes: Vec<(Instant, Change)>,
+    /// Requests by method and path pattern.
+    pub calls: BTreeMap<String, u64>,
+    pub terminate_after: Duration,
+    pub ready_after: Duration,
+    serial: u64,
+}
+
+fn status(code: u16, reason: &str, message: &str) -> HttpResponse {
+    HttpResponse::build(actix_web::http::StatusCode::from_u16(code).expect("code")).json(json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Failure", "message": message, "reason": reason, "code": code,
+    }))
+}
+
+/// RFC 7386 JSON merge patch.
+fn merge(target: &mut Value, patch: &Value) {
+    match patch {
+        Value::Object(fields) => {
+            if !target.is_object() {
+                *target = json!({});
+            }
+            let obj = target.as_object_mut().expect("object");
+            for (k, v) in fields {
+                if v.is_null() {
+                    obj.remove(k);
+                } else {
+                    merge(obj.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        other => *target = other.clone(),
+    }
+}
+
+fn labels_match(selector: &BTreeMap<String, String>, pod: &Value) -> bool {
+    selector
+        .iter()
+        .all(|(k, v)| pod["metadata"]["labels"][k].as_str() == Some(v.as_str()))
+}
+
+fn pod_ready(pod: &Value) -> bool {
+    pod["metadata"]["deletionTimestamp"].is_null()
+        && pod["status"]["conditions"].as_array().is_some_and(|c| {
+            c.iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        })
+}
+
+fn set_ready(pod: &mut Value, ready: bool) {
+    pod["status"]["conditions"] =
+        json!([{"type": "Ready", "status": if ready {"True"} else {"False"}}]);
+}
+
+impl State {
+    fn bump(&mut self) -> String {
+        self.rv += 1;
+        self.rv.to_string()
+    }
+
+    /// Applies what time has done: terminated pods go, replacements come and turn Ready.
+    fn tick(&mut self) {
+        let now = Instant::now();
+        let due: Vec<(String, String)> = self
+            .timers
+            .iter()
+            .filter(|(_, t)| t.delete_at.is_some_and(|d| d <= now))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in due {
+            self.timers.remove(&key);
+            if let Some(pod) = self.pods.remove(&key) {
+                let owned_by_rs = pod["metadata"]["ownerReferences"]
+                    .as_array()
+                    .is_some_and(|o| o.iter().any(|r| r["kind"] == "ReplicaSet"));
+                if owned_by_rs {
+                    self.replace(&pod);
+                }
+            }
+        }
+        let ready: Vec<(String, String)> = self
+            .timers
+            .iter()
+            .filter(|(_, t)| t.ready_at.is_some_and(|r| r <= now))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in ready {
+            if let Some(t) = self.timers.get_mut(&key) {
+                t.ready_at = None;
+            }
+            if let Some(pod) = self.pods.get_mut(&key) {
+                set_ready(pod, true);
+            }
+        }
+    }
+
+    /// A new pod in place of `old`, on the schedulable Ready node with the fewest pods.
+    fn replace(&mut self, old: &Value) {
+        let from = old["spec"]["nodeName"].as_str().unwrap_or("").to_owned();
+        let mut best: Option<(usize, String)> = None;
+        for (name, node) in &self.nodes {
+            let schedulable = node["spec"]["unschedulable"] != json!(true);
+            let ready = node["status"]["conditions"].as_array().is_some_and(|c| {
+                c.iter()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            });
+            let control_plane =
+                !node["metadata"]["labels"]["node-role.kubernetes.io/control-plane"].is_null();
+            if !schedulable || !ready || control_plane || *name == from {
+                continue;
+            }
+            let count = self
+                .pods
+                .values()
+                .filter(|p| p["spec"]["nodeName"] == json!(name))
+                .count();
+            if best.as_ref().is_none_or(|(c, _)| count < *c) {
+                best = Some((count, name.clone()));
+            }
+        }
+        self.serial += 1;
+        let ns = old["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("default")
+            .to_owned();
+        let base = old["metadata"]["generateName"]
+            .as_str()
+            .unwrap_or("pod-")
+            .to_owned();
+        let name = format!("{base}{}", self.serial);
+        let mut pod = old.clone();
+        pod["metadata"]["name"] = json!(name);
+        pod["metadata"]["uid"] = json!(format!("uid-{}", self.serial));
+        pod["metadata"]
+            .as_object_mut()
+            .expect("meta")
+            .remove("deletionTimestamp");
+        pod["metadata"]["resourceVersion"] = json!(self.bump());
+        set_ready(&mut pod, false);
+        match best {
+            Some((_, node)) => {
+                pod["spec"]["nodeName"] = json!(node);
+                pod["status"]["phase"] = json!("Running");
+                self.timers.insert(
+                    (ns.clone(), name.clone()),
+                    PodTimers {
+                        delete_at: None,
+                        ready_at: Some(Instant::now() + self.ready_after),
+                    },
+                );
+            }
+            None => {
+                pod["spec"]
+                    .as_object_mut()
+                    .expect("spec")
+                    .remove("nodeName");
+                pod["status"]["phase"] = json!("Pending");
+            }
+        }
+        self.pods.insert((ns, name), pod);
+    }
+
+    fn count(&mut self, key: &str) {
+        *self.calls.entry(key.to_owned()).or_default() += 1;
+    }
+
+    fn pods_on(&self, node: &str) -> Vec<&Value> {
+        self.pods
+            .values()
+            .filter(|p| p["spec"]["nodeName"].as_str() == Some(node))
+            .collect()
+    }
+}
+
+/// The running fake API server.
+#[derive(Clone)]
+pub struct FakeKube {
+    pub port: u16,
+    pub token: String,
+    pub state: Arc<Mutex<State>>,
+    handle: actix_web::dev::ServerHandle,
+}
+
+type Shared = web::Data<(Arc<Mutex<State>>, String)>;
+
+fn authorized(req: &HttpRequest, token: &str) -> bool {
+    req.headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v == format!("Bearer {token}"))
+}
+
+fn list(kind: &str, rv: u64, items: Vec<Value>) -> HttpResponse {
+    HttpResponse::Ok().json(json!({
+        "kind": kind, "apiVersion": "v1",
+        "metadata": {"resourceVersion": rv.to_string()},
+        "items": items,
+    }))
+}
+
+/// Applies a merge patch to `object`; the error answer when it cannot.
+fn patch_object(
+    object: &mut Value,
+    req: &HttpRequest,
+    body: &[u8],
+    rv: String,
+) -> Option<HttpResponse> {
+    let content_type = req
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if !matches!(
+        content_type,
+        "application/merge-patch+json" | "application/strategic-merge-patch+json"
+    ) {
+        return Some(status(
+            415,
+            "UnsupportedMediaType",
+            &format!("the fake API server takes merge patches only, not {content_type:?}"),
+        ));
+    }
+    let mut patch: Value = match serde_json::from_slice(body) {
+        Ok(p) => p,
+        Err(e) => return Some(status(400, "BadRequest", &format!("invalid patch: {e}"))),
+    };
+    let wanted = patch["metadata"]["resourceVersion"].as_str();
+    if wanted.is_some() && wanted != object["metadata"]["resourceVersion"].as_str() {
+        return Some(status(
+            409,
+            "Conflict",
+            "Operation cannot be fulfilled: the object has been modified; please apply your changes to the latest version and try again",
+        ));
+    }
+    if let Some(meta) = patch.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.remove("resourceVersion");
+    }
+    merge(object, &patch);
+    object["metadata"]["resourceVersion"] = json!(rv);
+    None
+}
+
+async fn handle(req: HttpRequest, body: web::Bytes, shared: Shared) -> HttpResponse {
+    let (state, token) = (&shared.0, &shared.1);
+    if !authorized(&req, token) {
+        return status(401, "Unauthorized", "Unauthorized");
+    }
+    let mut s = state.lock().expect("state");
+    s.tick();
+    let method = req.method().as_str().to_owned();
+    let path = req.path().to_owned();
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let query = web::Query::<BTreeMap<String, String>>::from_query(req.query_string())
+        .map(|q| q.into_inner())
+        .unwrap_or_default();
+    match (method.as_str(), parts.as_slice()) {
+        ("GET", ["api", "v1", "nodes"]) => {
+            s.count("list nodes");
+            let items = s.nodes.values().cloned().collect();
+            list("NodeList", s.rv, items)
+        }
+        ("GET", ["api", "v1", "nodes", name]) => {
+            s.count("get node");
+            match s.nodes.get(*name) {
+                Some(n) => HttpResponse::Ok().json(n),
+                None => status(404, "NotFound", &format!("nodes \"{name}\" not found")),
+            }
+        }
+        ("PATCH", ["api", "v1", "nodes", name, rest @ ..])
+            if rest.is_empty() || rest == ["status"] =>
+        {
+            s.count("patch node");
+            let rv = s.bump();
+            let Some(mut node) = s.nodes.get(*name).cloned() else {
+                return status(404, "NotFound", &format!("nodes \"{name}\" not found"));
+            };
+            let before = node["spec"]["unschedulable"] == json!(true);
+            let kubelet_before = node["status"]["nodeInfo"]["kubeletVersion"].clone();
+            if let Some(refused) = patch_object(&mut node, &req, &body, rv) {
+                return refused;
+            }
+            let after = node["spec"]["unschedulable"] == json!(true);
+            let now = Instant::now();
+            if !before && after {
+                s.changes.push((now, Change::Cordon(name.to_string())));
+            } else if before && !after {
+                s.changes.push((now, Change::Uncordon(name.to_string())));
+            }
+            let kubelet = &node["status"]["nodeInfo"]["kubeletVersion"];
+            if *kubelet != kubelet_before {
+                s.changes.push((
+                    now,
+                    Change::KubeletVersion {
+                        node: name.to_string(),
+                        version: kubelet.as_str().unwrap_or("").to_owned(),
+                    },
+                ));
+            }
+            s.nodes.insert(name.to_string(), node.clone());
+            HttpResponse::Ok().json(node)
+        }
+        ("GET", ["api", "v1", "pods"]) => {
+            s.count("list pods");
+            let selector = query.get("fieldSelector").cloned().unwrap_or_default();
+            let node = match selector.as_str() {
+                "" => None,
+                sel => match sel.strip_prefix("spec.nodeName=") {
+                    Some(n) => Some(n.to_owned()),
+                    None => {
+                        return status(
+                            400,
+                            "BadRequest",
+                            &format!("field label not supported: {sel}"),
+                        );
+                    }
+                },
+            };
+            let items = s
+                .pods
+                .values()
+                .filter(|p| {
+                    node.as_deref()
+                        .is_none_or(|n| p["spec"]["nodeName"] == json!(n))
+                })
+                .cloned()
+                .collect();
+            list("PodList", s.rv, items)
+        }
+        ("GET", ["api", "v1", "namespaces", ns, "pods", name]) => {
+            s.count("get pod");
+            match s.pods.get(&(ns.to_string(), name.to_string())) {
+                Some(p) => HttpResponse::Ok().json(p),
+                None => status(404, "NotFound", &format!("pods \"{name}\" not found")),
+            }
+        }
+        ("POST", ["api", "v1", "namespaces", ns, "pods", name, "eviction"]) => {
+            s.count("evict pod");
+            evict(&mut s, ns, name)
+        }
+        ("GET", ["api", "v1", "namespaces", name]) => {
+            s.count("get namespace");
+            match s.namespaces.get(*name) {
+                Some(n) => HttpResponse::Ok().json(n),
+                None => status(404, "NotFound", &format!("namespaces \"{name}\" not found")),
+            }
+        }
+        ("PATCH", ["api", "v1", "namespaces", name]) => {
+            s.count("patch namespace");
+            let rv = s.bump();
+            let Some(mut ns) = s.namespaces.get(*name).cloned() else {
+                return status(404, "NotFound", &format!("namespaces \"{name}\" not found"));
+            };
+            if let Some(refused) = patch_object(&mut ns, &req, &body, rv) {
+                return refused;
+            }
+            s.namespaces.insert(name.to_string(), ns.clone());
+            HttpResponse::Ok().json(ns)
+        }
+        _ => status(
+            404,
+            "NotFound",
+            &format!("the fake API server has no {method} {path}"),
+        ),
+    }
+}
+
+fn evict(s: &mut State, ns: &str, name: &str) -> HttpResponse {
+    let key = (ns.to_owned(), name.to_owned());
+    let Some(pod) = s.pods.get(&key).cloned() else {
+        return status(404, "NotFound", &format!("pods \"{name}\" not found"));
+    };
+    let node = pod["spec"]["nodeName"].as_str().unwrap_or("").to_owned();
+    if !pod["metadata"]["deletionTimestamp"].is_null() {
+        return HttpResponse::Created()
+            .json(json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}));
+    }
+    let budgets: Vec<Pdb> = s
+        .pdbs
+        .iter()
+        .filter(|b| b.namespace == ns && labels_match(&b.selector, &pod))
+        .cloned()
+        .collect();
+    if budgets.len() > 1 {
+        return status(
+            500,
+            "InternalError",
+            "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
+        );
+    }
+    if let Some(budget) = budgets.first() {
+        let healthy = s
+            .pods
+            .values()
+            .filter(|p| p["metadata"]["namespace"] == json!(ns))
+            .filter(|p| labels_match(&budget.selector, p) && pod_ready(p))
+            .count();
+        // The pod itself counts only if it is healthy now.
+        let after = healthy.saturating_sub(usize::from(pod_ready(&pod)));
+        if after < budget.min_available {
+            s.changes.push((
+                Instant::now(),
+                Change::Refused {
+                    node,
+                    pod: name.to_owned(),
+                },
+            ));
+            return HttpResponse::TooManyRequests().json(json!({
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": "Cannot evict pod as it would violate the pod's disruption budget.",
+                "reason": "TooManyRequests", "code": 429,
+                "details": {"causes": [{
+                    "reason": "DisruptionBudget",
+                    "message": format!(
+                        "The disruption budget {} needs {} healthy pods and has {} currently",
+                        budget.name, budget.min_available, healthy
+                    ),
+                }]},
+            }));
+        }
+    }
+    let rv = s.bump();
+    let terminate_after = s.terminate_after;
+    if let Some(p) = s.pods.get_mut(&key) {
+        p["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        p["metadata"]["resourceVersion"] = json!(rv);
+        set_ready(p, false);
+    }
+    s.timers.insert(
+        key,
+        PodTimers {
+            delete_at: Some(Instant::now() + terminate_after),
+            ready_at: None,
+        },
+    );
+    s.changes.push((
+        Instant::now(),
+        Change::Evicted {
+            node,
+            pod: name.to_owned(),
+        },
+    ));
+    HttpResponse::Created()
+        .json(json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}))
+}
+
+impl FakeKube {
+    pub async fn start() -> Self {
+        let token = format!("fake-token-{}", std::process::id());
+        let state = Arc::new(Mutex::new(State {
+            rv: 1,
+            nodes: BTreeMap::new(),
+            pods: BTreeMap::new(),
+            timers: BTreeMap::new(),
+            namespaces: BTreeMap::new(),
+            pdbs: Vec::new(),
+            changes: Vec::new(),
+            calls: BTreeMap::new(),
+            terminate_after: Duration::from_millis(100),
+            ready_after: Duration::from_millis(100),
+            serial: 0,
+        }));
+        let shared = web::Data::new((state.clone(), token.clone()));
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(shared.clone())
+                .app_data(web::PayloadConfig::new(1 << 20))
+                .default_service(web::to(handle))
+        })
+        .workers(1)
+        .disable_signals()
+        .bind("127.0.0.1:0")
+        .expect("bind fake API server");
+        let port = server.addrs()[0].port();
+        let server = server.run();
+        let handle = server.handle();
+        tokio::spawn(server);
+        Self {
+            port,
+            token,
+            state,
+            handle,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// A kubeconfig file for this server.
+    pub fn write_kubeconfig(&self, path: &std::path::Path) {
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\nusers:\n- name: rollgate\n  user:\n    token: {}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: rollgate\ncurrent-context: fake\n",
+            self.url(),
+            self.token
+        );
+        std::fs::write(path, text).expect("kubeconfig");
+    }
+
+    pub fn add_node(&self, name: &str, control_plane: bool, kubelet: &str, containerd: &str) {
+        let mut s = self.state.lock().unwrap();
+        let rv = s.bump();
+        let mut labels = json!({"kubernetes.io/hostname": name});
+        if control_plane {
+            labels["node-role.kubernetes.io/control-plane"] = json!("");
+        }
+        s.nodes.insert(
+            name.into(),
+            json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "uid": format!("node-{name}"), "resourceVersion": rv, "labels": labels},
+                "spec": {},
+                "status": {
+                    "conditions": [{"type": "Ready", "status": "True"}],
+                    "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+                    "nodeInfo": {
+                        "kubeletVersion": format!("v{kubelet}"),
+                        "containerRuntimeVersion": format!("containerd://{containerd}"),
+                        "architecture": "amd64", "bootID": "", "kernelVersion": "", "kubeProxyVersion": "",
+                        "machineID": "", "operatingSystem": "linux", "osImage": "", "systemUUID": "",
+                    },
+                },
+            }),
+        );
+    }
+
+    pub fn add_namespace(&self, name: &str) {
+        let mut s = self.state.lock().unwrap();
+        let rv = s.bump();
+        s.namespaces.insert(
+            name.into(),
+            json!({"apiVersion": "v1", "kind": "Namespace",
+                   "metadata": {"name": name, "uid": format!("ns-{name}"), "resourceVersion": rv}}),
+        );
+    }
+
+    /// `count` Ready pods of app `app` (owned by a ReplicaSet) on `node`.
+    pub fn add_pods(&self, node: &str, app: &str, count: usize, empty_dir: bool) {
+        let mut s = self.state.lock().unwrap();
+        for _ in 0..count {
+            s.serial += 1;
+            let name = format!("{app}-{}", s.serial);
+            let rv = s.bump();
+            let mut pod = json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {
+                    "name": name, "namespace": "default", "uid": format!("uid-{}", s.serial),
+                    "generateName": format!("{app}-"), "resourceVersion": rv,
+                    "labels": {"app": app},
+                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": format!("{app}-rs"), "uid": "rs", "controller": true}],
+                },
+                "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]},
+                "status": {"phase": "Running"},
+            });
+            if empty_dir {
+                pod["spec"]["volumes"] = json!([{"name": "scratch", "emptyDir": {}}]);
+            }
+            set_ready(&mut pod, true);
+            s.pods.insert(("default".into(), name), pod);
+        }
+    }
+
+    /// A DaemonSet pod and a mirror pod on `node`: a drain leaves both.
+    pub fn add_node_agents(&self, node: &str) {
+        let mut s = self.state.lock().unwrap();
+        for (kind, name) in [("DaemonSet", "agent"), ("Node", "static")] {
+            s.serial += 1;
+            let name = format!("{name}-{node}");
+            let rv = s.bump();
+            let mut pod = json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {
+                    "name": name, "namespace": "kube-system", "uid": format!("uid-{}", s.serial),
+                    "resourceVersion": rv,
+                    "ownerReferences": [{"apiVersion": "v1", "kind": kind, "name": "owner", "uid": "o", "controller": true}],
+                },
+                "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]},
+                "status": {"phase": "Running"},
+            });
+            if kind == "Node" {
+                pod["metadata"]["annotations"] = json!({"kubernetes.io/config.mirror": "hash"});
+            }
+            set_ready(&mut pod, true);
+            s.pods.insert(("kube-system".into(), name), pod);
+        }
+    }
+
+    pub fn set_pdb(&self, name: &str, app: &str, min_available: usize) {
+        let mut s = self.state.lock().unwrap();
+        s.pdbs.retain(|p| p.name != name);
+        s.pdbs.push(Pdb {
+            namespace: "default".into(),
+            name: name.into(),
+            selector: BTreeMap::from([("app".to_owned(), app.to_owned())]),
+            min_available,
+        });
+    }
+
+    pub fn node(&self, name: &str) -> Value {
+        self.state.lock().unwrap().nodes[name].clone()
+    }
+
+    pub fn namespace(&self, name: &str) -> Value {
+        self.state.lock().unwrap().namespaces[name].clone()
+    }
+
+    pub fn pods_on(&self, node: &str) -> Vec<Value> {
+        let mut s = self.state.lock().unwrap();
+        s.tick();
+        s.pods_on(node).into_iter().cloned().collect()
+    }
+
+    pub fn changes(&self) -> Vec<Change> {
+        self.state
+            .lock()
+            .unwrap()
+            .changes
+            .iter()
+            .map(|(_, c)| c.clone())
+            .collect()
+    }
+
+    pub fn calls(&self) -> BTreeMap<String, u64> {
+        self.state.lock().unwrap().calls.clone()
+    }
+
+    pub async fn stop(&self) {
+        self.handle.stop(false).await;
+    }
+}

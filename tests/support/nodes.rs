@@ -1,0 +1,282 @@
+//! Fake nodes for the fake cluster: each is a real sshd (Debian's openssh-server) on
+//! loopback, with its own host key, whose PATH puts stub package tools first. The stubs
+//! record every call; `apt-get install` records versions, `apt-cache madison` answers from
+//! the repository of the minor the node's apt source names, and `systemctl restart kubelet`
+//! reports the installed kubelet version to the fake API server, as a real kubelet would.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::free_port;
+use super::kube::FakeKube;
+use super::services::Process;
+
+/// Every package version the fake repositories hold: `1.MINOR.PATCH-1.1`.
+pub const REPOSITORY: &[&str] = &[
+    "1.34.2-1.1",
+    "1.34.3-1.1",
+    "1.34.5-1.1",
+    "1.35.0-1.1",
+    "1.35.1-1.1",
+];
+
+/// The stubbed package tools. `$STUB_STATE` holds installed versions and the repository.
+const STUBS: &[(&str, &str)] = &[
+    (
+        "apt-get",
+        r#"#!/bin/bash
+echo "apt-get $*" >> "$STUB_LOG"
+[ "$1" = update ] && exit 0
+for a in "$@"; do
+  case "$a" in
+    *=*) pkg=${a%%=*}; ver=${a#*=}
+         apt-cache madison "$pkg" | awk '{print $3}' | grep -qx -- "$ver" || { echo "E: Version '$ver' for '$pkg' was not found" >&2; exit 100; }
+         echo "$ver" > "$STUB_STATE/installed-$pkg" ;;
+  esac
+done
+"#,
+    ),
+    (
+        "apt-cache",
+        r#"#!/bin/bash
+echo "apt-cache $*" >> "$STUB_LOG"
+[ "$1" = madison ] || exit 0
+pkg=$2
+minor=$(grep -oE '/v[0-9]+\.[0-9]+/deb' "$K8S_APT_SOURCE" | head -1 | sed -E 's#/v([0-9.]+)/deb#\1#')
+if [ "$pkg" = containerd.io ]; then list="$STUB_STATE/repo-containerd"; else list="$STUB_STATE/repo"; fi
+while read -r v; do
+  case "$v" in
+    "$minor".*|1.7.*) printf '   %s | %s | https://pkgs.k8s.io/core:/stable:/v%s/deb  Packages\n' "$pkg" "$v" "$minor" ;;
+  esac
+done < "$list"
+"#,
+    ),
+    (
+        "apt-mark",
+        r#"#!/bin/bash
+echo "apt-mark $*" >> "$STUB_LOG"
+"#,
+    ),
+    (
+        "dpkg-query",
+        r#"#!/bin/bash
+echo "dpkg-query $*" >> "$STUB_LOG"
+pkg=${!#}
+[ -f "$STUB_STATE/installed-$pkg" ] || exit 1
+tr -d '\n' < "$STUB_STATE/installed-$pkg"
+"#,
+    ),
+    (
+        "kubeadm",
+        r#"#!/bin/bash
+echo "kubeadm $*" >> "$STUB_LOG"
+installed=$(cat "$STUB_STATE/installed-kubeadm")
+case "$1 $2" in
+  "upgrade apply")
+    want=${!#}; want=${want#v}
+    [ "${installed%%-*}" = "$want" ] || { echo "kubeadm $installed cannot apply v$want" >&2; exit 1; } ;;
+  "upgrade plan")
+    echo "[upgrade] Running cluster health checks"
+    echo "Upgrade to the latest version in the series: kubeadm upgrade apply v${installed%%-*}" ;;
+esac
+"#,
+    ),
+    (
+        "systemctl",
+        r#"#!/bin/bash
+echo "systemctl $*" >> "$STUB_LOG"
+patch() {
+  curl -sf -X PATCH -H 'Content-Type: application/merge-patch+json' \
+    -H "Authorization: Bearer $FAKE_TOKEN" --data "$1" \
+    "$FAKE_API/api/v1/nodes/$FAKE_NODE/status" > /dev/null
+}
+case "$1 $2" in
+  "restart kubelet")
+    v=$(cat "$STUB_STATE/installed-kubelet"); patch "{\"status\":{\"nodeInfo\":{\"kubeletVersion\":\"v${v%%-*}\"}}}" ;;
+  "restart containerd")
+    v=$(cat "$STUB_STATE/installed-containerd.io"); patch "{\"status\":{\"nodeInfo\":{\"containerRuntimeVersion\":\"containerd://${v%%-*}\"}}}" ;;
+esac
+"#,
+    ),
+];
+
+/// The client side: one key pair and one known_hosts file for every node.
+pub struct SshClient {
+    pub dir: tempfile::TempDir,
+    pub key: PathBuf,
+    pub known_hosts: PathBuf,
+}
+
+impl SshClient {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let key = dir.path().join("id_ed25519");
+        keygen(&key);
+        let known_hosts = dir.path().join("known_hosts");
+        std::fs::write(&known_hosts, "").expect("known_hosts");
+        Self {
+            dir,
+            key,
+            known_hosts,
+        }
+    }
+}
+
+fn keygen(path: &Path) {
+    let ok = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(path)
+        .status()
+        .expect("ssh-keygen (openssh-client)")
+        .success();
+    assert!(ok, "ssh-keygen failed");
+}
+
+/// One fake node: an sshd with stub tools.
+pub struct FakeNode {
+    pub name: String,
+    pub port: u16,
+    pub dir: tempfile::TempDir,
+    pub sshd: Process,
+}
+
+impl FakeNode {
+    /// Starts the node's sshd; adds its host key to the client's known_hosts.
+    pub async fn start(name: &str, api: &FakeKube, client: &SshClient, minor: &str) -> Self {
+        std::fs::create_dir_all("/run/sshd").expect("/run/sshd");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let d = dir.path();
+        let bin = d.join("bin");
+        let state = d.join("state");
+        std::fs::create_dir_all(&bin).expect("bin");
+        std::fs::create_dir_all(&state).expect("state");
+        for (tool, text) in STUBS {
+            let path = bin.join(tool);
+            std::fs::write(&path, text).expect("stub");
+            Command::new("chmod")
+                .arg("+x")
+                .arg(&path)
+                .status()
+                .expect("chmod");
+        }
+        std::fs::write(state.join("repo"), REPOSITORY.join("\n") + "\n").expect("repo");
+        std::fs::write(state.join("repo-containerd"), "1.7.20-1\n1.7.24-1\n").expect("repo");
+        let node = api.node(name);
+        let kubelet = node["status"]["nodeInfo"]["kubeletVersion"]
+            .as_str()
+            .expect("kubelet")
+            .trim_start_matches('v')
+            .to_owned();
+        for pkg in ["kubeadm", "kubelet", "kubectl"] {
+            std::fs::write(
+                state.join(format!("installed-{pkg}")),
+                format!("{kubelet}-1.1\n"),
+            )
+            .expect("installed");
+        }
+        std::fs::write(state.join("installed-containerd.io"), "1.7.20-1\n").expect("installed");
+        std::fs::write(
+            d.join("kubernetes.list"),
+            format!("deb [signed-by=/etc/apt/keyrings/kubernetes.gpg] https://pkgs.k8s.io/core:/stable:/v{minor}/deb/ /\n"),
+        )
+        .expect("apt source");
+        keygen(&d.join("host_key"));
+        std::fs::copy(client.key.with_extension("pub"), d.join("authorized_keys")).expect("keys");
+        let port = free_port();
+        let config = d.join("sshd_config");
+        std::fs::write(
+            &config,
+            format!(
+                "Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host_key\nPidFile none\n\
+                 AuthorizedKeysFile {d}/authorized_keys\nStrictModes no\nUsePAM no\n\
+                 PasswordAuthentication no\nKbdInteractiveAuthentication no\n\
+                 PermitRootLogin prohibit-password\nMaxStartups 100\nLogLevel ERROR\n\
+                 SetEnv PATH={d}/bin:/usr/bin:/bin STUB_LOG={d}/calls.log STUB_STATE={d}/state \
+                 FAKE_API={api} FAKE_NODE={name} FAKE_TOKEN={token} K8S_APT_SOURCE={d}/kubernetes.list\n",
+                d = d.display(),
+                api = api.url(),
+                token = api.token,
+            ),
+        )
+        .expect("sshd_config");
+        std::fs::write(d.join("calls.log"), "").expect("log");
+        let sshd = Process::spawn(
+            "sshd",
+            "/usr/sbin/sshd",
+            vec![
+                "-D".into(),
+                "-e".into(),
+                "-f".into(),
+                config.display().to_string(),
+            ],
+            d.join("sshd.log"),
+        );
+        let fake = Self {
+            name: name.into(),
+            port,
+            dir,
+            sshd,
+        };
+        fake.trust(client);
+        super::eventually(
+            "sshd to listen",
+            std::time::Duration::from_secs(10),
+            || async {
+                std::net::TcpStream::connect(("127.0.0.1", port))
+                    .ok()
+                    .map(drop)
+            },
+        )
+        .await;
+        fake
+    }
+
+    /// Adds this node's current host key to the client's known_hosts.
+    pub fn trust(&self, client: &SshClient) {
+        let key = std::fs::read_to_string(self.dir.path().join("host_key.pub")).expect("host key");
+        let key: Vec<&str> = key.split_whitespace().take(2).collect();
+        let mut known = std::fs::read_to_string(&client.known_hosts).unwrap_or_default();
+        known.push_str(&format!("[127.0.0.1]:{} {}\n", self.port, key.join(" ")));
+        std::fs::write(&client.known_hosts, known).expect("known_hosts");
+    }
+
+    /// Gives the node a new host key (as a reinstalled or impersonated host would have).
+    pub fn change_host_key(&mut self) {
+        let key = self.dir.path().join("host_key");
+        std::fs::remove_file(&key).expect("old key");
+        std::fs::remove_file(key.with_extension("pub")).expect("old key");
+        keygen(&key);
+        self.sshd.stop();
+        self.sshd.start();
+    }
+
+    /// Every stubbed call made on this node, one per line.
+    pub fn calls(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir.path().join("calls.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    pub fn installed(&self, pkg: &str) -> String {
+        std::fs::read_to_string(
+            self.dir
+                .path()
+                .join("state")
+                .join(format!("installed-{pkg}")),
+        )
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
+    }
+
+    pub fn apt_source(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("kubernetes.list")).unwrap_or_default()
+    }
+
+    /// `ssh.hosts` entry for rollgate.
+    pub fn host_entry(&self) -> String {
+        format!("{}=127.0.0.1:{}", self.name, self.port)
+    }
+}
