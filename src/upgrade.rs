@@ -230,26 +230,27 @@ impl UpgradeSteps {
             Ok(f) => f,
             Err(e) => return retry(step, e.to_string()),
         };
-        let mut answered = Vec::new();
-        for node in &facts.nodes {
+        let checks = facts.nodes.iter().map(|node| {
             let target = NodeTarget {
                 name: node.name.clone(),
                 address: node.address.clone(),
             };
-            match self
-                .exec
-                .run_script(&target, NODE_SCRIPT, &["--check".into()])
-                .await
-            {
-                Ok(out) if out.status == Some(0) => answered.push(node.name.clone()),
+            async move {
+                let args = ["--check".to_owned()];
+                (
+                    target.name.clone(),
+                    self.exec.run_script(&target, NODE_SCRIPT, &args).await,
+                )
+            }
+        });
+        let mut answered = Vec::new();
+        for (name, result) in futures_util::future::join_all(checks).await {
+            match result {
+                Ok(out) if out.status == Some(0) => answered.push(name),
                 Ok(out) => {
                     return retry(
                         step,
-                        format!(
-                            "node check on {} failed: {}",
-                            node.name,
-                            out.tail(TAIL_LINES)
-                        ),
+                        format!("node check on {name} failed: {}", out.tail(TAIL_LINES)),
                     );
                 }
                 Err(e) => return exec_failure(step, e),

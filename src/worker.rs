@@ -127,19 +127,32 @@ impl Worker {
     /// a wake with the run's current epoch makes the engine run that step again.
     async fn recover(&self) -> Result<(), Transient> {
         self.flush_outbox().await?;
-        let mut outbox = Vec::new();
-        for run in self.store.unfinished().await? {
-            if run.status == RunStatus::Running {
-                info!(run_id = %run.id, "resuming the step in hand after a restart");
-                outbox.push(wake_message(&run, None));
+        let mut commit = Commit::default();
+        let mut notices = Vec::new();
+        let now = Utc::now();
+        for mut run in self.store.unfinished().await? {
+            let step = run.current().map(Step::label).unwrap_or_default();
+            match run.status {
+                RunStatus::Running => {
+                    info!(run_id = %run.id, %step, "resuming the step in hand after a restart");
+                    run.note(
+                        format!("rollgate restarted: resuming step {step}, which was in hand"),
+                        now,
+                    );
+                    commit.outbox.push(wake_message(&run, None));
+                }
+                RunStatus::Waiting => run.note(
+                    format!("rollgate restarted: step {step} waits on (its wake is kept)"),
+                    now,
+                ),
+                _ => continue,
             }
+            notices.extend(notices_since(&run, run.history.len() - 1));
+            commit.runs.push(run);
         }
-        if !outbox.is_empty() {
-            self.commit(Commit {
-                outbox,
-                ..Commit::default()
-            })
-            .await?;
+        if !commit.runs.is_empty() {
+            self.commit(commit).await?;
+            self.tell(notices);
             self.flush_outbox().await?;
         }
         Ok(())
@@ -514,7 +527,7 @@ pub fn accepted_run(
         RunKind::K8sUpgrade,
         request.to_json(),
         Some(request.target_version.to_string()),
-        crate::domain::plan::initial_steps(),
+        crate::domain::plan::initial_steps(request),
         Utc::now(),
         "accepted",
     );

@@ -53,7 +53,9 @@ async fn external_publishers_are_handled_like_http_and_ids_deduplicate() {
             support::parked(r)
         })
         .await;
-    assert_eq!(run["steps"].as_array().unwrap().len(), 2);
+    // Without a cluster the run waits at `plan`, which would add the stages' steps.
+    assert_eq!(run["steps"][0]["name"], "plan");
+    assert_eq!(run["steps"].as_array().unwrap().len(), 1);
     // The HTTP intake sees it as in flight.
     let (status, body) = rg
         .post("/v1/detections", &support::detection("1.50.2"))

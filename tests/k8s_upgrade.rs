@@ -10,7 +10,7 @@ use std::time::Duration;
 use support::ground::{Ground, WORKER_ORDER};
 use support::kube::Change;
 use support::rabbit::{self, Names};
-use support::{Rollgate, eventually};
+use support::{Rollgate, eventually, webhook};
 
 const RUN_DEADLINE: Duration = Duration::from_secs(180);
 
@@ -51,25 +51,24 @@ async fn wait_status(rg: &Rollgate, id: &str, want: &str) -> Value {
 }
 
 fn step<'a>(run: &'a Value, label: &str) -> &'a Value {
-    run["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| {
-            let name = s["name"].as_str().unwrap();
-            let stage = s["stage"].as_str().unwrap();
-            let mut l = if stage == name {
-                name.to_owned()
-            } else {
-                format!("{stage}/{name}")
-            };
-            if let Some(node) = s["node"].as_str() {
-                l.push('@');
-                l.push_str(node);
-            }
-            l == label
-        })
-        .unwrap_or_else(|| panic!("no step {label} in {run}"))
+    find_step(run, label).unwrap_or_else(|| panic!("no step {label} in {run}"))
+}
+
+fn find_step<'a>(run: &'a Value, label: &str) -> Option<&'a Value> {
+    run["steps"].as_array()?.iter().find(|s| {
+        let name = s["name"].as_str().unwrap();
+        let stage = s["stage"].as_str().unwrap();
+        let mut l = if stage == name {
+            name.to_owned()
+        } else {
+            format!("{stage}/{name}")
+        };
+        if let Some(node) = s["node"].as_str() {
+            l.push('@');
+            l.push_str(node);
+        }
+        l == label
+    })
 }
 
 /// Nodes in the order they were cordoned.
@@ -266,4 +265,310 @@ async fn a_minor_upgrade_runs_end_to_end_amqp() {
         "containerd://1.7.24"
     );
     rabbit::cleanup(&names).await;
+}
+
+fn done_steps(run: &Value) -> usize {
+    run["steps"]
+        .as_array()
+        .map_or(0, |s| s.iter().filter(|s| s["status"] == "done").count())
+}
+
+fn cordoned(ground: &Ground, node: &str) -> bool {
+    ground.api.node(node)["spec"]["unschedulable"] == json!(true)
+}
+
+#[tokio::test]
+async fn a_blocking_alert_during_a_soak_holds_the_next_drain_until_it_resolves() {
+    let ground = Ground::start("1.34.2", 4).await;
+    let rg = start(&ground, &[("ROLLGATE__CLUSTER__SOAK", "3s".into())]).await;
+    let id = detect(&rg, "1.34.5", "patch").await;
+    // The second worker in order (w3) soaks: an incident starts.
+    eventually("w3 to soak", RUN_DEADLINE, || async {
+        let run = rg.run(&id).await;
+        let soak = find_step(&run, "workers/soak@w3")?;
+        (soak["status"] == "waiting").then_some(())
+    })
+    .await;
+    let (status, body) = rg.post("/v1/alerts", &webhook("incident1")).await;
+    assert_eq!(status, 202, "{body}");
+    let run = eventually(
+        "the gate before w2 to hold the run",
+        RUN_DEADLINE,
+        || async {
+            let run = rg.run(&id).await;
+            let gate = step(&run, "workers/gate@w2");
+            (run["status"] == "waiting" && gate["status"] == "waiting").then_some(run)
+        },
+    )
+    .await;
+    assert!(
+        run["blockers"].to_string().contains("NodeNotReady"),
+        "{run}"
+    );
+    // Held: w2 is neither cordoned nor drained while the alert fires.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!cordoned(&ground, "w2"));
+    assert!(!cordon_order(&ground.api.changes()).contains(&"w2".to_owned()));
+    assert_eq!(
+        step(&rg.run(&id).await, "workers/drain@w2")["status"],
+        "pending"
+    );
+
+    let mut resolved = webhook("incident1");
+    resolved["status"] = json!("resolved");
+    resolved["alerts"][0]["status"] = json!("resolved");
+    resolved["alerts"][0]["endsAt"] = json!(chrono::Utc::now().to_rfc3339());
+    let (status, body) = rg.post("/v1/alerts", &resolved).await;
+    assert_eq!(status, 202, "{body}");
+    let run = wait_status(&rg, &id, "succeeded").await;
+    assert_eq!(
+        cordon_order(&ground.api.changes()),
+        ["cp", "w4", "w3", "w2", "w1"]
+    );
+    assert!(
+        run["history"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|h| h["reason"]
+                .as_str()
+                .unwrap()
+                .contains("gate closed at step workers/gate@w2")),
+        "{run}"
+    );
+}
+
+#[tokio::test]
+async fn a_pdb_that_blocks_a_drain_fails_it_at_the_timeout_and_resume_finishes_after_the_fix() {
+    let ground = Ground::start("1.34.2", 4).await;
+    ground.api.add_pods("w4", "db", 2, false);
+    ground.api.set_pdb("db-pdb", "db", 2);
+    let rg = start(
+        &ground,
+        &[("ROLLGATE__CLUSTER__DRAIN_TIMEOUT", "3s".into())],
+    )
+    .await;
+    let id = detect(&rg, "1.34.5", "patch").await;
+    let run = wait_status(&rg, &id, "halted").await;
+    let drain = step(&run, "workers/drain@w4");
+    assert_eq!(drain["status"], "failed", "{run}");
+    let reason = run["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("drain of w4 timed out after 3s"),
+        "{reason}"
+    );
+    assert!(reason.contains("default/db-"), "{reason}");
+    assert!(
+        reason.contains("The disruption budget db-pdb needs 2 healthy pods"),
+        "{reason}"
+    );
+    assert!(reason.contains("w4 stays cordoned"), "{reason}");
+    assert!(cordoned(&ground, "w4"));
+    assert!(
+        !ground
+            .node("w4")
+            .calls()
+            .iter()
+            .any(|c| c.starts_with("kubeadm"))
+    );
+    assert!(
+        ground
+            .slack_texts()
+            .iter()
+            .any(|t| t.contains("drain of w4 timed out")),
+        "the halt was told"
+    );
+
+    ground.api.set_pdb("db-pdb", "db", 1);
+    let (status, body) = rg
+        .post(
+            &format!("/v1/runs/{id}/resume"),
+            &json!({"reason": "PDB relaxed"}),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    eventually("the resume to apply", RUN_DEADLINE, || async {
+        (rg.run(&id).await["status"] != "halted").then_some(())
+    })
+    .await;
+    let run = wait_status(&rg, &id, "succeeded").await;
+    assert_upgraded(&ground, &rg, &run, "1.34.5").await;
+    assert!(
+        run["history"]
+            .to_string()
+            .contains("resume by operator: PDB relaxed")
+    );
+}
+
+#[tokio::test]
+async fn kill_9_at_random_moments_of_a_run_loses_nothing_and_drains_nothing_twice() {
+    let ground = Ground::start("1.34.2", 4).await;
+    ground.api.add_pods("w4", "web", 2, false);
+    ground.api.add_pods("w1", "web", 2, false);
+    let mut rg = start(&ground, &[("ROLLGATE__CLUSTER__SOAK", "3s".into())]).await;
+    let id = detect(&rg, "1.34.5", "patch").await;
+    let mut kills = 0;
+    let mut seed = std::process::id() as u64;
+    loop {
+        // A cheap xorshift: random moments, different each run.
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let pause = Duration::from_millis(100 + seed % 600);
+        tokio::time::sleep(pause).await;
+        let run = rg.run(&id).await;
+        if run["status"] == "succeeded" {
+            break;
+        }
+        assert!(kills < 60, "the run does not finish: {run}");
+        let seen = done_steps(&run);
+        rg.kill9();
+        kills += 1;
+        rg.restart().await;
+        // The next kill comes only after a step finished, so each hits a new moment.
+        eventually("progress after a restart", RUN_DEADLINE, || async {
+            let run = rg.run(&id).await;
+            (done_steps(&run) > seen || run["status"] == "succeeded").then_some(())
+        })
+        .await;
+    }
+    println!("{kills} kill -9s during the run");
+    assert!(kills >= 10, "only {kills} kills before the run finished");
+    let run = rg.run(&id).await;
+    assert_upgraded(&ground, &rg, &run, "1.34.5").await;
+    let restarts = run["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| {
+            h["reason"]
+                .as_str()
+                .unwrap()
+                .starts_with("rollgate restarted")
+        })
+        .count();
+    assert!(
+        restarts >= kills * 8 / 10,
+        "{restarts} restarts recorded for {kills} kills: {run}"
+    );
+}
+
+#[tokio::test]
+async fn a_changed_host_key_fails_the_step_and_nothing_runs_on_that_node() {
+    let mut ground = Ground::start("1.34.2", 2).await;
+    let w2 = ground.nodes.iter_mut().find(|n| n.name == "w2").unwrap();
+    w2.change_host_key();
+    let rg = start(
+        &ground,
+        &[("ROLLGATE__CLUSTER__WORKER_ORDER", "w2,w1".into())],
+    )
+    .await;
+    let id = detect(&rg, "1.34.5", "patch").await;
+    let run = wait_status(&rg, &id, "halted").await;
+    let check = step(&run, "preflight/ssh-reachable");
+    assert_eq!(check["status"], "failed", "{run}");
+    let reason = run["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("ssh to w2: host key verification failed")
+            && reason.contains("nothing was run"),
+        "{reason}"
+    );
+    assert_eq!(check["attempts"], 1, "a changed host key is not retried");
+    assert!(
+        ground.node("w2").calls().is_empty(),
+        "{:?}",
+        ground.node("w2").calls()
+    );
+    assert!(
+        !ground.node("cp").calls().is_empty(),
+        "the nodes before w2 were checked"
+    );
+    assert!(
+        ground.api.changes().is_empty(),
+        "nothing changed in the cluster"
+    );
+}
+
+#[tokio::test]
+async fn bad_targets_are_refused_before_anything_reaches_a_node() {
+    let ground = Ground::start("1.34.2", 1).await;
+    let rg = start(&ground, &[]).await;
+    let cases = [
+        ("1.34.5;touch /tmp/pwned", "patch", "is not a version"),
+        ("$(reboot)", "patch", "is not a version"),
+        ("1.34.5 && true", "patch", "is not a version"),
+        ("1.33.9", "patch", "downgrades are not supported"),
+        ("1.36.0", "minor", "skips minors"),
+        ("1.35.0", "patch", "use kind=minor"),
+        ("1.34.2", "patch", "nothing to do"),
+    ];
+    for (target, kind, why) in cases {
+        let (status, body) = rg
+            .post(
+                "/v1/detections",
+                &json!({"target_version": target, "kind": kind}),
+            )
+            .await;
+        assert_eq!(status, 422, "{target}: {body}");
+        assert!(
+            body["message"].as_str().unwrap().contains(why),
+            "{target}: {body}"
+        );
+    }
+    let (_, runs) = rg.get("/v1/runs").await;
+    assert_eq!(runs, json!([]));
+    assert_eq!(rg.metric("rollgate_queue_depth").await, 0.0);
+    for node in &ground.nodes {
+        assert!(node.calls().is_empty(), "{}: {:?}", node.name, node.calls());
+    }
+}
+
+#[tokio::test]
+async fn a_dry_run_checks_everything_and_changes_nothing() {
+    let ground = Ground::start("1.34.2", 2).await;
+    let rg = start(&ground, &[]).await;
+    let (status, body) = rg
+        .post(
+            "/v1/detections",
+            &json!({"target_version": "1.34.5", "kind": "patch", "dry_run": true}),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let id = body["run_id"].as_str().unwrap();
+    let run = wait_status(&rg, id, "succeeded").await;
+    let names: Vec<&str> = run["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "gate",
+            "quiet-period",
+            "plan",
+            "nodes-ready",
+            "ssh-reachable",
+            "kubeadm-plan"
+        ]
+    );
+    assert!(ground.api.changes().is_empty());
+    assert!(
+        ground
+            .node("cp")
+            .calls()
+            .contains(&"kubeadm upgrade plan".to_owned())
+    );
+    for node in &ground.nodes {
+        assert!(
+            !node
+                .calls()
+                .iter()
+                .any(|c| c.starts_with("apt-get install")),
+            "{:?}",
+            node.calls()
+        );
+    }
+    assert!(!ground.snapshot_dir().exists(), "no snapshot on a dry run");
 }

@@ -209,6 +209,9 @@ impl Kube {
             Source::InCluster => Config::incluster()
                 .map_err(|e| ClusterError(format!("in-cluster configuration: {e}")))?,
         };
+        // kube retries 429s itself by default; a PDB refusal must reach the drain, which
+        // paces its own retries and knows its deadline.
+        config.default_retry = false;
         config.connect_timeout = Some(settings.request_timeout);
         config.read_timeout = Some(settings.request_timeout);
         config.write_timeout = Some(settings.request_timeout);

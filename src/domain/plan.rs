@@ -160,14 +160,21 @@ pub struct Plan {
     pub steps: Vec<Step>,
 }
 
-/// A run's steps before its plan is known: the gate and the quiet period first (no
-/// cluster is even read during an incident), then `plan`, which appends the rest.
-pub fn initial_steps() -> Vec<Step> {
-    vec![
-        Step::new(Stage::Preflight.name(), steps::GATE, None),
-        Step::new(Stage::Preflight.name(), steps::QUIET_PERIOD, None),
-        Step::new(steps::PLAN, steps::PLAN, None),
-    ]
+/// A run's steps before its plan is known: with pre-flight (or a dry run), the gate and
+/// the quiet period first, so that not even the cluster is read during an incident; then
+/// `plan`, which appends the rest.
+pub fn initial_steps(request: &DetectionRequest) -> Vec<Step> {
+    let mut out = Vec::new();
+    if request.dry_run || request.stages.0.contains(&Stage::Preflight) {
+        out.push(Step::new(Stage::Preflight.name(), steps::GATE, None));
+        out.push(Step::new(
+            Stage::Preflight.name(),
+            steps::QUIET_PERIOD,
+            None,
+        ));
+    }
+    out.push(Step::new(steps::PLAN, steps::PLAN, None));
+    out
 }
 
 fn version_error(msg: String) -> PlanError {
@@ -695,6 +702,23 @@ mod tests {
         let plan = plan(&req, &facts, &PlanSettings::default()).unwrap();
         let names: Vec<&str> = plan.steps.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["nodes-ready", "ssh-reachable", "kubeadm-plan"]);
+    }
+
+    #[test]
+    fn the_gate_comes_before_the_plan_when_preflight_runs() {
+        let names = |req: &DetectionRequest| -> Vec<String> {
+            initial_steps(req).iter().map(Step::label).collect()
+        };
+        let all = request("1.34.5", UpgradeKind::Patch, "all");
+        assert_eq!(
+            names(&all),
+            ["preflight/gate", "preflight/quiet-period", "plan"]
+        );
+        let snapshot = request("1.34.5", UpgradeKind::Patch, "snapshot");
+        assert_eq!(names(&snapshot), ["plan"]);
+        let mut dry = snapshot.clone();
+        dry.dry_run = true;
+        assert_eq!(names(&dry).len(), 3);
     }
 
     #[test]

@@ -84,6 +84,14 @@ impl Ground {
         self.dir.path().join("snapshots")
     }
 
+    /// The workers of this ground in [`WORKER_ORDER`].
+    pub fn worker_order(&self) -> Vec<&str> {
+        WORKER_ORDER
+            .into_iter()
+            .filter(|w| self.nodes.iter().any(|n| n.name == *w))
+            .collect()
+    }
+
     /// The rollgate environment for this ground.
     pub fn env(&self) -> Vec<(String, String)> {
         let hosts: Vec<String> = self.nodes.iter().map(FakeNode::host_entry).collect();
@@ -93,7 +101,10 @@ impl Ground {
                 "ROLLGATE__CLUSTER__KUBECONFIG",
                 self.dir.path().join("kubeconfig").display().to_string(),
             ),
-            ("ROLLGATE__CLUSTER__WORKER_ORDER", WORKER_ORDER.join(",")),
+            (
+                "ROLLGATE__CLUSTER__WORKER_ORDER",
+                self.worker_order().join(","),
+            ),
             ("ROLLGATE__CLUSTER__SOAK", "1s".into()),
             ("ROLLGATE__CLUSTER__VERIFY_TIMEOUT", "20s".into()),
             ("ROLLGATE__CLUSTER__DRAIN_TIMEOUT", "20s".into()),
