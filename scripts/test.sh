@@ -13,4 +13,7 @@ ensure_rabbitmq
 apt_install prometheus prometheus-alertmanager
 # etcd 3.4 for the etcd adapter tests (the tests start their own members on loopback).
 apt_install etcd-server etcd-client
+# The Kubernetes upgrade tests: an sshd per fake node (started by the tests on loopback),
+# curl for the stub kubelet, shellcheck for scripts/node-upgrade.sh.
+apt_install openssh-server openssh-client curl shellcheck
 cargo test --locked "$@"

@@ -181,12 +181,8 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The upgrade steps over kube, ssh and etcd, when a cluster is configured; also the
-/// cluster reader the API plans detections with.
-pub async fn build_upgrade_steps(
-    settings: &Settings,
-    metrics: Metrics,
-) -> anyhow::Result<Option<(Arc<UpgradeSteps>, Arc<dyn ClusterRead>)>> {
+/// The Kubernetes client the settings describe; `None` when no cluster is configured.
+pub async fn kube_client(settings: &Settings) -> anyhow::Result<Option<Kube>> {
     let c = &settings.cluster;
     let source = match (&c.kubeconfig, c.in_cluster) {
         (Some(path), _) => Source::Kubeconfig {
@@ -196,15 +192,27 @@ pub async fn build_upgrade_steps(
         (None, true) => Source::InCluster,
         (None, false) => return Ok(None),
     };
-    let kube = Arc::new(
-        Kube::new(KubeSettings {
-            source,
-            namespace: c.namespace.clone(),
-            annotation_prefix: c.annotation_prefix.clone(),
-            request_timeout: c.request_timeout,
-        })
-        .await?,
-    );
+    let kube = Kube::new(KubeSettings {
+        source,
+        namespace: c.namespace.clone(),
+        annotation_prefix: c.annotation_prefix.clone(),
+        request_timeout: c.request_timeout,
+    })
+    .await?;
+    Ok(Some(kube))
+}
+
+/// The upgrade steps over kube, ssh and etcd, when a cluster is configured; also the
+/// cluster reader the API plans detections with.
+pub async fn build_upgrade_steps(
+    settings: &Settings,
+    metrics: Metrics,
+) -> anyhow::Result<Option<(Arc<UpgradeSteps>, Arc<dyn ClusterRead>)>> {
+    let c = &settings.cluster;
+    let Some(kube) = kube_client(settings).await? else {
+        return Ok(None);
+    };
+    let kube = Arc::new(kube);
     let (Some(key_file), Some(known_hosts_file)) = (
         settings.ssh.key_file.clone(),
         settings.ssh.known_hosts_file.clone(),

@@ -1,4 +1,4 @@
-//! Command line: `serve`, `check-config`, `runs list|show|halt|resume|abort`.
+//! Command line: `serve`, `check-config`, `plan`, `etcd-roll`, `runs list|show|halt|resume|abort`.
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
@@ -29,6 +29,9 @@ pub enum Command {
     /// Roll an etcd cluster in the foreground (command driver): followers first, one
     /// leadership transfer, the old leader last; a progress line per step, a JSON report.
     EtcdRoll(EtcdRollArgs),
+    /// Plan a Kubernetes upgrade against the cluster as it is now: print the steps, the
+    /// gates and what each step will do. Reads the cluster; changes nothing.
+    Plan(PlanArgs),
     /// Look at and control runs through the API.
     Runs {
         /// API base URL (default: from server.listen).
@@ -41,6 +44,23 @@ pub enum Command {
         #[command(subcommand)]
         action: RunsAction,
     },
+}
+
+/// `plan` options.
+#[derive(clap::Args, Debug)]
+pub struct PlanArgs {
+    /// The version to reach, MAJOR.MINOR.PATCH.
+    #[arg(long)]
+    pub target: String,
+    /// `patch` or `minor`; inferred from the control plane's version when left out.
+    #[arg(long)]
+    pub kind: Option<String>,
+    /// `all` or a comma list of stages.
+    #[arg(long, default_value = "all")]
+    pub stages: String,
+    /// Plan a dry run (checks only).
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 /// `etcd-roll` options.
@@ -173,6 +193,27 @@ pub fn run(cli: Cli) -> ExitCode {
                 .and_then(|rt| rt.block_on(etcd_roll(args)));
             match result {
                 Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("rollgate: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Plan(args) => {
+            let result = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("cannot start the runtime")
+                .and_then(|rt| rt.block_on(plan(&settings, args)));
+            match result {
+                Ok(text) => {
+                    print!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) if e.is::<PlanRefused>() => {
+                    eprintln!("rollgate: {e:#}");
+                    ExitCode::from(2)
+                }
                 Err(e) => {
                     eprintln!("rollgate: {e:#}");
                     ExitCode::FAILURE
@@ -338,4 +379,92 @@ fn print_runs(value: &serde_json::Value) {
             s("reason")
         );
     }
+}
+
+/// The request or the plan is refused (exit 2), as the API would answer 422.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct PlanRefused(String);
+
+/// `rollgate plan`: the plan for `args` against the cluster now, as text.
+async fn plan(settings: &Settings, args: PlanArgs) -> anyhow::Result<String> {
+    use crate::domain::event::{DetectionRequest, StageSelection, UpgradeKind};
+    use crate::domain::plan::{self, PlanSettings, Role};
+    use crate::domain::version::Version;
+    use crate::ports::ClusterRead;
+    use std::fmt::Write as _;
+
+    let target = Version::parse(&args.target).map_err(|e| PlanRefused(e.to_string()))?;
+    let stages = StageSelection::parse(&args.stages).map_err(PlanRefused)?;
+    let Some(kube) = crate::app::kube_client(settings).await? else {
+        bail!("no cluster configured: set cluster.kubeconfig or cluster.in_cluster");
+    };
+    let facts = kube.facts().await?;
+    let kind = match args.kind.as_deref() {
+        Some("patch") => UpgradeKind::Patch,
+        Some("minor") => UpgradeKind::Minor,
+        Some(other) => {
+            return Err(PlanRefused(format!("--kind {other:?} is neither patch nor minor")).into());
+        }
+        None => {
+            let current = facts
+                .nodes
+                .iter()
+                .find(|n| n.role == Role::ControlPlane)
+                .map(|n| n.kubelet);
+            match current {
+                Some(c) if c.minor == target.minor => UpgradeKind::Patch,
+                _ => UpgradeKind::Minor,
+            }
+        }
+    };
+    let request = DetectionRequest {
+        target_version: target,
+        kind,
+        dry_run: args.dry_run,
+        stages,
+    };
+    let planned = plan::plan(
+        &request,
+        &facts,
+        &PlanSettings {
+            worker_order: settings.cluster.worker_order.clone(),
+        },
+    )
+    .map_err(|e| PlanRefused(e.to_string()))?;
+    let mut steps = plan::initial_steps(&request);
+    steps.extend(planned.steps);
+    let mut out = String::new();
+    let kind_name = match kind {
+        UpgradeKind::Patch => "patch",
+        UpgradeKind::Minor => "minor",
+    };
+    writeln!(
+        out,
+        "{kind_name} upgrade {} -> {target}{}",
+        planned.current,
+        if args.dry_run { " (dry run)" } else { "" }
+    )?;
+    writeln!(out, "control plane: {}", planned.control_plane)?;
+    writeln!(out, "workers in order: {}", planned.workers.join(", "))?;
+    for skipped in &planned.skipped {
+        writeln!(out, "skipped: {skipped}")?;
+    }
+    let gates: Vec<String> = steps
+        .iter()
+        .filter(|s| s.name == plan::steps::GATE)
+        .map(|s| s.label())
+        .collect();
+    writeln!(out, "gates ({}): {}", settings.gate.query, gates.join(", "))?;
+    writeln!(out, "steps:")?;
+    for (i, step) in steps.iter().enumerate() {
+        writeln!(
+            out,
+            "{:>3}. {:<32} {}",
+            i + 1,
+            step.label(),
+            plan::describe(step, target)
+        )?;
+    }
+    Ok(out)
 }

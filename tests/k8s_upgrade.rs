@@ -572,3 +572,57 @@ async fn a_dry_run_checks_everything_and_changes_nothing() {
     }
     assert!(!ground.snapshot_dir().exists(), "no snapshot on a dry run");
 }
+
+#[tokio::test]
+async fn rollgate_plan_prints_the_steps_and_gates_and_changes_nothing() {
+    let ground = Ground::start("1.34.2", 2).await;
+    let plan = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
+            .arg("plan")
+            .args(args)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .envs(ground.env())
+            .output()
+            .expect("rollgate plan");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, text, err) = plan(&["--target", "1.34.5"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        text.starts_with("patch upgrade 1.34.2 -> 1.34.5\n"),
+        "{text}"
+    );
+    assert!(text.contains("workers in order: w2, w1"), "{text}");
+    assert!(
+        text.contains("preflight/gate, control-plane/gate@cp, workers/gate@w2, workers/gate@w1, postflight/gate"),
+        "{text}"
+    );
+    assert!(text.contains("control-plane/upgrade@cp"), "{text}");
+    assert!(text.contains("kubeadm upgrade apply"), "{text}");
+    assert!(text.contains("snapshot/etcd-snapshot"), "{text}");
+
+    let (code, text, _) = plan(&["--target", "1.35.0", "--dry-run"]);
+    assert_eq!(code, Some(0));
+    assert!(
+        text.starts_with("minor upgrade 1.34.2 -> 1.35.0 (dry run)"),
+        "{text}"
+    );
+    assert!(!text.contains("drain"), "{text}");
+
+    let (code, _, err) = plan(&["--target", "1.33.0"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("downgrades are not supported"), "{err}");
+    let (code, _, err) = plan(&["--target", "1.34.5;reboot"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("is not a version"), "{err}");
+
+    assert!(ground.api.changes().is_empty());
+    for node in &ground.nodes {
+        assert!(node.calls().is_empty());
+    }
+}

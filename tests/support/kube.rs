@@ -523,12 +523,22 @@ impl FakeKube {
         let server = server.run();
         let handle = server.handle();
         tokio::spawn(server);
-        Self {
+        let fake = Self {
             port,
             token,
             state,
             handle,
-        }
+        };
+        // Answering means the workers run on their own threads: from here on, blocking
+        // callers (a script under `Command::output`) are served too.
+        let http = reqwest::Client::new();
+        super::eventually(
+            "the fake API server to answer",
+            Duration::from_secs(10),
+            || async { http.get(fake.url()).send().await.ok().map(drop) },
+        )
+        .await;
+        fake
     }
 
     pub fn url(&self) -> String {

@@ -30,7 +30,7 @@ echo "apt-get $*" >> "$STUB_LOG"
 for a in "$@"; do
   case "$a" in
     *=*) pkg=${a%%=*}; ver=${a#*=}
-         apt-cache madison "$pkg" | awk '{print $3}' | grep -qx -- "$ver" || { echo "E: Version '$ver' for '$pkg' was not found" >&2; exit 100; }
+         STUB_LOG=/dev/null apt-cache madison "$pkg" | awk '{print $3}' | grep -qx -- "$ver" || { echo "E: Version '$ver' for '$pkg' was not found" >&2; exit 100; }
          echo "$ver" > "$STUB_STATE/installed-$pkg" ;;
   esac
 done
@@ -132,6 +132,59 @@ fn keygen(path: &Path) {
     assert!(ok, "ssh-keygen failed");
 }
 
+/// A node's files: stub tools in `bin`, installed versions and the repository in `state`,
+/// an apt source naming `minor`. Returns the environment a session on the node gets.
+pub fn node_files(d: &Path, name: &str, api: &FakeKube, minor: &str) -> Vec<(String, String)> {
+    let bin = d.join("bin");
+    let state = d.join("state");
+    std::fs::create_dir_all(&bin).expect("bin");
+    std::fs::create_dir_all(&state).expect("state");
+    for (tool, text) in STUBS {
+        let path = bin.join(tool);
+        std::fs::write(&path, text).expect("stub");
+        Command::new("chmod")
+            .arg("+x")
+            .arg(&path)
+            .status()
+            .expect("chmod");
+    }
+    std::fs::write(state.join("repo"), REPOSITORY.join("\n") + "\n").expect("repo");
+    std::fs::write(state.join("repo-containerd"), "1.7.20-1\n1.7.24-1\n").expect("repo");
+    let node = api.node(name);
+    let kubelet = node["status"]["nodeInfo"]["kubeletVersion"]
+        .as_str()
+        .expect("kubelet")
+        .trim_start_matches('v')
+        .to_owned();
+    for pkg in ["kubeadm", "kubelet", "kubectl"] {
+        std::fs::write(
+            state.join(format!("installed-{pkg}")),
+            format!("{kubelet}-1.1\n"),
+        )
+        .expect("installed");
+    }
+    std::fs::write(state.join("installed-containerd.io"), "1.7.20-1\n").expect("installed");
+    std::fs::write(
+        d.join("kubernetes.list"),
+        format!("deb [signed-by=/etc/apt/keyrings/kubernetes.gpg] https://pkgs.k8s.io/core:/stable:/v{minor}/deb/ /\n"),
+    )
+    .expect("apt source");
+    std::fs::write(d.join("calls.log"), "").expect("log");
+    let d = d.display();
+    [
+        ("PATH", format!("{d}/bin:/usr/bin:/bin")),
+        ("STUB_LOG", format!("{d}/calls.log")),
+        ("STUB_STATE", format!("{d}/state")),
+        ("FAKE_API", api.url()),
+        ("FAKE_NODE", name.to_owned()),
+        ("FAKE_TOKEN", api.token.clone()),
+        ("K8S_APT_SOURCE", format!("{d}/kubernetes.list")),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
+}
+
 /// One fake node: an sshd with stub tools.
 pub struct FakeNode {
     pub name: String,
@@ -146,40 +199,8 @@ impl FakeNode {
         std::fs::create_dir_all("/run/sshd").expect("/run/sshd");
         let dir = tempfile::tempdir().expect("temp dir");
         let d = dir.path();
-        let bin = d.join("bin");
-        let state = d.join("state");
-        std::fs::create_dir_all(&bin).expect("bin");
-        std::fs::create_dir_all(&state).expect("state");
-        for (tool, text) in STUBS {
-            let path = bin.join(tool);
-            std::fs::write(&path, text).expect("stub");
-            Command::new("chmod")
-                .arg("+x")
-                .arg(&path)
-                .status()
-                .expect("chmod");
-        }
-        std::fs::write(state.join("repo"), REPOSITORY.join("\n") + "\n").expect("repo");
-        std::fs::write(state.join("repo-containerd"), "1.7.20-1\n1.7.24-1\n").expect("repo");
-        let node = api.node(name);
-        let kubelet = node["status"]["nodeInfo"]["kubeletVersion"]
-            .as_str()
-            .expect("kubelet")
-            .trim_start_matches('v')
-            .to_owned();
-        for pkg in ["kubeadm", "kubelet", "kubectl"] {
-            std::fs::write(
-                state.join(format!("installed-{pkg}")),
-                format!("{kubelet}-1.1\n"),
-            )
-            .expect("installed");
-        }
-        std::fs::write(state.join("installed-containerd.io"), "1.7.20-1\n").expect("installed");
-        std::fs::write(
-            d.join("kubernetes.list"),
-            format!("deb [signed-by=/etc/apt/keyrings/kubernetes.gpg] https://pkgs.k8s.io/core:/stable:/v{minor}/deb/ /\n"),
-        )
-        .expect("apt source");
+        let env = node_files(d, name, api, minor);
+        let set_env: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
         keygen(&d.join("host_key"));
         std::fs::copy(client.key.with_extension("pub"), d.join("authorized_keys")).expect("keys");
         let port = free_port();
@@ -191,15 +212,12 @@ impl FakeNode {
                  AuthorizedKeysFile {d}/authorized_keys\nStrictModes no\nUsePAM no\n\
                  PasswordAuthentication no\nKbdInteractiveAuthentication no\n\
                  PermitRootLogin prohibit-password\nMaxStartups 100\nLogLevel ERROR\n\
-                 SetEnv PATH={d}/bin:/usr/bin:/bin STUB_LOG={d}/calls.log STUB_STATE={d}/state \
-                 FAKE_API={api} FAKE_NODE={name} FAKE_TOKEN={token} K8S_APT_SOURCE={d}/kubernetes.list\n",
+                 SetEnv {}\n",
+                set_env.join(" "),
                 d = d.display(),
-                api = api.url(),
-                token = api.token,
             ),
         )
         .expect("sshd_config");
-        std::fs::write(d.join("calls.log"), "").expect("log");
         let sshd = Process::spawn(
             "sshd",
             "/usr/sbin/sshd",
