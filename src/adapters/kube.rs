@@ -29,7 +29,6 @@ pub const API_USE: &[(&str, &str, &str)] = &[
     ("", "nodes", "get"),
     ("", "nodes", "patch"),
     ("", "pods", "list"),
-    ("", "pods", "get"),
     ("", "pods/eviction", "create"),
     ("", "namespaces", "patch"),
 ];
@@ -313,33 +312,29 @@ impl Kube {
         }
     }
 
-    /// Waits until none of `pods` (by uid) is left, or `deadline`. Returns those left.
+    /// Waits until none of `pods` (by uid) is left on `node`, or `deadline`; one list call
+    /// per round, however many pods. Returns those left.
     async fn wait_gone(
         &self,
+        node: &str,
         pods: &[(String, String, String)],
         deadline: Instant,
     ) -> Result<Vec<String>, ClusterError> {
-        let mut left: Vec<&(String, String, String)> = pods.iter().collect();
         loop {
-            let mut still = Vec::new();
-            for key in left {
-                let (ns, name, uid) = key;
-                let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
-                let current = api
-                    .get_opt(name)
-                    .await
-                    .map_err(|e| api_error(&format!("get pod {ns}/{name}"), e))?;
-                if current.is_some_and(|p| p.metadata.uid.as_deref() == Some(uid.as_str())) {
-                    still.push(key);
-                }
+            let present: std::collections::HashSet<String> = self
+                .pods_on(node)
+                .await?
+                .iter()
+                .filter_map(|p| p.metadata.uid.clone())
+                .collect();
+            let left: Vec<String> = pods
+                .iter()
+                .filter(|(_, _, uid)| present.contains(uid))
+                .map(|(ns, name, _)| format!("{ns}/{name}"))
+                .collect();
+            if left.is_empty() || Instant::now() >= deadline {
+                return Ok(left);
             }
-            if still.is_empty() {
-                return Ok(Vec::new());
-            }
-            if Instant::now() >= deadline {
-                return Ok(still.iter().map(|(ns, n, _)| format!("{ns}/{n}")).collect());
-            }
-            left = still;
             tokio::time::sleep(GONE_POLL).await;
         }
     }
@@ -435,7 +430,7 @@ impl NodeDrain for Kube {
             });
         }
         let keys: Vec<_> = evict.iter().map(|p| pod_key(p)).collect();
-        let left = self.wait_gone(&keys, deadline).await?;
+        let left = self.wait_gone(node, &keys, deadline).await?;
         if !left.is_empty() {
             return Err(DrainError::Terminating {
                 node: node.to_owned(),
