@@ -407,31 +407,40 @@ async fn kill_9_at_random_moments_of_a_run_loses_nothing_and_drains_nothing_twic
     ground.api.add_pods("w1", "web", 2, false);
     let mut rg = start(&ground, &[("ROLLGATE__CLUSTER__SOAK", "3s".into())]).await;
     let id = detect(&rg, "1.34.5", "patch").await;
-    let mut kills = 0;
-    let mut seed = std::process::id() as u64;
-    loop {
-        // A cheap xorshift: random moments, different each run.
+    let run = eventually("the plan", RUN_DEADLINE, || async {
+        let run = rg.run(&id).await;
+        (run["steps"].as_array().map_or(0, Vec::len) > 10).then_some(run)
+    })
+    .await;
+    // Twelve moments, each "after step k is done, plus a random pause into the next
+    // steps", k drawn at random without repeats from the whole plan.
+    let steps = run["steps"].as_array().unwrap().len();
+    let mut seed = std::process::id() as u64 | 1;
+    let mut next = || {
+        // A cheap xorshift: different moments each run.
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;
-        let pause = Duration::from_millis(100 + seed % 600);
-        tokio::time::sleep(pause).await;
-        let run = rg.run(&id).await;
-        if run["status"] == "succeeded" {
-            break;
-        }
-        assert!(kills < 60, "the run does not finish: {run}");
-        let seen = done_steps(&run);
+        seed
+    };
+    let mut moments = std::collections::BTreeSet::new();
+    while moments.len() < 12 {
+        moments.insert(4 + (next() as usize) % (steps - 6));
+    }
+    let mut kills = 0;
+    for moment in moments {
+        eventually("the run to reach the next moment", RUN_DEADLINE, || async {
+            let run = rg.run(&id).await;
+            assert_ne!(run["status"], "succeeded", "finished before every kill");
+            (done_steps(&run) >= moment).then_some(())
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(next() % 400)).await;
         rg.kill9();
         kills += 1;
         rg.restart().await;
-        // The next kill comes only after a step finished, so each hits a new moment.
-        eventually("progress after a restart", RUN_DEADLINE, || async {
-            let run = rg.run(&id).await;
-            (done_steps(&run) > seen || run["status"] == "succeeded").then_some(())
-        })
-        .await;
     }
+    wait_status(&rg, &id, "succeeded").await;
     println!("{kills} kill -9s during the run");
     assert!(kills >= 10, "only {kills} kills before the run finished");
     let run = rg.run(&id).await;
