@@ -334,7 +334,25 @@ impl Worker {
                             self.policy.on_failure,
                         ),
                     };
-                    step = self.apply(&mut run, Input::Start, &mut commit, &mut notices);
+                    let holder = match run.status {
+                        RunStatus::Queued => {
+                            self.store.active(RunKind::K8sUpgrade, &run.id).await?
+                        }
+                        _ => None,
+                    };
+                    if let Some(holder) = holder {
+                        // One upgrade at a time per cluster.
+                        let reason = format!(
+                            "another upgrade run holds the cluster: {} (target {}, {}); one upgrade at a time",
+                            holder.id,
+                            holder.target.as_deref().unwrap_or("-"),
+                            holder.status
+                        );
+                        warn!(run_id = %run.id, %reason, "refusing to start");
+                        run.transition(RunStatus::Failed, reason, Utc::now());
+                    } else {
+                        step = self.apply(&mut run, Input::Start, &mut commit, &mut notices);
+                    }
                     // Its whole history is news, creation included (the intake tells nothing).
                     notices = notices_since(&run, 0);
                     commit.runs.push(run);

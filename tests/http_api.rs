@@ -264,6 +264,21 @@ async fn a_second_detection_for_an_in_flight_target_returns_the_same_run() {
     assert_eq!(steps, ["gate", "quiet-period", "plan"]);
     let (_, runs) = rg.get("/v1/runs").await;
     assert_eq!(runs.as_array().unwrap().len(), 2);
+    // The first run holds the cluster (waiting at its gate): the second may not start.
+    let other = rg
+        .wait_run(
+            other["run_id"].as_str().unwrap(),
+            "the second run refused",
+            |r| r["status"] == "failed",
+        )
+        .await;
+    assert!(
+        other["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("another upgrade run holds the cluster: {run_id}")),
+        "{other}"
+    );
 }
 
 fn path(run: &Value) -> Vec<(String, String)> {

@@ -379,6 +379,29 @@ async fn a_pdb_that_blocks_a_drain_fails_it_at_the_timeout_and_resume_finishes_a
         "the halt was told"
     );
 
+    // The halted run still holds the cluster: no second upgrade meanwhile.
+    let (status, body) = rg
+        .post(
+            "/v1/detections",
+            &json!({"target_version": "1.34.3", "kind": "patch"}),
+        )
+        .await;
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("run {id} (target 1.34.5) is halted")),
+        "{body}"
+    );
+    let (status, body) = rg
+        .post(
+            "/v1/detections",
+            &json!({"target_version": "1.34.5", "kind": "patch"}),
+        )
+        .await;
+    assert_eq!((status, body["run_id"].as_str()), (200, Some(id.as_str())));
+
     ground.api.set_pdb("db-pdb", "db", 1);
     let (status, body) = rg
         .post(

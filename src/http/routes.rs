@@ -202,6 +202,7 @@ pub async fn get_gates(state: State, query: web::Query<GateQuery>) -> HttpRespon
 #[utoipa::path(post, path = "/v1/detections", request_body = DetectionRequest,
     responses((status = 202, body = DetectionAccepted, description = "a new run"),
         (status = 200, body = DetectionAccepted, description = "a run for this target is already in flight"),
+        (status = 409, body = super::error::ErrorBody, description = "another upgrade run holds the cluster"),
         (status = 422, body = super::error::ErrorBody), (status = 503, body = super::error::ErrorBody)),
     security(("bearer" = [])))]
 pub async fn post_detections(
@@ -256,6 +257,23 @@ async fn check_plan(state: &AppState, request: &DetectionRequest) -> Result<(), 
     let Some(cluster) = &state.cluster else {
         return Ok(());
     };
+    if let Some(holder) = state
+        .store
+        .active(RunKind::K8sUpgrade, "")
+        .await
+        .map_err(store_down)?
+    {
+        return Err(ApiError::new(
+            actix_web::http::StatusCode::CONFLICT,
+            "upgrade_in_flight",
+            format!(
+                "run {} (target {}) is {}: one upgrade at a time; let it finish, or resume or abort it first",
+                holder.id,
+                holder.target.as_deref().unwrap_or("-"),
+                holder.status
+            ),
+        ));
+    }
     let facts = cluster.facts().await.map_err(|e| {
         tracing::warn!(error = %e, "cannot read the cluster to check a detection");
         ApiError::unavailable(format!(

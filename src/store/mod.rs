@@ -185,6 +185,25 @@ impl Store {
         .await
     }
 
+    /// The oldest run of `kind` that has started and not ended (running, waiting or
+    /// halted), other than `except`: it holds the cluster.
+    pub async fn active(&self, kind: RunKind, except: &str) -> Result<Option<Run>, StoreError> {
+        let except = except.to_owned();
+        self.with(move |c| {
+            c.query_row(
+                "SELECT id, doc FROM runs WHERE kind = ?1 AND id != ?2
+                 AND status IN ('running', 'waiting', 'halted')
+                 ORDER BY created_at LIMIT 1",
+                params![kind.name(), except],
+                row_doc,
+            )
+            .optional()?
+            .map(decode_run)
+            .transpose()
+        })
+        .await
+    }
+
     /// Runs that were in hand or waiting when the process stopped.
     pub async fn unfinished(&self) -> Result<Vec<Run>, StoreError> {
         self.with(|c| {
