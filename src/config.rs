@@ -196,8 +196,20 @@ pub struct SshConfig {
     pub connect_timeout: Duration,
     /// Bound on one node-script run, enforced on the node.
     pub command_timeout: Duration,
-    /// `node=host[:port]` entries for nodes not reached at their InternalIP.
-    pub hosts: std::collections::HashMap<String, (String, Option<u16>)>,
+    /// `node=[user@]host[:port]` entries for nodes not reached at their InternalIP with
+    /// the default user and port.
+    pub hosts: std::collections::HashMap<String, SshHost>,
+}
+
+/// Where one node is reached over SSH.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SshHost {
+    /// Login user, when not `ssh.user`.
+    pub user: Option<String>,
+    /// Host name or address.
+    pub host: String,
+    /// Port, when not `ssh.port`.
+    pub port: Option<u16>,
 }
 
 /// The etcd cluster of the control plane (section `etcd`), for the pre-upgrade snapshot.
@@ -676,21 +688,14 @@ fn ssh_settings(r: &mut Reader, cluster_configured: bool) -> SshConfig {
     }
     let mut hosts = std::collections::HashMap::new();
     for entry in r.list("ssh.hosts", &[]) {
-        let parsed = entry.split_once('=').and_then(|(node, addr)| {
-            let (host, port) = match addr.rsplit_once(':') {
-                Some((h, p)) => (h, Some(p.parse::<u16>().ok()?)),
-                None => (addr, None),
-            };
-            (is_dns_label(node) && !host.is_empty())
-                .then(|| (node.to_owned(), (host.to_owned(), port)))
-        });
+        let parsed = parse_host_entry(&entry);
         match parsed {
             Some((node, addr)) => {
                 hosts.insert(node, addr);
             }
             None => r.problem(
                 "ssh.hosts",
-                format!("{entry:?} is not node=host or node=host:port"),
+                format!("{entry:?} is not node=[user@]host[:port]"),
             ),
         }
     }
@@ -713,6 +718,34 @@ fn ssh_settings(r: &mut Reader, cluster_configured: bool) -> SshConfig {
         ),
         hosts,
     }
+}
+
+/// `node=[user@]host[:port]`.
+fn parse_host_entry(entry: &str) -> Option<(String, SshHost)> {
+    let (node, addr) = entry.split_once('=')?;
+    let (user, addr) = match addr.split_once('@') {
+        Some((u, rest)) => (Some(u), rest),
+        None => (None, addr),
+    };
+    let (host, port) = match addr.rsplit_once(':') {
+        Some((h, p)) => (h, Some(p.parse::<u16>().ok()?)),
+        None => (addr, None),
+    };
+    let user_ok = user.is_none_or(|u| {
+        !u.is_empty()
+            && u.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+    });
+    (is_dns_label(node) && user_ok && !host.is_empty() && !host.starts_with('-')).then(|| {
+        (
+            node.to_owned(),
+            SshHost {
+                user: user.map(str::to_owned),
+                host: host.to_owned(),
+                port,
+            },
+        )
+    })
 }
 
 fn etcd_settings(r: &mut Reader, data_dir: &Path) -> EtcdConfig {
@@ -1015,6 +1048,37 @@ mod tests {
             !err.to_string().contains("secret"),
             "a password leaked: {err}"
         );
+    }
+
+    #[test]
+    fn ssh_host_entries_parse() {
+        let host = |user: Option<&str>, host: &str, port: Option<u16>| SshHost {
+            user: user.map(str::to_owned),
+            host: host.into(),
+            port,
+        };
+        let cases = [
+            ("cp=10.0.0.5", Some(("cp", host(None, "10.0.0.5", None)))),
+            (
+                "w1=10.0.0.6:2222",
+                Some(("w1", host(None, "10.0.0.6", Some(2222)))),
+            ),
+            (
+                "w2=wizard@n2.lan:22",
+                Some(("w2", host(Some("wizard"), "n2.lan", Some(22)))),
+            ),
+            ("w3", None),
+            ("w3=", None),
+            ("w3=h:notaport", None),
+            ("W3=h", None),
+            ("w3=-oProxyCommand=x", None),
+            ("w3=a b@h", None),
+        ];
+        for (entry, want) in cases {
+            let got = parse_host_entry(entry);
+            let want = want.map(|(n, h)| (n.to_owned(), h));
+            assert_eq!(got, want, "{entry}");
+        }
     }
 
     #[test]

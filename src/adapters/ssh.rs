@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tracing::info;
 
+use crate::config::SshHost;
 use crate::ports::{ExecError, ExecOutput, NodeExec, NodeTarget};
 
 /// How rollgate reaches nodes.
@@ -26,8 +27,8 @@ pub struct SshSettings {
     pub connect_timeout: Duration,
     /// Bound on one command, enforced on the node.
     pub command_timeout: Duration,
-    /// Host (and port) per node name, when not the node's InternalIP.
-    pub hosts: HashMap<String, (String, Option<u16>)>,
+    /// User, host and port per node name, when not the defaults and the InternalIP.
+    pub hosts: HashMap<String, SshHost>,
     /// Where the mux sockets live (keep the path short).
     pub control_dir: PathBuf,
 }
@@ -64,21 +65,37 @@ impl Ssh {
         Ok(Self { settings })
     }
 
-    fn destination(&self, node: &NodeTarget) -> (String, u16) {
-        match self.settings.hosts.get(&node.name) {
-            Some((host, port)) => (host.clone(), port.unwrap_or(self.settings.port)),
+    /// User, host and port for `node`.
+    fn destination(&self, node: &NodeTarget) -> (String, String, u16) {
+        let s = &self.settings;
+        match s.hosts.get(&node.name) {
+            Some(h) => (
+                h.user.clone().unwrap_or_else(|| s.user.clone()),
+                h.host.clone(),
+                h.port.unwrap_or(s.port),
+            ),
             None => (
+                s.user.clone(),
                 node.address.clone().unwrap_or_else(|| node.name.clone()),
-                self.settings.port,
+                s.port,
             ),
         }
     }
 
     async fn session(&self, node: &NodeTarget) -> Result<openssh::Session, ExecError> {
-        let (host, port) = self.destination(node);
+        let (user, host, port) = self.destination(node);
+        // A node's InternalIP comes from the node itself: never let it become an option.
+        if !plain_name(&host) || !plain_name(&user) {
+            return Err(ExecError::Other {
+                node: node.name.clone(),
+                error: format!(
+                    "refusing to connect to {host:?} as {user:?}: not a plain host or user name"
+                ),
+            });
+        }
         let mut builder = SessionBuilder::default();
         builder
-            .user(self.settings.user.clone())
+            .user(user)
             .port(port)
             .keyfile(&self.settings.key_file)
             .known_hosts_check(KnownHosts::Strict)
@@ -113,6 +130,16 @@ impl Ssh {
             Ok(Ok(session)) => Ok(session),
         }
     }
+}
+
+/// A host or user name that ssh cannot take for anything else: no leading `-`, no spaces
+/// or shell characters.
+fn plain_name(text: &str) -> bool {
+    !text.is_empty()
+        && !text.starts_with('-')
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b))
 }
 
 fn error_text(e: &openssh::Error) -> String {
@@ -193,5 +220,20 @@ impl NodeExec for Ssh {
             });
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plain_name;
+
+    #[test]
+    fn only_plain_hosts_and_users_reach_ssh() {
+        for ok in ["10.0.0.5", "fd00::5", "node-1.lan", "wizard", "root"] {
+            assert!(plain_name(ok), "{ok}");
+        }
+        for bad in ["", "-oProxyCommand=sh", "a b", "h;reboot", "$(id)", "u@h"] {
+            assert!(!plain_name(bad), "{bad}");
+        }
     }
 }
