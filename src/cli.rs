@@ -97,9 +97,15 @@ pub struct EtcdRollArgs {
     /// PEM key of the client certificate.
     #[arg(long, requires = "cert_file")]
     pub key_file: Option<PathBuf>,
-    /// Required: this one-shot command does not consult the gate yet.
+    /// Roll without asking the gate before each restart (not recommended). Otherwise the
+    /// gate's Prometheus query (gate.prometheus_url, gate.query) is asked before every
+    /// restart; a one-shot roll has no Alertmanager board, and no Prometheus means the
+    /// gate is unknown, which holds the roll.
     #[arg(long)]
     pub no_gate: bool,
+    /// How long a closed gate may hold the roll before it stops (default gate.halt_after).
+    #[arg(long, value_parser = duration)]
+    pub gate_timeout: Option<std::time::Duration>,
 }
 
 fn duration(s: &str) -> Result<std::time::Duration, String> {
@@ -190,7 +196,7 @@ pub fn run(cli: Cli) -> ExitCode {
                 .enable_all()
                 .build()
                 .context("cannot start the runtime")
-                .and_then(|rt| rt.block_on(etcd_roll(args)));
+                .and_then(|rt| rt.block_on(etcd_roll(&settings, args)));
             match result {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -241,11 +247,31 @@ pub fn run(cli: Cli) -> ExitCode {
     }
 }
 
-async fn etcd_roll(args: EtcdRollArgs) -> anyhow::Result<()> {
+async fn etcd_roll(config: &Settings, args: EtcdRollArgs) -> anyhow::Result<()> {
     use crate::adapters::etcd::{Etcd, EtcdSettings, EtcdTls};
-    if !args.no_gate {
-        bail!("etcd-roll does not consult the gate yet: pass --no-gate to roll without it");
-    }
+    use crate::adapters::prometheus::Prometheus;
+    use crate::ports::MetricsSource;
+    use std::sync::Arc;
+    let gate = if args.no_gate {
+        None
+    } else {
+        let prometheus: Option<Arc<dyn MetricsSource>> = match &config.gate.prometheus_url {
+            Some(url) => Some(Arc::new(Prometheus::new(url, &config.gate)?)),
+            None => None,
+        };
+        // No board in a one-shot roll: an empty store in memory.
+        let store = crate::store::Store::open(std::path::Path::new(":memory:"))
+            .context("cannot open an in-memory store for the gate")?;
+        Some(crate::etcd_roll::RestartGate {
+            gate: Arc::new(crate::gate::Gate::new(
+                prometheus,
+                store,
+                crate::metrics::Metrics::new(),
+                config.gate.clone(),
+            )),
+            halt_after: args.gate_timeout.unwrap_or(config.gate.halt_after),
+        })
+    };
     let etcd = Etcd::new(EtcdSettings {
         endpoints: args.endpoints.clone(),
         timeout: args.timeout,
@@ -265,7 +291,7 @@ async fn etcd_roll(args: EtcdRollArgs) -> anyhow::Result<()> {
         transfer_timeout: args.ready_timeout,
     };
     let started = std::time::Instant::now();
-    let report = crate::etcd_roll::roll(std::sync::Arc::new(etcd), &settings, |line| {
+    let report = crate::etcd_roll::roll(Arc::new(etcd), &settings, gate.as_ref(), |line| {
         println!("[{:>6.1}s] {line}", started.elapsed().as_secs_f64());
     })
     .await?;

@@ -11,6 +11,7 @@ use tokio::sync::Mutex;
 
 use crate::adapters::etcd::{Etcd, EtcdError, MemberInfo, agreed_leader};
 use crate::domain::etcd_roll::{Action, ClusterView, Member, Order, Refusal, next_action};
+use crate::gate::Gate;
 
 /// How to roll.
 #[derive(Debug, Clone)]
@@ -67,6 +68,18 @@ pub enum RollError {
         name: String,
         /// The bound.
         within: Duration,
+    },
+    /// The gate stayed closed (or unknown) too long before a restart.
+    #[error(
+        "the gate stayed closed for {secs}s before restarting {member}: {blockers}; nothing more was restarted"
+    )]
+    GateClosed {
+        /// The member that was next.
+        member: String,
+        /// How long the roll waited.
+        secs: u64,
+        /// What held it.
+        blockers: String,
     },
     /// A member name or endpoint that must not reach a shell.
     #[error("member {0:?} has characters that cannot be passed to a command")]
@@ -212,17 +225,62 @@ async fn sample(
     }
 }
 
-/// Rolls every member not at the target. `progress` gets one line per step.
+/// The gate a roll asks before every restart, and how long it may hold the roll.
+pub struct RestartGate {
+    /// The gate.
+    pub gate: Arc<Gate>,
+    /// A gate closed this long stops the roll.
+    pub halt_after: Duration,
+}
+
+impl RestartGate {
+    /// Waits until the gate is open; fails closed after `halt_after`.
+    async fn wait_open(
+        &self,
+        member: &str,
+        progress: &mut impl FnMut(&str),
+    ) -> Result<(), RollError> {
+        let started = Instant::now();
+        let mut last = Vec::new();
+        loop {
+            let verdict = self.gate.evaluate().await.verdict;
+            tracing::debug!(?verdict, "gate before a restart");
+            if verdict.is_open() {
+                return Ok(());
+            }
+            let reasons = verdict.reasons();
+            if reasons != last {
+                progress(&format!(
+                    "gate closed before restarting {member}: {}",
+                    reasons.join("; ")
+                ));
+                last = reasons;
+            }
+            if started.elapsed() >= self.halt_after {
+                return Err(RollError::GateClosed {
+                    member: member.to_owned(),
+                    secs: started.elapsed().as_secs(),
+                    blockers: last.join("; "),
+                });
+            }
+            tokio::time::sleep(self.gate.poll_interval()).await;
+        }
+    }
+}
+
+/// Rolls every member not at the target, asking `gate` (when given) before every restart.
+/// `progress` gets one line per step.
 pub async fn roll(
     etcd: Arc<Etcd>,
     settings: &RollSettings,
+    gate: Option<&RestartGate>,
     mut progress: impl FnMut(&str),
 ) -> Result<RollReport, RollError> {
     let watch = Arc::new(Mutex::new(Watch::default()));
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let sampler = tokio::spawn(sample(etcd.clone(), watch.clone(), stopped));
     let mut report = RollReport::default();
-    let result = steps(&etcd, settings, &mut report, &mut progress).await;
+    let result = steps(&etcd, settings, gate, &mut report, &mut progress).await;
     let _ = stop.send(true);
     let _ = sampler.await;
     let w = watch.lock().await;
@@ -238,13 +296,14 @@ pub async fn roll(
 async fn steps(
     etcd: &Etcd,
     settings: &RollSettings,
+    gate: Option<&RestartGate>,
     report: &mut RollReport,
     progress: &mut impl FnMut(&str),
 ) -> Result<(), RollError> {
     let mut unsafe_since: Option<(Instant, String)> = None;
     loop {
-        let (view, names) = view(etcd, settings).await?;
-        let action = match next_action(&view, Order::Free, settings.max_lag) {
+        let (current, names) = view(etcd, settings).await?;
+        let action = match next_action(&current, Order::Free, settings.max_lag) {
             Ok(action) => {
                 unsafe_since = None;
                 action
@@ -285,6 +344,16 @@ async fn steps(
                     .find(|(i, ..)| *i == id)
                     .map(|(.., e)| e.clone())
                     .unwrap_or_default();
+                if let Some(gate) = gate {
+                    gate.wait_open(&name, progress).await?;
+                    // The cluster may have changed while the gate held the roll.
+                    if !matches!(
+                        next_action(&view(etcd, settings).await?.0, Order::Free, settings.max_lag),
+                        Ok(Action::Restart { id: again, .. }) if again == id
+                    ) {
+                        continue;
+                    }
+                }
                 progress(&format!("restarting {name} ({endpoint})"));
                 if !run_command(
                     &settings.restart_command,

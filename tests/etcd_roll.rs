@@ -31,11 +31,23 @@ struct Scripted {
     dir: tempfile::TempDir,
     names: Vec<String>,
     endpoints: Vec<String>,
+    tls: Option<support::etcd::Certs>,
 }
 
 impl Scripted {
     async fn start(n: usize) -> Self {
+        Self::start_with(n, false).await
+    }
+
+    /// Members serving clients over TLS with client-certificate auth.
+    async fn start_tls(n: usize) -> Self {
+        Self::start_with(n, true).await
+    }
+
+    async fn start_with(n: usize, tls: bool) -> Self {
         let dir = tempfile::tempdir().unwrap();
+        let certs = tls.then(|| support::etcd::Certs::make(dir.path()));
+        let scheme = if tls { "https" } else { "http" };
         for (file, body) in [("start.sh", START), ("restart.sh", RESTART)] {
             let path = dir.path().join(file);
             std::fs::write(&path, body).unwrap();
@@ -54,11 +66,19 @@ impl Scripted {
         let mut endpoints = Vec::new();
         for (i, (client, peer)) in ports.iter().enumerate() {
             let name = format!("m{i}");
-            let args = format!(
-                "--name={name} --data-dir={} --listen-client-urls=http://127.0.0.1:{client} --advertise-client-urls=http://127.0.0.1:{client} --listen-peer-urls=http://127.0.0.1:{peer} --initial-advertise-peer-urls=http://127.0.0.1:{peer} --initial-cluster={} --initial-cluster-state=new --initial-cluster-token={token} --log-level=warn",
+            let mut args = format!(
+                "--name={name} --data-dir={} --listen-client-urls={scheme}://127.0.0.1:{client} --advertise-client-urls={scheme}://127.0.0.1:{client} --listen-peer-urls=http://127.0.0.1:{peer} --initial-advertise-peer-urls=http://127.0.0.1:{peer} --initial-cluster={} --initial-cluster-state=new --initial-cluster-token={token} --log-level=warn",
                 dir.path().join(&name).display(),
                 initial.join(",")
             );
+            if let Some(c) = &certs {
+                args.push_str(&format!(
+                    " --cert-file={} --key-file={} --trusted-ca-file={} --client-cert-auth",
+                    c.server_cert.display(),
+                    c.server_key.display(),
+                    c.ca.display()
+                ));
+            }
             std::fs::write(dir.path().join(format!("{name}.args")), args).unwrap();
             assert!(
                 Command::new(dir.path().join("start.sh"))
@@ -68,12 +88,13 @@ impl Scripted {
                     .success()
             );
             names.push(name);
-            endpoints.push(format!("http://127.0.0.1:{client}"));
+            endpoints.push(format!("{scheme}://127.0.0.1:{client}"));
         }
         let s = Self {
             dir,
             names,
             endpoints,
+            tls: certs,
         };
         support::eventually(
             "every member answering, one leader",
@@ -92,7 +113,15 @@ impl Scripted {
         Etcd::new(EtcdSettings {
             endpoints: self.endpoints.clone(),
             timeout: Duration::from_secs(2),
-            tls: None,
+            tls: self
+                .tls
+                .as_ref()
+                .map(|c| rollgate::adapters::etcd::EtcdTls {
+                    ca_file: c.ca.clone(),
+                    cert_file: Some(c.client_cert.clone()),
+                    key_file: Some(c.client_key.clone()),
+                    domain: None,
+                }),
         })
         .unwrap()
     }
@@ -120,27 +149,32 @@ impl Scripted {
             self.dir.path().display()
         );
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_rollgate"));
-        cmd.args([
-            "etcd-roll",
-            "--no-gate",
-            "--cooldown",
-            "300ms",
-            "--timeout",
-            "2s",
-        ])
-        .args(["--ready-timeout", ready_timeout])
-        .arg("--endpoints")
-        .arg(self.endpoints.join(","))
-        .arg("--restart-command")
-        .arg(restart)
-        .arg("--probe-command")
-        .arg(probe)
-        .current_dir(self.dir.path());
+        cmd.args(["etcd-roll", "--cooldown", "300ms", "--timeout", "2s"])
+            .args(["--ready-timeout", ready_timeout])
+            .arg("--endpoints")
+            .arg(self.endpoints.join(","))
+            .arg("--restart-command")
+            .arg(restart)
+            .arg("--probe-command")
+            .arg(probe)
+            .current_dir(self.dir.path());
+        if let Some(c) = &self.tls {
+            cmd.arg("--ca-file")
+                .arg(&c.ca)
+                .arg("--cert-file")
+                .arg(&c.client_cert)
+                .arg("--key-file")
+                .arg(&c.client_key);
+        }
         cmd
     }
 
     fn roll_within(&self, restart: &str, ready_timeout: &str) -> (bool, String, String) {
-        let out = self.roll_command(restart, ready_timeout).output().unwrap();
+        let out = self
+            .roll_command(restart, ready_timeout)
+            .arg("--no-gate")
+            .output()
+            .unwrap();
         (
             out.status.success(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -273,6 +307,39 @@ async fn a_member_that_does_not_come_back_stops_the_roll_before_any_other_restar
 }
 
 #[tokio::test]
+async fn a_tls_cluster_rolls_the_same_way() {
+    let cluster = Scripted::start_tls(3).await;
+    let etcd = cluster.etcd();
+    let before = etcd.leader().await.expect("leader over TLS");
+    let (ok, stdout, stderr) = cluster.roll(&cluster.restart_command());
+    assert!(ok, "{stdout}\n{stderr}");
+    assert_eq!(cluster.marked().len(), 3);
+    let report = report(&stdout);
+    assert_eq!(report["transfers"], 1, "{report}");
+    assert_eq!(report["leadership_changes"], 1, "{report}");
+    assert_eq!(report["uncontrolled_changes"], 0, "{report}");
+    let restarted: Vec<&str> = report["restarted"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    let old_leader = etcd
+        .members()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|m| m.id == before.id)
+        .unwrap()
+        .name;
+    assert_eq!(
+        restarted.last(),
+        Some(&old_leader.as_str()),
+        "the old leader goes last"
+    );
+}
+
+#[tokio::test]
 async fn five_members_roll_with_one_move_from_every_starting_leader() {
     for k in 0..5 {
         roll_members_with_leader_at(5, k).await;
@@ -287,6 +354,7 @@ async fn a_roll_killed_mid_way_resumes_and_the_whole_costs_one_leadership_change
     let term_before = etcd.leader().await.unwrap().raft_term;
     let mut child = cluster
         .roll_command(&cluster.restart_command(), "15s")
+        .arg("--no-gate")
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -319,4 +387,99 @@ async fn a_roll_killed_mid_way_resumes_and_the_whole_costs_one_leadership_change
         term_before + 1,
         "one leadership change for the whole roll, kill included: {stdout}"
     );
+}
+
+/// Prometheus's firing Upgrade Gates alerts, by name.
+async fn firing(prom: &support::services::Prometheus) -> Vec<String> {
+    let url = format!(
+        "{}/api/v1/query?query=ALERTS%7Balertstate%3D%22firing%22%2Cupgrade_gate%3D%22true%22%7D",
+        prom.url()
+    );
+    let Ok(reply) = reqwest::get(url).await else {
+        return vec!["unreachable".into()];
+    };
+    let body: Value = reply.json().await.unwrap_or_default();
+    body["data"]["result"]
+        .as_array()
+        .map(|r| {
+            r.iter()
+                .map(|s| s["metric"]["alertname"].as_str().unwrap_or("").to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn booted(ago: i64) -> String {
+    format!(
+        "node_boot_time_seconds{{node=\"m1\"}} {}\n",
+        chrono::Utc::now().timestamp() - ago
+    )
+}
+
+// Multi-threaded: the roll runs as a blocking child process while Prometheus keeps
+// scraping the stand-in target served from this runtime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gate_is_asked_before_every_restart_and_a_closed_gate_restarts_nothing() {
+    use support::services::{MiniServer, Prometheus};
+    let cluster = Scripted::start(3).await;
+    let target = MiniServer::start().await;
+    target.set_metrics(&booted(60));
+    let prom = Prometheus::start(&target.address()).await;
+    support::eventually(
+        "a blocking alert to fire",
+        Duration::from_secs(30),
+        || async {
+            firing(&prom)
+                .await
+                .contains(&"NodeRecentlyRebooted".to_owned())
+                .then_some(())
+        },
+    )
+    .await;
+    let gated = |extra: &[(&str, String)]| {
+        let mut cmd = cluster.roll_command(&cluster.restart_command(), "15s");
+        cmd.args(["--gate-timeout", "2s"])
+            .env("ROLLGATE__GATE__POLL_INTERVAL", "200ms");
+        for (k, v) in extra {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let with_prom = [("ROLLGATE__GATE__PROMETHEUS_URL", prom.url())];
+
+    let (ok, stdout, stderr) = gated(&with_prom);
+    assert!(!ok, "{stdout}\n{stderr}");
+    assert!(stdout.contains("gate closed before restarting"), "{stdout}");
+    assert!(
+        stderr.contains("the gate stayed closed") && stderr.contains("NodeRecentlyRebooted"),
+        "{stderr}"
+    );
+    assert!(
+        cluster.marked().is_empty(),
+        "nothing restarted: {:?}",
+        cluster.marked()
+    );
+
+    // No Prometheus at all: the gate is unknown, which is closed.
+    let (ok, _, stderr) = gated(&[]);
+    assert!(!ok);
+    assert!(stderr.contains("gate unknown"), "{stderr}");
+    assert!(cluster.marked().is_empty());
+
+    target.set_metrics(&booted(86_400));
+    support::eventually("the alert to resolve", Duration::from_secs(30), || async {
+        firing(&prom).await.is_empty().then_some(())
+    })
+    .await;
+    let (ok, stdout, stderr) = gated(&with_prom);
+    assert!(ok, "{stdout}\n{stderr}");
+    assert_eq!(cluster.marked().len(), 3);
+    let report = report(&stdout);
+    assert_eq!(report["transfers"], 1, "{report}");
+    assert_eq!(report["uncontrolled_changes"], 0, "{report}");
 }
