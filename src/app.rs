@@ -217,7 +217,9 @@ pub async fn build_upgrade_steps(
         settings.ssh.key_file.clone(),
         settings.ssh.known_hosts_file.clone(),
     ) else {
-        bail!("a configured cluster needs ssh.key_file and ssh.known_hosts_file");
+        bail!(
+            "upgrading a configured cluster needs ssh.key_file and ssh.known_hosts_file (the node script runs over SSH)"
+        );
     };
     let ssh = Ssh::new(SshSettings {
         user: settings.ssh.user.clone(),

@@ -69,13 +69,25 @@ pub struct EtcdRollArgs {
     /// Client URL of every member, comma-separated.
     #[arg(long, value_delimiter = ',', required = true)]
     pub endpoints: Vec<String>,
-    /// Shell command restarting one member (`{name}`, `{endpoint}`, or $ROLLGATE_MEMBER,
-    /// $ROLLGATE_ENDPOINT).
+    /// `command` (members restarted by --restart-command) or `statefulset` (the pods of
+    /// --statefulset, through cluster.kubeconfig or cluster.in_cluster).
+    #[arg(long, default_value = "command")]
+    pub driver: String,
+    /// command driver: shell command restarting one member (`{name}`, `{endpoint}`, or
+    /// $ROLLGATE_MEMBER, $ROLLGATE_ENDPOINT).
     #[arg(long)]
-    pub restart_command: String,
-    /// Shell command exiting 0 when a member runs the target revision (same variables).
+    pub restart_command: Option<String>,
+    /// command driver: shell command exiting 0 when a member runs the target revision
+    /// (same variables).
     #[arg(long)]
-    pub probe_command: String,
+    pub probe_command: Option<String>,
+    /// statefulset driver: the StatefulSet whose pods are the members (member name = pod
+    /// name).
+    #[arg(long)]
+    pub statefulset: Option<String>,
+    /// statefulset driver: its namespace.
+    #[arg(long, default_value = "default")]
+    pub namespace: String,
     /// How long a restarted member may take to be healthy, at target and caught up.
     #[arg(long, default_value = "60s", value_parser = duration)]
     pub ready_timeout: std::time::Duration,
@@ -282,18 +294,50 @@ async fn etcd_roll(config: &Settings, args: EtcdRollArgs) -> anyhow::Result<()> 
             domain: None,
         }),
     })?;
+    let driver: Box<dyn crate::etcd_roll::Driver> = match args.driver.as_str() {
+        "command" => {
+            let (Some(restart_command), Some(probe_command)) =
+                (args.restart_command.clone(), args.probe_command.clone())
+            else {
+                bail!("the command driver needs --restart-command and --probe-command");
+            };
+            Box::new(crate::etcd_roll::CommandDriver {
+                restart_command,
+                probe_command,
+                timeout: args.ready_timeout,
+            })
+        }
+        "statefulset" => {
+            let Some(name) = args.statefulset.clone() else {
+                bail!("the statefulset driver needs --statefulset NAME");
+            };
+            let Some(kube) = crate::app::kube_client(config).await? else {
+                bail!("the statefulset driver needs cluster.kubeconfig or cluster.in_cluster");
+            };
+            Box::new(crate::etcd_roll::StatefulSetDriver {
+                api: Arc::new(kube),
+                namespace: args.namespace.clone(),
+                name,
+            })
+        }
+        other => bail!("--driver {other:?} is neither command nor statefulset"),
+    };
     let settings = crate::etcd_roll::RollSettings {
-        restart_command: args.restart_command,
-        probe_command: args.probe_command,
         ready_timeout: args.ready_timeout,
         cooldown: args.cooldown,
         max_lag: args.max_lag,
         transfer_timeout: args.ready_timeout,
     };
     let started = std::time::Instant::now();
-    let report = crate::etcd_roll::roll(Arc::new(etcd), &settings, gate.as_ref(), |line| {
-        println!("[{:>6.1}s] {line}", started.elapsed().as_secs_f64());
-    })
+    let report = crate::etcd_roll::roll(
+        Arc::new(etcd),
+        driver.as_ref(),
+        &settings,
+        gate.as_ref(),
+        |line| {
+            println!("[{:>6.1}s] {line}", started.elapsed().as_secs_f64());
+        },
+    )
     .await?;
     println!("{}", serde_json::to_string(&report)?);
     Ok(())

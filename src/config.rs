@@ -572,7 +572,7 @@ impl Settings {
             },
         };
         let cluster = cluster_settings(&mut r);
-        let ssh = ssh_settings(&mut r, cluster.is_configured());
+        let ssh = ssh_settings(&mut r);
         let etcd = etcd_settings(&mut r, &data_dir);
         if r.problems.is_empty() {
             Ok(Self {
@@ -677,15 +677,9 @@ fn is_dns_label(name: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
 }
 
-fn ssh_settings(r: &mut Reader, cluster_configured: bool) -> SshConfig {
+fn ssh_settings(r: &mut Reader) -> SshConfig {
     let key_file = r.opt_path("ssh.key_file");
     let known_hosts_file = r.opt_path("ssh.known_hosts_file");
-    if cluster_configured && (key_file.is_none() || known_hosts_file.is_none()) {
-        r.problem(
-            "ssh.key_file",
-            "a configured cluster needs ssh.key_file and ssh.known_hosts_file",
-        );
-    }
     let mut hosts = std::collections::HashMap::new();
     for entry in r.list("ssh.hosts", &[]) {
         let parsed = parse_host_entry(&entry);

@@ -1,5 +1,7 @@
-//! Rolling an etcd cluster with the `command` driver: members restarted by an operator's
-//! command (VMs, systemd), "at target" decided by a probe command. Each step re-reads the
+//! Rolling an etcd cluster. Two drivers: `command` (members restarted by an operator's
+//! command — VMs, systemd — "at target" decided by a probe command) and `statefulset`
+//! (the partition of a StatefulSet's rolling update lowered one ordinal at a time, "at
+//! target" = the pod runs the update revision and is Ready). Each step re-reads the
 //! cluster and asks the pure planner (`domain::etcd_roll`) for the next safe action, so a
 //! crashed roll resumes by itself; a sampler records every leadership change meanwhile.
 
@@ -12,16 +14,130 @@ use tokio::sync::Mutex;
 use crate::adapters::etcd::{Etcd, EtcdError, MemberInfo, agreed_leader};
 use crate::domain::etcd_roll::{Action, ClusterView, Member, Order, Refusal, next_action};
 use crate::gate::Gate;
+use crate::ports::StatefulSets;
+
+/// How members are restarted, and how a member is known to run the target.
+#[async_trait::async_trait]
+pub trait Driver: Send + Sync {
+    /// The restart order the driver imposes.
+    fn order(&self) -> Order;
+    /// The member's StatefulSet ordinal, when the driver has ordinals.
+    fn ordinal(&self, _name: &str) -> Option<u32> {
+        None
+    }
+    /// Before the first step.
+    async fn begin(&self) -> Result<(), RollError> {
+        Ok(())
+    }
+    /// Whether member `name` (at `endpoint`) runs the target.
+    async fn at_target(&self, name: &str, endpoint: &str) -> Result<bool, RollError>;
+    /// Starts moving member `name` onto the target.
+    async fn restart(&self, name: &str, endpoint: &str) -> Result<(), RollError>;
+    /// After the last step, and after a failure.
+    async fn finish(&self) -> Result<(), RollError> {
+        Ok(())
+    }
+}
+
+/// Members restarted by a shell command, probed by another.
+pub struct CommandDriver {
+    /// Restarts one member; `ROLLGATE_MEMBER` and `ROLLGATE_ENDPOINT` are set, and
+    /// `{name}` / `{endpoint}` are replaced (both validated first).
+    pub restart_command: String,
+    /// Exits 0 when a member already runs the target revision; same variables.
+    pub probe_command: String,
+    /// Bound on one command.
+    pub timeout: Duration,
+}
+
+#[async_trait::async_trait]
+impl Driver for CommandDriver {
+    fn order(&self) -> Order {
+        Order::Free
+    }
+
+    async fn at_target(&self, name: &str, endpoint: &str) -> Result<bool, RollError> {
+        run_command(&self.probe_command, name, endpoint, self.timeout).await
+    }
+
+    async fn restart(&self, name: &str, endpoint: &str) -> Result<(), RollError> {
+        if run_command(&self.restart_command, name, endpoint, self.timeout).await? {
+            Ok(())
+        } else {
+            Err(RollError::Command(format!(
+                "the restart command failed for {name}"
+            )))
+        }
+    }
+}
+
+/// Members that are the pods of a StatefulSet (member name = pod name): the controller
+/// restarts the pods at or above the partition, highest ordinal first; rollgate lowers
+/// the partition one ordinal at a time.
+pub struct StatefulSetDriver {
+    /// The Kubernetes API.
+    pub api: Arc<dyn StatefulSets>,
+    /// The StatefulSet's namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+}
+
+impl StatefulSetDriver {
+    async fn lock(&self) -> Result<u32, RollError> {
+        let sts = self.api.statefulset(&self.namespace, &self.name).await?;
+        if sts.partition < sts.replicas {
+            self.api
+                .set_partition(&self.namespace, &self.name, sts.replicas)
+                .await?;
+        }
+        Ok(sts.replicas)
+    }
+}
+
+#[async_trait::async_trait]
+impl Driver for StatefulSetDriver {
+    fn order(&self) -> Order {
+        Order::StatefulSet
+    }
+
+    fn ordinal(&self, name: &str) -> Option<u32> {
+        name.strip_prefix(&self.name)?
+            .strip_prefix('-')?
+            .parse()
+            .ok()
+    }
+
+    /// Partition lock: nothing moves until rollgate lowers the partition.
+    async fn begin(&self) -> Result<(), RollError> {
+        self.lock().await.map(drop)
+    }
+
+    async fn at_target(&self, name: &str, _endpoint: &str) -> Result<bool, RollError> {
+        let sts = self.api.statefulset(&self.namespace, &self.name).await?;
+        let pod = self.api.pod_state(&self.namespace, name).await?;
+        Ok(pod.is_some_and(|p| p.ready && p.revision == sts.update_revision))
+    }
+
+    async fn restart(&self, name: &str, _endpoint: &str) -> Result<(), RollError> {
+        let ordinal = self.ordinal(name).ok_or_else(|| {
+            RollError::Refused(Refusal::MissingOrdinal(name.to_owned()).to_string())
+        })?;
+        self.api
+            .set_partition(&self.namespace, &self.name, ordinal)
+            .await?;
+        Ok(())
+    }
+
+    /// Back to partition = replicas, so the lock stays for the next roll.
+    async fn finish(&self) -> Result<(), RollError> {
+        self.lock().await.map(drop)
+    }
+}
 
 /// How to roll.
 #[derive(Debug, Clone)]
 pub struct RollSettings {
-    /// Shell command restarting one member; `ROLLGATE_MEMBER` and `ROLLGATE_ENDPOINT` are set,
-    /// and `{name}` / `{endpoint}` are replaced (both validated first).
-    pub restart_command: String,
-    /// Shell command exiting 0 when a member already runs the target revision; same
-    /// variables as `restart_command`.
-    pub probe_command: String,
     /// How long a restarted member may take to be healthy, at target and caught up.
     pub ready_timeout: Duration,
     /// Pause after a member is back, before the next action.
@@ -81,6 +197,9 @@ pub enum RollError {
         /// What held it.
         blockers: String,
     },
+    /// The Kubernetes API failed.
+    #[error(transparent)]
+    Cluster(#[from] crate::ports::ClusterError),
     /// A member name or endpoint that must not reach a shell.
     #[error("member {0:?} has characters that cannot be passed to a command")]
     Unsafe(String),
@@ -142,7 +261,7 @@ fn endpoint_of<'a>(member: &MemberInfo, endpoints: &'a [String]) -> Option<&'a S
 /// Reads the cluster into the planner's view.
 async fn view(
     etcd: &Etcd,
-    settings: &RollSettings,
+    driver: &dyn Driver,
 ) -> Result<(ClusterView, Vec<(u64, String, String)>), RollError> {
     let members = etcd.members().await?;
     let statuses = etcd.answering().await;
@@ -156,18 +275,12 @@ async fn view(
         let at_target = if endpoint.is_empty() {
             false
         } else {
-            run_command(
-                &settings.probe_command,
-                &m.name,
-                &endpoint,
-                settings.ready_timeout,
-            )
-            .await?
+            driver.at_target(&m.name, &endpoint).await?
         };
         out.push(Member {
             id: m.id,
             name: m.name.clone(),
-            ordinal: None,
+            ordinal: driver.ordinal(&m.name),
             at_target,
             healthy: status.is_some(),
             raft_index: status.map_or(0, |s| s.raft_index),
@@ -272,6 +385,7 @@ impl RestartGate {
 /// `progress` gets one line per step.
 pub async fn roll(
     etcd: Arc<Etcd>,
+    driver: &dyn Driver,
     settings: &RollSettings,
     gate: Option<&RestartGate>,
     mut progress: impl FnMut(&str),
@@ -280,7 +394,12 @@ pub async fn roll(
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let sampler = tokio::spawn(sample(etcd.clone(), watch.clone(), stopped));
     let mut report = RollReport::default();
-    let result = steps(&etcd, settings, gate, &mut report, &mut progress).await;
+    let mut result = driver.begin().await;
+    if result.is_ok() {
+        result = steps(&etcd, driver, settings, gate, &mut report, &mut progress).await;
+    }
+    let finished = driver.finish().await;
+    let result = result.and(finished);
     let _ = stop.send(true);
     let _ = sampler.await;
     let w = watch.lock().await;
@@ -295,6 +414,7 @@ pub async fn roll(
 
 async fn steps(
     etcd: &Etcd,
+    driver: &dyn Driver,
     settings: &RollSettings,
     gate: Option<&RestartGate>,
     report: &mut RollReport,
@@ -302,8 +422,8 @@ async fn steps(
 ) -> Result<(), RollError> {
     let mut unsafe_since: Option<(Instant, String)> = None;
     loop {
-        let (current, names) = view(etcd, settings).await?;
-        let action = match next_action(&current, Order::Free, settings.max_lag) {
+        let (current, names) = view(etcd, driver).await?;
+        let action = match next_action(&current, driver.order(), settings.max_lag) {
             Ok(action) => {
                 unsafe_since = None;
                 action
@@ -348,27 +468,16 @@ async fn steps(
                     gate.wait_open(&name, progress).await?;
                     // The cluster may have changed while the gate held the roll.
                     if !matches!(
-                        next_action(&view(etcd, settings).await?.0, Order::Free, settings.max_lag),
+                        next_action(&view(etcd, driver).await?.0, driver.order(), settings.max_lag),
                         Ok(Action::Restart { id: again, .. }) if again == id
                     ) {
                         continue;
                     }
                 }
                 progress(&format!("restarting {name} ({endpoint})"));
-                if !run_command(
-                    &settings.restart_command,
-                    &name,
-                    &endpoint,
-                    settings.ready_timeout,
-                )
-                .await?
-                {
-                    return Err(RollError::Command(format!(
-                        "the restart command failed for {name}"
-                    )));
-                }
+                driver.restart(&name, &endpoint).await?;
                 report.restarted.push(name.clone());
-                wait_ready(etcd, settings, id, &name, &endpoint).await?;
+                wait_ready(etcd, driver, settings, id, &name, &endpoint).await?;
                 progress(&format!(
                     "{name} is back, at the target and caught up; cooling down {:?}",
                     settings.cooldown
@@ -384,6 +493,7 @@ async fn steps(
 /// ssh round trip, and this loop ticks every 100 ms.
 async fn wait_ready(
     etcd: &Etcd,
+    driver: &dyn Driver,
     settings: &RollSettings,
     id: u64,
     name: &str,
@@ -396,16 +506,7 @@ async fn wait_ready(
             .and_then(|l| statuses.iter().find(|s| s.id == l));
         if let (Some(member), Some(leader)) = (statuses.iter().find(|s| s.id == id), leader)
             && member.raft_index + settings.max_lag >= leader.raft_index
-            && matches!(
-                run_command(
-                    &settings.probe_command,
-                    name,
-                    endpoint,
-                    settings.ready_timeout
-                )
-                .await,
-                Ok(true)
-            )
+            && matches!(driver.at_target(name, endpoint).await, Ok(true))
         {
             return Ok(());
         }

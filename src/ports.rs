@@ -276,3 +276,44 @@ pub struct SnapshotInfo {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("etcd snapshot: {0}")]
 pub struct SnapshotError(pub String);
+
+/// The parts of a StatefulSet's rolling update that an etcd roll drives.
+#[async_trait::async_trait]
+pub trait StatefulSets: Send + Sync {
+    /// Replicas, partition and revisions of `namespace/name`.
+    async fn statefulset(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<StatefulSetState, ClusterError>;
+    /// Sets the rolling update's partition.
+    async fn set_partition(
+        &self,
+        namespace: &str,
+        name: &str,
+        partition: u32,
+    ) -> Result<(), ClusterError>;
+    /// A pod's revision (`controller-revision-hash`) and readiness; `None` when it does not exist.
+    async fn pod_state(&self, namespace: &str, pod: &str)
+    -> Result<Option<PodState>, ClusterError>;
+}
+
+/// A StatefulSet's rolling-update state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatefulSetState {
+    /// `spec.replicas`.
+    pub replicas: u32,
+    /// `spec.updateStrategy.rollingUpdate.partition` (0 when unset).
+    pub partition: u32,
+    /// `status.updateRevision`: the revision pods move to.
+    pub update_revision: String,
+}
+
+/// A pod as a roll sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodState {
+    /// Its `controller-revision-hash` label.
+    pub revision: String,
+    /// Its Ready condition is True (and it is not terminating).
+    pub ready: bool,
+}

@@ -36,15 +36,20 @@ struct Scripted {
 
 impl Scripted {
     async fn start(n: usize) -> Self {
-        Self::start_with(n, false).await
+        Self::start_with(n, false, "m").await
     }
 
     /// Members serving clients over TLS with client-certificate auth.
     async fn start_tls(n: usize) -> Self {
-        Self::start_with(n, true).await
+        Self::start_with(n, true, "m").await
     }
 
-    async fn start_with(n: usize, tls: bool) -> Self {
+    /// Members named like the pods of StatefulSet `sts`: `sts-0`, `sts-1`, …
+    async fn start_pods(n: usize, sts: &str) -> Self {
+        Self::start_with(n, false, &format!("{sts}-")).await
+    }
+
+    async fn start_with(n: usize, tls: bool, prefix: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let certs = tls.then(|| support::etcd::Certs::make(dir.path()));
         let scheme = if tls { "https" } else { "http" };
@@ -60,12 +65,12 @@ impl Scripted {
         let initial: Vec<String> = ports
             .iter()
             .enumerate()
-            .map(|(i, (_, p))| format!("m{i}=http://127.0.0.1:{p}"))
+            .map(|(i, (_, p))| format!("{prefix}{i}=http://127.0.0.1:{p}"))
             .collect();
         let mut names = Vec::new();
         let mut endpoints = Vec::new();
         for (i, (client, peer)) in ports.iter().enumerate() {
-            let name = format!("m{i}");
+            let name = format!("{prefix}{i}");
             let mut args = format!(
                 "--name={name} --data-dir={} --listen-client-urls={scheme}://127.0.0.1:{client} --advertise-client-urls={scheme}://127.0.0.1:{client} --listen-peer-urls=http://127.0.0.1:{peer} --initial-advertise-peer-urls=http://127.0.0.1:{peer} --initial-cluster={} --initial-cluster-state=new --initial-cluster-token={token} --log-level=warn",
                 dir.path().join(&name).display(),
@@ -482,4 +487,123 @@ async fn the_gate_is_asked_before_every_restart_and_a_closed_gate_restarts_nothi
     let report = report(&stdout);
     assert_eq!(report["transfers"], 1, "{report}");
     assert_eq!(report["uncontrolled_changes"], 0, "{report}");
+}
+
+/// The statefulset driver against the fake API server, whose StatefulSet controller
+/// replaces a pod by restarting its real etcd member (SIGTERM, start again at the new
+/// revision) and marks it Ready once the member answers /health.
+async fn statefulset_roll_with_leader_at(k: usize, moves: u64) {
+    use support::kube::FakeKube;
+    let cluster = Scripted::start_pods(3, "etcd").await;
+    let etcd = cluster.etcd();
+    let members = etcd.members().await.unwrap();
+    let leader = members
+        .iter()
+        .find(|m| m.name == format!("etcd-{k}"))
+        .unwrap();
+    etcd.move_leader(leader.id, Duration::from_secs(10))
+        .await
+        .unwrap();
+
+    let api = FakeKube::start().await;
+    // The template moved on with the partition lock in place, as an operator (or the
+    // roll before) leaves it: nothing restarts until rollgate lowers the partition.
+    api.add_statefulset("etcd", 3, 3, "rev-1", "rev-2");
+    let dir = cluster.dir.path().to_owned();
+    let endpoints: std::collections::HashMap<String, String> = cluster
+        .names
+        .iter()
+        .cloned()
+        .zip(cluster.endpoints.iter().cloned())
+        .collect();
+    let restarts = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = restarts.clone();
+    api.run_statefulset_controller(move |pod| {
+        seen.lock().unwrap().push(pod.to_owned());
+        assert!(
+            Command::new(dir.join("restart.sh"))
+                .arg(pod)
+                .status()
+                .unwrap()
+                .success()
+        );
+        let health = format!("{}/health", endpoints[pod]);
+        let started = Instant::now();
+        while !Command::new("curl")
+            .args(["-sf", &health])
+            .output()
+            .is_ok_and(|o| o.status.success())
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "{pod} did not come back"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    let kubeconfig = cluster.dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig);
+    let out = Command::new(env!("CARGO_BIN_EXE_rollgate"))
+        .args([
+            "etcd-roll",
+            "--no-gate",
+            "--driver",
+            "statefulset",
+            "--statefulset",
+            "etcd",
+        ])
+        .args([
+            "--cooldown",
+            "300ms",
+            "--timeout",
+            "2s",
+            "--ready-timeout",
+            "20s",
+        ])
+        .arg("--endpoints")
+        .arg(cluster.endpoints.join(","))
+        .env("ROLLGATE__CLUSTER__KUBECONFIG", &kubeconfig)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let report = report(&stdout);
+    assert_eq!(report["transfers"], moves, "{stdout}");
+    assert_eq!(report["leadership_changes"], moves, "{stdout}");
+    assert_eq!(report["uncontrolled_changes"], 0, "{stdout}");
+    // Forced high to low by the controller, one pod at a time.
+    assert_eq!(*restarts.lock().unwrap(), ["etcd-2", "etcd-1", "etcd-0"]);
+    for i in 0..3 {
+        let pod = api.pod(&format!("etcd-{i}"));
+        assert_eq!(
+            pod["metadata"]["labels"]["controller-revision-hash"], "rev-2",
+            "{pod}"
+        );
+    }
+    assert_eq!(
+        api.statefulset("etcd")["spec"]["updateStrategy"]["rollingUpdate"]["partition"],
+        3,
+        "the partition lock is restored"
+    );
+    assert!(cluster.marked().len() == 3, "every member restarted once");
+    eprintln!(
+        "statefulset, leader etcd-{k}: {}",
+        stdout.lines().last().unwrap_or_default()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statefulset_roll_with_the_leader_at_ordinal_0_moves_leadership_once() {
+    statefulset_roll_with_leader_at(0, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statefulset_roll_with_the_leader_at_ordinal_1_moves_leadership_once() {
+    statefulset_roll_with_leader_at(1, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statefulset_roll_with_the_leader_at_the_highest_ordinal_moves_it_twice() {
+    statefulset_roll_with_leader_at(2, 2).await;
 }

@@ -5,6 +5,7 @@
 //! against.
 
 use futures_util::future::join_all;
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -20,7 +21,7 @@ use crate::domain::plan::{ClusterFacts, NodeFacts, Role};
 use crate::domain::version::Version;
 use crate::ports::{
     ClusterError, ClusterRead, Cordon, DrainError, DrainOptions, DrainReport, InFlight,
-    InFlightMarks, NodeDrain,
+    InFlightMarks, NodeDrain, PodState, StatefulSetState, StatefulSets,
 };
 
 /// Every (API group, resource, verb) this adapter uses.
@@ -30,6 +31,9 @@ pub const API_USE: &[(&str, &str, &str)] = &[
     ("", "nodes", "patch"),
     ("", "pods", "list"),
     ("", "pods/eviction", "create"),
+    ("", "pods", "get"),
+    ("apps", "statefulsets", "get"),
+    ("apps", "statefulsets", "patch"),
     ("", "namespaces", "patch"),
 ];
 
@@ -506,6 +510,77 @@ impl InFlightMarks for Kube {
             .await
             .map(drop)
             .map_err(|e| api_error(&format!("annotate namespace {ns}"), e))
+    }
+}
+
+#[async_trait::async_trait]
+impl StatefulSets for Kube {
+    async fn statefulset(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<StatefulSetState, ClusterError> {
+        let api: Api<StatefulSet> = Api::namespaced(self.client.clone(), namespace);
+        let sts = api
+            .get(name)
+            .await
+            .map_err(|e| api_error(&format!("get statefulset {namespace}/{name}"), e))?;
+        let spec = sts.spec.unwrap_or_default();
+        let status = sts.status.unwrap_or_default();
+        let partition = spec
+            .update_strategy
+            .and_then(|u| u.rolling_update)
+            .and_then(|r| r.partition)
+            .unwrap_or(0);
+        Ok(StatefulSetState {
+            replicas: u32::try_from(spec.replicas.unwrap_or(1)).unwrap_or(0),
+            partition: u32::try_from(partition).unwrap_or(0),
+            update_revision: status.update_revision.unwrap_or_default(),
+        })
+    }
+
+    async fn set_partition(
+        &self,
+        namespace: &str,
+        name: &str,
+        partition: u32,
+    ) -> Result<(), ClusterError> {
+        let api: Api<StatefulSet> = Api::namespaced(self.client.clone(), namespace);
+        let patch = json!({"spec": {"updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": partition}}}});
+        api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(drop)
+            .map_err(|e| api_error(&format!("set the partition of {namespace}/{name}"), e))
+    }
+
+    async fn pod_state(
+        &self,
+        namespace: &str,
+        pod: &str,
+    ) -> Result<Option<PodState>, ClusterError> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let Some(pod) = api
+            .get_opt(pod)
+            .await
+            .map_err(|e| api_error(&format!("get pod {namespace}/{pod}"), e))?
+        else {
+            return Ok(None);
+        };
+        let revision = pod
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("controller-revision-hash"))
+            .cloned()
+            .unwrap_or_default();
+        let ready = pod.metadata.deletion_timestamp.is_none()
+            && pod
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+        Ok(Some(PodState { revision, ready }))
     }
 }
 

@@ -46,6 +46,9 @@ pub struct State {
     pods: BTreeMap<(String, String), Value>,
     timers: BTreeMap<(String, String), PodTimers>,
     pub namespaces: BTreeMap<String, Value>,
+    pub statefulsets: BTreeMap<(String, String), Value>,
+    /// Pods the StatefulSet controller is restarting now.
+    restarting: std::collections::BTreeSet<(String, String)>,
     pub pdbs: Vec<Pdb>,
     pub changes: Vec<(Instant, Change)>,
     /// Requests by method and path pattern.
@@ -405,6 +408,34 @@ async fn handle(req: HttpRequest, body: web::Bytes, shared: Shared) -> HttpRespo
             s.namespaces.insert(name.to_string(), ns.clone());
             HttpResponse::Ok().json(ns)
         }
+        ("GET", ["apis", "apps", "v1", "namespaces", ns, "statefulsets", name]) => {
+            s.count("get statefulset");
+            match s.statefulsets.get(&(ns.to_string(), name.to_string())) {
+                Some(o) => HttpResponse::Ok().json(o),
+                None => status(
+                    404,
+                    "NotFound",
+                    &format!("statefulsets.apps \"{name}\" not found"),
+                ),
+            }
+        }
+        ("PATCH", ["apis", "apps", "v1", "namespaces", ns, "statefulsets", name]) => {
+            s.count("patch statefulset");
+            let rv = s.bump();
+            let key = (ns.to_string(), name.to_string());
+            let Some(mut sts) = s.statefulsets.get(&key).cloned() else {
+                return status(
+                    404,
+                    "NotFound",
+                    &format!("statefulsets.apps \"{name}\" not found"),
+                );
+            };
+            if let Some(refused) = patch_object(&mut sts, &req, &body, rv) {
+                return refused;
+            }
+            s.statefulsets.insert(key, sts.clone());
+            HttpResponse::Ok().json(sts)
+        }
         _ => status(
             404,
             "NotFound",
@@ -492,6 +523,40 @@ fn evict(s: &mut State, ns: &str, name: &str) -> HttpResponse {
         .json(json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}))
 }
 
+/// The pod a StatefulSet controller replaces next, marked as being replaced: none while
+/// one is (one at a time), else the highest ordinal at or above the partition that is not
+/// at the update revision.
+fn next_pod_to_replace(s: &mut State) -> Option<((String, String), String)> {
+    if !s.restarting.is_empty() {
+        return None;
+    }
+    for ((ns, name), sts) in &s.statefulsets {
+        let replicas = sts["spec"]["replicas"].as_u64().unwrap_or(0);
+        let partition = sts["spec"]["updateStrategy"]["rollingUpdate"]["partition"]
+            .as_u64()
+            .unwrap_or(0);
+        let update = sts["status"]["updateRevision"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned();
+        for ordinal in (partition..replicas).rev() {
+            let key = (ns.clone(), format!("{name}-{ordinal}"));
+            let behind = s.pods.get(&key).is_some_and(|p| {
+                p["metadata"]["labels"]["controller-revision-hash"].as_str()
+                    != Some(update.as_str())
+            });
+            if behind {
+                if let Some(pod) = s.pods.get_mut(&key) {
+                    set_ready(pod, false);
+                }
+                s.restarting.insert(key.clone());
+                return Some((key, update));
+            }
+        }
+    }
+    None
+}
+
 impl FakeKube {
     pub async fn start() -> Self {
         let token = format!("fake-token-{}", std::process::id());
@@ -501,6 +566,8 @@ impl FakeKube {
             pods: BTreeMap::new(),
             timers: BTreeMap::new(),
             namespaces: BTreeMap::new(),
+            statefulsets: BTreeMap::new(),
+            restarting: std::collections::BTreeSet::new(),
             pdbs: Vec::new(),
             changes: Vec::new(),
             calls: BTreeMap::new(),
@@ -641,6 +708,89 @@ impl FakeKube {
             set_ready(&mut pod, true);
             s.pods.insert(("kube-system".into(), name), pod);
         }
+    }
+
+    /// A StatefulSet `name` with `replicas` Ready pods `name-0..` at revision `current`,
+    /// whose template has moved on to revision `update`, its rolling update held at
+    /// `partition`.
+    pub fn add_statefulset(
+        &self,
+        name: &str,
+        replicas: u32,
+        partition: u32,
+        current: &str,
+        update: &str,
+    ) {
+        let mut s = self.state.lock().unwrap();
+        let rv = s.bump();
+        s.statefulsets.insert(
+            ("default".into(), name.into()),
+            json!({
+                "apiVersion": "apps/v1", "kind": "StatefulSet",
+                "metadata": {"name": name, "namespace": "default", "uid": format!("sts-{name}"), "resourceVersion": rv},
+                "spec": {
+                    "replicas": replicas,
+                    "serviceName": name,
+                    "selector": {"matchLabels": {"app": name}},
+                    "template": {"metadata": {"labels": {"app": name}},
+                                 "spec": {"containers": [{"name": "etcd", "image": "etcd"}]}},
+                    "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": partition}},
+                },
+                "status": {"replicas": replicas, "currentRevision": current, "updateRevision": update},
+            }),
+        );
+        for ordinal in 0..replicas {
+            let pod = format!("{name}-{ordinal}");
+            let rv = s.bump();
+            let mut p = json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {
+                    "name": pod, "namespace": "default", "uid": format!("uid-{pod}"), "resourceVersion": rv,
+                    "labels": {"app": name, "controller-revision-hash": current},
+                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": name, "uid": "sts", "controller": true}],
+                },
+                "spec": {"nodeName": "w1", "containers": [{"name": "etcd", "image": "etcd"}]},
+                "status": {"phase": "Running"},
+            });
+            set_ready(&mut p, true);
+            s.pods.insert(("default".into(), pod), p);
+        }
+    }
+
+    /// Runs a StatefulSet controller in a thread: like the real one with a RollingUpdate
+    /// partition, it replaces one pod at a time — the highest ordinal at or above the
+    /// partition not at the update revision — by calling `restart(pod)` (which returns once
+    /// the replacement is up), then marks the pod at the update revision and Ready.
+    pub fn run_statefulset_controller(&self, restart: impl Fn(&str) + Send + 'static) {
+        let state = Arc::downgrade(&self.state);
+        std::thread::spawn(move || {
+            loop {
+                std::thread::sleep(Duration::from_millis(20));
+                let Some(state) = state.upgrade() else { return };
+                let next = {
+                    let mut s = state.lock().unwrap();
+                    next_pod_to_replace(&mut s)
+                };
+                let Some((key, update)) = next else { continue };
+                restart(&key.1);
+                let mut s = state.lock().unwrap();
+                let rv = s.bump();
+                if let Some(pod) = s.pods.get_mut(&key) {
+                    pod["metadata"]["labels"]["controller-revision-hash"] = json!(update);
+                    pod["metadata"]["resourceVersion"] = json!(rv);
+                    set_ready(pod, true);
+                }
+                s.restarting.remove(&key);
+            }
+        });
+    }
+
+    pub fn statefulset(&self, name: &str) -> Value {
+        self.state.lock().unwrap().statefulsets[&("default".to_owned(), name.to_owned())].clone()
+    }
+
+    pub fn pod(&self, name: &str) -> Value {
+        self.state.lock().unwrap().pods[&("default".to_owned(), name.to_owned())].clone()
     }
 
     pub fn set_pdb(&self, name: &str, app: &str, min_available: usize) {
