@@ -174,13 +174,6 @@ pub struct ClusterSettings {
     pub request_timeout: Duration,
 }
 
-impl ClusterSettings {
-    /// Whether a cluster is configured.
-    pub fn is_configured(&self) -> bool {
-        self.kubeconfig.is_some() || self.in_cluster
-    }
-}
-
 /// SSH to nodes (section `ssh`).
 #[derive(Debug, Clone)]
 pub struct SshConfig {

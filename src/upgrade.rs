@@ -484,6 +484,7 @@ impl UpgradeSteps {
         match self.marks.set_in_flight(None).await {
             Ok(()) => {
                 self.metrics.upgrade_in_flight.set(0);
+                self.metrics.upgrade_stage.set(-1);
                 done("in-flight annotations cleared")
             }
             Err(e) => retry(step, e.to_string()),

@@ -7,6 +7,7 @@ pub mod ground;
 pub mod kube;
 pub mod nodes;
 pub mod rabbit;
+pub mod scripted;
 pub mod services;
 
 use serde_json::{Value, json};

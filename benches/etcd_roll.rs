@@ -1,0 +1,314 @@
+//! etcd rolls side by side on real raft (3 members of Debian's etcd 3.4, loopback), each
+//! under the same continuous write load, for every starting leader:
+//!
+//! 1. naive: StatefulSet order (highest ordinal first), SIGTERM, wait until healthy;
+//! 2. reference: move leadership to member 0, roll N-1..1, move it to N-1, roll 0
+//!    (the in-house plan rollgate replaces);
+//! 3. rollgate: `etcd_roll::roll` with the command driver (followers first, one transfer);
+//! 4. naive with SIGKILL (a grace period too short).
+//!
+//! Reported per roll: leadership changes (the raft term's rise), transfers made,
+//! uncontrolled elections (the difference), failed writes, the longest write stall (from a
+//! write's first attempt to its success) and the roll's wall time. The writer retries only
+//! what etcd documents as not applied (Unavailable, "leader changed", "no leader",
+//! "raft proposal dropped"); anything else counts as a failed write.
+//!
+//! Run: `cargo bench --bench etcd_roll`.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use rollgate::adapters::etcd::{Etcd, agreed_leader};
+use rollgate::etcd_roll::{CommandDriver, RollSettings, roll};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use support::scripted::Scripted;
+
+const COOLDOWN: Duration = Duration::from_millis(300);
+
+#[derive(Default)]
+struct Load {
+    ok: AtomicU64,
+    failed: AtomicU64,
+    retried: AtomicU64,
+    longest_stall_ms: AtomicU64,
+    stop: AtomicBool,
+    /// Errors by kind: what made writes fail or stall.
+    errors: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
+}
+
+impl Load {
+    fn record(&self, e: &etcd_client::Error, retried: bool) {
+        let kind = match e {
+            etcd_client::Error::GRpcStatus(s) => format!("{:?}: {}", s.code(), s.message()),
+            other => other.to_string(),
+        };
+        let kind = format!("{} {}", if retried { "retried" } else { "failed" }, kind);
+        if let Ok(mut errors) = self.errors.lock() {
+            *errors.entry(kind).or_default() += 1;
+        }
+    }
+}
+
+fn retryable(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(status) => {
+            let msg = status.message();
+            // tonic's Code is not re-exported; its Debug name is stable.
+            format!("{:?}", status.code()) == "Unavailable"
+                || msg.contains("leader changed")
+                || msg.contains("no leader")
+                || msg.contains("raft proposal dropped")
+        }
+        etcd_client::Error::TransportError(_) => true,
+        _ => false,
+    }
+}
+
+/// Puts one key after another until stopped; each write retried while etcd says it was
+/// not applied.
+async fn write_load(endpoints: Vec<String>, load: Arc<Load>) {
+    let options = etcd_client::ConnectOptions::new()
+        .with_timeout(Duration::from_secs(10))
+        .with_connect_timeout(Duration::from_secs(2));
+    let mut client = etcd_client::Client::connect(endpoints, Some(options))
+        .await
+        .expect("writer connects");
+    let mut n = 0u64;
+    while !load.stop.load(Ordering::Relaxed) {
+        n += 1;
+        let first = Instant::now();
+        loop {
+            match client.put("bench/key", n.to_string(), None).await {
+                Ok(_) => {
+                    load.ok.fetch_add(1, Ordering::Relaxed);
+                    let stall = first.elapsed().as_millis() as u64;
+                    load.longest_stall_ms.fetch_max(stall, Ordering::Relaxed);
+                    break;
+                }
+                Err(e) if retryable(&e) && first.elapsed() < Duration::from_secs(30) => {
+                    load.record(&e, true);
+                    load.retried.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => {
+                    load.record(&e, false);
+                    load.failed.fetch_add(1, Ordering::Relaxed);
+                    break;
+                }
+            }
+        }
+    }
+}
+
+async fn max_term(etcd: &Etcd) -> u64 {
+    etcd.answering()
+        .await
+        .iter()
+        .map(|s| s.raft_term)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Until every member answers, a leader is agreed and all are within 1000 of its index.
+async fn wait_healthy(etcd: &Etcd) {
+    let started = Instant::now();
+    loop {
+        let statuses = etcd.answering().await;
+        if statuses.len() == etcd.endpoints().len()
+            && let Some(leader) = agreed_leader(&statuses, statuses.len())
+            && let Some(l) = statuses.iter().find(|s| s.id == leader)
+            && statuses.iter().all(|s| s.raft_index + 1000 >= l.raft_index)
+        {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "cluster not healthy"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn member_id(etcd: &Etcd, name: &str) -> u64 {
+    etcd.members()
+        .await
+        .expect("members")
+        .into_iter()
+        .find(|m| m.name == name)
+        .expect("member")
+        .id
+}
+
+async fn restart_with(cluster: &Scripted, etcd: &Etcd, script: &str, name: &str) {
+    let ok = Command::new(cluster.path(script))
+        .arg(name)
+        .status()
+        .expect("restart script")
+        .success();
+    assert!(ok, "{script} {name}");
+    wait_healthy(etcd).await;
+    tokio::time::sleep(COOLDOWN).await;
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Algorithm {
+    NaiveTerm,
+    Reference,
+    Rollgate,
+    NaiveKill,
+}
+
+impl Algorithm {
+    fn label(self) -> &'static str {
+        match self {
+            Self::NaiveTerm => "naive, SIGTERM",
+            Self::Reference => "reference plan",
+            Self::Rollgate => "rollgate",
+            Self::NaiveKill => "naive, SIGKILL",
+        }
+    }
+}
+
+/// Runs one roll; returns the transfers it made.
+async fn run(algorithm: Algorithm, cluster: &Scripted, etcd: Arc<Etcd>) -> u64 {
+    let n = cluster.names.len();
+    match algorithm {
+        Algorithm::NaiveTerm | Algorithm::NaiveKill => {
+            let script = if algorithm == Algorithm::NaiveTerm {
+                "restart.sh"
+            } else {
+                "kill-restart.sh"
+            };
+            for name in cluster.names.iter().rev() {
+                restart_with(cluster, &etcd, script, name).await;
+            }
+            0
+        }
+        Algorithm::Reference => {
+            let mut transfers = 0;
+            let first = member_id(&etcd, &cluster.names[0]).await;
+            if etcd.leader().await.expect("leader").id != first {
+                etcd.move_leader(first, Duration::from_secs(10))
+                    .await
+                    .expect("move");
+                transfers += 1;
+            }
+            for name in cluster.names[1..].iter().rev() {
+                restart_with(cluster, &etcd, "restart.sh", name).await;
+            }
+            let last = member_id(&etcd, &cluster.names[n - 1]).await;
+            etcd.move_leader(last, Duration::from_secs(10))
+                .await
+                .expect("move");
+            transfers += 1;
+            restart_with(cluster, &etcd, "restart.sh", &cluster.names[0]).await;
+            transfers
+        }
+        Algorithm::Rollgate => {
+            let driver = CommandDriver {
+                restart_command: cluster.restart_command(),
+                probe_command: format!(
+                    "test \"$(cat {}/$ROLLGATE_MEMBER.rev 2>/dev/null)\" = v2",
+                    cluster.dir.path().display()
+                ),
+                timeout: Duration::from_secs(30),
+            };
+            let settings = RollSettings {
+                ready_timeout: Duration::from_secs(30),
+                cooldown: COOLDOWN,
+                max_lag: 1000,
+                transfer_timeout: Duration::from_secs(10),
+            };
+            roll(etcd, &driver, &settings, None, |_| {})
+                .await
+                .expect("rollgate roll")
+                .transfers
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    println!(
+        "{:<16} {:>6} {:>8} {:>10} {:>13} {:>7} {:>9} {:>10} {:>8}",
+        "algorithm",
+        "leader",
+        "changes",
+        "transfers",
+        "uncontrolled",
+        "writes",
+        "failed",
+        "stall ms",
+        "roll s"
+    );
+    let algorithms = [
+        Algorithm::NaiveTerm,
+        Algorithm::Reference,
+        Algorithm::Rollgate,
+        Algorithm::NaiveKill,
+    ];
+    let mut totals: Vec<(Algorithm, u64, u64, u64, u64)> = Vec::new();
+    for leader in 0..3 {
+        for algorithm in algorithms {
+            let cluster = Scripted::start(3).await;
+            let etcd = Arc::new(cluster.etcd());
+            let id = member_id(&etcd, &cluster.names[leader]).await;
+            etcd.move_leader(id, Duration::from_secs(10))
+                .await
+                .expect("initial leader");
+            wait_healthy(&etcd).await;
+            let load = Arc::new(Load::default());
+            let writer = tokio::spawn(write_load(cluster.endpoints.clone(), load.clone()));
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let term_before = max_term(&etcd).await;
+            let started = Instant::now();
+            let transfers = run(algorithm, &cluster, etcd.clone()).await;
+            let took = started.elapsed();
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            load.stop.store(true, Ordering::Relaxed);
+            let _ = writer.await;
+            let changes = max_term(&etcd).await.saturating_sub(term_before);
+            let uncontrolled = changes.saturating_sub(transfers);
+            let failed = load.failed.load(Ordering::Relaxed);
+            let stall = load.longest_stall_ms.load(Ordering::Relaxed);
+            println!(
+                "{:<16} {:>6} {:>8} {:>10} {:>13} {:>7} {:>9} {:>10} {:>8.1}",
+                algorithm.label(),
+                cluster.names[leader],
+                changes,
+                transfers,
+                uncontrolled,
+                load.ok.load(Ordering::Relaxed),
+                failed,
+                stall,
+                took.as_secs_f64()
+            );
+            totals.push((algorithm, changes, uncontrolled, failed, stall));
+            if let Ok(errors) = load.errors.lock() {
+                for (kind, n) in errors.iter() {
+                    println!("    {n} x {kind}");
+                }
+            }
+        }
+    }
+    println!();
+    println!(
+        "{:<16} {:>13} {:>13} {:>13} {:>14}",
+        "summary", "changes/roll", "uncontrolled", "failed", "worst stall ms"
+    );
+    for algorithm in algorithms {
+        let rows: Vec<_> = totals.iter().filter(|t| t.0 == algorithm).collect();
+        let n = rows.len() as f64;
+        println!(
+            "{:<16} {:>13.2} {:>13} {:>13} {:>14}",
+            algorithm.label(),
+            rows.iter().map(|r| r.1).sum::<u64>() as f64 / n,
+            rows.iter().map(|r| r.2).sum::<u64>(),
+            rows.iter().map(|r| r.3).sum::<u64>(),
+            rows.iter().map(|r| r.4).max().unwrap_or(0)
+        );
+    }
+}
