@@ -184,6 +184,31 @@ pub fn run(cli: Cli) -> ExitCode {
             println!("  data_dir    {}", settings.data_dir.display());
             println!("  token_file  {}", settings.server.token_file.display());
             println!("  queue       {:?}", settings.queue.backend);
+            let cluster = match (&settings.cluster.kubeconfig, settings.cluster.in_cluster) {
+                (Some(path), _) => format!("kubeconfig {}", path.display()),
+                (None, true) => "in-cluster service account".into(),
+                (None, false) => "none (upgrade runs wait at their plan step)".into(),
+            };
+            println!("  cluster     {cluster}");
+            println!(
+                "  ssh         user {}, key {}, known_hosts {}",
+                settings.ssh.user,
+                settings
+                    .ssh
+                    .key_file
+                    .as_ref()
+                    .map_or("unset".into(), |p| p.display().to_string()),
+                settings
+                    .ssh
+                    .known_hosts_file
+                    .as_ref()
+                    .map_or("unset".into(), |p| p.display().to_string()),
+            );
+            println!(
+                "  etcd        {} endpoint(s), snapshots in {}",
+                settings.etcd.endpoints.len(),
+                settings.etcd.snapshot_dir.display()
+            );
             ExitCode::SUCCESS
         }
         Command::Serve => {
