@@ -358,6 +358,40 @@ async fn a_blocking_alert_during_a_soak_holds_the_next_drain_until_it_resolves()
 }
 
 #[tokio::test]
+async fn an_alert_that_arrives_while_steps_run_is_on_the_board_before_the_next_gate() {
+    let ground = Ground::start("1.34.2", 1).await;
+    ground.node("cp").slow_kubeadm(2);
+    let rg = start(&ground, &[]).await;
+    let id = detect(&rg, "1.34.5", "patch").await;
+    eventually(
+        "the control plane's node script to run",
+        RUN_DEADLINE,
+        || async {
+            let run = rg.run(&id).await;
+            (find_step(&run, "control-plane/upgrade@cp")?["status"] == "running").then_some(())
+        },
+    )
+    .await;
+    // Known only to Alertmanager's webhook (Prometheus never sees it): the worker is busy
+    // with the control plane, so the alert waits in the queue — and the next gate with it.
+    let (status, body) = rg.post("/v1/alerts", &webhook("cpwindow")).await;
+    assert_eq!(status, 202, "{body}");
+    let run = eventually("the gate before w1 to hold", RUN_DEADLINE, || async {
+        let run = rg.run(&id).await;
+        let gate = find_step(&run, "workers/gate@w1")?;
+        (run["status"] == "waiting" && gate["status"] == "waiting").then_some(run)
+    })
+    .await;
+    assert!(
+        run["blockers"].to_string().contains("node=cpwindow"),
+        "{run}"
+    );
+    assert_eq!(step(&run, "control-plane/uncordon@cp")["status"], "done");
+    assert!(!cordoned(&ground, "w1"));
+    assert_eq!(cordon_order(&ground.api.changes()), ["cp"]);
+}
+
+#[tokio::test]
 async fn a_pdb_that_blocks_a_drain_fails_it_at_the_timeout_and_resume_finishes_after_the_fix() {
     let ground = Ground::start("1.34.2", 4).await;
     ground.api.add_pods("w4", "db", 2, false);

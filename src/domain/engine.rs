@@ -303,8 +303,26 @@ fn step_done(run: &mut Run, index: usize, note: String, ctx: &Context) -> Next {
         hold(run, format!("halted by operator after step {label}"), ctx);
         return Next::Nothing;
     }
+    let next = run.steps.iter().position(|s| s.status != StepStatus::Done);
+    if let Some(next) = next
+        && run.steps[next].name == GATE_STEP
+        && (ctx.can_execute)(&run.steps[next])
+    {
+        // A gate is asked only from the queue: alerts that arrived while earlier steps
+        // ran are on the board by then, so a gate never reads a board that is behind.
+        run.current_step = Some(next);
+        run.epoch += 1;
+        run.wake_at = Some(ctx.now);
+        return Next::WakeAt {
+            at: ctx.now,
+            epoch: run.epoch,
+        };
+    }
     start(run, ctx)
 }
+
+/// The name of gate steps, which the engine starts only through the queue.
+pub const GATE_STEP: &str = "gate";
 
 fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context) -> Next {
     if epoch != run.epoch || run.status != RunStatus::Running {
@@ -818,6 +836,39 @@ mod tests {
         let names: Vec<&str> = run.steps.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["plan", "one", "two"]);
         assert_eq!(run.steps[0].status, StepStatus::Done);
+    }
+
+    #[test]
+    fn a_gate_after_a_step_is_started_through_the_queue() {
+        let mut run = run_with(&["drain", "gate", "upgrade"]);
+        let Next::RunStep { epoch, .. } = advance(&mut run, Input::Start, &ctx(0)).unwrap() else {
+            panic!("not started");
+        };
+        let next = advance(
+            &mut run,
+            Input::StepFinished {
+                epoch,
+                outcome: done(),
+            },
+            &ctx(1),
+        )
+        .unwrap();
+        let Next::WakeAt { at, epoch } = next else {
+            panic!("the gate must come back through the queue: {next:?}");
+        };
+        assert_eq!(at, t(1));
+        assert_eq!(run.status, RunStatus::Running);
+        assert_eq!(run.current_step, Some(1));
+        assert_eq!(run.steps[1].status, StepStatus::Pending);
+        assert_eq!(run.steps[1].attempts, 0);
+        let next = advance(&mut run, Input::Wake { epoch }, &ctx(1)).unwrap();
+        assert!(matches!(next, Next::RunStep { index: 1, .. }), "{next:?}");
+        assert_eq!(run.steps[1].attempts, 1);
+        // A second wake of the same epoch (a crash redo) is stale and ignored.
+        assert_eq!(
+            advance(&mut run, Input::Wake { epoch }, &ctx(1)).unwrap(),
+            Next::Nothing
+        );
     }
 
     #[test]

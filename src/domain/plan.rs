@@ -111,7 +111,7 @@ pub mod steps {
     /// Every node answers over SSH.
     pub const SSH_REACHABLE: &str = "ssh-reachable";
     /// The gate is open.
-    pub const GATE: &str = "gate";
+    pub const GATE: &str = crate::domain::engine::GATE_STEP;
     /// No blocking alert in the quiet period.
     pub const QUIET_PERIOD: &str = "quiet-period";
     /// `kubeadm upgrade plan` on the control plane offers the target.

@@ -70,6 +70,7 @@ tr -d '\n' < "$STUB_STATE/installed-$pkg"
         "kubeadm",
         r#"#!/bin/bash
 echo "kubeadm $*" >> "$STUB_LOG"
+if [ -f "$STUB_STATE/slow" ]; then sleep "$(cat "$STUB_STATE/slow")"; fi
 installed=$(cat "$STUB_STATE/installed-kubeadm")
 case "$1 $2" in
   "upgrade apply")
@@ -266,6 +267,11 @@ impl FakeNode {
         keygen(&key);
         self.sshd.stop();
         self.sshd.start();
+    }
+
+    /// Makes every kubeadm call on this node take `secs` seconds.
+    pub fn slow_kubeadm(&self, secs: u32) {
+        std::fs::write(self.dir.path().join("state/slow"), secs.to_string()).expect("slow");
     }
 
     /// Every stubbed call made on this node, one per line.
