@@ -500,8 +500,9 @@ async fn kill_9_at_random_moments_of_a_run_loses_nothing_and_drains_nothing_twic
         seed
     };
     let mut moments = std::collections::BTreeSet::new();
+    // Up to the last worker's soak: every moment comes before the run can finish.
     while moments.len() < 12 {
-        moments.insert(4 + (next() as usize) % (steps - 6));
+        moments.insert(4 + (next() as usize) % (steps - 12));
     }
     let mut kills = 0;
     for moment in moments {
