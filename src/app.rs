@@ -94,7 +94,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             None
         }
     };
-    match store.unfinished().await {
+    match store.in_progress().await {
         Ok(runs) => crate::upgrade::restore_gauges(&metrics, &runs),
         Err(e) => warn!(error = %e, "cannot read unfinished runs to restore the upgrade gauges"),
     }

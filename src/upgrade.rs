@@ -62,7 +62,7 @@ pub struct UpgradeSteps {
 }
 
 /// Every step name these executors handle (the gate steps are the gate's).
-pub const STEP_NAMES: [&str; 15] = [
+pub const STEP_NAMES: [&str; 16] = [
     steps::PLAN,
     steps::MARK_IN_FLIGHT,
     steps::NODES_READY,
@@ -78,12 +78,13 @@ pub const STEP_NAMES: [&str; 15] = [
     steps::SOAK,
     steps::NODES_AT_TARGET,
     steps::POD_READY,
+    steps::CLEAR_IN_FLIGHT,
 ];
 
 impl UpgradeSteps {
-    /// `executors` with these steps registered, plus `clear-in-flight`.
+    /// `executors` with these steps registered.
     pub fn register(self: Arc<Self>, mut executors: Executors) -> Executors {
-        for name in STEP_NAMES.into_iter().chain([steps::CLEAR_IN_FLIGHT]) {
+        for name in STEP_NAMES {
             executors = executors.with(name, self.clone());
         }
         executors
@@ -576,7 +577,8 @@ impl StepExecutor for UpgradeSteps {
     }
 }
 
-/// Restores the upgrade gauges from the unfinished runs after a restart.
+/// Restores the upgrade gauges after a restart from the runs in progress (a halted run is
+/// still in flight: its marks are on the cluster).
 pub fn restore_gauges(metrics: &Metrics, runs: &[Run]) {
     let done = |run: &Run, name: &str| {
         run.steps

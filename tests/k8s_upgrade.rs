@@ -396,7 +396,7 @@ async fn a_pdb_that_blocks_a_drain_fails_it_at_the_timeout_and_resume_finishes_a
     let ground = Ground::start("1.34.2", 4).await;
     ground.api.add_pods("w4", "db", 2, false);
     ground.api.set_pdb("db-pdb", "db", 2);
-    let rg = start(
+    let mut rg = start(
         &ground,
         &[("ROLLGATE__CLUSTER__DRAIN_TIMEOUT", "3s".into())],
     )
@@ -454,6 +454,13 @@ async fn a_pdb_that_blocks_a_drain_fails_it_at_the_timeout_and_resume_finishes_a
         )
         .await;
     assert_eq!((status, body["run_id"].as_str()), (200, Some(id.as_str())));
+
+    // A restart while halted: the upgrade is still in flight, its snapshot taken.
+    rg.kill9();
+    rg.restart().await;
+    assert_eq!(rg.metric("k8s_upgrade_in_flight").await, 1.0);
+    assert_eq!(rg.metric("k8s_upgrade_snapshot_taken").await, 1.0);
+    assert_eq!(rg.run(&id).await["status"], "halted");
 
     ground.api.set_pdb("db-pdb", "db", 1);
     let (status, body) = rg

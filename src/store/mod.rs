@@ -204,6 +204,18 @@ impl Store {
         .await
     }
 
+    /// Runs that started and have not ended: running, waiting or halted.
+    pub async fn in_progress(&self) -> Result<Vec<Run>, StoreError> {
+        self.with(|c| {
+            let mut st = c.prepare(
+                "SELECT id, doc FROM runs WHERE status IN ('running', 'waiting', 'halted')",
+            )?;
+            let rows = st.query_map([], row_doc)?;
+            rows.map(|r| decode_run(r?)).collect()
+        })
+        .await
+    }
+
     /// Runs that were in hand or waiting when the process stopped.
     pub async fn unfinished(&self) -> Result<Vec<Run>, StoreError> {
         self.with(|c| {
