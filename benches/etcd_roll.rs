@@ -142,13 +142,13 @@ async fn member_id(etcd: &Etcd, name: &str) -> u64 {
         .id
 }
 
-async fn restart_with(cluster: &Scripted, etcd: &Etcd, script: &str, name: &str) {
-    let ok = Command::new(cluster.path(script))
-        .arg(name)
+async fn restart_with(cluster: &Scripted, etcd: &Etcd, signal: &str, name: &str) {
+    let ok = Command::new(cluster.path("restart.sh"))
+        .args([name, signal])
         .status()
         .expect("restart script")
         .success();
-    assert!(ok, "{script} {name}");
+    assert!(ok, "restart.sh {name} {signal}");
     wait_healthy(etcd).await;
     tokio::time::sleep(COOLDOWN).await;
 }
@@ -177,13 +177,13 @@ async fn run(algorithm: Algorithm, cluster: &Scripted, etcd: Arc<Etcd>) -> u64 {
     let n = cluster.names.len();
     match algorithm {
         Algorithm::NaiveTerm | Algorithm::NaiveKill => {
-            let script = if algorithm == Algorithm::NaiveTerm {
-                "restart.sh"
+            let signal = if algorithm == Algorithm::NaiveTerm {
+                "TERM"
             } else {
-                "kill-restart.sh"
+                "KILL"
             };
             for name in cluster.names.iter().rev() {
-                restart_with(cluster, &etcd, script, name).await;
+                restart_with(cluster, &etcd, signal, name).await;
             }
             0
         }
@@ -197,14 +197,14 @@ async fn run(algorithm: Algorithm, cluster: &Scripted, etcd: Arc<Etcd>) -> u64 {
                 transfers += 1;
             }
             for name in cluster.names[1..].iter().rev() {
-                restart_with(cluster, &etcd, "restart.sh", name).await;
+                restart_with(cluster, &etcd, "TERM", name).await;
             }
             let last = member_id(&etcd, &cluster.names[n - 1]).await;
             etcd.move_leader(last, Duration::from_secs(10))
                 .await
                 .expect("move");
             transfers += 1;
-            restart_with(cluster, &etcd, "restart.sh", &cluster.names[0]).await;
+            restart_with(cluster, &etcd, "TERM", &cluster.names[0]).await;
             transfers
         }
         Algorithm::Rollgate => {

@@ -156,14 +156,24 @@ impl UpgradeSteps {
         })
     }
 
+    /// The node script's output on `node`, or the outcome when it could not run.
+    async fn script_on(
+        &self,
+        step: &Step,
+        node: &str,
+        args: &[String],
+    ) -> Result<ExecOutput, StepOutcome> {
+        let target = self.target_node(node).await.map_err(|e| retry(step, e))?;
+        self.exec
+            .run_script(&target, NODE_SCRIPT, args)
+            .await
+            .map_err(|e| exec_failure(step, e))
+    }
+
     async fn run_on(&self, step: &Step, node: &str, args: Vec<String>, what: &str) -> StepOutcome {
-        let target = match self.target_node(node).await {
-            Ok(t) => t,
-            Err(e) => return retry(step, e),
-        };
-        match self.exec.run_script(&target, NODE_SCRIPT, &args).await {
+        match self.script_on(step, node, &args).await {
             Ok(out) => script_result(step, what, out),
-            Err(e) => exec_failure(step, e),
+            Err(outcome) => outcome,
         }
     }
 
@@ -268,13 +278,9 @@ impl UpgradeSteps {
     ) -> StepOutcome {
         let target = request.target_version;
         let args = vec!["--plan".into(), "--release".into(), target.to_string()];
-        let node_target = match self.target_node(node).await {
-            Ok(t) => t,
-            Err(e) => return retry(step, e),
-        };
-        let out = match self.exec.run_script(&node_target, NODE_SCRIPT, &args).await {
+        let out = match self.script_on(step, node, &args).await {
             Ok(out) => out,
-            Err(e) => return exec_failure(step, e),
+            Err(outcome) => return outcome,
         };
         if out.status != Some(0) {
             return retry(

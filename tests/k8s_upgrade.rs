@@ -56,18 +56,8 @@ fn step<'a>(run: &'a Value, label: &str) -> &'a Value {
 
 fn find_step<'a>(run: &'a Value, label: &str) -> Option<&'a Value> {
     run["steps"].as_array()?.iter().find(|s| {
-        let name = s["name"].as_str().unwrap();
-        let stage = s["stage"].as_str().unwrap();
-        let mut l = if stage == name {
-            name.to_owned()
-        } else {
-            format!("{stage}/{name}")
-        };
-        if let Some(node) = s["node"].as_str() {
-            l.push('@');
-            l.push_str(node);
-        }
-        l == label
+        serde_json::from_value::<rollgate::domain::run::Step>((*s).clone())
+            .is_ok_and(|step| step.label() == label)
     })
 }
 

@@ -144,6 +144,14 @@ fn node_facts(node: &Node) -> Result<NodeFacts, ClusterError> {
     })
 }
 
+/// Whether the pod's Ready condition is True.
+fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
 /// Whether `node` is cordoned, and the owner its `mark` annotation names.
 fn cordon_state(node: &Node, mark: &str) -> (bool, Option<String>) {
     let cordoned = node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
@@ -373,12 +381,7 @@ impl ClusterRead for Kube {
                 continue;
             }
             total += 1;
-            if status
-                .conditions
-                .unwrap_or_default()
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
-            {
+            if pod_ready(pod) {
                 ready += 1;
             }
         }
@@ -573,13 +576,7 @@ impl StatefulSets for Kube {
             .and_then(|l| l.get("controller-revision-hash"))
             .cloned()
             .unwrap_or_default();
-        let ready = pod.metadata.deletion_timestamp.is_none()
-            && pod
-                .status
-                .and_then(|s| s.conditions)
-                .unwrap_or_default()
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True");
+        let ready = pod.metadata.deletion_timestamp.is_none() && pod_ready(&pod);
         Ok(Some(PodState { revision, ready }))
     }
 }

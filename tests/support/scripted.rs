@@ -15,20 +15,11 @@ echo $! > "$1.pid"
 "#;
 
 const RESTART: &str = r#"#!/bin/sh
-# restart.sh NAME: SIGTERM, wait for the exit, mark the new revision, start again.
+# restart.sh NAME [SIGNAL]: SIGNAL (default TERM; KILL = a grace period too short), wait
+# for the exit, mark the new revision, start again.
 cd "$(dirname "$0")"
 pid=$(cat "$1.pid")
-kill -TERM "$pid"
-while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
-echo v2 > "$1.rev"
-./start.sh "$1"
-"#;
-
-const KILL_RESTART: &str = r#"#!/bin/sh
-# kill-restart.sh NAME: SIGKILL (a grace period too short), mark the new revision, start.
-cd "$(dirname "$0")"
-pid=$(cat "$1.pid")
-kill -KILL "$pid"
+kill "-${2:-TERM}" "$pid"
 while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
 echo v2 > "$1.rev"
 ./start.sh "$1"
@@ -61,11 +52,7 @@ impl Scripted {
         let dir = tempfile::tempdir().unwrap();
         let certs = tls.then(|| super::etcd::Certs::make(dir.path()));
         let scheme = if tls { "https" } else { "http" };
-        for (file, body) in [
-            ("start.sh", START),
-            ("restart.sh", RESTART),
-            ("kill-restart.sh", KILL_RESTART),
-        ] {
+        for (file, body) in [("start.sh", START), ("restart.sh", RESTART)] {
             let path = dir.path().join(file);
             std::fs::write(&path, body).unwrap();
             Command::new("chmod").arg("+x").arg(&path).status().unwrap();
