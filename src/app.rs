@@ -7,7 +7,7 @@ use anyhow::{Context as _, bail};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::signal::unix::{SignalKind, signal};
@@ -21,8 +21,9 @@ use crate::adapters::snapshot::EtcdSnapshots;
 use crate::adapters::ssh::{Ssh, SshSettings};
 use crate::config::{QueueBackend, Settings};
 use crate::domain::plan::PlanSettings;
+use crate::etcd_roll_steps::{EtcdRollSteps, RollConnection};
 use crate::gate::{Gate, GateStep, QuietPeriodStep};
-use crate::http::{self, AppState};
+use crate::http::{self, AppState, EtcdRollIntake};
 use crate::metrics::Metrics;
 use crate::ports::{ClusterRead, DrainOptions, Executors, MetricsSource, Notifier, Snapshots};
 use crate::queue::Queue;
@@ -82,7 +83,24 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     let mut executors = Executors::default()
         .with("gate", Arc::new(GateStep(gate.clone())))
         .with("quiet-period", Arc::new(QuietPeriodStep(gate.clone())));
-    let cluster = match build_upgrade_steps(&settings, metrics.clone()).await? {
+    let kube = kube_client(&settings).await?.map(Arc::new);
+    let etcd_rolls = match &kube {
+        Some(kube) => {
+            executors = Arc::new(build_etcd_roll_steps(&settings, kube.clone(), metrics.clone()))
+                .register(executors);
+            EtcdRollIntake {
+                unavailable: None,
+                tls: settings.etcd_roll.ca_file.is_some(),
+            }
+        }
+        None => EtcdRollIntake {
+            unavailable: Some(
+                "etcd rolls need the Kubernetes API (cluster.kubeconfig or cluster.in_cluster): the roll drives a StatefulSet's partition".into(),
+            ),
+            tls: false,
+        },
+    };
+    let cluster = match build_upgrade_steps(&settings, kube, metrics.clone()).await? {
         Some((steps, cluster)) => {
             executors = steps.register(executors);
             Some(cluster)
@@ -111,6 +129,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             worker_order: settings.cluster.worker_order.clone(),
         },
         on_failure: settings.worker.on_failure,
+        etcd_rolls,
     });
     let server = HttpServer::new(move || {
         App::new()
@@ -206,13 +225,13 @@ pub async fn kube_client(settings: &Settings) -> anyhow::Result<Option<Kube>> {
 /// cluster reader the API plans detections with.
 pub async fn build_upgrade_steps(
     settings: &Settings,
+    kube: Option<Arc<Kube>>,
     metrics: Metrics,
 ) -> anyhow::Result<Option<(Arc<UpgradeSteps>, Arc<dyn ClusterRead>)>> {
     let c = &settings.cluster;
-    let Some(kube) = kube_client(settings).await? else {
+    let Some(kube) = kube else {
         return Ok(None);
     };
-    let kube = Arc::new(kube);
     let (Some(key_file), Some(known_hosts_file)) = (
         settings.ssh.key_file.clone(),
         settings.ssh.known_hosts_file.clone(),
@@ -236,12 +255,7 @@ pub async fn build_upgrade_steps(
         None
     } else {
         let e = &settings.etcd;
-        let tls = e.ca_file.clone().map(|ca_file| EtcdTls {
-            ca_file,
-            cert_file: e.cert_file.clone(),
-            key_file: e.key_file.clone(),
-            domain: None,
-        });
+        let tls = etcd_tls(&e.ca_file, &e.cert_file, &e.key_file);
         let etcd = Etcd::new(EtcdSettings {
             endpoints: e.endpoints.clone(),
             timeout: e.timeout,
@@ -272,6 +286,39 @@ pub async fn build_upgrade_steps(
         metrics,
     };
     Ok(Some((Arc::new(steps), kube)))
+}
+
+/// TLS to etcd when a CA is configured.
+fn etcd_tls(
+    ca_file: &Option<PathBuf>,
+    cert_file: &Option<PathBuf>,
+    key_file: &Option<PathBuf>,
+) -> Option<EtcdTls> {
+    ca_file.clone().map(|ca_file| EtcdTls {
+        ca_file,
+        cert_file: cert_file.clone(),
+        key_file: key_file.clone(),
+        domain: None,
+    })
+}
+
+/// The etcd roll steps over the Kubernetes API, with the `etcd_roll` TLS files.
+pub fn build_etcd_roll_steps(
+    settings: &Settings,
+    kube: Arc<Kube>,
+    metrics: Metrics,
+) -> EtcdRollSteps {
+    let e = &settings.etcd_roll;
+    let tls = etcd_tls(&e.ca_file, &e.cert_file, &e.key_file);
+    EtcdRollSteps::new(
+        kube,
+        RollConnection {
+            tls,
+            timeout: e.timeout,
+            transfer_timeout: e.transfer_timeout,
+        },
+        metrics,
+    )
 }
 
 /// Evaluates the gate every poll interval, so that `GET /v1/gates` and the

@@ -209,6 +209,16 @@ pub fn run(cli: Cli) -> ExitCode {
                 settings.etcd.endpoints.len(),
                 settings.etcd.snapshot_dir.display()
             );
+            println!(
+                "  etcd rolls  TLS {}, timeout {:?}, transfer timeout {:?}",
+                if settings.etcd_roll.ca_file.is_some() {
+                    "configured"
+                } else {
+                    "off (http:// members only)"
+                },
+                settings.etcd_roll.timeout,
+                settings.etcd_roll.transfer_timeout
+            );
             ExitCode::SUCCESS
         }
         Command::Serve => {

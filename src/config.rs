@@ -222,6 +222,22 @@ pub struct EtcdConfig {
     pub snapshot_dir: PathBuf,
 }
 
+/// How `serve` reaches the etcd clusters it rolls (section `etcd_roll`). The members and
+/// the StatefulSet come with each request; the client certificates never do.
+#[derive(Debug, Clone)]
+pub struct EtcdRollConfig {
+    /// PEM CA bundle, for `https://` members.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate.
+    pub cert_file: Option<PathBuf>,
+    /// PEM client key (a secret: a path).
+    pub key_file: Option<PathBuf>,
+    /// Bound on connecting and on every etcd request.
+    pub timeout: Duration,
+    /// How long a leadership transfer may take to be confirmed by a majority.
+    pub transfer_timeout: Duration,
+}
+
 /// Every setting, validated.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -246,6 +262,8 @@ pub struct Settings {
     pub ssh: SshConfig,
     /// The control plane's etcd.
     pub etcd: EtcdConfig,
+    /// etcd clusters rolled by `serve`.
+    pub etcd_roll: EtcdRollConfig,
 }
 
 /// One bad setting.
@@ -333,6 +351,11 @@ const KEYS: &[&str] = &[
     "etcd.key_file",
     "etcd.timeout",
     "etcd.snapshot_dir",
+    "etcd_roll.ca_file",
+    "etcd_roll.cert_file",
+    "etcd_roll.key_file",
+    "etcd_roll.timeout",
+    "etcd_roll.transfer_timeout",
     "log.format",
     "log.level",
 ];
@@ -567,8 +590,10 @@ impl Settings {
         let cluster = cluster_settings(&mut r);
         let ssh = ssh_settings(&mut r);
         let etcd = etcd_settings(&mut r, &data_dir);
+        let etcd_roll = etcd_roll_settings(&mut r);
         if r.problems.is_empty() {
             Ok(Self {
+                etcd_roll,
                 cluster,
                 ssh,
                 etcd,
@@ -745,20 +770,13 @@ fn etcd_settings(r: &mut Reader, data_dir: &Path) -> EtcdConfig {
             );
         }
     }
-    let cert_file = r.opt_path("etcd.cert_file");
-    let key_file = r.opt_path("etcd.key_file");
-    if cert_file.is_some() != key_file.is_some() {
-        r.problem(
-            "etcd.cert_file",
-            "a client certificate needs both etcd.cert_file and etcd.key_file",
-        );
-    }
+    let (ca_file, cert_file, key_file) = tls_files(r, "etcd");
     let snapshot_dir = r
         .opt_path("etcd.snapshot_dir")
         .unwrap_or_else(|| data_dir.join("snapshots"));
     EtcdConfig {
         endpoints,
-        ca_file: r.opt_path("etcd.ca_file"),
+        ca_file,
         cert_file,
         key_file,
         timeout: r.duration(
@@ -768,6 +786,44 @@ fn etcd_settings(r: &mut Reader, data_dir: &Path) -> EtcdConfig {
             Duration::from_secs(300),
         ),
         snapshot_dir,
+    }
+}
+
+/// `<section>.ca_file`, `.cert_file` and `.key_file`; a certificate needs its key.
+fn tls_files(r: &mut Reader, section: &str) -> (Option<PathBuf>, Option<PathBuf>, Option<PathBuf>) {
+    let cert_file = r.opt_path(&format!("{section}.cert_file"));
+    let key_file = r.opt_path(&format!("{section}.key_file"));
+    if cert_file.is_some() != key_file.is_some() {
+        r.problem(
+            &format!("{section}.cert_file"),
+            format!("a client certificate needs both {section}.cert_file and {section}.key_file"),
+        );
+    }
+    (
+        r.opt_path(&format!("{section}.ca_file")),
+        cert_file,
+        key_file,
+    )
+}
+
+fn etcd_roll_settings(r: &mut Reader) -> EtcdRollConfig {
+    let (ca_file, cert_file, key_file) = tls_files(r, "etcd_roll");
+    EtcdRollConfig {
+        ca_file,
+        cert_file,
+        key_file,
+        timeout: r.duration(
+            "etcd_roll.timeout",
+            "5s",
+            Duration::from_millis(100),
+            Duration::from_secs(300),
+        ),
+        transfer_timeout: r.duration(
+            "etcd_roll.transfer_timeout",
+            "15s",
+            Duration::from_secs(1),
+            Duration::from_secs(300),
+        ),
     }
 }
 

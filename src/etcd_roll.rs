@@ -258,8 +258,8 @@ fn endpoint_of<'a>(member: &MemberInfo, endpoints: &'a [String]) -> Option<&'a S
     })
 }
 
-/// Reads the cluster into the planner's view.
-async fn view(
+/// Reads the cluster into the planner's view, with each member's (id, name, endpoint).
+pub(crate) async fn view(
     etcd: &Etcd,
     driver: &dyn Driver,
 ) -> Result<(ClusterView, Vec<(u64, String, String)>), RollError> {
@@ -297,16 +297,17 @@ async fn view(
     ))
 }
 
+/// What the sampler saw: raft terms and stretches without an agreed leader.
 #[derive(Default)]
-struct Watch {
-    first_term: Option<u64>,
-    last_term: u64,
+pub(crate) struct Watch {
+    pub(crate) first_term: Option<u64>,
+    pub(crate) last_term: u64,
     leaderless_since: Option<Instant>,
-    longest_leaderless: Duration,
+    pub(crate) longest_leaderless: Duration,
 }
 
 /// Samples the cluster every 50 ms: the highest raft term seen and leaderless stretches.
-async fn sample(
+pub(crate) async fn sample(
     etcd: Arc<Etcd>,
     watch: Arc<Mutex<Watch>>,
     mut stop: tokio::sync::watch::Receiver<bool>,

@@ -6,6 +6,7 @@ pub mod cli;
 pub mod config;
 pub mod domain;
 pub mod etcd_roll;
+pub mod etcd_roll_steps;
 pub mod gate;
 pub mod http;
 pub mod metrics;

@@ -47,6 +47,25 @@ pub struct Metrics {
     pub upgrade_stage: IntGauge,
     /// Durations of node steps by step and node.
     pub node_step_duration: HistogramVec,
+    /// What finished etcd rolls did, by roll target (`namespace/statefulset`).
+    pub etcd_roll: EtcdRollMetrics,
+}
+
+/// Counters of finished etcd rolls, by roll target.
+#[derive(Clone)]
+pub struct EtcdRollMetrics {
+    /// Rolls finished.
+    pub rolls: IntCounterVec,
+    /// Members restarted.
+    pub restarts: IntCounterVec,
+    /// Leadership changes observed (the raft term's rise).
+    pub leadership_changes: IntCounterVec,
+    /// Leadership transfers rollgate made.
+    pub transfers: IntCounterVec,
+    /// Leadership changes rollgate did not make (elections).
+    pub uncontrolled_changes: IntCounterVec,
+    /// The longest time without an agreed leader in the last roll.
+    pub longest_leaderless: prometheus::GaugeVec,
 }
 
 impl Metrics {
@@ -192,7 +211,49 @@ impl Metrics {
         registry
             .register(Box::new(node_step_duration.clone()))
             .expect("unique metric");
+        let etcd_roll = EtcdRollMetrics {
+            rolls: counter(
+                "etcd_roll_completed_total",
+                "etcd rolls finished, by target.",
+                &["target"],
+            ),
+            restarts: counter(
+                "etcd_roll_member_restarts_total",
+                "etcd members restarted by finished rolls, by target.",
+                &["target"],
+            ),
+            leadership_changes: counter(
+                "etcd_roll_leadership_changes_total",
+                "Leadership changes observed during finished etcd rolls (raft term rise).",
+                &["target"],
+            ),
+            transfers: counter(
+                "etcd_roll_leadership_transfers_total",
+                "Leadership transfers rollgate made during finished etcd rolls.",
+                &["target"],
+            ),
+            uncontrolled_changes: counter(
+                "etcd_roll_uncontrolled_leadership_changes_total",
+                "Leadership changes rollgate did not make (elections) during finished etcd rolls.",
+                &["target"],
+            ),
+            longest_leaderless: {
+                let g = prometheus::GaugeVec::new(
+                    Opts::new(
+                        "etcd_roll_longest_leaderless_seconds",
+                        "Longest time without an agreed leader during the last finished roll.",
+                    ),
+                    &["target"],
+                )
+                .expect("valid metric");
+                registry
+                    .register(Box::new(g.clone()))
+                    .expect("unique metric");
+                g
+            },
+        };
         Self {
+            etcd_roll,
             upgrade_in_flight,
             upgrade_snapshot_taken,
             upgrade_stage,

@@ -310,53 +310,30 @@ impl Worker {
                 commit.alerts = batch.alerts;
             }
             EventData::Detection { run_id, request } => {
-                let target = request.target_version.to_string();
-                let mut existing = match &run_id {
-                    Some(id) => self.store.get_run(id).await?,
-                    None => None,
-                };
-                let mut duplicate = None;
-                if existing.is_none() {
-                    // The intake may write this very run between the two reads.
-                    match self.store.in_flight(RunKind::K8sUpgrade, &target).await? {
-                        Some(run) if run_id.as_ref() == Some(&run.id) => existing = Some(run),
-                        other => duplicate = other,
-                    }
-                }
-                if let Some(other) = duplicate {
-                    info!(run_id = %other.id, target = %target, "a run for this target is in flight; no second run");
-                } else {
-                    let mut run = match existing {
-                        Some(run) => run,
-                        None => accepted_run(
-                            run_id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string()),
-                            &request,
-                            self.policy.on_failure,
-                        ),
-                    };
-                    let holder = match run.status {
-                        RunStatus::Queued => {
-                            self.store.active(RunKind::K8sUpgrade, &run.id).await?
-                        }
-                        _ => None,
-                    };
-                    if let Some(holder) = holder {
-                        // One upgrade at a time per cluster.
-                        let reason = format!(
-                            "another upgrade run holds the cluster: {} (target {}, {}); one upgrade at a time",
-                            holder.id,
-                            holder.target.as_deref().unwrap_or("-"),
-                            holder.status
-                        );
-                        warn!(run_id = %run.id, %reason, "refusing to start");
-                        run.transition(RunStatus::Failed, reason, Utc::now());
-                    } else {
-                        step = self.apply(&mut run, Input::Start, &mut commit, &mut notices);
-                    }
-                    // Its whole history is news, creation included (the intake tells nothing).
-                    notices = notices_since(&run, 0);
-                    commit.runs.push(run);
-                }
+                let on_failure = self.policy.on_failure;
+                step = self
+                    .create_run(
+                        RunKind::K8sUpgrade,
+                        &request.target_version.to_string(),
+                        run_id,
+                        |id| accepted_run(id, &request, on_failure),
+                        &mut commit,
+                        &mut notices,
+                    )
+                    .await?;
+            }
+            EventData::EtcdRoll { run_id, request } => {
+                let on_failure = self.policy.on_failure;
+                step = self
+                    .create_run(
+                        RunKind::EtcdRoll,
+                        &request.target(),
+                        run_id,
+                        |id| accepted_etcd_roll(id, &request, on_failure),
+                        &mut commit,
+                        &mut notices,
+                    )
+                    .await?;
             }
             EventData::Control(ControlRequest {
                 run_id,
@@ -402,6 +379,60 @@ impl Worker {
         // outbox and is retried, and the step it started must still be driven.
         self.flush_or_keep().await;
         Ok(step.and_then(|(index, epoch)| runs.into_iter().next().map(|run| (run, index, epoch))))
+    }
+
+    /// Creates and starts the run a request asks for, unless a run of `kind` for `target`
+    /// is in flight (then nothing: the request is a duplicate). A Kubernetes upgrade also
+    /// waits for no other upgrade: one at a time per cluster, so it fails naming the holder.
+    async fn create_run(
+        &self,
+        kind: RunKind,
+        target: &str,
+        run_id: Option<String>,
+        build: impl FnOnce(String) -> Run,
+        commit: &mut Commit,
+        notices: &mut Vec<Notice>,
+    ) -> Result<Option<(usize, u64)>, Transient> {
+        let mut existing = match &run_id {
+            Some(id) => self.store.get_run(id).await?,
+            None => None,
+        };
+        if existing.is_none() {
+            // The intake may write this very run between the two reads.
+            match self.store.in_flight(kind, target).await? {
+                Some(run) if run_id.as_ref() == Some(&run.id) => existing = Some(run),
+                Some(other) => {
+                    info!(run_id = %other.id, %target, "a run for this target is in flight; no second run");
+                    return Ok(None);
+                }
+                None => {}
+            }
+        }
+        let mut run = match existing {
+            Some(run) => run,
+            None => build(run_id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string())),
+        };
+        let holder = match (kind, run.status) {
+            (RunKind::K8sUpgrade, RunStatus::Queued) => self.store.active(kind, &run.id).await?,
+            _ => None,
+        };
+        let step = if let Some(holder) = holder {
+            let reason = format!(
+                "another upgrade run holds the cluster: {} (target {}, {}); one upgrade at a time",
+                holder.id,
+                holder.target.as_deref().unwrap_or("-"),
+                holder.status
+            );
+            warn!(run_id = %run.id, %reason, "refusing to start");
+            run.transition(RunStatus::Failed, reason, Utc::now());
+            None
+        } else {
+            self.apply(&mut run, Input::Start, commit, notices)
+        };
+        // Its whole history is news, creation included (the intake tells nothing).
+        *notices = notices_since(&run, 0);
+        commit.runs.push(run);
+        Ok(step)
     }
 
     /// Feeds `input` to the engine; puts a wake in the outbox or returns a step to run.
@@ -532,6 +563,25 @@ fn wake_message(run: &Run, at: Option<chrono::DateTime<Utc>>) -> Outgoing {
         body: event.to_bytes(),
         not_before: at,
     }
+}
+
+/// A new etcd roll run: `begin`, then `next`, which plans one action at a time.
+pub fn accepted_etcd_roll(
+    run_id: String,
+    request: &crate::domain::event::EtcdRollRequest,
+    on_failure: FailurePolicy,
+) -> Run {
+    let mut run = Run::new(
+        run_id,
+        RunKind::EtcdRoll,
+        request.to_json(),
+        Some(request.target()),
+        crate::domain::etcd_roll::initial_steps(),
+        Utc::now(),
+        "accepted",
+    );
+    run.on_failure = on_failure;
+    run
 }
 
 /// A new upgrade run: the gate, the quiet period and `plan`, which appends the rest.

@@ -296,56 +296,7 @@ async fn the_gate_is_asked_before_every_restart_and_a_closed_gate_restarts_nothi
 /// replaces a pod by restarting its real etcd member (SIGTERM, start again at the new
 /// revision) and marks it Ready once the member answers /health.
 async fn statefulset_roll_with_leader_at(k: usize, moves: u64) {
-    use support::kube::FakeKube;
-    let cluster = Scripted::start_pods(3, "etcd").await;
-    let etcd = cluster.etcd();
-    let members = etcd.members().await.unwrap();
-    let leader = members
-        .iter()
-        .find(|m| m.name == format!("etcd-{k}"))
-        .unwrap();
-    etcd.move_leader(leader.id, Duration::from_secs(10))
-        .await
-        .unwrap();
-
-    let api = FakeKube::start().await;
-    // The template moved on with the partition lock in place, as an operator (or the
-    // roll before) leaves it: nothing restarts until rollgate lowers the partition.
-    api.add_statefulset("etcd", 3, 3, "rev-1", "rev-2");
-    let dir = cluster.dir.path().to_owned();
-    let endpoints: std::collections::HashMap<String, String> = cluster
-        .names
-        .iter()
-        .cloned()
-        .zip(cluster.endpoints.iter().cloned())
-        .collect();
-    let restarts = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let seen = restarts.clone();
-    api.run_statefulset_controller(move |pod| {
-        seen.lock().unwrap().push(pod.to_owned());
-        assert!(
-            Command::new(dir.join("restart.sh"))
-                .arg(pod)
-                .status()
-                .unwrap()
-                .success()
-        );
-        let health = format!("{}/health", endpoints[pod]);
-        let started = Instant::now();
-        while !Command::new("curl")
-            .args(["-sf", &health])
-            .output()
-            .is_ok_and(|o| o.status.success())
-        {
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "{pod} did not come back"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    });
-    let kubeconfig = cluster.dir.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig);
+    let sts = support::etcd_pods::EtcdStatefulSet::start(3, k).await;
     let out = Command::new(env!("CARGO_BIN_EXE_rollgate"))
         .args([
             "etcd-roll",
@@ -364,8 +315,8 @@ async fn statefulset_roll_with_leader_at(k: usize, moves: u64) {
             "20s",
         ])
         .arg("--endpoints")
-        .arg(cluster.endpoints.join(","))
-        .env("ROLLGATE__CLUSTER__KUBECONFIG", &kubeconfig)
+        .arg(sts.cluster.endpoints.join(","))
+        .env("ROLLGATE__CLUSTER__KUBECONFIG", &sts.kubeconfig)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -376,20 +327,13 @@ async fn statefulset_roll_with_leader_at(k: usize, moves: u64) {
     assert_eq!(report["leadership_changes"], moves, "{stdout}");
     assert_eq!(report["uncontrolled_changes"], 0, "{stdout}");
     // Forced high to low by the controller, one pod at a time.
-    assert_eq!(*restarts.lock().unwrap(), ["etcd-2", "etcd-1", "etcd-0"]);
-    for i in 0..3 {
-        let pod = api.pod(&format!("etcd-{i}"));
-        assert_eq!(
-            pod["metadata"]["labels"]["controller-revision-hash"], "rev-2",
-            "{pod}"
-        );
-    }
-    assert_eq!(
-        api.statefulset("etcd")["spec"]["updateStrategy"]["rollingUpdate"]["partition"],
-        3,
-        "the partition lock is restored"
+    assert_eq!(sts.restarted(), ["etcd-2", "etcd-1", "etcd-0"]);
+    assert!(sts.all_at_update_revision());
+    assert_eq!(sts.partition(), 3, "the partition lock is restored");
+    assert!(
+        sts.cluster.marked().len() == 3,
+        "every member restarted once"
     );
-    assert!(cluster.marked().len() == 3, "every member restarted once");
     eprintln!(
         "statefulset, leader etcd-{k}: {}",
         stdout.lines().last().unwrap_or_default()

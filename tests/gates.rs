@@ -164,17 +164,7 @@ async fn with_prometheus_down_the_gate_is_unknown_and_a_waiting_run_does_not_mov
     assert_eq!(run["steps"][0]["status"], "done", "{run}");
     assert_eq!(run["steps"][1]["name"], "quiet-period");
     assert_eq!(run["steps"][1]["status"], "done", "{run}");
-    assert!(
-        run["history"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|h| h["reason"]
-                .as_str()
-                .unwrap()
-                .starts_with("gate open again after")),
-        "{run}"
-    );
+    assert!(support::history_has(&run, "gate open again after"), "{run}");
 }
 
 fn resolved(fingerprint: &str) -> Value {

@@ -33,21 +33,7 @@ async fn detect(rg: &Rollgate, target: &str, kind: &str) -> String {
 }
 
 async fn wait_status(rg: &Rollgate, id: &str, want: &str) -> Value {
-    eventually(&format!("run {want}"), RUN_DEADLINE, || async {
-        let run = rg.run(id).await;
-        let status = run["status"].as_str().unwrap_or_default().to_owned();
-        if status == want {
-            return Some(run);
-        }
-        assert!(
-            !["failed", "aborted", "succeeded", "halted"].contains(&status.as_str()),
-            "run ended {status} while waiting for {want}: {}\n{}",
-            run["reason"],
-            rg.logs()
-        );
-        None
-    })
-    .await
+    rg.wait_status(id, want, RUN_DEADLINE).await
 }
 
 fn step<'a>(run: &'a Value, label: &str) -> &'a Value {
@@ -335,14 +321,7 @@ async fn a_blocking_alert_during_a_soak_holds_the_next_drain_until_it_resolves()
         ["cp", "w4", "w3", "w2", "w1"]
     );
     assert!(
-        run["history"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|h| h["reason"]
-                .as_str()
-                .unwrap()
-                .contains("gate closed at step workers/gate@w2")),
+        support::history_has(&run, "gate closed at step workers/gate@w2"),
         "{run}"
     );
 }

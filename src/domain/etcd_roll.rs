@@ -11,6 +11,9 @@
 
 use std::fmt;
 
+use super::engine::GATE_STEP;
+use super::run::{Step, StepStatus};
+
 /// One etcd member as the roll sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Member {
@@ -197,6 +200,82 @@ pub fn next_action(view: &ClusterView, order: Order, max_lag: u64) -> Result<Act
     })
 }
 
+/// The step names of an etcd roll run. The run is planned one action at a time: `next`
+/// reads the cluster and appends the steps of the next action, ending with another `next`,
+/// so each step is short and a restarted rollgate picks up from the cluster as it is.
+pub mod steps {
+    /// The stage of every step.
+    pub const STAGE: &str = "etcd-roll";
+    /// Partition lock and the first look: refuses a cluster that is not safe to touch.
+    pub const BEGIN: &str = "etcd-begin";
+    /// Reads the cluster and plans the next action.
+    pub const NEXT: &str = "etcd-next";
+    /// Starts moving one member onto the target.
+    pub const RESTART: &str = "etcd-restart";
+    /// Waits until that member is healthy, at the target and caught up.
+    pub const READY: &str = "etcd-ready";
+    /// Pause before the next action.
+    pub const COOLDOWN: &str = "etcd-cooldown";
+    /// Moves leadership to a member.
+    pub const TRANSFER: &str = "etcd-transfer";
+    /// Restores the partition lock and reports.
+    pub const FINISH: &str = "etcd-finish";
+    /// Every step name of a roll (the gate is the gate's).
+    pub const ALL: [&str; 7] = [BEGIN, NEXT, RESTART, READY, COOLDOWN, TRANSFER, FINISH];
+}
+
+fn step(name: &str, member: Option<&str>) -> Step {
+    Step::new(steps::STAGE, name, member.map(str::to_owned))
+}
+
+/// The steps a new roll run starts with.
+pub fn initial_steps() -> Vec<Step> {
+    vec![step(steps::BEGIN, None), step(steps::NEXT, None)]
+}
+
+/// The steps that carry out `action`, ending with the `next` that plans the one after.
+/// Every restart is preceded by a gate.
+pub fn steps_for(action: &Action) -> Vec<Step> {
+    match action {
+        Action::Done => vec![step(steps::FINISH, None)],
+        Action::MoveLeader { name, .. } => {
+            vec![step(steps::TRANSFER, Some(name)), step(steps::NEXT, None)]
+        }
+        Action::Restart { name, .. } => vec![
+            Step::new(steps::STAGE, GATE_STEP, Some(name.clone())),
+            step(steps::RESTART, Some(name)),
+            step(steps::READY, Some(name)),
+            step(steps::COOLDOWN, Some(name)),
+            step(steps::NEXT, None),
+        ],
+    }
+}
+
+/// What a roll run did, counted from its steps (so it survives restarts of rollgate).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Members restarted, in order.
+    pub restarted: Vec<String>,
+    /// Leadership transfers made.
+    pub transfers: u64,
+}
+
+/// Counts the restarts and transfers that are done in `done_steps`.
+pub fn tally<'a>(done_steps: impl IntoIterator<Item = &'a Step>) -> Tally {
+    let mut tally = Tally::default();
+    for s in done_steps {
+        if s.status != StepStatus::Done {
+            continue;
+        }
+        match s.name.as_str() {
+            steps::RESTART => tally.restarted.extend(s.node.clone()),
+            steps::TRANSFER => tally.transfers += 1,
+            _ => {}
+        }
+    }
+    tally
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,6 +324,66 @@ mod tests {
             .iter()
             .filter(|a| matches!(a, Action::MoveLeader { .. }))
             .count()
+    }
+
+    #[test]
+    fn each_action_becomes_short_steps_and_a_gate_precedes_every_restart() {
+        let names = |steps: Vec<Step>| steps.iter().map(Step::label).collect::<Vec<_>>();
+        assert_eq!(
+            names(initial_steps()),
+            ["etcd-roll/etcd-begin", "etcd-roll/etcd-next"]
+        );
+        let restart = Action::Restart {
+            id: 1,
+            name: "etcd-2".into(),
+        };
+        assert_eq!(
+            names(steps_for(&restart)),
+            [
+                "etcd-roll/gate@etcd-2",
+                "etcd-roll/etcd-restart@etcd-2",
+                "etcd-roll/etcd-ready@etcd-2",
+                "etcd-roll/etcd-cooldown@etcd-2",
+                "etcd-roll/etcd-next"
+            ]
+        );
+        let transfer = Action::MoveLeader {
+            to: 1,
+            name: "etcd-0".into(),
+        };
+        assert_eq!(
+            names(steps_for(&transfer)),
+            ["etcd-roll/etcd-transfer@etcd-0", "etcd-roll/etcd-next"]
+        );
+        assert_eq!(names(steps_for(&Action::Done)), ["etcd-roll/etcd-finish"]);
+    }
+
+    #[test]
+    fn the_tally_counts_only_done_restarts_and_transfers() {
+        let mut all: Vec<Step> = steps_for(&Action::Restart {
+            id: 1,
+            name: "etcd-2".into(),
+        });
+        all.extend(steps_for(&Action::MoveLeader {
+            to: 1,
+            name: "etcd-2".into(),
+        }));
+        all.extend(steps_for(&Action::Restart {
+            id: 2,
+            name: "etcd-1".into(),
+        }));
+        for s in &mut all[..6] {
+            s.status = StepStatus::Done;
+        }
+        // The second restart is in hand, not done.
+        all[7].status = StepStatus::Running;
+        assert_eq!(
+            tally(&all),
+            Tally {
+                restarted: vec!["etcd-2".into()],
+                transfers: 1
+            }
+        );
     }
 
     #[test]

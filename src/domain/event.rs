@@ -120,6 +120,29 @@ impl<'a> Fields<'a> {
             }
         }
     }
+    /// An optional whole number within `range`.
+    pub(crate) fn opt_u64(
+        &self,
+        key: &str,
+        range: std::ops::RangeInclusive<u64>,
+        errors: &mut FieldErrors,
+    ) -> Option<u64> {
+        match self.obj.get(key) {
+            None | Some(Value::Null) => None,
+            Some(Value::Number(n)) if n.as_u64().is_some_and(|n| range.contains(&n)) => n.as_u64(),
+            Some(_) => {
+                errors.push(
+                    &self.path(key),
+                    format!(
+                        "must be a whole number from {} to {}",
+                        range.start(),
+                        range.end()
+                    ),
+                );
+                None
+            }
+        }
+    }
     /// Records every key not in `known`.
     pub(crate) fn deny_unknown(&self, known: &[&str], errors: &mut FieldErrors) {
         for key in self.obj.keys() {
@@ -325,6 +348,176 @@ impl DetectionRequest {
     }
 }
 
+/// A validated request to roll the etcd cluster that is a StatefulSet's pods
+/// (`POST /v1/etcd-rolls`). The TLS files come from the configuration (`etcd_roll.*`),
+/// never from the request; restart commands exist only in the CLI (`rollgate etcd-roll
+/// --driver command`), so nothing that reaches a shell comes over the API.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct EtcdRollRequest {
+    /// The StatefulSet whose pods are the members (member name = pod name).
+    #[schema(example = "etcd")]
+    pub statefulset: String,
+    /// Its namespace.
+    #[schema(example = "etcd")]
+    pub namespace: String,
+    /// Client URL of every member, `http(s)://host:port`.
+    #[schema(example = json!(["https://etcd-0.etcd.etcd.svc:2379"]))]
+    pub endpoints: Vec<String>,
+    /// How long a restarted member may take to be healthy, at target and caught up
+    /// (1–3600, default 300).
+    pub ready_timeout_secs: u64,
+    /// Pause after each member is back (0–600, default 10).
+    pub cooldown_secs: u64,
+    /// How far behind the leader's raft index another member may be (1–10000000, default
+    /// 1000).
+    pub max_lag: u64,
+}
+
+impl EtcdRollRequest {
+    /// Most members a request may name.
+    pub const MAX_MEMBERS: usize = 15;
+
+    /// Validates the JSON body of an etcd roll request, reporting every bad field.
+    pub fn from_json(body: &Value) -> Result<Self, FieldErrors> {
+        let mut errors = FieldErrors::default();
+        let Some(obj) = body.as_object() else {
+            errors.push("", "the body must be a JSON object");
+            return Err(errors);
+        };
+        let f = Fields::new(obj, "");
+        f.deny_unknown(
+            &[
+                "statefulset",
+                "namespace",
+                "endpoints",
+                "ready_timeout_secs",
+                "cooldown_secs",
+                "max_lag",
+            ],
+            &mut errors,
+        );
+        let name = |key: &str, errors: &mut FieldErrors| {
+            let value = f.str(key, errors)?;
+            match dns_label_problem(value) {
+                Some(problem) => {
+                    errors.push(key, problem);
+                    None
+                }
+                None => Some(value.to_owned()),
+            }
+        };
+        let statefulset = name("statefulset", &mut errors);
+        let namespace = name("namespace", &mut errors);
+        let endpoints = endpoint_list(obj.get("endpoints"), &mut errors);
+        let ready_timeout_secs = f.opt_u64("ready_timeout_secs", 1..=3600, &mut errors);
+        let cooldown_secs = f.opt_u64("cooldown_secs", 0..=600, &mut errors);
+        let max_lag = f.opt_u64("max_lag", 1..=10_000_000, &mut errors);
+        match (statefulset, namespace, endpoints) {
+            (Some(statefulset), Some(namespace), Some(endpoints)) if errors.is_empty() => {
+                Ok(Self {
+                    statefulset,
+                    namespace,
+                    endpoints,
+                    ready_timeout_secs: ready_timeout_secs.unwrap_or(300),
+                    cooldown_secs: cooldown_secs.unwrap_or(10),
+                    max_lag: max_lag.unwrap_or(1000),
+                })
+            }
+            _ => Err(errors),
+        }
+    }
+
+    /// The JSON body this request came from, defaults filled in.
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({
+            "statefulset": self.statefulset,
+            "namespace": self.namespace,
+            "endpoints": self.endpoints,
+            "ready_timeout_secs": self.ready_timeout_secs,
+            "cooldown_secs": self.cooldown_secs,
+            "max_lag": self.max_lag,
+        })
+    }
+
+    /// What the roll acts on, `namespace/statefulset`: one roll at a time per target.
+    pub fn target(&self) -> String {
+        format!("{}/{}", self.namespace, self.statefulset)
+    }
+
+    /// Whether any endpoint uses TLS.
+    pub fn uses_tls(&self) -> bool {
+        self.endpoints.iter().any(|e| e.starts_with("https://"))
+    }
+}
+
+/// Why `value` is not a Kubernetes object name (an RFC 1123 label), if it is not.
+fn dns_label_problem(value: &str) -> Option<String> {
+    let ok = (1..=63).contains(&value.len())
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !value.starts_with('-')
+        && !value.ends_with('-');
+    (!ok).then(|| {
+        format!(
+            "{value:?} is not a Kubernetes name (1-63 lowercase letters, digits or '-', starting and ending with a letter or digit)"
+        )
+    })
+}
+
+/// A list of 1..=MAX_MEMBERS distinct `http(s)://host:port` URLs.
+fn endpoint_list(raw: Option<&Value>, errors: &mut FieldErrors) -> Option<Vec<String>> {
+    let Some(Value::Array(items)) = raw else {
+        let problem = if raw.is_none() {
+            "is required"
+        } else {
+            "must be a list of URLs"
+        };
+        errors.push("endpoints", problem);
+        return None;
+    };
+    if items.is_empty() || items.len() > EtcdRollRequest::MAX_MEMBERS {
+        errors.push(
+            "endpoints",
+            format!(
+                "must name 1 to {} members, got {}",
+                EtcdRollRequest::MAX_MEMBERS,
+                items.len()
+            ),
+        );
+        return None;
+    }
+    let mut out: Vec<String> = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let field = format!("endpoints[{i}]");
+        let Some(url) = item.as_str() else {
+            errors.push(&field, "must be a string");
+            continue;
+        };
+        let url = url.trim_end_matches('/');
+        let rest = url
+            .strip_prefix("https://")
+            .or_else(|| url.strip_prefix("http://"));
+        let plain = rest.is_some_and(|r| {
+            !r.is_empty()
+                && r.len() <= 253
+                && r.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b))
+        });
+        if !plain {
+            errors.push(
+                &field,
+                format!("{url:?} is not http(s)://host:port (no path, no user, no query)"),
+            );
+        } else if out.iter().any(|e| e == url) {
+            errors.push(&field, format!("{url:?} is listed twice"));
+        } else {
+            out.push(url.to_owned());
+        }
+    }
+    Some(out)
+}
+
 /// What an operator asks of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
@@ -386,6 +579,8 @@ pub enum EventType {
     Alerts,
     /// Upgrade detections.
     Detection,
+    /// etcd roll requests.
+    EtcdRoll,
     /// Operator controls.
     Control,
     /// Timers.
@@ -394,12 +589,19 @@ pub enum EventType {
 
 impl EventType {
     /// Every type.
-    pub const ALL: [EventType; 4] = [Self::Alerts, Self::Detection, Self::Control, Self::Wake];
+    pub const ALL: [EventType; 5] = [
+        Self::Alerts,
+        Self::Detection,
+        Self::EtcdRoll,
+        Self::Control,
+        Self::Wake,
+    ];
     /// The CloudEvents `type`.
     pub fn type_name(self) -> &'static str {
         match self {
             Self::Alerts => "rollgate.alerts.v1",
             Self::Detection => "rollgate.detection.v1",
+            Self::EtcdRoll => "rollgate.etcd-roll.v1",
             Self::Control => "rollgate.control.v1",
             Self::Wake => "rollgate.wake.v1",
         }
@@ -409,6 +611,7 @@ impl EventType {
         match self {
             Self::Alerts => "alerts",
             Self::Detection => "detections",
+            Self::EtcdRoll => "etcd-rolls",
             Self::Control => "control",
             Self::Wake => "wake",
         }
@@ -418,6 +621,7 @@ impl EventType {
         match self {
             Self::Alerts => "alerts",
             Self::Detection => "detection",
+            Self::EtcdRoll => "etcd-roll",
             Self::Control => "control",
             Self::Wake => "wake",
         }
@@ -440,6 +644,13 @@ pub enum EventData {
         /// The request.
         request: DetectionRequest,
     },
+    /// An etcd roll request; `run_id` is set when the HTTP intake already named the run.
+    EtcdRoll {
+        /// The run id chosen at intake, if any.
+        run_id: Option<String>,
+        /// The request.
+        request: EtcdRollRequest,
+    },
     /// An operator control.
     Control(ControlRequest),
     /// A timer.
@@ -452,6 +663,7 @@ impl EventData {
         match self {
             Self::Alerts(_) => EventType::Alerts,
             Self::Detection { .. } => EventType::Detection,
+            Self::EtcdRoll { .. } => EventType::EtcdRoll,
             Self::Control(_) => EventType::Control,
             Self::Wake(_) => EventType::Wake,
         }
@@ -508,6 +720,7 @@ impl CloudEvent {
         let (runid, payload) = match data {
             EventData::Alerts(batch) => (None, alerts_to_json(batch)),
             EventData::Detection { run_id, request } => (run_id.clone(), request.to_json()),
+            EventData::EtcdRoll { run_id, request } => (run_id.clone(), request.to_json()),
             EventData::Control(c) => (Some(c.run_id.clone()), serde_json::json!(c)),
             EventData::Wake(w) => (Some(w.run_id.clone()), serde_json::json!(w)),
         };
@@ -564,6 +777,10 @@ impl CloudEvent {
                 run_id: event.runid.clone(),
                 request: DetectionRequest::from_json(&event.data).map_err(data_error)?,
             },
+            EventType::EtcdRoll => EventData::EtcdRoll {
+                run_id: event.runid.clone(),
+                request: EtcdRollRequest::from_json(&event.data).map_err(data_error)?,
+            },
             EventType::Control => EventData::Control(
                 serde_json::from_value(event.data.clone())
                     .map_err(|e| single(data_error, e.to_string()))?,
@@ -617,6 +834,70 @@ fn alerts_to_json(batch: &AlertBatch) -> Value {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn etcd_roll_request_takes_the_documented_body_and_fills_defaults() {
+        let req = EtcdRollRequest::from_json(&json!({
+            "statefulset": "etcd", "namespace": "etcd",
+            "endpoints": ["https://etcd-0.etcd.etcd.svc:2379/", "https://10.0.0.2:2379"],
+        }))
+        .unwrap();
+        assert_eq!(req.target(), "etcd/etcd");
+        assert_eq!(req.endpoints[0], "https://etcd-0.etcd.etcd.svc:2379");
+        assert_eq!(
+            (req.ready_timeout_secs, req.cooldown_secs, req.max_lag),
+            (300, 10, 1000)
+        );
+        assert!(req.uses_tls());
+        assert_eq!(EtcdRollRequest::from_json(&req.to_json()).unwrap(), req);
+    }
+
+    #[test]
+    fn etcd_roll_request_rejects_each_broken_rule() {
+        let good = json!({"statefulset": "etcd", "namespace": "db", "endpoints": ["http://127.0.0.1:2379"]});
+        let with = |key: &str, value: Value| {
+            let mut body = good.clone();
+            body[key] = value;
+            body
+        };
+        let cases = [
+            (with("statefulset", json!("Etcd")), "statefulset"),
+            (with("statefulset", json!("etcd;reboot")), "statefulset"),
+            (with("namespace", json!("-db")), "namespace"),
+            (with("namespace", json!(7)), "namespace: must be a string"),
+            (with("endpoints", json!([])), "endpoints: must name 1 to 15"),
+            (
+                with("endpoints", json!("http://a:1")),
+                "endpoints: must be a list",
+            ),
+            (with("endpoints", json!(["ftp://a:1"])), "endpoints[0]"),
+            (with("endpoints", json!(["http://a:1/x"])), "endpoints[0]"),
+            (with("endpoints", json!(["http://u@a:1"])), "endpoints[0]"),
+            (with("endpoints", json!(["http://$(id):1"])), "endpoints[0]"),
+            (
+                with("endpoints", json!(["http://a:1", "http://a:1/"])),
+                "listed twice",
+            ),
+            (with("ready_timeout_secs", json!(0)), "ready_timeout_secs"),
+            (with("cooldown_secs", json!(-1)), "cooldown_secs"),
+            (with("max_lag", json!("1")), "max_lag"),
+            (
+                with("driver", json!("command")),
+                "driver: is not a known field",
+            ),
+            (
+                json!({"endpoints": ["http://a:1"]}),
+                "statefulset: is required",
+            ),
+        ];
+        for (body, expected) in cases {
+            let errors = EtcdRollRequest::from_json(&body).expect_err(&body.to_string());
+            assert!(
+                errors.to_string().contains(expected),
+                "{body}: {errors} lacks {expected:?}"
+            );
+        }
+    }
 
     #[test]
     fn detection_accepts_the_documented_body() {

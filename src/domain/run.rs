@@ -11,6 +11,8 @@ use std::fmt;
 pub enum RunKind {
     /// A kubeadm Kubernetes version upgrade.
     K8sUpgrade,
+    /// A roll of an etcd cluster's members onto a new revision.
+    EtcdRoll,
 }
 
 impl RunKind {
@@ -18,6 +20,7 @@ impl RunKind {
     pub fn name(self) -> &'static str {
         match self {
             Self::K8sUpgrade => "k8s-upgrade",
+            Self::EtcdRoll => "etcd-roll",
         }
     }
 }

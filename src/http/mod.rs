@@ -39,6 +39,17 @@ pub struct AppState {
     pub plan_settings: crate::domain::plan::PlanSettings,
     /// What new runs do when a step gives up.
     pub on_failure: crate::domain::run::FailurePolicy,
+    /// Whether etcd roll requests can be carried out.
+    pub etcd_rolls: EtcdRollIntake,
+}
+
+/// What the intake checks an etcd roll request against.
+#[derive(Debug, Clone, Default)]
+pub struct EtcdRollIntake {
+    /// Why etcd rolls cannot run here (no Kubernetes API configured), if they cannot.
+    pub unavailable: Option<String>,
+    /// Whether `etcd_roll.ca_file` is set, so `https://` members can be reached.
+    pub tls: bool,
 }
 
 /// Registers every route on an actix `App`.
@@ -53,6 +64,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                 .route("/alerts", web::post().to(routes::post_alerts))
                 .route("/alerts", web::get().to(routes::get_alerts))
                 .route("/detections", web::post().to(routes::post_detections))
+                .route("/etcd-rolls", web::post().to(routes::post_etcd_rolls))
                 .route("/gates", web::get().to(routes::get_gates))
                 .route("/runs", web::get().to(routes::list_runs))
                 .route("/runs/{id}", web::get().to(routes::get_run))

@@ -13,6 +13,7 @@ use utoipa::{Modify, OpenApi};
         super::routes::get_alerts,
         super::routes::get_gates,
         super::routes::post_detections,
+        super::routes::post_etcd_rolls,
         super::routes::list_runs,
         super::routes::get_run,
         super::routes::control_run,

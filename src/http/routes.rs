@@ -13,11 +13,11 @@ use super::error::ApiError;
 use crate::domain::alert::AlertBatch;
 use crate::domain::engine::check_control;
 use crate::domain::event::{
-    CloudEvent, ControlAction, ControlRequest, DetectionRequest, EventData,
+    CloudEvent, ControlAction, ControlRequest, DetectionRequest, EtcdRollRequest, EventData,
 };
 use crate::domain::run::{Run, RunKind, RunStatus};
 use crate::queue::Outgoing;
-use crate::worker::{SOURCE, accepted_run};
+use crate::worker::{SOURCE, accepted_etcd_roll, accepted_run};
 
 type State = web::Data<AppState>;
 
@@ -213,41 +213,77 @@ pub async fn post_detections(
     let body = read_json(&req, payload, state.max_body_bytes).await?;
     let request =
         DetectionRequest::from_json(&body).map_err(|e| ApiError::invalid(e.to_string()))?;
+    let run_id = uuid::Uuid::now_v7().to_string();
+    let run = accepted_run(run_id.clone(), &request, state.on_failure);
+    let event = EventData::Detection {
+        run_id: Some(run_id),
+        request: request.clone(),
+    };
+    take_run_request(&state, run, event, check_plan(&state, &request)).await
+}
+
+/// Takes a request that makes `run`: 200 with the run already in flight for the same kind
+/// and target, if there is one; else `check` must pass, then `event` is queued durably
+/// (202), then the run record is written (the worker writes it if this write is lost).
+async fn take_run_request(
+    state: &AppState,
+    run: Run,
+    event: EventData,
+    check: impl std::future::Future<Output = Result<(), ApiError>>,
+) -> Result<HttpResponse, ApiError> {
     let _intake = state.intake.lock().await;
-    let target = request.target_version.to_string();
-    if let Some(run) = state
+    let target = run.target.clone().unwrap_or_default();
+    if let Some(existing) = state
         .store
-        .in_flight(RunKind::K8sUpgrade, &target)
+        .in_flight(run.kind, &target)
         .await
         .map_err(store_down)?
     {
         return Ok(HttpResponse::Ok().json(DetectionAccepted {
-            run_id: run.id,
-            status: run.status,
+            run_id: existing.id,
+            status: existing.status,
         }));
     }
-    check_plan(&state, &request).await?;
-    let run_id = uuid::Uuid::now_v7().to_string();
-    enqueue(
-        &state,
-        &EventData::Detection {
-            run_id: Some(run_id.clone()),
-            request: request.clone(),
-        },
-    )
-    .await?;
-    // The event is durable; the worker creates the run if this write is lost.
-    if let Err(e) = state
-        .store
-        .insert_run_if_absent(&accepted_run(run_id.clone(), &request, state.on_failure))
-        .await
-    {
-        tracing::warn!(error = %e, %run_id, "run record not written at intake; the worker will write it");
+    check.await?;
+    enqueue(state, &event).await?;
+    if let Err(e) = state.store.insert_run_if_absent(&run).await {
+        tracing::warn!(error = %e, run_id = %run.id, "run record not written at intake; the worker will write it");
     }
     Ok(HttpResponse::Accepted().json(DetectionAccepted {
-        run_id,
+        run_id: run.id,
         status: RunStatus::Queued,
     }))
+}
+
+/// `POST /v1/etcd-rolls`: roll the etcd cluster that is a StatefulSet's pods.
+#[utoipa::path(post, path = "/v1/etcd-rolls", request_body = EtcdRollRequest,
+    responses((status = 202, body = DetectionAccepted, description = "a new run"),
+        (status = 200, body = DetectionAccepted, description = "a roll of this StatefulSet is already in flight"),
+        (status = 422, body = super::error::ErrorBody), (status = 503, body = super::error::ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn post_etcd_rolls(
+    state: State,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let body = read_json(&req, payload, state.max_body_bytes).await?;
+    let request =
+        EtcdRollRequest::from_json(&body).map_err(|e| ApiError::invalid(e.to_string()))?;
+    if let Some(why) = &state.etcd_rolls.unavailable {
+        return Err(ApiError::invalid(why.clone()));
+    }
+    if request.uses_tls() && !state.etcd_rolls.tls {
+        return Err(ApiError::invalid(
+            "https endpoints need the CA (and client certificate) files in etcd_roll.ca_file, etcd_roll.cert_file and etcd_roll.key_file",
+        ));
+    }
+    let run_id = uuid::Uuid::now_v7().to_string();
+    let run = accepted_etcd_roll(run_id.clone(), &request, state.on_failure);
+    let event = EventData::EtcdRoll {
+        run_id: Some(run_id),
+        request,
+    };
+    take_run_request(&state, run, event, async { Ok(()) }).await
 }
 
 /// With a cluster configured, plans the request against the cluster as it is now: a

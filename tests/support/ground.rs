@@ -11,7 +11,7 @@ use super::nodes::{FakeNode, SshClient};
 use super::services::{MiniServer, Prometheus};
 
 /// Metrics for Prometheus's scrape target: nodes that booted a day ago (no gate fires).
-fn quiet_metrics() -> String {
+pub fn quiet_metrics() -> String {
     format!(
         "node_boot_time_seconds{{node=\"w1\"}} {}\n",
         chrono::Utc::now().timestamp() - 86_400

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod etcd;
+pub mod etcd_pods;
 pub mod ground;
 pub mod kube;
 pub mod nodes;
@@ -252,6 +253,26 @@ impl Rollgate {
         run
     }
 
+    /// Waits (up to `deadline`) until run `id` has status `want`; fails at once if it
+    /// ends in another status.
+    pub async fn wait_status(&self, id: &str, want: &str, deadline: Duration) -> Value {
+        eventually(&format!("run {want}"), deadline, || async {
+            let run = self.run(id).await;
+            let status = run["status"].as_str().unwrap_or_default().to_owned();
+            if status == want {
+                return Some(run);
+            }
+            assert!(
+                !["failed", "aborted", "succeeded", "halted"].contains(&status.as_str()),
+                "run ended {status} while waiting for {want}: {}\n{}",
+                run["reason"],
+                self.logs()
+            );
+            None
+        })
+        .await
+    }
+
     /// Waits until run `id` satisfies `pred`.
     pub async fn wait_run(&self, id: &str, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
         eventually(what, Duration::from_secs(20), || async {
@@ -269,6 +290,14 @@ impl Drop for Rollgate {
             eprintln!("{}", self.logs());
         }
     }
+}
+
+/// Whether a history entry of `run` has `text` in its reason.
+pub fn history_has(run: &Value, text: &str) -> bool {
+    run["history"].as_array().is_some_and(|h| {
+        h.iter()
+            .any(|e| e["reason"].as_str().unwrap_or_default().contains(text))
+    })
 }
 
 /// An Alertmanager webhook body with one firing alert of `fingerprint`.

@@ -1,0 +1,601 @@
+//! The steps of an etcd roll run inside `serve` (`POST /v1/etcd-rolls`, AMQP
+//! `etcd-rolls`). The roll is planned one action at a time (`domain::etcd_roll::steps_for`)
+//! and each step is short: a restart lowers the partition and returns, the wait for the
+//! member is a step that polls and yields to the queue, so the worker keeps taking alerts
+//! while a member comes back. Every step reads the cluster again before it acts, so a
+//! step run twice after a crash does no harm: a member already at the target is not
+//! restarted again, and nothing is restarted while any member is down.
+
+use chrono::{DateTime, Utc};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tracing::{info, warn};
+
+use crate::adapters::etcd::{Etcd, EtcdSettings, EtcdTls, agreed_leader};
+use crate::domain::engine::StepOutcome;
+use crate::domain::etcd_roll::{
+    Action, ClusterView, Member, Refusal, next_action, steps, steps_for, tally,
+};
+use crate::domain::event::EtcdRollRequest;
+use crate::domain::run::{Run, Step};
+use crate::etcd_roll::{Driver, RollError, StatefulSetDriver, Watch, sample, view};
+use crate::metrics::Metrics;
+use crate::ports::{Executors, StatefulSets, StepExecutor};
+
+/// How `serve` reaches the etcd members of a roll.
+#[derive(Debug, Clone)]
+pub struct RollConnection {
+    /// CA, client certificate and key for `https://` members.
+    pub tls: Option<EtcdTls>,
+    /// Bound on connecting and on every etcd request.
+    pub timeout: Duration,
+    /// How long a leadership transfer may take to be confirmed by a majority.
+    pub transfer_timeout: Duration,
+}
+
+/// How long a `ready` step polls before it yields to the queue.
+const READY_POLL: Duration = Duration::from_secs(3);
+/// When a `ready` or `next` step that yielded runs again.
+const RECHECK: Duration = Duration::from_millis(500);
+/// A sampler with no step of its run executed for this long stops (a halted run).
+const SAMPLER_IDLE: Duration = Duration::from_secs(600);
+/// The first words of the `begin` step's note, followed by the raft term at the start.
+const START_TERM: &str = "raft term ";
+
+struct Sampler {
+    watch: Arc<tokio::sync::Mutex<Watch>>,
+    stop: tokio::sync::watch::Sender<bool>,
+    touched: Instant,
+}
+
+/// Executes the steps of etcd roll runs.
+pub struct EtcdRollSteps {
+    /// StatefulSets and their pods.
+    pub api: Arc<dyn StatefulSets>,
+    /// How to reach the members.
+    pub connection: RollConnection,
+    /// Metrics.
+    pub metrics: Metrics,
+    clients: Mutex<HashMap<String, Arc<Etcd>>>,
+    samplers: Mutex<HashMap<String, Sampler>>,
+}
+
+fn done(note: impl Into<String>) -> StepOutcome {
+    StepOutcome::Done { note: note.into() }
+}
+
+fn failed(error: impl std::fmt::Display) -> StepOutcome {
+    StepOutcome::Failed {
+        error: error.to_string(),
+    }
+}
+
+fn retry(error: impl std::fmt::Display) -> StepOutcome {
+    StepOutcome::Retry {
+        at: Utc::now() + chrono::Duration::seconds(2),
+        error: error.to_string(),
+    }
+}
+
+fn wait(reason: String) -> StepOutcome {
+    StepOutcome::Wait {
+        until: Utc::now() + chrono::Duration::from_std(RECHECK).unwrap_or_default(),
+        reason,
+    }
+}
+
+/// Whether `step` has been going on for longer than `limit` (from its first start, which
+/// is persisted, so a restart of rollgate does not reset the clock).
+fn over(step: &Step, limit: Duration, now: DateTime<Utc>) -> bool {
+    let started = step.started_at.unwrap_or(now);
+    (now - started).to_std().unwrap_or_default() > limit
+}
+
+/// A refusal that may pass by itself: a member coming back, an election settling.
+fn passing(refusal: &Refusal) -> bool {
+    matches!(
+        refusal,
+        Refusal::Unhealthy(_) | Refusal::NoLeader | Refusal::Lagging(_)
+    )
+}
+
+impl EtcdRollSteps {
+    /// Steps over `api`, reaching members through `connection`.
+    pub fn new(api: Arc<dyn StatefulSets>, connection: RollConnection, metrics: Metrics) -> Self {
+        Self {
+            api,
+            connection,
+            metrics,
+            clients: Mutex::new(HashMap::new()),
+            samplers: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// `executors` with these steps registered.
+    pub fn register(self: Arc<Self>, mut executors: Executors) -> Executors {
+        for name in steps::ALL {
+            executors = executors.with(name, self.clone());
+        }
+        executors
+    }
+
+    fn etcd(&self, run: &Run, request: &EtcdRollRequest) -> Result<Arc<Etcd>, RollError> {
+        let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(etcd) = clients.get(&run.id) {
+            return Ok(etcd.clone());
+        }
+        let tls = if request.uses_tls() {
+            Some(self.connection.tls.clone().ok_or_else(|| {
+                RollError::Refused(
+                    "https members need etcd_roll.ca_file (and a client certificate)".into(),
+                )
+            })?)
+        } else {
+            None
+        };
+        let etcd = Arc::new(Etcd::new(EtcdSettings {
+            endpoints: request.endpoints.clone(),
+            timeout: self.connection.timeout,
+            tls,
+        })?);
+        clients.insert(run.id.clone(), etcd.clone());
+        Ok(etcd)
+    }
+
+    /// Keeps a sampler of leadership running for `run` while its steps run.
+    fn watch(&self, run: &Run, etcd: &Arc<Etcd>) -> Arc<tokio::sync::Mutex<Watch>> {
+        let mut samplers = self.samplers.lock().unwrap_or_else(|e| e.into_inner());
+        samplers.retain(|_, s| {
+            let alive = s.touched.elapsed() < SAMPLER_IDLE && !s.stop.is_closed();
+            if !alive {
+                let _ = s.stop.send(true);
+            }
+            alive
+        });
+        let sampler = samplers.entry(run.id.clone()).or_insert_with(|| {
+            let watch = Arc::new(tokio::sync::Mutex::new(Watch::default()));
+            let (stop, stopped) = tokio::sync::watch::channel(false);
+            tokio::spawn(sample(etcd.clone(), watch.clone(), stopped));
+            Sampler {
+                watch,
+                stop,
+                touched: Instant::now(),
+            }
+        });
+        sampler.touched = Instant::now();
+        sampler.watch.clone()
+    }
+
+    fn forget(&self, run: &Run) {
+        if let Some(s) = self
+            .samplers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&run.id)
+        {
+            let _ = s.stop.send(true);
+        }
+        self.clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&run.id);
+    }
+
+    async fn begin(&self, etcd: &Etcd, driver: &StatefulSetDriver, max_lag: u64) -> StepOutcome {
+        if let Err(e) = driver.begin().await {
+            return retry(e);
+        }
+        let (current, _) = match view(etcd, driver).await {
+            Ok(v) => v,
+            Err(e) => return retry(e),
+        };
+        // Before anything restarts, every precondition must hold now: no waiting here.
+        let action = match next_action(&current, driver.order(), max_lag) {
+            Ok(action) => action,
+            Err(refusal) => {
+                return failed(format!(
+                    "refusing to start the roll: {refusal}; nothing was restarted"
+                ));
+            }
+        };
+        let term = highest_term(etcd).await;
+        let pending = current.members.iter().filter(|m| !m.at_target).count();
+        let leader = current
+            .members
+            .iter()
+            .find(|m| Some(m.id) == current.leader)
+            .map_or("-", |m| m.name.as_str());
+        done(format!(
+            "{START_TERM}{term} at the start; leader {leader}; {} members, {pending} to roll; partition locked; first: {}",
+            current.members.len(),
+            describe(&action)
+        ))
+    }
+
+    async fn next(
+        &self,
+        etcd: &Etcd,
+        driver: &StatefulSetDriver,
+        step: &Step,
+        request: &EtcdRollRequest,
+    ) -> StepOutcome {
+        let (current, _) = match view(etcd, driver).await {
+            Ok(v) => v,
+            Err(e) => return retry(e),
+        };
+        match next_action(&current, driver.order(), request.max_lag) {
+            Ok(action) => StepOutcome::Planned {
+                note: describe(&action),
+                steps: steps_for(&action),
+            },
+            Err(refusal)
+                if passing(&refusal)
+                    && !over(
+                        step,
+                        Duration::from_secs(request.ready_timeout_secs),
+                        Utc::now(),
+                    ) =>
+            {
+                wait(format!("waiting: {refusal}"))
+            }
+            Err(refusal) => failed(format!(
+                "{refusal}; nothing more was restarted (for {}s)",
+                request.ready_timeout_secs
+            )),
+        }
+    }
+
+    async fn restart(
+        &self,
+        etcd: &Etcd,
+        driver: &StatefulSetDriver,
+        request: &EtcdRollRequest,
+        member: &str,
+    ) -> StepOutcome {
+        let (current, names, m) = match look_at(etcd, driver, member).await {
+            Ok(v) => v,
+            Err(outcome) => return outcome,
+        };
+        if m.at_target && m.healthy {
+            return done(format!("{member} already runs the target"));
+        }
+        match next_action(&current, driver.order(), request.max_lag) {
+            Ok(Action::Restart { id, .. }) if id == m.id => {
+                let endpoint = names
+                    .iter()
+                    .find(|(i, ..)| *i == id)
+                    .map(|(.., e)| e.as_str())
+                    .unwrap_or_default();
+                match driver.restart(member, endpoint).await {
+                    Ok(()) => {
+                        info!(%member, "restarting");
+                        done(format!(
+                            "partition lowered to {member}: the controller restarts it"
+                        ))
+                    }
+                    Err(e) => retry(e),
+                }
+            }
+            // Restarted before rollgate itself restarted: it is the one down.
+            Err(Refusal::Unhealthy(down)) if down == [member] => {
+                done(format!("{member} is already restarting"))
+            }
+            Ok(other) => replan(format!(
+                "the cluster changed while the gate held the roll; now: {}",
+                describe(&other)
+            )),
+            Err(refusal) => replan(format!("not restarting {member}: {refusal}")),
+        }
+    }
+
+    async fn ready(
+        &self,
+        etcd: &Etcd,
+        driver: &StatefulSetDriver,
+        step: &Step,
+        request: &EtcdRollRequest,
+        member: &str,
+    ) -> StepOutcome {
+        let polled = Instant::now();
+        let mut state;
+        loop {
+            state = member_state(etcd, driver, member, request.max_lag).await;
+            if state.is_none() {
+                let took = step
+                    .started_at
+                    .map_or(0, |s| (Utc::now() - s).num_milliseconds());
+                return done(format!(
+                    "{member} is healthy, at the target and caught up ({took} ms)"
+                ));
+            }
+            if polled.elapsed() >= READY_POLL {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let state = state.unwrap_or_default();
+        let limit = Duration::from_secs(request.ready_timeout_secs);
+        if over(step, limit, Utc::now()) {
+            return failed(format!(
+                "{}: {state}",
+                RollError::NotReady {
+                    name: member.to_owned(),
+                    within: limit,
+                }
+            ));
+        }
+        wait(format!("waiting for {member}: {state}"))
+    }
+
+    async fn transfer(
+        &self,
+        etcd: &Etcd,
+        driver: &StatefulSetDriver,
+        request: &EtcdRollRequest,
+        member: &str,
+    ) -> StepOutcome {
+        let (current, _, m) = match look_at(etcd, driver, member).await {
+            Ok(v) => v,
+            Err(outcome) => return outcome,
+        };
+        if current.leader == Some(m.id) {
+            return done(format!("{member} leads"));
+        }
+        match next_action(&current, driver.order(), request.max_lag) {
+            Ok(Action::MoveLeader { to, .. }) if to == m.id => {
+                // A transfer drops proposals in flight ("raft proposal dropped"); clients
+                // retry those, and so does this step when the move is not confirmed.
+                match etcd.move_leader(to, self.connection.transfer_timeout).await {
+                    Ok(()) => done(format!("leadership moved to {member}")),
+                    Err(e) => retry(e),
+                }
+            }
+            Ok(other) => replan(format!("now: {}", describe(&other))),
+            Err(refusal) => replan(format!("not moving leadership: {refusal}")),
+        }
+    }
+
+    async fn finish(
+        &self,
+        run: &Run,
+        etcd: &Etcd,
+        driver: &StatefulSetDriver,
+        watch: &tokio::sync::Mutex<Watch>,
+        request: &EtcdRollRequest,
+    ) -> StepOutcome {
+        if let Err(e) = driver.finish().await {
+            return retry(e);
+        }
+        let tally = tally(&run.steps);
+        let now_term = highest_term(etcd).await;
+        let (last_term, leaderless) = {
+            let w = watch.lock().await;
+            (w.last_term.max(now_term), w.longest_leaderless)
+        };
+        let Some(start_term) = start_term(run) else {
+            return failed("the begin step's note lost the starting raft term");
+        };
+        let changes = last_term.saturating_sub(start_term);
+        let uncontrolled = changes.saturating_sub(tally.transfers);
+        let target = request.target();
+        let m = &self.metrics.etcd_roll;
+        m.rolls.with_label_values(&[&target]).inc();
+        m.restarts
+            .with_label_values(&[&target])
+            .inc_by(tally.restarted.len() as u64);
+        m.leadership_changes
+            .with_label_values(&[&target])
+            .inc_by(changes);
+        m.transfers
+            .with_label_values(&[&target])
+            .inc_by(tally.transfers);
+        m.uncontrolled_changes
+            .with_label_values(&[&target])
+            .inc_by(uncontrolled);
+        m.longest_leaderless
+            .with_label_values(&[&target])
+            .set(leaderless.as_secs_f64());
+        if uncontrolled > 0 {
+            warn!(%target, uncontrolled, "leadership changed without a transfer during the roll");
+        }
+        done(format!(
+            "rolled {}: restarted [{}]; transfers {}; leadership changes {changes}; uncontrolled {uncontrolled}; longest leaderless {} ms (while this rollgate watched); partition lock restored",
+            target,
+            tally.restarted.join(", "),
+            tally.transfers,
+            leaderless.as_millis()
+        ))
+    }
+}
+
+/// The cluster, each member's (id, name, endpoint), and `member` in it; the outcome to
+/// return when the cluster cannot be read or `member` is gone.
+async fn look_at(
+    etcd: &Etcd,
+    driver: &StatefulSetDriver,
+    member: &str,
+) -> Result<(ClusterView, Vec<(u64, String, String)>, Member), StepOutcome> {
+    let (current, names) = view(etcd, driver).await.map_err(retry)?;
+    let m = current
+        .members
+        .iter()
+        .find(|m| m.name == member)
+        .cloned()
+        .ok_or_else(|| replan(format!("{member} is no longer a member")))?;
+    Ok((current, names, m))
+}
+
+/// Why `member` is not yet healthy, at the target and caught up; `None` when it is.
+async fn member_state(
+    etcd: &Etcd,
+    driver: &StatefulSetDriver,
+    member: &str,
+    max_lag: u64,
+) -> Option<String> {
+    let members = match etcd.members().await {
+        Ok(m) => m,
+        Err(e) => return Some(format!("member list unavailable: {e}")),
+    };
+    let Some(info) = members.iter().find(|m| m.name == member) else {
+        return Some("not in the member list".into());
+    };
+    let statuses = etcd.answering().await;
+    let Some(status) = statuses.iter().find(|s| s.id == info.id) else {
+        return Some("not answering".into());
+    };
+    let Some(leader) = agreed_leader(&statuses, etcd.endpoints().len())
+        .and_then(|l| statuses.iter().find(|s| s.id == l))
+    else {
+        return Some("no agreed leader".into());
+    };
+    if status.raft_index + max_lag < leader.raft_index {
+        return Some(format!(
+            "raft index {} behind the leader's {}",
+            status.raft_index, leader.raft_index
+        ));
+    }
+    match driver.at_target(member, &status.endpoint).await {
+        Ok(true) => None,
+        Ok(false) => Some("not yet at the update revision and Ready".into()),
+        Err(e) => Some(format!("cannot tell whether it is at the target: {e}")),
+    }
+}
+
+/// The highest raft term any member reports (0 when none answers).
+async fn highest_term(etcd: &Etcd) -> u64 {
+    etcd.answering()
+        .await
+        .iter()
+        .map(|s| s.raft_term)
+        .max()
+        .unwrap_or_default()
+}
+
+/// The next action in words.
+fn describe(action: &Action) -> String {
+    match action {
+        Action::Done => "every member is at the target".into(),
+        Action::MoveLeader { name, .. } => format!("move leadership to {name}"),
+        Action::Restart { name, .. } => format!("restart {name}"),
+    }
+}
+
+/// Drops the steps planned after this one and plans again from the cluster as it is.
+fn replan(note: String) -> StepOutcome {
+    StepOutcome::Planned {
+        note,
+        steps: vec![Step::new(steps::STAGE, steps::NEXT, None)],
+    }
+}
+
+/// The raft term the `begin` step recorded.
+fn start_term(run: &Run) -> Option<u64> {
+    run.steps
+        .iter()
+        .find(|s| s.name == steps::BEGIN)?
+        .outcome
+        .as_deref()?
+        .strip_prefix(START_TERM)?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+#[async_trait::async_trait]
+impl StepExecutor for EtcdRollSteps {
+    async fn execute(&self, run: &Run, index: usize) -> StepOutcome {
+        let step = &run.steps[index];
+        let request = match EtcdRollRequest::from_json(&run.request) {
+            Ok(r) => r,
+            Err(e) => return failed(format!("the run's request no longer validates: {e}")),
+        };
+        let etcd = match self.etcd(run, &request) {
+            Ok(etcd) => etcd,
+            Err(e) => return failed(e),
+        };
+        let watch = self.watch(run, &etcd);
+        let driver = StatefulSetDriver {
+            api: self.api.clone(),
+            namespace: request.namespace.clone(),
+            name: request.statefulset.clone(),
+        };
+        let member = step.node.clone().unwrap_or_default();
+        let outcome = match step.name.as_str() {
+            steps::BEGIN => self.begin(&etcd, &driver, request.max_lag).await,
+            steps::NEXT => self.next(&etcd, &driver, step, &request).await,
+            steps::RESTART => self.restart(&etcd, &driver, &request, &member).await,
+            steps::READY => self.ready(&etcd, &driver, step, &request, &member).await,
+            steps::COOLDOWN => {
+                let until = step.started_at.unwrap_or_else(Utc::now)
+                    + chrono::Duration::seconds(request.cooldown_secs as i64);
+                if Utc::now() >= until {
+                    done(format!("cooled down {}s", request.cooldown_secs))
+                } else {
+                    StepOutcome::Wait {
+                        until,
+                        reason: format!("cooling down after {member}"),
+                    }
+                }
+            }
+            steps::TRANSFER => self.transfer(&etcd, &driver, &request, &member).await,
+            steps::FINISH => {
+                let outcome = self.finish(run, &etcd, &driver, &watch, &request).await;
+                if matches!(outcome, StepOutcome::Done { .. }) {
+                    self.forget(run);
+                }
+                outcome
+            }
+            other => failed(format!("no etcd roll step is called {other}")),
+        };
+        if let StepOutcome::Retry { error, .. } | StepOutcome::Failed { error } = &outcome {
+            warn!(run_id = %run.id, step = %step.label(), %error, "etcd roll step did not succeed");
+        }
+        outcome
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::run::{RunKind, StepStatus};
+
+    #[test]
+    fn the_start_term_is_read_back_from_the_begin_note() {
+        let mut run = Run::new(
+            "r".into(),
+            RunKind::EtcdRoll,
+            serde_json::json!({}),
+            None,
+            crate::domain::etcd_roll::initial_steps(),
+            Utc::now(),
+            "accepted",
+        );
+        assert_eq!(start_term(&run), None);
+        run.steps[0].status = StepStatus::Done;
+        run.steps[0].outcome = Some(format!(
+            "{START_TERM}17 at the start; leader etcd-1; 3 members"
+        ));
+        assert_eq!(start_term(&run), Some(17));
+    }
+
+    #[test]
+    fn only_passing_refusals_are_waited_out() {
+        assert!(passing(&Refusal::NoLeader));
+        assert!(passing(&Refusal::Unhealthy(vec!["etcd-1".into()])));
+        assert!(passing(&Refusal::Lagging(vec!["etcd-1".into()])));
+        assert!(!passing(&Refusal::QuorumAtRisk { members: 2 }));
+        assert!(!passing(&Refusal::NoTransferTarget));
+    }
+
+    #[test]
+    fn a_step_is_over_its_limit_from_its_first_start() {
+        let now = Utc::now();
+        let mut step = Step::new(steps::STAGE, steps::READY, Some("etcd-1".into()));
+        assert!(!over(&step, Duration::from_secs(1), now));
+        step.started_at = Some(now - chrono::Duration::seconds(5));
+        assert!(over(&step, Duration::from_secs(1), now));
+        assert!(!over(&step, Duration::from_secs(10), now));
+    }
+}

@@ -1,0 +1,318 @@
+//! etcd rolls run by `rollgate serve` (`POST /v1/etcd-rolls`, AMQP `etcd-rolls`) over a
+//! StatefulSet in the fake API server whose controller restarts real etcd members; the
+//! gate before every restart asks a real Prometheus.
+
+mod support;
+
+use chrono::Utc;
+use serde_json::{Value, json};
+use std::process::Command;
+use std::time::Duration;
+use support::etcd_pods::EtcdStatefulSet;
+use support::rabbit::{self, Names};
+use support::services::{MiniServer, Prometheus};
+use support::{Rollgate, eventually};
+
+const RUN_DEADLINE: Duration = Duration::from_secs(120);
+
+/// A quiet Prometheus (no gate alert fires) and the files `serve` needs with a cluster.
+struct Around {
+    _target: MiniServer,
+    prom: Prometheus,
+    dir: tempfile::TempDir,
+}
+
+impl Around {
+    async fn start() -> Self {
+        let target = MiniServer::start().await;
+        target.set_metrics(&support::ground::quiet_metrics());
+        let prom = Prometheus::start(&target.address()).await;
+        let dir = tempfile::tempdir().unwrap();
+        // The upgrade steps need SSH files to exist; etcd rolls never use them.
+        for f in ["ssh-key", "known_hosts"] {
+            std::fs::write(dir.path().join(f), "").unwrap();
+        }
+        Self {
+            _target: target,
+            prom,
+            dir,
+        }
+    }
+
+    fn env(&self, sts: &EtcdStatefulSet) -> Vec<(String, String)> {
+        [
+            (
+                "ROLLGATE__CLUSTER__KUBECONFIG",
+                sts.kubeconfig.display().to_string(),
+            ),
+            (
+                "ROLLGATE__SSH__KEY_FILE",
+                self.dir.path().join("ssh-key").display().to_string(),
+            ),
+            (
+                "ROLLGATE__SSH__KNOWN_HOSTS_FILE",
+                self.dir.path().join("known_hosts").display().to_string(),
+            ),
+            ("ROLLGATE__GATE__PROMETHEUS_URL", self.prom.url()),
+            ("ROLLGATE__GATE__POLL_INTERVAL", "300ms".into()),
+            ("ROLLGATE__ETCD_ROLL__TIMEOUT", "2s".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
+    }
+}
+
+async fn serve(env: Vec<(String, String)>) -> Rollgate {
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    Rollgate::start(&env).await
+}
+
+fn request(sts: &EtcdStatefulSet) -> Value {
+    json!({
+        "statefulset": "etcd", "namespace": "default",
+        "endpoints": sts.cluster.endpoints, "ready_timeout_secs": 20, "cooldown_secs": 0
+    })
+}
+
+async fn wait_status(rg: &Rollgate, id: &str, want: &str) -> Value {
+    rg.wait_status(id, want, RUN_DEADLINE).await
+}
+
+fn labels(run: &Value) -> Vec<String> {
+    run["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let mut l = s["name"].as_str().unwrap().to_owned();
+            if let Some(n) = s["node"].as_str() {
+                l = format!("{l}@{n}");
+            }
+            l
+        })
+        .collect()
+}
+
+fn finish_note(run: &Value) -> String {
+    let last = run["steps"].as_array().unwrap().last().unwrap();
+    assert_eq!(last["name"], "etcd-finish", "{run}");
+    last["outcome"].as_str().unwrap().to_owned()
+}
+
+async fn term(sts: &EtcdStatefulSet) -> u64 {
+    let etcd = sts.cluster.etcd();
+    eventually("a leader", Duration::from_secs(10), || async {
+        etcd.leader().await.ok()
+    })
+    .await
+    .raft_term
+}
+
+/// Checks a finished roll: pods high to low, each once, every restart after a gate, the
+/// lock restored, `moves` transfers and leadership changes and none uncontrolled, in the
+/// run and in the metrics.
+async fn check_rolled(rg: &Rollgate, sts: &EtcdStatefulSet, run: &Value, moves: u64) {
+    assert_eq!(sts.restarted(), ["etcd-2", "etcd-1", "etcd-0"]);
+    assert!(sts.all_at_update_revision());
+    assert_eq!(sts.partition(), 3, "the partition lock is restored");
+    let labels = labels(run);
+    for (i, l) in labels.iter().enumerate() {
+        if l.starts_with("etcd-restart@") {
+            let member = l.trim_start_matches("etcd-restart@");
+            assert_eq!(labels[i - 1], format!("gate@{member}"), "{labels:?}");
+        }
+    }
+    let note = finish_note(run);
+    eprintln!("{note}\n{labels:?}");
+    assert!(note.contains(&format!("transfers {moves};")), "{note}");
+    assert!(
+        note.contains(&format!("leadership changes {moves};")),
+        "{note}"
+    );
+    assert!(note.contains("uncontrolled 0;"), "{note}");
+    let target = "{target=\"default/etcd\"}";
+    for (metric, want) in [
+        ("etcd_roll_completed_total", 1.0),
+        ("etcd_roll_member_restarts_total", 3.0),
+        ("etcd_roll_leadership_transfers_total", moves as f64),
+        ("etcd_roll_leadership_changes_total", moves as f64),
+        ("etcd_roll_uncontrolled_leadership_changes_total", 0.0),
+    ] {
+        assert_eq!(
+            rg.metric(&format!("{metric}{target}")).await,
+            want,
+            "{metric}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_roll_asked_over_http_survives_kill_9_and_costs_one_leadership_move() {
+    let sts = EtcdStatefulSet::start(3, 0).await;
+    let around = Around::start().await;
+    let mut rg = serve(around.env(&sts)).await;
+    let term_before = term(&sts).await;
+
+    let (status, body) = rg.post("/v1/etcd-rolls", &request(&sts)).await;
+    assert_eq!(status, 202, "{body}");
+    let id = body["run_id"].as_str().unwrap().to_owned();
+    let (status, again) = rg.post("/v1/etcd-rolls", &request(&sts)).await;
+    assert_eq!(
+        (status, &again["run_id"]),
+        (200, &body["run_id"]),
+        "one roll per StatefulSet"
+    );
+
+    // Kill -9 while the second member comes back.
+    eventually("etcd-1 restarting", RUN_DEADLINE, || async {
+        let run = rg.run(&id).await;
+        assert_ne!(run["status"], "halted", "{run}");
+        run["steps"]
+            .as_array()?
+            .iter()
+            .any(|s| s["name"] == "etcd-restart" && s["node"] == "etcd-1" && s["status"] == "done")
+            .then_some(())
+    })
+    .await;
+    rg.kill9();
+    rg.restart().await;
+
+    let run = wait_status(&rg, &id, "succeeded").await;
+    check_rolled(&rg, &sts, &run, 1).await;
+    assert!(
+        support::history_has(&run, "rollgate restarted"),
+        "the restart is in the history"
+    );
+    assert_eq!(
+        term(&sts).await,
+        term_before + 1,
+        "one change, kill included"
+    );
+    assert_eq!(sts.cluster.marked().len(), 3, "each member restarted once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_roll_published_on_amqp_with_the_leader_at_the_top_moves_it_twice() {
+    let sts = EtcdStatefulSet::start(3, 2).await;
+    let around = Around::start().await;
+    let names = Names::unique();
+    let mut env = around.env(&sts);
+    env.extend(names.env().into_iter().map(|(k, v)| (k.to_owned(), v)));
+    let rg = serve(env).await;
+
+    let event = serde_json::to_vec(&json!({
+        "specversion": "1.0", "id": "roll-1", "source": "test/publisher",
+        "type": "rollgate.etcd-roll.v1", "time": Utc::now().to_rfc3339(), "data": request(&sts)
+    }))
+    .unwrap();
+    rabbit::publish(&names.exchange, "etcd-rolls", &event, "roll-1").await;
+    let run = eventually("the published roll makes a run", RUN_DEADLINE, || async {
+        let (_, runs) = rg.get("/v1/runs").await;
+        runs.as_array()?
+            .iter()
+            .find(|r| r["kind"] == "etcd-roll")
+            .cloned()
+    })
+    .await;
+    assert_eq!(run["target"], "default/etcd");
+    let run = wait_status(&rg, run["id"].as_str().unwrap(), "succeeded").await;
+    check_rolled(&rg, &sts, &run, 2).await;
+    rabbit::cleanup(&names).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unhealthy_member_halts_the_roll_before_anything_restarts() {
+    let sts = EtcdStatefulSet::start(3, 0).await;
+    let pid = std::fs::read_to_string(sts.cluster.path("etcd-1.pid")).unwrap();
+    Command::new("kill")
+        .args(["-TERM", pid.trim()])
+        .status()
+        .unwrap();
+    let around = Around::start().await;
+    let rg = serve(around.env(&sts)).await;
+    let (status, body) = rg.post("/v1/etcd-rolls", &request(&sts)).await;
+    assert_eq!(status, 202, "{body}");
+    let run = rg
+        .wait_run(body["run_id"].as_str().unwrap(), "halted", |r| {
+            r["status"] == "halted"
+        })
+        .await;
+    let reason = run["reason"].as_str().unwrap();
+    assert!(reason.contains("etcd-begin"), "{reason}");
+    assert!(reason.contains("unhealthy member(s): etcd-1"), "{reason}");
+    assert!(reason.contains("nothing was restarted"), "{reason}");
+    assert!(sts.restarted().is_empty(), "{:?}", sts.restarted());
+    assert_eq!(sts.partition(), 3, "the lock holds");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_roll_requests_are_refused_and_nothing_is_queued() {
+    // No Kubernetes API: nothing could carry a roll out.
+    let rg = Rollgate::start(&[]).await;
+    let good = json!({"statefulset": "etcd", "namespace": "default", "endpoints": ["http://127.0.0.1:2379"]});
+    let (status, body) = rg.post("/v1/etcd-rolls", &good).await;
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("cluster.kubeconfig"),
+        "{body}"
+    );
+    drop(rg);
+
+    let api = support::kube::FakeKube::start().await;
+    let around = Around::start().await;
+    let kubeconfig = around.dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig);
+    let mut env = vec![(
+        "ROLLGATE__CLUSTER__KUBECONFIG".to_owned(),
+        kubeconfig.display().to_string(),
+    )];
+    for (k, f) in [
+        ("ROLLGATE__SSH__KEY_FILE", "ssh-key"),
+        ("ROLLGATE__SSH__KNOWN_HOSTS_FILE", "known_hosts"),
+    ] {
+        env.push((
+            k.to_owned(),
+            around.dir.path().join(f).display().to_string(),
+        ));
+    }
+    let rg = serve(env).await;
+    let with = |key: &str, value: Value| {
+        let mut body = good.clone();
+        body[key] = value;
+        body
+    };
+    let cases = [
+        (with("statefulset", json!("etcd;reboot")), "statefulset"),
+        (
+            with("endpoints", json!(["http://$(id):2379"])),
+            "endpoints[0]",
+        ),
+        (with("endpoints", json!([])), "endpoints"),
+        (with("ready_timeout_secs", json!(0)), "ready_timeout_secs"),
+        (
+            with("restart_command", json!("reboot")),
+            "not a known field",
+        ),
+        (
+            with("endpoints", json!(["https://127.0.0.1:2379"])),
+            "etcd_roll.ca_file",
+        ),
+    ];
+    for (body, expected) in cases {
+        let (status, answer) = rg.post("/v1/etcd-rolls", &body).await;
+        assert_eq!(status, 422, "{body}: {answer}");
+        assert_eq!(answer["error"], "invalid_request", "{answer}");
+        assert!(
+            answer["message"].as_str().unwrap().contains(expected),
+            "{body}: {answer}"
+        );
+    }
+    assert_eq!(rg.metric("rollgate_queue_depth").await, 0.0);
+    let (_, runs) = rg.get("/v1/runs").await;
+    assert_eq!(runs, json!([]), "no run was created");
+    assert!(api.changes().is_empty(), "nothing changed in the cluster");
+}
