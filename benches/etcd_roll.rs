@@ -41,10 +41,18 @@ struct Load {
 
 impl Load {
     fn record(&self, e: &etcd_client::Error, retried: bool) {
-        let kind = match e {
+        let mut kind = match e {
             etcd_client::Error::GRpcStatus(s) => format!("{:?}: {}", s.code(), s.message()),
             other => other.to_string(),
         };
+        let mut source = match e {
+            etcd_client::Error::GRpcStatus(s) => std::error::Error::source(s),
+            other => std::error::Error::source(other),
+        };
+        while let Some(cause) = source {
+            kind.push_str(&format!(" <- {cause}"));
+            source = cause.source();
+        }
         let kind = format!("{} {}", if retried { "retried" } else { "failed" }, kind);
         if let Ok(mut errors) = self.errors.lock() {
             *errors.entry(kind).or_default() += 1;

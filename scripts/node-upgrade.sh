@@ -7,6 +7,7 @@
 #   --apt-minor 1.NN                              point the Kubernetes apt repository at v1.NN
 #   --plan --release X.Y.Z                        kubeadm upgrade plan; report the package for X.Y.Z
 #   --check                                       prove the node answers and has the tools
+#   --available                                   list the kubeadm packages apt offers (read-only)
 #
 # Safe to re-run: each part checks what is installed before it changes anything.
 # Environment (for unusual layouts): K8S_APT_SOURCE (default
@@ -28,6 +29,7 @@ while [ $# -gt 0 ]; do
     --apt-minor) apt_minor=${2:-}; action=apt-minor; shift 2 || die "--apt-minor needs a value" ;;
     --plan) action=plan; shift ;;
     --check) action=check; shift ;;
+    --available) action=available; shift ;;
     *) die "unknown argument: $1" ;;
   esac
 done
@@ -117,8 +119,12 @@ check() {
   log "ok: kubeadm $(installed kubeadm), kubelet $(installed kubelet)"
 }
 
+# What `rollgate detect` reads: the lists as the node's own periodic apt update left them.
+available() { apt-cache madison kubeadm; }
+
 case "$action" in
   "") upgrade_node ;;
+  available) available ;;
   containerd) upgrade_containerd ;;
   apt-minor) rewrite_repo ;;
   plan) plan ;;

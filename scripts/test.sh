@@ -9,8 +9,9 @@ cd "$(dirname "$0")/.."
 DEBIAN_FRONTEND=noninteractive apt-get update -q
 ensure_build_tools
 ensure_rabbitmq
-# Prometheus (with promtool) and Alertmanager: the tests start their own on loopback.
-apt_install prometheus prometheus-alertmanager
+# Prometheus (with promtool), Alertmanager (with amtool) and the Pushgateway: the tests
+# start their own on loopback.
+apt_install prometheus prometheus-alertmanager prometheus-pushgateway
 # etcd 3.4 for the etcd adapter tests (the tests start their own members on loopback).
 apt_install etcd-server etcd-client
 # The Kubernetes upgrade tests: an sshd per fake node (started by the tests on loopback),

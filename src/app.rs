@@ -221,6 +221,28 @@ pub async fn kube_client(settings: &Settings) -> anyhow::Result<Option<Kube>> {
     Ok(Some(kube))
 }
 
+/// SSH to nodes as the settings describe; the key and known_hosts files must be set.
+pub fn ssh_client(settings: &Settings) -> anyhow::Result<Ssh> {
+    let (Some(key_file), Some(known_hosts_file)) = (
+        settings.ssh.key_file.clone(),
+        settings.ssh.known_hosts_file.clone(),
+    ) else {
+        bail!(
+            "upgrading a configured cluster needs ssh.key_file and ssh.known_hosts_file (the node script runs over SSH)"
+        );
+    };
+    Ok(Ssh::new(SshSettings {
+        user: settings.ssh.user.clone(),
+        port: settings.ssh.port,
+        key_file,
+        known_hosts_file,
+        connect_timeout: settings.ssh.connect_timeout,
+        command_timeout: settings.ssh.command_timeout,
+        hosts: settings.ssh.hosts.clone(),
+        control_dir: settings.data_dir.join("ssh"),
+    })?)
+}
+
 /// The upgrade steps over kube, ssh and etcd, when a cluster is configured; also the
 /// cluster reader the API plans detections with.
 pub async fn build_upgrade_steps(
@@ -232,24 +254,7 @@ pub async fn build_upgrade_steps(
     let Some(kube) = kube else {
         return Ok(None);
     };
-    let (Some(key_file), Some(known_hosts_file)) = (
-        settings.ssh.key_file.clone(),
-        settings.ssh.known_hosts_file.clone(),
-    ) else {
-        bail!(
-            "upgrading a configured cluster needs ssh.key_file and ssh.known_hosts_file (the node script runs over SSH)"
-        );
-    };
-    let ssh = Ssh::new(SshSettings {
-        user: settings.ssh.user.clone(),
-        port: settings.ssh.port,
-        key_file,
-        known_hosts_file,
-        connect_timeout: settings.ssh.connect_timeout,
-        command_timeout: settings.ssh.command_timeout,
-        hosts: settings.ssh.hosts.clone(),
-        control_dir: settings.data_dir.join("ssh"),
-    })?;
+    let ssh = ssh_client(settings)?;
     let snapshots: Option<Arc<dyn Snapshots>> = if settings.etcd.endpoints.is_empty() {
         warn!("etcd.endpoints is not set: upgrade runs fail at their snapshot stage");
         None

@@ -1,4 +1,5 @@
-//! Command line: `serve`, `check-config`, `plan`, `etcd-roll`, `runs list|show|halt|resume|abort`.
+//! Command line: `serve`, `check-config`, `plan`, `detect`, `etcd-roll`,
+//! `runs list|show|halt|resume|abort`.
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
@@ -32,6 +33,13 @@ pub enum Command {
     /// Plan a Kubernetes upgrade against the cluster as it is now: print the steps, the
     /// gates and what each step will do. Reads the cluster; changes nothing.
     Plan(PlanArgs),
+    /// Detect the upgrade to make (what the weekly CronJob runs): the running version, the
+    /// newest patch the control plane's apt repository offers, whether the next minor is
+    /// released; push the result to the Pushgateway and ask rollgate for the upgrade.
+    /// Exit 0: done (nothing to do, asked for, already in flight, or held by another
+    /// upgrade); 2: configuration; 3: the facts could not be read, nothing pushed or asked
+    /// for; 4: rollgate did not take the request; 5: the metrics were not pushed.
+    Detect(DetectArgs),
     /// Look at and control runs through the API.
     Runs {
         /// API base URL (default: from server.listen).
@@ -44,6 +52,14 @@ pub enum Command {
         #[command(subcommand)]
         action: RunsAction,
     },
+}
+
+/// `detect` options.
+#[derive(clap::Args, Debug)]
+pub struct DetectArgs {
+    /// Find, decide and push the metrics, but do not ask for the upgrade.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 /// `plan` options.
@@ -219,6 +235,20 @@ pub fn run(cli: Cli) -> ExitCode {
                 settings.etcd_roll.timeout,
                 settings.etcd_roll.transfer_timeout
             );
+            let d = &settings.detect;
+            println!(
+                "  detect      repository {}, pushgateway {}, submit {} to {}",
+                d.repo_url,
+                d.pushgateway_url.as_deref().unwrap_or("none"),
+                match d.submit {
+                    crate::config::DetectSubmit::Http => "http",
+                    crate::config::DetectSubmit::Amqp => "amqp",
+                },
+                match d.submit {
+                    crate::config::DetectSubmit::Http => d.rollgate_url.as_str(),
+                    crate::config::DetectSubmit::Amqp => "queue.amqp_url",
+                }
+            );
             ExitCode::SUCCESS
         }
         Command::Serve => {
@@ -273,6 +303,21 @@ pub fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
+        Command::Detect(args) => {
+            init_logging(&settings);
+            let result = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("cannot start the runtime")
+                .and_then(|rt| rt.block_on(detect(&settings, args)));
+            match result {
+                Ok(code) => ExitCode::from(code),
+                Err(e) => {
+                    eprintln!("rollgate: {e:#}");
+                    ExitCode::from(2)
+                }
+            }
+        }
         Command::Runs {
             url,
             token_file,
@@ -292,6 +337,63 @@ pub fn run(cli: Cli) -> ExitCode {
             }
         }
     }
+}
+
+/// `rollgate detect`: the report as JSON on stdout, the exit code of what happened.
+/// Errors are configuration problems (exit 2).
+async fn detect(settings: &Settings, args: DetectArgs) -> anyhow::Result<u8> {
+    use crate::adapters::pushgateway::Pushgateway;
+    use crate::adapters::repo::PackageRepo;
+    use crate::config::DetectSubmit;
+    use crate::detect::{AmqpSubmitter, HttpSubmitter, Sources, Submitter};
+    use crate::domain::event::StageSelection;
+    use std::sync::Arc;
+    let d = &settings.detect;
+    let Some(kube) = crate::app::kube_client(settings).await? else {
+        bail!("detect needs cluster.kubeconfig or cluster.in_cluster");
+    };
+    let sources = Sources {
+        cluster: Arc::new(kube),
+        exec: Arc::new(crate::app::ssh_client(settings)?),
+        repo: Arc::new(PackageRepo::new(&d.repo_url, d.timeout)?),
+    };
+    let stages = StageSelection::parse(&d.stages).map_err(|e| anyhow::anyhow!(e))?;
+    let push = match &d.pushgateway_url {
+        Some(url) => Some(
+            Pushgateway::new(url, &d.pushgateway_job, d.timeout).map_err(|e| anyhow::anyhow!(e))?,
+        ),
+        None => None,
+    };
+    let submitter: Option<Box<dyn Submitter>> = match (args.dry_run, d.submit) {
+        (true, _) => None,
+        (false, DetectSubmit::Http) => Some(Box::new(HttpSubmitter {
+            url: d.rollgate_url.clone(),
+            token: crate::app::read_token(&d.token_file)?,
+            http: reqwest::Client::builder().timeout(d.timeout).build()?,
+        })),
+        (false, DetectSubmit::Amqp) => Some(Box::new(AmqpSubmitter(Arc::new(
+            crate::queue::amqp::AmqpQueue::connect(settings.queue.clone())
+                .await
+                .context("cannot reach RabbitMQ (queue.amqp_url)")?,
+        )))),
+    };
+    let (report, error) = crate::detect::detect(
+        &sources,
+        &stages,
+        push.as_ref().map(|p| p as &dyn crate::ports::MetricsPush),
+        submitter.as_deref(),
+    )
+    .await;
+    if let Some(report) = &report {
+        println!("{}", serde_json::to_string_pretty(report)?);
+    }
+    Ok(match error {
+        None => 0,
+        Some(e) => {
+            eprintln!("rollgate detect: {e}");
+            e.exit_code()
+        }
+    })
 }
 
 async fn etcd_roll(config: &Settings, args: EtcdRollArgs) -> anyhow::Result<()> {

@@ -238,6 +238,37 @@ pub struct EtcdRollConfig {
     pub transfer_timeout: Duration,
 }
 
+/// Where `rollgate detect` sends what it finds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DetectSubmit {
+    /// `POST /v1/detections` to `detect.rollgate_url`.
+    Http,
+    /// A `rollgate.detection.v1` CloudEvent on the AMQP exchange of `queue.*`.
+    Amqp,
+}
+
+/// `rollgate detect`, the weekly CronJob (section `detect`).
+#[derive(Debug, Clone)]
+pub struct DetectConfig {
+    /// `detect.repo_url`: base of the Kubernetes package repositories; `/v1.NN/deb/Release`
+    /// and `/v1.NN/deb/Packages` are appended (default `https://pkgs.k8s.io/core:/stable:`).
+    pub repo_url: String,
+    /// `detect.pushgateway_url`: where the detection metrics go (default: none, not pushed).
+    pub pushgateway_url: Option<String>,
+    /// `detect.pushgateway_job`: the Pushgateway job (default `k8s_version_check`).
+    pub pushgateway_job: String,
+    /// `detect.submit`: `http` (default) or `amqp`.
+    pub submit: DetectSubmit,
+    /// `detect.rollgate_url`: the rollgate API for `http` (default `http://<server.listen>`).
+    pub rollgate_url: String,
+    /// `detect.token_file`: the API token for `http` (default `server.token_file`).
+    pub token_file: PathBuf,
+    /// `detect.stages`: the stages the requested upgrade runs (default `all`).
+    pub stages: String,
+    /// `detect.timeout`: bound on every HTTP request (default `10s`).
+    pub timeout: Duration,
+}
+
 /// Every setting, validated.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -264,6 +295,8 @@ pub struct Settings {
     pub etcd: EtcdConfig,
     /// etcd clusters rolled by `serve`.
     pub etcd_roll: EtcdRollConfig,
+    /// `rollgate detect`.
+    pub detect: DetectConfig,
 }
 
 /// One bad setting.
@@ -356,6 +389,14 @@ const KEYS: &[&str] = &[
     "etcd_roll.key_file",
     "etcd_roll.timeout",
     "etcd_roll.transfer_timeout",
+    "detect.repo_url",
+    "detect.pushgateway_url",
+    "detect.pushgateway_job",
+    "detect.submit",
+    "detect.rollgate_url",
+    "detect.token_file",
+    "detect.stages",
+    "detect.timeout",
     "log.format",
     "log.level",
 ];
@@ -591,8 +632,10 @@ impl Settings {
         let ssh = ssh_settings(&mut r);
         let etcd = etcd_settings(&mut r, &data_dir);
         let etcd_roll = etcd_roll_settings(&mut r);
+        let detect = detect_settings(&mut r, &server);
         if r.problems.is_empty() {
             Ok(Self {
+                detect,
                 etcd_roll,
                 cluster,
                 ssh,
@@ -804,6 +847,68 @@ fn tls_files(r: &mut Reader, section: &str) -> (Option<PathBuf>, Option<PathBuf>
         cert_file,
         key_file,
     )
+}
+
+fn detect_settings(r: &mut Reader, server: &ServerSettings) -> DetectConfig {
+    let url = |r: &mut Reader, key: &str, default: &str| {
+        let value = r.string(key, default);
+        let ok = value.is_empty()
+            || reqwest::Url::parse(&value).is_ok_and(|u| matches!(u.scheme(), "http" | "https"));
+        if !ok {
+            r.problem(key, format!("{value:?} is not an http(s) URL"));
+        }
+        value.trim_end_matches('/').to_owned()
+    };
+    let repo_url = url(r, "detect.repo_url", "https://pkgs.k8s.io/core:/stable:");
+    let pushgateway_url = Some(url(r, "detect.pushgateway_url", "")).filter(|u| !u.is_empty());
+    let rollgate_url = url(
+        r,
+        "detect.rollgate_url",
+        &format!("http://{}", server.listen),
+    );
+    let pushgateway_job = r.string("detect.pushgateway_job", "k8s_version_check");
+    if pushgateway_job.is_empty()
+        || !pushgateway_job
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        r.problem(
+            "detect.pushgateway_job",
+            "must be letters, digits, '_' or '-'",
+        );
+    }
+    let submit = match r.string("detect.submit", "http").as_str() {
+        "http" => DetectSubmit::Http,
+        "amqp" => DetectSubmit::Amqp,
+        other => {
+            r.problem(
+                "detect.submit",
+                format!("{other:?} is neither \"http\" nor \"amqp\""),
+            );
+            DetectSubmit::Http
+        }
+    };
+    let stages = r.string("detect.stages", "all");
+    if let Err(e) = crate::domain::event::StageSelection::parse(&stages) {
+        r.problem("detect.stages", e);
+    }
+    DetectConfig {
+        repo_url,
+        pushgateway_url,
+        pushgateway_job,
+        submit,
+        rollgate_url,
+        token_file: r
+            .opt_path("detect.token_file")
+            .unwrap_or_else(|| server.token_file.clone()),
+        stages,
+        timeout: r.duration(
+            "detect.timeout",
+            "10s",
+            Duration::from_millis(100),
+            Duration::from_secs(300),
+        ),
+    }
 }
 
 fn etcd_roll_settings(r: &mut Reader) -> EtcdRollConfig {

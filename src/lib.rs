@@ -4,6 +4,7 @@ pub mod adapters;
 pub mod app;
 pub mod cli;
 pub mod config;
+pub mod detect;
 pub mod domain;
 pub mod etcd_roll;
 pub mod etcd_roll_steps;

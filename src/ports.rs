@@ -7,10 +7,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::domain::detect::Minor;
 use crate::domain::engine::StepOutcome;
 use crate::domain::gate::PromReading;
 use crate::domain::plan::ClusterFacts;
 use crate::domain::run::{Run, RunStatus, Step};
+use crate::domain::version::Version;
 
 /// Carries out one kind of step. A step must be idempotent: after a crash it is executed
 /// again from the start.
@@ -316,4 +318,30 @@ pub struct PodState {
     pub revision: String,
     /// Its Ready condition is True (and it is not terminating).
     pub ready: bool,
+}
+
+/// The Kubernetes package repository `rollgate detect` reads.
+#[async_trait::async_trait]
+pub trait PackageRepository: Send + Sync {
+    /// Whether `minor`'s repository is published (its Release file exists).
+    async fn published(&self, minor: Minor) -> Result<bool, RepoError>;
+    /// The kubeadm releases `minor`'s repository holds.
+    async fn releases(&self, minor: Minor) -> Result<Vec<Version>, RepoError>;
+}
+
+/// The package repository could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("package repository {url}: {error}")]
+pub struct RepoError {
+    /// What was asked.
+    pub url: String,
+    /// What went wrong.
+    pub error: String,
+}
+
+/// Where detection metrics are pushed.
+#[async_trait::async_trait]
+pub trait MetricsPush: Send + Sync {
+    /// Replaces the job's metrics with `text` (Prometheus exposition format).
+    async fn push(&self, text: String) -> Result<(), String>;
 }

@@ -4,5 +4,7 @@ pub mod etcd;
 pub mod kube;
 pub mod notify;
 pub mod prometheus;
+pub mod pushgateway;
+pub mod repo;
 pub mod snapshot;
 pub mod ssh;

@@ -166,6 +166,16 @@ pub enum UpgradeKind {
     Minor,
 }
 
+impl UpgradeKind {
+    /// `patch` or `minor`, as in requests and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Patch => "patch",
+            Self::Minor => "minor",
+        }
+    }
+}
+
 /// The stages of a Kubernetes version upgrade after stage 0 (accept), in order.
 #[derive(
     Debug,

@@ -53,6 +53,8 @@ pub struct State {
     pub changes: Vec<(Instant, Change)>,
     /// Requests by method and path pattern.
     pub calls: BTreeMap<String, u64>,
+    /// Every (API group, resource, verb) a client used, as RBAC names them.
+    pub access: std::collections::BTreeSet<Access>,
     pub terminate_after: Duration,
     pub ready_after: Duration,
     serial: u64,
@@ -224,6 +226,62 @@ impl State {
     }
 }
 
+/// One use of the API as RBAC sees it: API group ("" for core), resource (with its
+/// subresource, e.g. `pods/eviction`), verb, and the object's name for cluster-scoped
+/// objects named in the path (RBAC's resourceNames).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Access {
+    pub group: String,
+    pub resource: String,
+    pub verb: String,
+    pub name: Option<String>,
+}
+
+impl Access {
+    /// The access a request makes, as the real API server's RBAC authorizer derives it.
+    pub fn of(method: &str, path: &str, query: &str) -> Option<Self> {
+        let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+        let (group, rest) = match parts.as_slice() {
+            ["api", "v1", rest @ ..] => ("", rest),
+            ["apis", group, _version, rest @ ..] => (*group, rest),
+            _ => return None,
+        };
+        // namespaces/NS/RESOURCE/NAME/SUB, or RESOURCE/NAME/SUB.
+        let rest = match rest {
+            ["namespaces", _ns, tail @ ..] if !tail.is_empty() => tail,
+            other => other,
+        };
+        let (resource, name, sub) = match rest {
+            [resource] => (*resource, None, None),
+            [resource, name] => (*resource, Some(*name), None),
+            [resource, name, sub] => (*resource, Some(*name), Some(*sub)),
+            _ => return None,
+        };
+        let verb = match (method, name, sub) {
+            ("GET", None, _) if query.contains("watch=true") || query.contains("watch=1") => {
+                "watch"
+            }
+            ("GET", None, _) => "list",
+            ("GET", Some(_), _) => "get",
+            ("POST", _, _) => "create",
+            ("PUT", _, _) => "update",
+            ("PATCH", _, _) => "patch",
+            ("DELETE", None, _) => "deletecollection",
+            ("DELETE", Some(_), _) => "delete",
+            _ => return None,
+        };
+        Some(Self {
+            group: group.to_owned(),
+            resource: match sub {
+                Some(sub) => format!("{resource}/{sub}"),
+                None => resource.to_owned(),
+            },
+            verb: verb.to_owned(),
+            name: name.map(str::to_owned),
+        })
+    }
+}
+
 /// The running fake API server.
 #[derive(Clone)]
 pub struct FakeKube {
@@ -301,6 +359,9 @@ async fn handle(req: HttpRequest, body: web::Bytes, shared: Shared) -> HttpRespo
     s.tick();
     let method = req.method().as_str().to_owned();
     let path = req.path().to_owned();
+    if let Some(access) = Access::of(&method, &path, req.query_string()) {
+        s.access.insert(access);
+    }
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
     let query = web::Query::<BTreeMap<String, String>>::from_query(req.query_string())
         .map(|q| q.into_inner())
@@ -571,6 +632,7 @@ impl FakeKube {
             pdbs: Vec::new(),
             changes: Vec::new(),
             calls: BTreeMap::new(),
+            access: Default::default(),
             terminate_after: Duration::from_millis(100),
             ready_after: Duration::from_millis(100),
             serial: 0,
@@ -826,6 +888,11 @@ impl FakeKube {
             .iter()
             .map(|(_, c)| c.clone())
             .collect()
+    }
+
+    /// Every access made so far.
+    pub fn access(&self) -> std::collections::BTreeSet<Access> {
+        self.state.lock().unwrap().access.clone()
     }
 
     pub fn calls(&self) -> BTreeMap<String, u64> {

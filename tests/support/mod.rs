@@ -6,6 +6,7 @@ pub mod etcd;
 pub mod etcd_pods;
 pub mod ground;
 pub mod kube;
+pub mod manifests;
 pub mod nodes;
 pub mod rabbit;
 pub mod scripted;

@@ -356,3 +356,114 @@ impl MiniServer {
         self.received.lock().unwrap().clone()
     }
 }
+
+/// Debian's Prometheus Pushgateway on loopback.
+pub struct Pushgateway {
+    pub port: u16,
+    pub process: Process,
+    _dir: tempfile::TempDir,
+}
+
+impl Pushgateway {
+    pub async fn start() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        let process = Process::spawn(
+            "pushgateway",
+            "prometheus-pushgateway",
+            vec![format!("--web.listen-address=127.0.0.1:{port}")],
+            dir.path().join("pushgateway.log"),
+        );
+        let p = Self {
+            port,
+            process,
+            _dir: dir,
+        };
+        wait_http_ok(&format!("{}/-/ready", p.url()), "pushgateway", &p.process).await;
+        p
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The sample lines of `/metrics` for `metric` (`name{labels} value`).
+    pub async fn samples(&self, metric: &str) -> Vec<String> {
+        let text = reqwest::get(format!("{}/metrics", self.url()))
+            .await
+            .expect("pushgateway answers")
+            .text()
+            .await
+            .expect("text");
+        text.lines()
+            .filter(|l| {
+                l.starts_with(&format!("{metric}{{")) || l.starts_with(&format!("{metric} "))
+            })
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+/// A package repository laid out like pkgs.k8s.io (`/v1.NN/deb/Release`, `Packages`),
+/// served from a temp dir: GET and HEAD of files, 404 for anything else.
+pub struct RepoServer {
+    pub port: u16,
+    pub dir: tempfile::TempDir,
+    handle: actix_web::dev::ServerHandle,
+}
+
+impl RepoServer {
+    pub async fn start() -> Self {
+        use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = web::Data::new(dir.path().to_owned());
+        async fn serve(req: HttpRequest, root: web::Data<PathBuf>) -> HttpResponse {
+            let rel = req.path().trim_start_matches('/');
+            if rel.split('/').any(|p| p == "..") {
+                return HttpResponse::BadRequest().finish();
+            }
+            match std::fs::read(root.join(rel)) {
+                Ok(body) => HttpResponse::Ok().content_type("text/plain").body(body),
+                Err(_) => HttpResponse::NotFound().finish(),
+            }
+        }
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(root.clone())
+                .default_service(web::to(serve))
+        })
+        .workers(1)
+        .disable_signals()
+        .bind("127.0.0.1:0")
+        .expect("bind");
+        let port = server.addrs()[0].port();
+        let server = server.run();
+        let handle = server.handle();
+        tokio::spawn(server);
+        Self { port, dir, handle }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/core:/stable:", self.port)
+    }
+
+    /// Publishes minor `minor` (e.g. `1.35`) holding these kubeadm package versions.
+    pub fn publish(&self, minor: &str, kubeadm: &[&str]) {
+        let d = self.dir.path().join(format!("core:/stable:/v{minor}/deb"));
+        std::fs::create_dir_all(&d).expect("repo dir");
+        std::fs::write(
+            d.join("Release"),
+            format!("Origin: test\nSuite: v{minor}\n"),
+        )
+        .expect("Release");
+        let index: Vec<String> = kubeadm
+            .iter()
+            .map(|v| format!("Package: kubeadm\nVersion: {v}\nArchitecture: amd64\n"))
+            .collect();
+        std::fs::write(d.join("Packages"), index.join("\n")).expect("Packages");
+    }
+
+    pub async fn stop(&self) {
+        self.handle.stop(false).await;
+    }
+}

@@ -1,0 +1,51 @@
+//! Prometheus Pushgateway: `PUT /metrics/job/<job>` replaces the job's group.
+
+use std::time::Duration;
+
+use crate::ports::MetricsPush;
+
+/// One job's group on a Pushgateway.
+pub struct Pushgateway {
+    url: String,
+    http: reqwest::Client,
+}
+
+impl Pushgateway {
+    /// The group of `job` (letters, digits, `_`, `-`; checked by the configuration) on the
+    /// Pushgateway at `base`.
+    pub fn new(base: &str, job: &str, timeout: Duration) -> Result<Self, String> {
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(Self {
+            url: format!("{}/metrics/job/{job}", base.trim_end_matches('/')),
+            http,
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl MetricsPush for Pushgateway {
+    async fn push(&self, text: String) -> Result<(), String> {
+        let response = self
+            .http
+            .put(&self.url)
+            .header(reqwest::header::CONTENT_TYPE, "text/plain; version=0.0.4")
+            .body(text)
+            .send()
+            .await
+            .map_err(|e| format!("pushgateway {}: {e}", self.url))?;
+        if response.status().is_success() {
+            Ok(())
+        } else {
+            let status = response.status();
+            let body = response.text().await.unwrap_or_default();
+            Err(format!(
+                "pushgateway {}: HTTP {status}: {}",
+                self.url,
+                body.chars().take(300).collect::<String>()
+            ))
+        }
+    }
+}

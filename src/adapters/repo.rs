@@ -1,0 +1,89 @@
+//! The Kubernetes package repository, laid out like pkgs.k8s.io: one repository per minor,
+//! `<base>/v1.NN/deb/`, whose `Release` file exists once the minor is published and whose
+//! `Packages` index lists every package version.
+
+use std::time::Duration;
+
+use crate::domain::detect::{Minor, packages_releases};
+use crate::domain::version::Version;
+use crate::ports::{PackageRepository, RepoError};
+
+/// Largest `Packages` index read (a minor's index is a few hundred KB).
+const MAX_INDEX_BYTES: usize = 32 << 20;
+
+/// The repository at a base URL.
+pub struct PackageRepo {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl PackageRepo {
+    /// The repository under `base` (e.g. `https://pkgs.k8s.io/core:/stable:`).
+    pub fn new(base: &str, timeout: Duration) -> Result<Self, RepoError> {
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .build()
+            .map_err(|e| RepoError {
+                url: base.to_owned(),
+                error: e.to_string(),
+            })?;
+        Ok(Self {
+            base: base.trim_end_matches('/').to_owned(),
+            http,
+        })
+    }
+
+    fn url(&self, minor: Minor, file: &str) -> String {
+        format!("{}/{minor}/deb/{file}", self.base)
+    }
+}
+
+fn repo_error(url: &str, error: impl std::fmt::Display) -> RepoError {
+    RepoError {
+        url: url.to_owned(),
+        error: error.to_string(),
+    }
+}
+
+#[async_trait::async_trait]
+impl PackageRepository for PackageRepo {
+    async fn published(&self, minor: Minor) -> Result<bool, RepoError> {
+        let url = self.url(minor, "Release");
+        let response = self
+            .http
+            .head(&url)
+            .send()
+            .await
+            .map_err(|e| repo_error(&url, e))?;
+        match response.status().as_u16() {
+            200..=299 => Ok(true),
+            // pkgs.k8s.io answers 403 for paths that do not exist, like S3.
+            403 | 404 => Ok(false),
+            other => Err(repo_error(&url, format!("HTTP {other}"))),
+        }
+    }
+
+    async fn releases(&self, minor: Minor) -> Result<Vec<Version>, RepoError> {
+        let url = self.url(minor, "Packages");
+        let response = self
+            .http
+            .get(&url)
+            .send()
+            .await
+            .map_err(|e| repo_error(&url, e))?;
+        if !response.status().is_success() {
+            return Err(repo_error(&url, format!("HTTP {}", response.status())));
+        }
+        if response
+            .content_length()
+            .is_some_and(|n| n > MAX_INDEX_BYTES as u64)
+        {
+            return Err(repo_error(&url, "the index is larger than 32 MiB"));
+        }
+        let body = response.bytes().await.map_err(|e| repo_error(&url, e))?;
+        if body.len() > MAX_INDEX_BYTES {
+            return Err(repo_error(&url, "the index is larger than 32 MiB"));
+        }
+        Ok(packages_releases(&String::from_utf8_lossy(&body)))
+    }
+}

@@ -1,0 +1,402 @@
+//! What the weekly detection decides: from the running versions, the patches the control
+//! plane's apt repository offers, and whether the next minor's repository carries a
+//! release, the one upgrade to ask for (or none).
+
+use serde::Serialize;
+use std::fmt;
+
+use super::event::UpgradeKind;
+use super::plan::{ClusterFacts, Role};
+use super::version::Version;
+
+/// What detection found out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Findings {
+    /// The control plane's version.
+    pub running: Version,
+    /// Nodes whose kubelet is older than the control plane (a rollout left part-done).
+    pub behind: Vec<String>,
+    /// The newest patch of the running minor the control plane's repository offers.
+    pub latest_patch: Option<Version>,
+    /// The next minor's repository.
+    pub next_minor: NextMinor,
+}
+
+/// Whether the next minor can be upgraded to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "state", content = "latest")]
+pub enum NextMinor {
+    /// Not read: a patch comes first.
+    NotChecked,
+    /// Its repository is not published (no Release file).
+    NotPublished,
+    /// Published, but it holds no release yet (only pre-releases, or nothing).
+    NoRelease,
+    /// Published with this newest release.
+    Released(Version),
+}
+
+/// The upgrade to ask for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "decision")]
+pub enum Decision {
+    /// Nothing to do.
+    Nothing {
+        /// Why, in words.
+        why: String,
+    },
+    /// Ask for this upgrade.
+    Upgrade {
+        /// Patch or minor.
+        kind: UpgradeKind,
+        /// The version running now.
+        running: Version,
+        /// The version to reach.
+        target: Version,
+        /// Why, in words.
+        why: String,
+    },
+}
+
+/// Why the running version cannot be told.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RunningError {
+    /// No node has the control-plane role.
+    #[error("no control-plane node in the cluster (label node-role.kubernetes.io/control-plane)")]
+    NoControlPlane,
+    /// More than one control plane report different versions.
+    #[error("the control-plane nodes disagree on their version: {0}")]
+    Disagree(String),
+}
+
+/// The running version (the control plane's kubelet) and the nodes behind it.
+pub fn running(facts: &ClusterFacts) -> Result<(Version, Vec<String>), RunningError> {
+    let planes: Vec<_> = facts
+        .nodes
+        .iter()
+        .filter(|n| n.role == Role::ControlPlane)
+        .collect();
+    let first = planes.first().ok_or(RunningError::NoControlPlane)?;
+    if planes.iter().any(|n| n.kubelet != first.kubelet) {
+        let all: Vec<String> = planes
+            .iter()
+            .map(|n| format!("{} {}", n.name, n.kubelet))
+            .collect();
+        return Err(RunningError::Disagree(all.join(", ")));
+    }
+    let running = first.kubelet;
+    let behind = facts
+        .nodes
+        .iter()
+        .filter(|n| n.kubelet < running)
+        .map(|n| n.name.clone())
+        .collect();
+    Ok((running, behind))
+}
+
+/// Patch first when behind on patch; then finishing a part-done rollout; then the next
+/// minor when it has a release; else nothing.
+pub fn decide(f: &Findings) -> Decision {
+    let running = f.running;
+    if let Some(latest) = f.latest_patch.filter(|l| *l > running) {
+        return Decision::Upgrade {
+            kind: UpgradeKind::Patch,
+            running,
+            target: latest,
+            why: format!("{latest} is the newest patch of {}", minor_of(running)),
+        };
+    }
+    if !f.behind.is_empty() {
+        return Decision::Upgrade {
+            kind: UpgradeKind::Patch,
+            running,
+            target: running,
+            why: format!(
+                "finish the rollout: {} still older than the control plane's {running}",
+                f.behind.join(", ")
+            ),
+        };
+    }
+    let next = next_minor(running);
+    match &f.next_minor {
+        NextMinor::Released(latest) => Decision::Upgrade {
+            kind: UpgradeKind::Minor,
+            running,
+            target: *latest,
+            why: format!("{} is published; its newest release is {latest}", next),
+        },
+        NextMinor::NoRelease => Decision::Nothing {
+            why: format!(
+                "{running} is the newest patch; {next} is published but holds no release yet"
+            ),
+        },
+        NextMinor::NotPublished => Decision::Nothing {
+            why: format!("{running} is the newest patch; {next} is not published yet"),
+        },
+        NextMinor::NotChecked => Decision::Nothing {
+            why: format!("{running} is the newest patch; {next} was not checked"),
+        },
+    }
+}
+
+/// The Pushgateway exposition of a detection at `now` (seconds since the epoch):
+/// `k8s_upgrade_available{kind,running,target} 1` when an upgrade is asked for, and
+/// `k8s_version_check_last_run_timestamp`, the staleness watchdog. The group is replaced
+/// as a whole, so an availability from an earlier week does not linger.
+pub fn pushgateway_text(decision: &Decision, now: i64) -> String {
+    let mut text = String::from(
+        "# HELP k8s_upgrade_available 1 when detection found an upgrade to ask for.\n\
+         # TYPE k8s_upgrade_available gauge\n",
+    );
+    if let Decision::Upgrade {
+        kind,
+        running,
+        target,
+        ..
+    } = decision
+    {
+        text.push_str(&format!(
+            "k8s_upgrade_available{{kind=\"{}\",running=\"{running}\",target=\"{target}\"}} 1\n",
+            kind.name()
+        ));
+    }
+    text.push_str(&format!(
+        "# HELP k8s_version_check_last_run_timestamp When detection last completed.\n\
+         # TYPE k8s_version_check_last_run_timestamp gauge\n\
+         k8s_version_check_last_run_timestamp {now}\n"
+    ));
+    text
+}
+
+/// `MAJOR.MINOR` of a version, for repository paths and messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Minor {
+    /// Major.
+    pub major: u32,
+    /// Minor.
+    pub minor: u32,
+}
+
+impl fmt::Display for Minor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "v{}.{}", self.major, self.minor)
+    }
+}
+
+/// The minor `v` belongs to.
+pub fn minor_of(v: Version) -> Minor {
+    Minor {
+        major: v.major,
+        minor: v.minor,
+    }
+}
+
+/// The minor after `v`'s.
+pub fn next_minor(v: Version) -> Minor {
+    Minor {
+        major: v.major,
+        minor: v.minor + 1,
+    }
+}
+
+/// The releases of `minor` in `apt-cache madison kubeadm` output (`kubeadm | 1.34.5-1.1 |
+/// https://…/v1.34/deb Packages`); pre-releases and other minors are left out.
+pub fn madison_releases(stdout: &str, minor: Minor) -> Vec<Version> {
+    let mut out: Vec<Version> = stdout
+        .lines()
+        .filter_map(|line| {
+            let mut cols = line.split('|').map(str::trim);
+            (cols.next()? == "kubeadm").then_some(())?;
+            release_of(cols.next()?)
+        })
+        .filter(|v| minor_of(*v) == minor)
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The kubeadm releases in an apt `Packages` index (stanzas of `Package:` and `Version:`).
+pub fn packages_releases(index: &str) -> Vec<Version> {
+    let mut out = Vec::new();
+    for stanza in index.split("\n\n") {
+        let field = |name: &str| {
+            stanza
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(str::trim)
+        };
+        if field("Package:") == Some("kubeadm")
+            && let Some(v) = field("Version:").and_then(release_of)
+        {
+            out.push(v);
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The release of a Debian package version like `1.34.5-1.1`; `None` for pre-releases
+/// (`1.35.0~rc.1-1.1`) and anything else.
+fn release_of(package_version: &str) -> Option<Version> {
+    let upstream = package_version
+        .split_once('-')
+        .map_or(package_version, |(u, _)| u);
+    Version::parse(upstream).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::plan::NodeFacts;
+
+    fn v(s: &str) -> Version {
+        Version::parse(s).unwrap()
+    }
+
+    fn findings(latest: Option<&str>, next: NextMinor, behind: &[&str]) -> Findings {
+        Findings {
+            running: v("1.34.2"),
+            behind: behind.iter().map(|s| s.to_string()).collect(),
+            latest_patch: latest.map(v),
+            next_minor: next,
+        }
+    }
+
+    #[test]
+    fn every_branch_of_the_decision() {
+        let released = || NextMinor::Released(v("1.35.1"));
+        /// Findings, the upgrade wanted (none: nothing), words the reason must have.
+        type Case = (Findings, Option<(UpgradeKind, &'static str)>, &'static str);
+        let cases: Vec<Case> = vec![
+            // Behind on patch: the patch first, even with the next minor out.
+            (
+                findings(Some("1.34.5"), released(), &[]),
+                Some((UpgradeKind::Patch, "1.34.5")),
+                "newest patch",
+            ),
+            // On the newest patch, next minor released: the minor's newest release.
+            (
+                findings(Some("1.34.2"), released(), &[]),
+                Some((UpgradeKind::Minor, "1.35.1")),
+                "v1.35 is published",
+            ),
+            // Nothing newer anywhere.
+            (
+                findings(Some("1.34.2"), NextMinor::NotPublished, &[]),
+                None,
+                "v1.35 is not published yet",
+            ),
+            // Next minor published without a release (release candidates only).
+            (
+                findings(Some("1.34.2"), NextMinor::NoRelease, &[]),
+                None,
+                "holds no release yet",
+            ),
+            // The repository offers nothing for this minor (e.g. lists not refreshed).
+            (
+                findings(None, NextMinor::NotPublished, &[]),
+                None,
+                "not published",
+            ),
+            // A part-done rollout is finished before a minor is started.
+            (
+                findings(Some("1.34.2"), released(), &["w2"]),
+                Some((UpgradeKind::Patch, "1.34.2")),
+                "finish the rollout: w2",
+            ),
+        ];
+        for (f, want, why_has) in cases {
+            let decision = decide(&f);
+            match (&decision, want) {
+                (
+                    Decision::Upgrade {
+                        kind, target, why, ..
+                    },
+                    Some((want_kind, want_target)),
+                ) => {
+                    assert_eq!((*kind, target.to_string()), (want_kind, want_target.into()));
+                    assert!(why.contains(why_has), "{why}");
+                }
+                (Decision::Nothing { why }, None) => assert!(why.contains(why_has), "{why}"),
+                other => panic!("{f:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_pushgateway_text_carries_the_availability_only_when_there_is_one() {
+        let upgrade = Decision::Upgrade {
+            kind: UpgradeKind::Minor,
+            running: v("1.34.2"),
+            target: v("1.35.1"),
+            why: String::new(),
+        };
+        let text = pushgateway_text(&upgrade, 1_700_000_000);
+        assert!(text.contains(
+            "k8s_upgrade_available{kind=\"minor\",running=\"1.34.2\",target=\"1.35.1\"} 1\n"
+        ));
+        assert!(text.contains("k8s_version_check_last_run_timestamp 1700000000\n"));
+        let nothing = pushgateway_text(&Decision::Nothing { why: String::new() }, 5);
+        assert!(!nothing.contains("k8s_upgrade_available{"), "{nothing}");
+        assert!(nothing.contains("k8s_version_check_last_run_timestamp 5\n"));
+    }
+
+    #[test]
+    fn madison_lines_give_the_releases_of_one_minor() {
+        let out = "   kubeadm | 1.34.5-1.1 | https://pkgs.k8s.io/core:/stable:/v1.34/deb  Packages\n\
+                   kubeadm | 1.34.10-1.1 | https://pkgs.k8s.io/core:/stable:/v1.34/deb  Packages\n\
+                   kubeadm | 1.34.2-1.1 | https://pkgs.k8s.io/core:/stable:/v1.34/deb  Packages\n\
+                   kubeadm | 1.35.0~rc.1-1.1 | https://pkgs.k8s.io/core:/stable:/v1.35/deb  Packages\n\
+                   kubeadm | 1.33.9-1.1 | https://pkgs.k8s.io/core:/stable:/v1.33/deb  Packages\n\
+                   kubelet | 1.34.11-1.1 | https://pkgs.k8s.io/core:/stable:/v1.34/deb  Packages\n\
+                   N: Unable to locate package\n";
+        let got = madison_releases(out, minor_of(v("1.34.0")));
+        assert_eq!(got, vec![v("1.34.2"), v("1.34.5"), v("1.34.10")]);
+        assert!(madison_releases("", minor_of(v("1.34.0"))).is_empty());
+    }
+
+    #[test]
+    fn a_packages_index_gives_kubeadm_releases_without_pre_releases() {
+        let index = "Package: kubeadm\nVersion: 1.35.0~rc.1-1.1\nArchitecture: amd64\n\n\
+                     Package: kubectl\nVersion: 1.35.2-1.1\n\n\
+                     Package: kubeadm\nVersion: 1.35.1-1.1\n\n\
+                     Package: kubeadm\nArchitecture: arm64\nVersion: 1.35.0-1.1\n";
+        assert_eq!(packages_releases(index), vec![v("1.35.0"), v("1.35.1")]);
+        assert!(packages_releases("Package: kubeadm\nVersion: 1.35.0~rc.0-1.1\n").is_empty());
+    }
+
+    #[test]
+    fn the_running_version_is_the_control_plane_and_older_kubelets_are_behind() {
+        let node = |name: &str, role, kubelet: &str| NodeFacts {
+            name: name.into(),
+            role,
+            kubelet: v(kubelet),
+            containerd: None,
+            ready: true,
+            address: None,
+        };
+        let facts = ClusterFacts {
+            nodes: vec![
+                node("cp", Role::ControlPlane, "1.34.2"),
+                node("w1", Role::Worker, "1.34.2"),
+                node("w2", Role::Worker, "1.34.1"),
+            ],
+        };
+        assert_eq!(running(&facts), Ok((v("1.34.2"), vec!["w2".to_owned()])));
+        assert_eq!(
+            running(&ClusterFacts {
+                nodes: vec![node("w1", Role::Worker, "1.34.2")]
+            }),
+            Err(RunningError::NoControlPlane)
+        );
+        let split = ClusterFacts {
+            nodes: vec![
+                node("cp1", Role::ControlPlane, "1.34.2"),
+                node("cp2", Role::ControlPlane, "1.34.3"),
+            ],
+        };
+        assert!(matches!(running(&split), Err(RunningError::Disagree(_))));
+    }
+}

@@ -1,0 +1,495 @@
+//! deploy/: every manifest is the typed Kubernetes object it claims to be (nothing lost in
+//! a round trip through the k8s-openapi type, so no misspelt field slips by), the RBAC
+//! grants every API use the adapters make (found by driving them against the fake API
+//! server) and nothing is left unused, the PrometheusRule carries rules/, and the
+//! configuration in the ConfigMaps loads.
+
+mod support;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::batch::v1::CronJob;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+use support::kube::FakeKube;
+use support::manifests::{assert_granted, cluster_role, documents, grants, root};
+
+fn yaml_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(yaml_files(&path));
+        } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+            out.push(path);
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The Prometheus Operator's PrometheusRule (not in k8s-openapi).
+#[derive(Deserialize, serde::Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct PrometheusRule {
+    api_version: String,
+    kind: String,
+    metadata: ObjectMeta,
+    spec: RuleFile,
+}
+
+/// A Prometheus rule file: what rules/ holds and what a PrometheusRule's spec carries.
+#[derive(Deserialize, serde::Serialize, PartialEq, Debug)]
+#[serde(deny_unknown_fields)]
+struct RuleFile {
+    groups: Vec<RuleGroup>,
+}
+
+#[derive(Deserialize, serde::Serialize, PartialEq, Debug)]
+#[serde(deny_unknown_fields)]
+struct RuleGroup {
+    name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    interval: Option<String>,
+    rules: Vec<Rule>,
+}
+
+#[derive(Deserialize, serde::Serialize, PartialEq, Debug)]
+#[serde(deny_unknown_fields)]
+struct Rule {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    alert: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    record: Option<String>,
+    expr: String,
+    #[serde(default, rename = "for", skip_serializing_if = "Option::is_none")]
+    for_: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    annotations: BTreeMap<String, String>,
+}
+
+/// The Prometheus Operator's ServiceMonitor (not in k8s-openapi).
+#[derive(Deserialize, serde::Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ServiceMonitor {
+    api_version: String,
+    kind: String,
+    metadata: ObjectMeta,
+    spec: ServiceMonitorSpec,
+}
+
+#[derive(Deserialize, serde::Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ServiceMonitorSpec {
+    selector: k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    endpoints: Vec<MonitorEndpoint>,
+}
+
+#[derive(Deserialize, serde::Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct MonitorEndpoint {
+    port: String,
+    path: String,
+    interval: String,
+}
+
+/// A kustomization, the fields deploy/ uses.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Kustomization {
+    #[allow(dead_code)]
+    api_version: String,
+    #[allow(dead_code)]
+    kind: String,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    resources: Vec<String>,
+    #[serde(default)]
+    labels: Vec<Value>,
+    #[serde(default)]
+    images: Vec<Value>,
+    #[serde(default)]
+    secret_generator: Vec<Value>,
+    #[serde(default)]
+    patches: Vec<BTreeMap<String, String>>,
+}
+
+/// Deserializes `doc` into `T`, serializes it back and demands the same document: a field
+/// the type does not know (a typo) would be dropped and show up here.
+fn typed<T: DeserializeOwned + serde::Serialize>(doc: &Value, path: &Path) -> T {
+    let object: T = serde_json::from_value(doc.clone())
+        .unwrap_or_else(|e| panic!("{}: not a valid {}: {e}", path.display(), doc["kind"]));
+    let back = serde_json::to_value(&object).unwrap();
+    assert_eq!(
+        &back,
+        doc,
+        "{}: {} lost or changed fields in a round trip through its type",
+        path.display(),
+        doc["kind"]
+    );
+    object
+}
+
+/// Every manifest under deploy/ (not the examples), by kind.
+struct Manifests {
+    roles: Vec<ClusterRole>,
+    config_maps: Vec<(PathBuf, ConfigMap)>,
+    statefulsets: Vec<StatefulSet>,
+    cronjobs: Vec<CronJob>,
+    rules: Vec<PrometheusRule>,
+    kinds: BTreeMap<String, usize>,
+}
+
+fn manifests() -> Manifests {
+    let mut m = Manifests {
+        roles: Vec::new(),
+        config_maps: Vec::new(),
+        statefulsets: Vec::new(),
+        cronjobs: Vec::new(),
+        rules: Vec::new(),
+        kinds: BTreeMap::new(),
+    };
+    for path in yaml_files(&root().join("deploy")) {
+        if path.starts_with(root().join("deploy/examples")) {
+            continue;
+        }
+        for doc in documents(&path) {
+            let kind = doc["kind"].as_str().unwrap_or_default().to_owned();
+            *m.kinds.entry(kind.clone()).or_default() += 1;
+            match kind.as_str() {
+                "Kustomization" => {
+                    let k: Kustomization = serde_json::from_value(doc.clone())
+                        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                    let dir = path.parent().unwrap();
+                    for r in k
+                        .resources
+                        .iter()
+                        .chain(k.patches.iter().filter_map(|p| p.get("path")))
+                    {
+                        assert!(dir.join(r).exists(), "{}: {r} is missing", path.display());
+                    }
+                    let _ = (k.namespace, k.labels, k.images, k.secret_generator);
+                }
+                "Namespace" => drop(typed::<Namespace>(&doc, &path)),
+                "ServiceAccount" => drop(typed::<ServiceAccount>(&doc, &path)),
+                "ClusterRole" => m.roles.push(typed(&doc, &path)),
+                "ClusterRoleBinding" => drop(typed::<ClusterRoleBinding>(&doc, &path)),
+                "ConfigMap" => m.config_maps.push((path.clone(), typed(&doc, &path))),
+                "StatefulSet" => m.statefulsets.push(typed(&doc, &path)),
+                "Service" => drop(typed::<Service>(&doc, &path)),
+                "CronJob" => m.cronjobs.push(typed(&doc, &path)),
+                "PrometheusRule" => m.rules.push(typed(&doc, &path)),
+                "ServiceMonitor" => drop(typed::<ServiceMonitor>(&doc, &path)),
+                other => panic!("{}: no test knows kind {other:?}", path.display()),
+            }
+        }
+    }
+    m
+}
+
+/// The pod a CronJob's jobs run.
+fn job_pod(cj: &CronJob) -> &k8s_openapi::api::core::v1::PodSpec {
+    let job = cj
+        .spec
+        .as_ref()
+        .unwrap()
+        .job_template
+        .spec
+        .as_ref()
+        .unwrap();
+    job.template.spec.as_ref().unwrap()
+}
+
+#[test]
+fn every_manifest_is_its_typed_object_and_the_workloads_are_locked_down() {
+    let m = manifests();
+    for kind in [
+        "Kustomization",
+        "Namespace",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ConfigMap",
+        "StatefulSet",
+        "Service",
+        "CronJob",
+        "PrometheusRule",
+        "ServiceMonitor",
+    ] {
+        assert!(
+            m.kinds.contains_key(kind),
+            "no {kind} in deploy/: {:?}",
+            m.kinds
+        );
+    }
+
+    let role_names: BTreeSet<_> = m
+        .roles
+        .iter()
+        .filter_map(|r| r.metadata.name.clone())
+        .collect();
+    assert_eq!(
+        role_names,
+        BTreeSet::from(["rollgate".to_owned(), "rollgate-detect".to_owned()]),
+        "serve and detect have roles of their own"
+    );
+    let sts = &m.statefulsets[0];
+    let spec = sts.spec.as_ref().unwrap();
+    assert_eq!(spec.replicas, Some(1), "one serve per data dir");
+    let pod = spec.template.spec.as_ref().unwrap();
+    let c = &pod.containers[0];
+    let probe_path = |p: &Option<k8s_openapi::api::core::v1::Probe>| {
+        p.as_ref()
+            .and_then(|p| p.http_get.as_ref())
+            .and_then(|h| h.path.clone())
+    };
+    assert_eq!(probe_path(&c.liveness_probe).as_deref(), Some("/healthz"));
+    assert_eq!(probe_path(&c.readiness_probe).as_deref(), Some("/readyz"));
+    assert!(c.resources.as_ref().unwrap().requests.is_some());
+    assert!(c.resources.as_ref().unwrap().limits.is_some());
+    assert!(
+        spec.volume_claim_templates
+            .as_ref()
+            .is_some_and(|v| !v.is_empty()),
+        "a volume for the embedded data"
+    );
+    for (pod, containers) in [(pod, &pod.containers)]
+        .into_iter()
+        .chain(m.cronjobs.iter().map(|cj| {
+            let pod = job_pod(cj);
+            (pod, &pod.containers)
+        }))
+    {
+        let psc = pod.security_context.as_ref().unwrap();
+        assert_eq!(psc.run_as_non_root, Some(true));
+        assert!(psc.run_as_user.is_some_and(|u| u != 0));
+        for c in containers {
+            let sc = c.security_context.as_ref().unwrap();
+            assert_eq!(sc.read_only_root_filesystem, Some(true), "{}", c.name);
+            assert_eq!(sc.allow_privilege_escalation, Some(false), "{}", c.name);
+            assert_eq!(
+                sc.capabilities.as_ref().unwrap().drop,
+                Some(vec!["ALL".to_owned()])
+            );
+        }
+        // Secrets are files: a secret volume, never environment values.
+        let secret_volumes: BTreeSet<String> = pod
+            .volumes
+            .iter()
+            .flatten()
+            .filter(|v| v.secret.is_some())
+            .map(|v| v.name.clone())
+            .collect();
+        assert!(!secret_volumes.is_empty());
+        for c in containers {
+            for env in c.env.iter().flatten() {
+                assert!(
+                    env.value_from.is_none(),
+                    "{}: secrets come as files",
+                    env.name
+                );
+            }
+            assert!(
+                c.volume_mounts
+                    .iter()
+                    .flatten()
+                    .any(|vm| secret_volumes.contains(&vm.name) && vm.read_only == Some(true))
+            );
+        }
+    }
+
+    let cron = m.cronjobs[0].spec.as_ref().unwrap();
+    assert_eq!(cron.schedule, "0 12 * * 0", "Sunday 12:00");
+    assert_eq!(cron.time_zone.as_deref(), Some("Etc/UTC"));
+    assert_eq!(cron.concurrency_policy.as_deref(), Some("Forbid"));
+    let args = job_pod(&m.cronjobs[0]).containers[0].args.clone().unwrap();
+    assert_eq!(args[0], "detect");
+}
+
+fn api_use() -> BTreeSet<(String, String, String)> {
+    rollgate::adapters::kube::API_USE
+        .iter()
+        .map(|(g, r, v)| (g.to_string(), r.to_string(), v.to_string()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_role_grants_every_api_use_of_the_adapters_and_nothing_more() {
+    use rollgate::adapters::kube::{Kube, KubeSettings, Source};
+    use rollgate::ports::{
+        ClusterRead, DrainOptions, InFlight, InFlightMarks, NodeDrain, StatefulSets,
+    };
+    let api = FakeKube::start().await;
+    api.add_namespace("k8s-upgrade");
+    api.add_node("cp", true, "1.34.2", "1.7.20");
+    api.add_node("w1", false, "1.34.2", "1.7.20");
+    api.add_pods("w1", "web", 2, false);
+    api.add_statefulset("etcd", 3, 3, "rev-1", "rev-2");
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig);
+    let kube = Arc::new(
+        Kube::new(KubeSettings {
+            source: Source::Kubeconfig {
+                path: kubeconfig,
+                context: None,
+            },
+            namespace: "k8s-upgrade".into(),
+            annotation_prefix: "rollgate.io".into(),
+            request_timeout: Duration::from_secs(5),
+        })
+        .await
+        .unwrap(),
+    );
+    // Every call the adapter offers, as the upgrade and the etcd roll make them.
+    kube.facts().await.unwrap();
+    kube.pod_readiness().await.unwrap();
+    kube.cordon("w1", "run-1").await.unwrap();
+    kube.drain(
+        "w1",
+        &DrainOptions {
+            timeout: Duration::from_secs(20),
+            retry_every: Duration::from_millis(200),
+            grace_period: None,
+        },
+    )
+    .await
+    .unwrap();
+    kube.uncordon("w1", "run-1").await.unwrap();
+    kube.set_in_flight(Some(&InFlight {
+        run_id: "run-1".into(),
+        target: "1.34.5".into(),
+        snapshot_path: None,
+    }))
+    .await
+    .unwrap();
+    kube.set_in_flight(None).await.unwrap();
+    kube.statefulset("default", "etcd").await.unwrap();
+    kube.set_partition("default", "etcd", 2).await.unwrap();
+    kube.pod_state("default", "etcd-2").await.unwrap();
+
+    let used = api.access();
+    let used_keys: BTreeSet<(String, String, String)> = used
+        .iter()
+        .map(|a| (a.group.clone(), a.resource.clone(), a.verb.clone()))
+        .collect();
+    assert_eq!(
+        used_keys,
+        api_use(),
+        "adapters::kube::API_USE must list exactly what the adapter does"
+    );
+    let serve = cluster_role("rollgate");
+    assert_granted(&serve, &used);
+    let granted: BTreeSet<_> = grants(&serve).into_keys().collect();
+    assert_eq!(
+        granted,
+        api_use(),
+        "the role grants nothing rollgate does not use"
+    );
+    api.stop().await;
+}
+
+#[test]
+fn the_prometheus_rule_carries_rules_exactly() {
+    let m = manifests();
+    assert_eq!(m.rules.len(), 1);
+    let file: RuleFile = serde_norway::from_str(
+        &std::fs::read_to_string(root().join("rules/upgrade-gates.yml")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        m.rules[0].spec, file,
+        "deploy/base/prometheusrule.yaml differs from rules/: run scripts/sync-prometheusrule.sh"
+    );
+}
+
+#[test]
+fn the_configuration_in_every_config_map_loads() {
+    let m = manifests();
+    assert!(m.config_maps.len() >= 2, "base and the example overlay");
+    for (path, cm) in &m.config_maps {
+        let toml = &cm.data.as_ref().unwrap()["rollgate.toml"];
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("rollgate.toml");
+        std::fs::write(&file, toml).unwrap();
+        let settings = rollgate::config::Settings::load(Some(&file))
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert_eq!(settings.cluster.namespace, "k8s-upgrade");
+        // The namespace the marks go on is the one the role names.
+        let names =
+            &grants(&cluster_role("rollgate"))[&("".into(), "namespaces".into(), "patch".into())];
+        assert!(names.contains(&settings.cluster.namespace), "{names:?}");
+    }
+}
+
+#[test]
+fn the_alertmanager_example_is_valid_and_sends_the_token_as_a_bearer() {
+    let path = root().join("deploy/examples/alertmanager-receiver.yaml");
+    let doc = &documents(&path)[0];
+    let hook = doc["receivers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "rollgate")
+        .unwrap()["webhook_configs"][0]
+        .clone();
+    assert!(hook["url"].as_str().unwrap().ends_with("/v1/alerts"));
+    assert_eq!(hook["send_resolved"], true);
+    assert_eq!(hook["http_config"]["authorization"]["type"], "Bearer");
+    assert!(hook["http_config"]["authorization"]["credentials_file"].is_string());
+    // amtool (Debian's prometheus-alertmanager) accepts it once the token file exists.
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("api-token");
+    std::fs::write(&token, "0123456789abcdef0123").unwrap();
+    let text = std::fs::read_to_string(&path).unwrap().replace(
+        hook["http_config"]["authorization"]["credentials_file"]
+            .as_str()
+            .unwrap(),
+        token.to_str().unwrap(),
+    );
+    let config = dir.path().join("alertmanager.yml");
+    std::fs::write(&config, text).unwrap();
+    let out = Command::new("amtool")
+        .arg("check-config")
+        .arg(&config)
+        .output()
+        .expect("amtool runs (Debian package prometheus-alertmanager)");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_image_builds_in_two_stages_and_runs_as_a_non_root_user() {
+    let dockerfile = std::fs::read_to_string(root().join("Dockerfile")).unwrap();
+    let froms = dockerfile
+        .lines()
+        .filter(|l| l.starts_with("FROM "))
+        .count();
+    assert!(froms >= 2, "multi-stage");
+    let user = dockerfile
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("USER "))
+        .expect("a USER line");
+    assert!(
+        !user.starts_with('0') && !user.starts_with("root"),
+        "{user}"
+    );
+    // The uid matches the manifests' runAsUser.
+    assert!(user.starts_with("65532"));
+}
