@@ -247,6 +247,69 @@ async fn an_unhealthy_member_halts_the_roll_before_anything_restarts() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_firing_gate_alert_holds_the_roll_before_any_restart() {
+    let sts = EtcdStatefulSet::start(3, 0).await;
+    let around = Around::start().await;
+    let rg = serve(around.env(&sts)).await;
+    let (status, _) = rg.post("/v1/alerts", &support::webhook("e7c0")).await;
+    assert_eq!(status, 202);
+    let (status, body) = rg.post("/v1/etcd-rolls", &request(&sts)).await;
+    assert_eq!(status, 202, "{body}");
+    let id = body["run_id"].as_str().unwrap().to_owned();
+    let run = rg
+        .wait_run(&id, "the roll held at its first gate", |r| {
+            r["status"] == "waiting" && !r["blockers"].as_array().unwrap().is_empty()
+        })
+        .await;
+    let held = run["steps"][run["current_step"].as_u64().unwrap() as usize].clone();
+    assert_eq!(
+        (&held["name"], &held["node"]),
+        (&json!("gate"), &json!("etcd-2"))
+    );
+    assert!(
+        sts.restarted().is_empty(),
+        "nothing restarts behind a closed gate"
+    );
+    assert_eq!(sts.partition(), 3);
+
+    let (status, _) = rg.post("/v1/alerts", &support::resolved("e7c0")).await;
+    assert_eq!(status, 202);
+    let run = wait_status(&rg, &id, "succeeded").await;
+    check_rolled(&rg, &sts, &run, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_not_back_within_ready_timeout_halts_the_roll_and_nothing_else_restarts() {
+    // No controller: the lowered partition never brings etcd-2 to the update revision.
+    let sts = EtcdStatefulSet::start_with(3, 0, false).await;
+    let around = Around::start().await;
+    let rg = serve(around.env(&sts)).await;
+    let mut body = request(&sts);
+    body["ready_timeout_secs"] = json!(3);
+    let (status, answer) = rg.post("/v1/etcd-rolls", &body).await;
+    assert_eq!(status, 202, "{answer}");
+    let run = rg
+        .wait_run(answer["run_id"].as_str().unwrap(), "halted", |r| {
+            r["status"] == "halted"
+        })
+        .await;
+    let reason = run["reason"].as_str().unwrap();
+    assert!(reason.contains("etcd-ready@etcd-2"), "{reason}");
+    assert!(
+        reason.contains("member etcd-2 is not healthy, at target and caught up within 3s"),
+        "{reason}"
+    );
+    assert_eq!(sts.partition(), 2, "only etcd-2's ordinal was released");
+    assert!(
+        labels(&run)
+            .iter()
+            .all(|l| !l.contains("etcd-1") && !l.contains("etcd-0")),
+        "{:?}",
+        labels(&run)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_roll_requests_are_refused_and_nothing_is_queued() {
     // No Kubernetes API: nothing could carry a roll out.
     let rg = Rollgate::start(&[]).await;

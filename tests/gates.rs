@@ -167,14 +167,6 @@ async fn with_prometheus_down_the_gate_is_unknown_and_a_waiting_run_does_not_mov
     assert!(support::history_has(&run, "gate open again after"), "{run}");
 }
 
-fn resolved(fingerprint: &str) -> Value {
-    let mut body = webhook(fingerprint);
-    body["status"] = json!("resolved");
-    body["alerts"][0]["status"] = json!("resolved");
-    body["alerts"][0]["endsAt"] = json!(chrono::Utc::now().to_rfc3339());
-    body
-}
-
 #[tokio::test]
 async fn a_gate_closed_past_halt_after_halts_the_run_tells_slack_and_resume_continues() {
     let target = MiniServer::start().await;
@@ -255,7 +247,7 @@ async fn a_gate_closed_past_halt_after_halts_the_run_tells_slack_and_resume_cont
     rg.wait_run(&id, "held again after resume", |r| r["status"] == "waiting")
         .await;
     // The alert resolves: the held run re-checks at once and goes on.
-    let (status, _) = rg.post("/v1/alerts", &resolved("dd01")).await;
+    let (status, _) = rg.post("/v1/alerts", &support::resolved("dd01")).await;
     assert_eq!(status, 202);
     let run = rg.wait_run(&id, "past the gate", parked).await;
     assert_eq!(run["steps"][0]["status"], "done");

@@ -22,6 +22,12 @@ pub struct EtcdStatefulSet {
 impl EtcdStatefulSet {
     /// `n` pods `etcd-0..n` with leadership moved to `etcd-{leader}`.
     pub async fn start(n: usize, leader: usize) -> Self {
+        Self::start_with(n, leader, true).await
+    }
+
+    /// As [`start`](Self::start); without `controller` nothing restarts a pod whose
+    /// partition is lowered (a controller that is stuck, a pod that never comes back).
+    pub async fn start_with(n: usize, leader: usize, controller: bool) -> Self {
         let cluster = Scripted::start_pods(n, "etcd").await;
         let etcd = cluster.etcd();
         let members = etcd.members().await.unwrap();
@@ -44,29 +50,31 @@ impl EtcdStatefulSet {
             .collect();
         let restarts = Arc::new(Mutex::new(Vec::new()));
         let seen = restarts.clone();
-        api.run_statefulset_controller(move |pod| {
-            seen.lock().unwrap().push(pod.to_owned());
-            assert!(
-                Command::new(dir.join("restart.sh"))
-                    .arg(pod)
-                    .status()
-                    .unwrap()
-                    .success()
-            );
-            let health = format!("{}/health", endpoints[pod]);
-            let started = Instant::now();
-            while !Command::new("curl")
-                .args(["-sf", &health])
-                .output()
-                .is_ok_and(|o| o.status.success())
-            {
+        if controller {
+            api.run_statefulset_controller(move |pod| {
+                seen.lock().unwrap().push(pod.to_owned());
                 assert!(
-                    started.elapsed() < Duration::from_secs(30),
-                    "{pod} did not come back"
+                    Command::new(dir.join("restart.sh"))
+                        .arg(pod)
+                        .status()
+                        .unwrap()
+                        .success()
                 );
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        });
+                let health = format!("{}/health", endpoints[pod]);
+                let started = Instant::now();
+                while !Command::new("curl")
+                    .args(["-sf", &health])
+                    .output()
+                    .is_ok_and(|o| o.status.success())
+                {
+                    assert!(
+                        started.elapsed() < Duration::from_secs(30),
+                        "{pod} did not come back"
+                    );
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            });
+        }
         let kubeconfig = cluster.dir.path().join("kubeconfig");
         api.write_kubeconfig(&kubeconfig);
         Self {

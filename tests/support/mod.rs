@@ -293,6 +293,15 @@ impl Drop for Rollgate {
     }
 }
 
+/// The same notification as [`webhook`], resolved now.
+pub fn resolved(fingerprint: &str) -> Value {
+    let mut body = webhook(fingerprint);
+    body["status"] = json!("resolved");
+    body["alerts"][0]["status"] = json!("resolved");
+    body["alerts"][0]["endsAt"] = json!(chrono::Utc::now().to_rfc3339());
+    body
+}
+
 /// Whether a history entry of `run` has `text` in its reason.
 pub fn history_has(run: &Value, text: &str) -> bool {
     run["history"].as_array().is_some_and(|h| {
