@@ -185,7 +185,12 @@ pub async fn findings(sources: &Sources) -> Result<Findings, DetectError> {
         .facts()
         .await
         .map_err(|e| DetectError::Cluster(e.to_string()))?;
-    let (running, behind) = detect::running(&facts)?;
+    let api_server = sources
+        .cluster
+        .api_server_version()
+        .await
+        .map_err(|e| DetectError::Cluster(e.to_string()))?;
+    let (running, behind) = detect::running(&facts, api_server)?;
     let plane = facts
         .nodes
         .iter()

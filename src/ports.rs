@@ -82,6 +82,8 @@ pub trait ClusterRead: Send + Sync {
     async fn facts(&self) -> Result<ClusterFacts, ClusterError>;
     /// Pods that should run (not Succeeded or Failed): `(ready, total)`.
     async fn pod_readiness(&self) -> Result<(usize, usize), ClusterError>;
+    /// The API server's version (`GET /version`).
+    async fn api_server_version(&self) -> Result<Version, ClusterError>;
 }
 
 /// Cordons, drains and uncordons nodes.

@@ -262,6 +262,23 @@ async fn a_part_done_rollout_is_finished_first() {
     assert_eq!(report["findings"]["behind"], json!(["w2"]));
     assert_eq!(report["decision"]["kind"], "patch");
     assert_eq!(report["decision"]["target"], "1.34.5");
+
+    // The API server is the running version: kubeadm upgrade apply went through, the
+    // control plane's own kubelet did not follow.
+    let site2 = Site::start("1.34.3", &["1.34.3"]).await;
+    site2.api.set_server_version("1.34.5");
+    let (code, report, stderr) = site2.detect(&["--dry-run"], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(report["findings"]["running"], "1.34.5");
+    assert_eq!(report["findings"]["behind"], json!(["cp", "w1"]));
+    assert_eq!(report["decision"]["target"], "1.34.5");
+    assert!(
+        report["decision"]["why"]
+            .as_str()
+            .unwrap()
+            .contains("finish the rollout"),
+        "{report}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -387,6 +387,20 @@ impl ClusterRead for Kube {
         }
         Ok((ready, total))
     }
+
+    async fn api_server_version(&self) -> Result<Version, ClusterError> {
+        let info = self
+            .client
+            .apiserver_version()
+            .await
+            .map_err(|e| api_error("get /version", e))?;
+        reported_version(&info.git_version).ok_or_else(|| {
+            ClusterError(format!(
+                "the API server reports version {:?}, not MAJOR.MINOR.PATCH",
+                info.git_version
+            ))
+        })
+    }
 }
 
 #[async_trait::async_trait]

@@ -12,9 +12,9 @@ use super::version::Version;
 /// What detection found out.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Findings {
-    /// The control plane's version.
+    /// The control plane's version (the API server's).
     pub running: Version,
-    /// Nodes whose kubelet is older than the control plane (a rollout left part-done).
+    /// Nodes whose kubelet is older than the API server (a rollout left part-done).
     pub behind: Vec<String>,
     /// The newest patch of the running minor the control plane's repository offers.
     pub latest_patch: Option<Version>,
@@ -64,27 +64,37 @@ pub enum RunningError {
     /// No node has the control-plane role.
     #[error("no control-plane node in the cluster (label node-role.kubernetes.io/control-plane)")]
     NoControlPlane,
-    /// More than one control plane report different versions.
-    #[error("the control-plane nodes disagree on their version: {0}")]
-    Disagree(String),
+    /// Kubelets newer than the API server: a skew Kubernetes does not support.
+    #[error("kubelets newer than the API server's {api_server}: {nodes}")]
+    NewerKubelet {
+        /// The API server's version.
+        api_server: Version,
+        /// The nodes, with their versions.
+        nodes: String,
+    },
 }
 
-/// The running version (the control plane's kubelet) and the nodes behind it.
-pub fn running(facts: &ClusterFacts) -> Result<(Version, Vec<String>), RunningError> {
-    let planes: Vec<_> = facts
+/// The running version (the API server's) and the nodes whose kubelet is behind it.
+pub fn running(
+    facts: &ClusterFacts,
+    api_server: Version,
+) -> Result<(Version, Vec<String>), RunningError> {
+    if !facts.nodes.iter().any(|n| n.role == Role::ControlPlane) {
+        return Err(RunningError::NoControlPlane);
+    }
+    let newer: Vec<String> = facts
         .nodes
         .iter()
-        .filter(|n| n.role == Role::ControlPlane)
+        .filter(|n| n.kubelet > api_server)
+        .map(|n| format!("{} {}", n.name, n.kubelet))
         .collect();
-    let first = planes.first().ok_or(RunningError::NoControlPlane)?;
-    if planes.iter().any(|n| n.kubelet != first.kubelet) {
-        let all: Vec<String> = planes
-            .iter()
-            .map(|n| format!("{} {}", n.name, n.kubelet))
-            .collect();
-        return Err(RunningError::Disagree(all.join(", ")));
+    if !newer.is_empty() {
+        return Err(RunningError::NewerKubelet {
+            api_server,
+            nodes: newer.join(", "),
+        });
     }
-    let running = first.kubelet;
+    let running = api_server;
     let behind = facts
         .nodes
         .iter()
@@ -368,7 +378,7 @@ mod tests {
     }
 
     #[test]
-    fn the_running_version_is_the_control_plane_and_older_kubelets_are_behind() {
+    fn the_running_version_is_the_api_server_and_older_kubelets_are_behind() {
         let node = |name: &str, role, kubelet: &str| NodeFacts {
             name: name.into(),
             role,
@@ -384,19 +394,30 @@ mod tests {
                 node("w2", Role::Worker, "1.34.1"),
             ],
         };
-        assert_eq!(running(&facts), Ok((v("1.34.2"), vec!["w2".to_owned()])));
         assert_eq!(
-            running(&ClusterFacts {
-                nodes: vec![node("w1", Role::Worker, "1.34.2")]
-            }),
+            running(&facts, v("1.34.2")),
+            Ok((v("1.34.2"), vec!["w2".to_owned()]))
+        );
+        // kubeadm upgrade apply ran, the control plane's kubelet did not follow yet.
+        assert_eq!(
+            running(&facts, v("1.34.3")),
+            Ok((
+                v("1.34.3"),
+                vec!["cp".to_owned(), "w1".to_owned(), "w2".to_owned()]
+            ))
+        );
+        assert_eq!(
+            running(
+                &ClusterFacts {
+                    nodes: vec![node("w1", Role::Worker, "1.34.2")]
+                },
+                v("1.34.2")
+            ),
             Err(RunningError::NoControlPlane)
         );
-        let split = ClusterFacts {
-            nodes: vec![
-                node("cp1", Role::ControlPlane, "1.34.2"),
-                node("cp2", Role::ControlPlane, "1.34.3"),
-            ],
-        };
-        assert!(matches!(running(&split), Err(RunningError::Disagree(_))));
+        assert!(matches!(
+            running(&facts, v("1.34.1")),
+            Err(RunningError::NewerKubelet { .. })
+        ));
     }
 }

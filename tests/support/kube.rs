@@ -42,6 +42,8 @@ struct PodTimers {
 
 pub struct State {
     rv: u64,
+    /// What `GET /version` reports: the first control plane's kubelet unless set.
+    pub server_version: Option<String>,
     pub nodes: BTreeMap<String, Value>,
     pods: BTreeMap<(String, String), Value>,
     timers: BTreeMap<(String, String), PodTimers>,
@@ -367,6 +369,21 @@ async fn handle(req: HttpRequest, body: web::Bytes, shared: Shared) -> HttpRespo
         .map(|q| q.into_inner())
         .unwrap_or_default();
     match (method.as_str(), parts.as_slice()) {
+        ("GET", ["version"]) => {
+            let git = s.server_version.clone().unwrap_or_default();
+            let (major, minor) = {
+                let mut it = git.split('.');
+                (
+                    it.next().unwrap_or("").to_owned(),
+                    it.next().unwrap_or("").to_owned(),
+                )
+            };
+            HttpResponse::Ok().json(json!({
+                "major": major, "minor": minor, "gitVersion": format!("v{git}"),
+                "gitCommit": "0", "gitTreeState": "clean", "buildDate": "2026-11-01T00:00:00Z",
+                "goVersion": "go1.24", "compiler": "gc", "platform": "linux/amd64",
+            }))
+        }
         ("GET", ["api", "v1", "nodes"]) => {
             s.count("list nodes");
             let items = s.nodes.values().cloned().collect();
@@ -633,6 +650,7 @@ impl FakeKube {
             changes: Vec::new(),
             calls: BTreeMap::new(),
             access: Default::default(),
+            server_version: None,
             terminate_after: Duration::from_millis(100),
             ready_after: Duration::from_millis(100),
             serial: 0,
@@ -690,6 +708,7 @@ impl FakeKube {
         let mut labels = json!({"kubernetes.io/hostname": name});
         if control_plane {
             labels["node-role.kubernetes.io/control-plane"] = json!("");
+            s.server_version.get_or_insert_with(|| kubelet.to_owned());
         }
         s.nodes.insert(
             name.into(),
@@ -888,6 +907,11 @@ impl FakeKube {
             .iter()
             .map(|(_, c)| c.clone())
             .collect()
+    }
+
+    /// What `GET /version` reports from now on.
+    pub fn set_server_version(&self, version: &str) {
+        self.state.lock().unwrap().server_version = Some(version.to_owned());
     }
 
     /// Every access made so far.
