@@ -434,6 +434,39 @@ fn the_configuration_in_every_config_map_loads() {
 }
 
 #[test]
+fn every_secret_file_the_example_overlay_configures_is_in_its_secret() {
+    let dir = root().join("deploy/overlays/example");
+    let kustomization = &documents(&dir.join("kustomization.yaml"))[0];
+    let generator = kustomization["secretGenerator"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["name"] == "rollgate-secrets")
+        .expect("the overlay makes rollgate-secrets");
+    let keys: BTreeSet<String> = generator["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap().split('=').next().unwrap().to_owned())
+        .collect();
+    let config = &documents(&dir.join("site-config.yaml"))[0]["data"]["rollgate.toml"];
+    let mount = "/var/run/secrets/rollgate/";
+    let used: BTreeSet<String> = config
+        .as_str()
+        .unwrap()
+        .split('"')
+        .filter_map(|s| s.strip_prefix(mount))
+        .map(str::to_owned)
+        .collect();
+    assert!(!used.is_empty());
+    let missing: Vec<_> = used.difference(&keys).collect();
+    assert!(
+        missing.is_empty(),
+        "configured but not in the Secret: {missing:?}"
+    );
+}
+
+#[test]
 fn the_alertmanager_example_is_valid_and_sends_the_token_as_a_bearer() {
     let path = root().join("deploy/examples/alertmanager-receiver.yaml");
     let doc = &documents(&path)[0];
