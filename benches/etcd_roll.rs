@@ -11,7 +11,10 @@
 //! uncontrolled elections (the difference), failed writes, the longest write stall (from a
 //! write's first attempt to its success) and the roll's wall time. The writer retries only
 //! what etcd documents as not applied (Unavailable, "leader changed", "no leader",
-//! "raft proposal dropped"); anything else counts as a failed write.
+//! "raft proposal dropped"); anything else counts as a failed write. Failed writes are
+//! split: `drops` are puts in flight on the connection of the member being restarted
+//! (connection reset, broken pipe, connection closed) — every algorithm restarts each
+//! member once and pays these alike — the rest would be the roll's own doing.
 //!
 //! Run: `cargo bench --bench etcd_roll`.
 
@@ -32,6 +35,8 @@ const COOLDOWN: Duration = Duration::from_millis(300);
 struct Load {
     ok: AtomicU64,
     failed: AtomicU64,
+    /// Failed writes that were connection drops at a restarting member.
+    dropped: AtomicU64,
     retried: AtomicU64,
     longest_stall_ms: AtomicU64,
     stop: AtomicBool,
@@ -75,6 +80,25 @@ fn retryable(e: &etcd_client::Error) -> bool {
     }
 }
 
+/// Whether `e` is the connection to a member going away under a request in flight.
+fn connection_drop(e: &etcd_client::Error) -> bool {
+    let mut source = match e {
+        etcd_client::Error::GRpcStatus(s) => std::error::Error::source(s),
+        other => std::error::Error::source(other),
+    };
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if ["connection reset", "broken pipe", "connection closed"]
+            .iter()
+            .any(|t| text.contains(t))
+        {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
+}
+
 /// Puts one key after another until stopped; each write retried while etcd says it was
 /// not applied.
 async fn write_load(endpoints: Vec<String>, load: Arc<Load>) {
@@ -104,6 +128,9 @@ async fn write_load(endpoints: Vec<String>, load: Arc<Load>) {
                 Err(e) => {
                     load.record(&e, false);
                     load.failed.fetch_add(1, Ordering::Relaxed);
+                    if connection_drop(&e) {
+                        load.dropped.fetch_add(1, Ordering::Relaxed);
+                    }
                     break;
                 }
             }
@@ -180,6 +207,17 @@ impl Algorithm {
     }
 }
 
+/// One roll's figures.
+struct Totals {
+    algorithm: Algorithm,
+    changes: u64,
+    uncontrolled: u64,
+    writes: u64,
+    failed: u64,
+    dropped: u64,
+    stall: u64,
+}
+
 /// Runs one roll; returns the transfers it made.
 async fn run(algorithm: Algorithm, cluster: &Scripted, etcd: Arc<Etcd>) -> u64 {
     let n = cluster.names.len();
@@ -241,7 +279,7 @@ async fn run(algorithm: Algorithm, cluster: &Scripted, etcd: Arc<Etcd>) -> u64 {
 #[tokio::main]
 async fn main() {
     println!(
-        "{:<16} {:>6} {:>8} {:>10} {:>13} {:>7} {:>9} {:>10} {:>8}",
+        "{:<16} {:>6} {:>8} {:>10} {:>13} {:>7} {:>7} {:>6} {:>10} {:>8}",
         "algorithm",
         "leader",
         "changes",
@@ -249,6 +287,7 @@ async fn main() {
         "uncontrolled",
         "writes",
         "failed",
+        "drops",
         "stall ms",
         "roll s"
     );
@@ -258,7 +297,7 @@ async fn main() {
         Algorithm::Rollgate,
         Algorithm::NaiveKill,
     ];
-    let mut totals: Vec<(Algorithm, u64, u64, u64, u64)> = Vec::new();
+    let mut totals: Vec<Totals> = Vec::new();
     for leader in 0..3 {
         for algorithm in algorithms {
             let cluster = Scripted::start(3).await;
@@ -280,21 +319,29 @@ async fn main() {
             let _ = writer.await;
             let changes = max_term(&etcd).await.saturating_sub(term_before);
             let uncontrolled = changes.saturating_sub(transfers);
-            let failed = load.failed.load(Ordering::Relaxed);
-            let stall = load.longest_stall_ms.load(Ordering::Relaxed);
+            let row = Totals {
+                algorithm,
+                changes,
+                uncontrolled,
+                writes: load.ok.load(Ordering::Relaxed),
+                failed: load.failed.load(Ordering::Relaxed),
+                dropped: load.dropped.load(Ordering::Relaxed),
+                stall: load.longest_stall_ms.load(Ordering::Relaxed),
+            };
             println!(
-                "{:<16} {:>6} {:>8} {:>10} {:>13} {:>7} {:>9} {:>10} {:>8.1}",
+                "{:<16} {:>6} {:>8} {:>10} {:>13} {:>7} {:>7} {:>6} {:>10} {:>8.1}",
                 algorithm.label(),
                 cluster.names[leader],
                 changes,
                 transfers,
                 uncontrolled,
-                load.ok.load(Ordering::Relaxed),
-                failed,
-                stall,
+                row.writes,
+                row.failed,
+                row.dropped,
+                row.stall,
                 took.as_secs_f64()
             );
-            totals.push((algorithm, changes, uncontrolled, failed, stall));
+            totals.push(row);
             if let Ok(errors) = load.errors.lock() {
                 for (kind, n) in errors.iter() {
                     println!("    {n} x {kind}");
@@ -304,19 +351,50 @@ async fn main() {
     }
     println!();
     println!(
-        "{:<16} {:>13} {:>13} {:>13} {:>14}",
-        "summary", "changes/roll", "uncontrolled", "failed", "worst stall ms"
+        "{:<16} {:>13} {:>13} {:>8} {:>7} {:>6} {:>14}",
+        "summary", "changes/roll", "uncontrolled", "writes", "failed", "drops", "worst stall ms"
     );
     for algorithm in algorithms {
-        let rows: Vec<_> = totals.iter().filter(|t| t.0 == algorithm).collect();
+        let rows: Vec<_> = totals.iter().filter(|t| t.algorithm == algorithm).collect();
         let n = rows.len() as f64;
         println!(
-            "{:<16} {:>13.2} {:>13} {:>13} {:>14}",
+            "{:<16} {:>13.2} {:>13} {:>8} {:>7} {:>6} {:>14}",
             algorithm.label(),
-            rows.iter().map(|r| r.1).sum::<u64>() as f64 / n,
-            rows.iter().map(|r| r.2).sum::<u64>(),
-            rows.iter().map(|r| r.3).sum::<u64>(),
-            rows.iter().map(|r| r.4).max().unwrap_or(0)
+            rows.iter().map(|r| r.changes).sum::<u64>() as f64 / n,
+            rows.iter().map(|r| r.uncontrolled).sum::<u64>(),
+            rows.iter().map(|r| r.writes).sum::<u64>(),
+            rows.iter().map(|r| r.failed).sum::<u64>(),
+            rows.iter().map(|r| r.dropped).sum::<u64>(),
+            rows.iter().map(|r| r.stall).max().unwrap_or(0)
+        );
+    }
+    let sum = |a: Algorithm, f: fn(&Totals) -> u64| -> f64 {
+        totals
+            .iter()
+            .filter(|t| t.algorithm == a)
+            .map(f)
+            .sum::<u64>() as f64
+    };
+    let worst = |a: Algorithm| -> f64 {
+        totals
+            .iter()
+            .filter(|t| t.algorithm == a)
+            .map(|t| t.stall)
+            .max()
+            .unwrap_or(0) as f64
+    };
+    println!();
+    for other in [
+        Algorithm::NaiveTerm,
+        Algorithm::Reference,
+        Algorithm::NaiveKill,
+    ] {
+        println!(
+            "rollgate / {:<15} changes {:.2}  writes {:.2}  worst stall {:.3}",
+            other.label(),
+            sum(Algorithm::Rollgate, |t| t.changes) / sum(other, |t| t.changes).max(1.0),
+            sum(Algorithm::Rollgate, |t| t.writes) / sum(other, |t| t.writes).max(1.0),
+            worst(Algorithm::Rollgate) / worst(other).max(1.0),
         );
     }
 }
