@@ -253,11 +253,7 @@ pub fn run(cli: Cli) -> ExitCode {
         }
         Command::Serve => {
             init_logging(&settings);
-            let result = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .context("cannot start the runtime")
-                .and_then(|rt| rt.block_on(crate::app::serve(settings)));
+            let result = block_on(true, crate::app::serve(settings));
             match result {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -269,11 +265,7 @@ pub fn run(cli: Cli) -> ExitCode {
         }
         Command::EtcdRoll(args) => {
             init_logging(&settings);
-            let result = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .context("cannot start the runtime")
-                .and_then(|rt| rt.block_on(etcd_roll(&settings, args)));
+            let result = block_on(true, etcd_roll(&settings, args));
             match result {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -283,11 +275,7 @@ pub fn run(cli: Cli) -> ExitCode {
             }
         }
         Command::Plan(args) => {
-            let result = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .context("cannot start the runtime")
-                .and_then(|rt| rt.block_on(plan(&settings, args)));
+            let result = block_on(false, plan(&settings, args));
             match result {
                 Ok(text) => {
                     print!("{text}");
@@ -305,11 +293,7 @@ pub fn run(cli: Cli) -> ExitCode {
         }
         Command::Detect(args) => {
             init_logging(&settings);
-            let result = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .context("cannot start the runtime")
-                .and_then(|rt| rt.block_on(detect(&settings, args)));
+            let result = block_on(false, detect(&settings, args));
             match result {
                 Ok(code) => ExitCode::from(code),
                 Err(e) => {
@@ -323,11 +307,7 @@ pub fn run(cli: Cli) -> ExitCode {
             token_file,
             action,
         } => {
-            let result = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .context("cannot start the runtime")
-                .and_then(|rt| rt.block_on(runs(&settings, url, token_file, action)));
+            let result = block_on(false, runs(&settings, url, token_file, action));
             match result {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -478,6 +458,24 @@ async fn etcd_roll(config: &Settings, args: EtcdRollArgs) -> anyhow::Result<()> 
     .await?;
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
+}
+
+/// Runs `future` to completion on a fresh runtime (`multi_thread` for the long-running
+/// commands).
+fn block_on<T>(
+    multi_thread: bool,
+    future: impl std::future::Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
+    let mut builder = if multi_thread {
+        tokio::runtime::Builder::new_multi_thread()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+    };
+    builder
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")?
+        .block_on(future)
 }
 
 fn init_logging(settings: &Settings) {

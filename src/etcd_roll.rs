@@ -163,6 +163,29 @@ pub struct RollReport {
     pub longest_leaderless_ms: u64,
 }
 
+impl RollReport {
+    /// The report of a roll that restarted `restarted` and made `transfers`, while the
+    /// highest raft term went from `first_term` to `last_term`: every rise not made by a
+    /// transfer was an election.
+    pub fn new(
+        restarted: Vec<String>,
+        transfers: u64,
+        first_term: u64,
+        last_term: u64,
+        longest_leaderless: Duration,
+    ) -> Self {
+        let leadership_changes = last_term.saturating_sub(first_term);
+        Self {
+            restarted,
+            transfers,
+            leadership_changes,
+            uncontrolled_changes: leadership_changes.saturating_sub(transfers),
+            longest_leaderless_ms: u64::try_from(longest_leaderless.as_millis())
+                .unwrap_or(u64::MAX),
+        }
+    }
+}
+
 /// Why a roll stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum RollError {
@@ -404,12 +427,13 @@ pub async fn roll(
     let _ = stop.send(true);
     let _ = sampler.await;
     let w = watch.lock().await;
-    report.leadership_changes = w
-        .first_term
-        .map_or(0, |first| w.last_term.saturating_sub(first));
-    report.uncontrolled_changes = report.leadership_changes.saturating_sub(report.transfers);
-    report.longest_leaderless_ms =
-        u64::try_from(w.longest_leaderless.as_millis()).unwrap_or(u64::MAX);
+    let report = RollReport::new(
+        report.restarted,
+        report.transfers,
+        w.first_term.unwrap_or(w.last_term),
+        w.last_term,
+        w.longest_leaderless,
+    );
     result.map(|()| report)
 }
 
@@ -478,7 +502,7 @@ async fn steps(
                 progress(&format!("restarting {name} ({endpoint})"));
                 driver.restart(&name, &endpoint).await?;
                 report.restarted.push(name.clone());
-                wait_ready(etcd, driver, settings, id, &name, &endpoint).await?;
+                wait_ready(etcd, driver, settings, id, &name).await?;
                 progress(&format!(
                     "{name} is back, at the target and caught up; cooling down {:?}",
                     settings.cooldown
@@ -498,16 +522,12 @@ async fn wait_ready(
     settings: &RollSettings,
     id: u64,
     name: &str,
-    endpoint: &str,
 ) -> Result<(), RollError> {
     let started = Instant::now();
     loop {
-        let statuses = etcd.answering().await;
-        let leader = agreed_leader(&statuses, etcd.endpoints().len())
-            .and_then(|l| statuses.iter().find(|s| s.id == l));
-        if let (Some(member), Some(leader)) = (statuses.iter().find(|s| s.id == id), leader)
-            && member.raft_index + settings.max_lag >= leader.raft_index
-            && matches!(driver.at_target(name, endpoint).await, Ok(true))
+        if not_ready(etcd, driver, id, name, settings.max_lag)
+            .await
+            .is_none()
         {
             return Ok(());
         }
@@ -518,6 +538,38 @@ async fn wait_ready(
             });
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Why member `id` (`name`) is not yet answering, caught up with an agreed leader and at
+/// the target; `None` when it is. Only that member is probed: the probe may be an ssh
+/// round trip.
+pub(crate) async fn not_ready(
+    etcd: &Etcd,
+    driver: &dyn Driver,
+    id: u64,
+    name: &str,
+    max_lag: u64,
+) -> Option<String> {
+    let statuses = etcd.answering().await;
+    let Some(status) = statuses.iter().find(|s| s.id == id) else {
+        return Some("not answering".into());
+    };
+    let Some(leader) = agreed_leader(&statuses, etcd.endpoints().len())
+        .and_then(|l| statuses.iter().find(|s| s.id == l))
+    else {
+        return Some("no agreed leader".into());
+    };
+    if status.raft_index + max_lag < leader.raft_index {
+        return Some(format!(
+            "raft index {} behind the leader's {}",
+            status.raft_index, leader.raft_index
+        ));
+    }
+    match driver.at_target(name, &status.endpoint).await {
+        Ok(true) => None,
+        Ok(false) => Some("not yet at the target".into()),
+        Err(e) => Some(format!("cannot tell whether it is at the target: {e}")),
     }
 }
 

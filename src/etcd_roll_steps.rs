@@ -12,14 +12,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
-use crate::adapters::etcd::{Etcd, EtcdSettings, EtcdTls, agreed_leader};
+use crate::adapters::etcd::{Etcd, EtcdSettings, EtcdTls};
 use crate::domain::engine::StepOutcome;
 use crate::domain::etcd_roll::{
     Action, ClusterView, Member, Refusal, next_action, steps, steps_for, tally,
 };
 use crate::domain::event::EtcdRollRequest;
 use crate::domain::run::{Run, Step};
-use crate::etcd_roll::{Driver, RollError, StatefulSetDriver, Watch, sample, view};
+use crate::etcd_roll::{
+    Driver, RollError, RollReport, StatefulSetDriver, Watch, not_ready, sample, view,
+};
 use crate::metrics::Metrics;
 use crate::ports::{Executors, StatefulSets, StepExecutor};
 
@@ -59,16 +61,6 @@ pub struct EtcdRollSteps {
     pub metrics: Metrics,
     clients: Mutex<HashMap<String, Arc<Etcd>>>,
     samplers: Mutex<HashMap<String, Sampler>>,
-}
-
-fn done(note: impl Into<String>) -> StepOutcome {
-    StepOutcome::Done { note: note.into() }
-}
-
-fn failed(error: impl std::fmt::Display) -> StepOutcome {
-    StepOutcome::Failed {
-        error: error.to_string(),
-    }
 }
 
 fn retry(error: impl std::fmt::Display) -> StepOutcome {
@@ -194,7 +186,7 @@ impl EtcdRollSteps {
         let action = match next_action(&current, driver.order(), max_lag) {
             Ok(action) => action,
             Err(refusal) => {
-                return failed(format!(
+                return StepOutcome::failed(format!(
                     "refusing to start the roll: {refusal}; nothing was restarted"
                 ));
             }
@@ -206,7 +198,7 @@ impl EtcdRollSteps {
             .iter()
             .find(|m| Some(m.id) == current.leader)
             .map_or("-", |m| m.name.as_str());
-        done(format!(
+        StepOutcome::done(format!(
             "{START_TERM}{term} at the start; leader {leader}; {} members, {pending} to roll; partition locked; first: {}",
             current.members.len(),
             describe(&action)
@@ -239,7 +231,7 @@ impl EtcdRollSteps {
             {
                 wait(format!("waiting: {refusal}"))
             }
-            Err(refusal) => failed(format!(
+            Err(refusal) => StepOutcome::failed(format!(
                 "{refusal}; nothing more was restarted (for {}s)",
                 request.ready_timeout_secs
             )),
@@ -258,7 +250,7 @@ impl EtcdRollSteps {
             Err(outcome) => return outcome,
         };
         if m.at_target && m.healthy {
-            return done(format!("{member} already runs the target"));
+            return StepOutcome::done(format!("{member} already runs the target"));
         }
         match next_action(&current, driver.order(), request.max_lag) {
             Ok(Action::Restart { id, .. }) if id == m.id => {
@@ -270,7 +262,7 @@ impl EtcdRollSteps {
                 match driver.restart(member, endpoint).await {
                     Ok(()) => {
                         info!(%member, "restarting");
-                        done(format!(
+                        StepOutcome::done(format!(
                             "partition lowered to {member}: the controller restarts it"
                         ))
                     }
@@ -279,7 +271,7 @@ impl EtcdRollSteps {
             }
             // Restarted before rollgate itself restarted: it is the one down.
             Err(Refusal::Unhealthy(down)) if down == [member] => {
-                done(format!("{member} is already restarting"))
+                StepOutcome::done(format!("{member} is already restarting"))
             }
             Ok(other) => replan(format!(
                 "the cluster changed while the gate held the roll; now: {}",
@@ -297,15 +289,23 @@ impl EtcdRollSteps {
         request: &EtcdRollRequest,
         member: &str,
     ) -> StepOutcome {
+        let id = etcd
+            .members()
+            .await
+            .map(|all| all.iter().find(|m| m.name == member).map(|m| m.id));
         let polled = Instant::now();
         let mut state;
         loop {
-            state = member_state(etcd, driver, member, request.max_lag).await;
+            state = match &id {
+                Ok(Some(id)) => not_ready(etcd, driver, *id, member, request.max_lag).await,
+                Ok(None) => Some("not in the member list".into()),
+                Err(e) => Some(format!("member list unavailable: {e}")),
+            };
             if state.is_none() {
                 let took = step
                     .started_at
                     .map_or(0, |s| (Utc::now() - s).num_milliseconds());
-                return done(format!(
+                return StepOutcome::done(format!(
                     "{member} is healthy, at the target and caught up ({took} ms)"
                 ));
             }
@@ -317,7 +317,7 @@ impl EtcdRollSteps {
         let state = state.unwrap_or_default();
         let limit = Duration::from_secs(request.ready_timeout_secs);
         if over(step, limit, Utc::now()) {
-            return failed(format!(
+            return StepOutcome::failed(format!(
                 "{}: {state}",
                 RollError::NotReady {
                     name: member.to_owned(),
@@ -340,14 +340,14 @@ impl EtcdRollSteps {
             Err(outcome) => return outcome,
         };
         if current.leader == Some(m.id) {
-            return done(format!("{member} leads"));
+            return StepOutcome::done(format!("{member} leads"));
         }
         match next_action(&current, driver.order(), request.max_lag) {
             Ok(Action::MoveLeader { to, .. }) if to == m.id => {
                 // A transfer drops proposals in flight ("raft proposal dropped"); clients
                 // retry those, and so does this step when the move is not confirmed.
                 match etcd.move_leader(to, self.connection.transfer_timeout).await {
-                    Ok(()) => done(format!("leadership moved to {member}")),
+                    Ok(()) => StepOutcome::done(format!("leadership moved to {member}")),
                     Err(e) => retry(e),
                 }
             }
@@ -374,37 +374,43 @@ impl EtcdRollSteps {
             (w.last_term.max(now_term), w.longest_leaderless)
         };
         let Some(start_term) = start_term(run) else {
-            return failed("the begin step's note lost the starting raft term");
+            return StepOutcome::failed("the begin step's note lost the starting raft term");
         };
-        let changes = last_term.saturating_sub(start_term);
-        let uncontrolled = changes.saturating_sub(tally.transfers);
+        let r = RollReport::new(
+            tally.restarted,
+            tally.transfers,
+            start_term,
+            last_term,
+            leaderless,
+        );
         let target = request.target();
         let m = &self.metrics.etcd_roll;
         m.rolls.with_label_values(&[&target]).inc();
         m.restarts
             .with_label_values(&[&target])
-            .inc_by(tally.restarted.len() as u64);
+            .inc_by(r.restarted.len() as u64);
         m.leadership_changes
             .with_label_values(&[&target])
-            .inc_by(changes);
+            .inc_by(r.leadership_changes);
         m.transfers
             .with_label_values(&[&target])
-            .inc_by(tally.transfers);
+            .inc_by(r.transfers);
         m.uncontrolled_changes
             .with_label_values(&[&target])
-            .inc_by(uncontrolled);
+            .inc_by(r.uncontrolled_changes);
         m.longest_leaderless
             .with_label_values(&[&target])
             .set(leaderless.as_secs_f64());
-        if uncontrolled > 0 {
-            warn!(%target, uncontrolled, "leadership changed without a transfer during the roll");
+        if r.uncontrolled_changes > 0 {
+            warn!(%target, uncontrolled = r.uncontrolled_changes, "leadership changed without a transfer during the roll");
         }
-        done(format!(
-            "rolled {}: restarted [{}]; transfers {}; leadership changes {changes}; uncontrolled {uncontrolled}; longest leaderless {} ms (while this rollgate watched); partition lock restored",
-            target,
-            tally.restarted.join(", "),
-            tally.transfers,
-            leaderless.as_millis()
+        StepOutcome::done(format!(
+            "rolled {target}: restarted [{}]; transfers {}; leadership changes {}; uncontrolled {}; longest leaderless {} ms (while this rollgate watched); partition lock restored",
+            r.restarted.join(", "),
+            r.transfers,
+            r.leadership_changes,
+            r.uncontrolled_changes,
+            r.longest_leaderless_ms
         ))
     }
 }
@@ -424,42 +430,6 @@ async fn look_at(
         .cloned()
         .ok_or_else(|| replan(format!("{member} is no longer a member")))?;
     Ok((current, names, m))
-}
-
-/// Why `member` is not yet healthy, at the target and caught up; `None` when it is.
-async fn member_state(
-    etcd: &Etcd,
-    driver: &StatefulSetDriver,
-    member: &str,
-    max_lag: u64,
-) -> Option<String> {
-    let members = match etcd.members().await {
-        Ok(m) => m,
-        Err(e) => return Some(format!("member list unavailable: {e}")),
-    };
-    let Some(info) = members.iter().find(|m| m.name == member) else {
-        return Some("not in the member list".into());
-    };
-    let statuses = etcd.answering().await;
-    let Some(status) = statuses.iter().find(|s| s.id == info.id) else {
-        return Some("not answering".into());
-    };
-    let Some(leader) = agreed_leader(&statuses, etcd.endpoints().len())
-        .and_then(|l| statuses.iter().find(|s| s.id == l))
-    else {
-        return Some("no agreed leader".into());
-    };
-    if status.raft_index + max_lag < leader.raft_index {
-        return Some(format!(
-            "raft index {} behind the leader's {}",
-            status.raft_index, leader.raft_index
-        ));
-    }
-    match driver.at_target(member, &status.endpoint).await {
-        Ok(true) => None,
-        Ok(false) => Some("not yet at the update revision and Ready".into()),
-        Err(e) => Some(format!("cannot tell whether it is at the target: {e}")),
-    }
 }
 
 /// The highest raft term any member reports (0 when none answers).
@@ -509,11 +479,13 @@ impl StepExecutor for EtcdRollSteps {
         let step = &run.steps[index];
         let request = match EtcdRollRequest::from_json(&run.request) {
             Ok(r) => r,
-            Err(e) => return failed(format!("the run's request no longer validates: {e}")),
+            Err(e) => {
+                return StepOutcome::failed(format!("the run's request no longer validates: {e}"));
+            }
         };
         let etcd = match self.etcd(run, &request) {
             Ok(etcd) => etcd,
-            Err(e) => return failed(e),
+            Err(e) => return StepOutcome::failed(e),
         };
         let watch = self.watch(run, &etcd);
         let driver = StatefulSetDriver {
@@ -531,7 +503,7 @@ impl StepExecutor for EtcdRollSteps {
                 let until = step.started_at.unwrap_or_else(Utc::now)
                     + chrono::Duration::seconds(request.cooldown_secs as i64);
                 if Utc::now() >= until {
-                    done(format!("cooled down {}s", request.cooldown_secs))
+                    StepOutcome::done(format!("cooled down {}s", request.cooldown_secs))
                 } else {
                     StepOutcome::Wait {
                         until,
@@ -547,7 +519,7 @@ impl StepExecutor for EtcdRollSteps {
                 }
                 outcome
             }
-            other => failed(format!("no etcd roll step is called {other}")),
+            other => StepOutcome::failed(format!("no etcd roll step is called {other}")),
         };
         if let StepOutcome::Retry { error, .. } | StepOutcome::Failed { error } = &outcome {
             warn!(run_id = %run.id, step = %step.label(), %error, "etcd roll step did not succeed");

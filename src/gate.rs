@@ -228,9 +228,7 @@ impl StepExecutor for GateStep {
     async fn execute(&self, _run: &Run, _index: usize) -> StepOutcome {
         let report = self.0.evaluate().await;
         match report.verdict {
-            Verdict::Open => StepOutcome::Done {
-                note: "gate open".into(),
-            },
+            Verdict::Open => StepOutcome::done("gate open"),
             verdict => self.0.held(&verdict),
         }
     }
@@ -243,9 +241,7 @@ pub struct QuietPeriodStep(pub Arc<Gate>);
 impl StepExecutor for QuietPeriodStep {
     async fn execute(&self, _run: &Run, _index: usize) -> StepOutcome {
         match self.0.quiet_period().await {
-            Verdict::Open => StepOutcome::Done {
-                note: "no gate alert fired in the quiet period".into(),
-            },
+            Verdict::Open => StepOutcome::done("no gate alert fired in the quiet period"),
             verdict => self.0.held(&verdict),
         }
     }

@@ -112,27 +112,17 @@ fn retry(step: &Step, error: impl Into<String>) -> StepOutcome {
     }
 }
 
-fn done(note: impl Into<String>) -> StepOutcome {
-    StepOutcome::Done { note: note.into() }
-}
-
-fn failed(error: impl Into<String>) -> StepOutcome {
-    StepOutcome::Failed {
-        error: error.into(),
-    }
-}
-
 /// A failed SSH run: a changed host key never gets better by retrying.
 fn exec_failure(step: &Step, e: ExecError) -> StepOutcome {
     match e {
-        ExecError::HostKey { .. } => failed(e.to_string()),
+        ExecError::HostKey { .. } => StepOutcome::failed(e.to_string()),
         other => retry(step, other.to_string()),
     }
 }
 
 fn script_result(step: &Step, what: &str, out: ExecOutput) -> StepOutcome {
     match out.status {
-        Some(0) => done(format!("{what}: {}", out.tail(TAIL_LINES))),
+        Some(0) => StepOutcome::done(format!("{what}: {}", out.tail(TAIL_LINES))),
         status => retry(
             step,
             format!(
@@ -183,7 +173,7 @@ impl UpgradeSteps {
             Err(e) => return retry(step, e.to_string()),
         };
         match plan::plan(request, &facts, &self.settings.plan) {
-            Err(e) => failed(e.to_string()),
+            Err(e) => StepOutcome::failed(e.to_string()),
             Ok(p) => {
                 let mut note = format!(
                     "control plane {} runs {}; {} steps; workers in order: {}",
@@ -230,7 +220,7 @@ impl UpgradeSteps {
         match self.cluster.facts().await {
             Err(e) => retry(step, e.to_string()),
             Ok(facts) => match facts.not_ready().as_slice() {
-                [] => done(format!("all {} nodes Ready", facts.nodes.len())),
+                [] => StepOutcome::done(format!("all {} nodes Ready", facts.nodes.len())),
                 not_ready => retry(step, format!("not Ready: {}", not_ready.join(", "))),
             },
         }
@@ -267,7 +257,7 @@ impl UpgradeSteps {
                 Err(e) => return exec_failure(step, e),
             }
         }
-        done(format!("answered over SSH: {}", answered.join(", ")))
+        StepOutcome::done(format!("answered over SSH: {}", answered.join(", ")))
     }
 
     async fn kubeadm_plan(
@@ -290,13 +280,13 @@ impl UpgradeSteps {
         }
         let offered = parse_candidate(&out.stdout);
         match (request.kind, offered) {
-            (UpgradeKind::Patch, None) => failed(format!(
+            (UpgradeKind::Patch, None) => StepOutcome::failed(format!(
                 "the apt repository on {node} does not offer kubeadm {target} (apt-cache madison kubeadm)"
             )),
-            (UpgradeKind::Patch, Some(pkg)) => done(format!(
+            (UpgradeKind::Patch, Some(pkg)) => StepOutcome::done(format!(
                 "kubeadm upgrade plan passed its health checks; kubeadm {pkg} is available"
             )),
-            (UpgradeKind::Minor, _) => done(format!(
+            (UpgradeKind::Minor, _) => StepOutcome::done(format!(
                 "kubeadm upgrade plan passed its health checks; the v{}.{} repository is set at apt-repo",
                 target.major, target.minor
             )),
@@ -305,7 +295,7 @@ impl UpgradeSteps {
 
     async fn snapshot(&self, run: &Run, target: Version) -> StepOutcome {
         let Some(snapshots) = &self.snapshots else {
-            return failed(
+            return StepOutcome::failed(
                 "etcd.endpoints is not set: rollgate cannot take the pre-upgrade snapshot",
             );
         };
@@ -329,7 +319,7 @@ impl UpgradeSteps {
             };
         }
         self.metrics.upgrade_snapshot_taken.set(1);
-        done(format!(
+        StepOutcome::done(format!(
             "snapshot {} ({} bytes, sha256 {})",
             info.path, info.bytes, info.sha256
         ))
@@ -347,10 +337,10 @@ impl UpgradeSteps {
             .filter_map(|n| n.containerd)
             .max();
         let Some(newest) = newest else {
-            return done("no worker reports a containerd version; nothing to match");
+            return StepOutcome::done("no worker reports a containerd version; nothing to match");
         };
         if facts.node(node).and_then(|n| n.containerd) >= Some(newest) {
-            return done(format!("{node} already runs containerd {newest} or newer"));
+            return StepOutcome::done(format!("{node} already runs containerd {newest} or newer"));
         }
         let args = vec!["--containerd".into(), newest.to_string()];
         self.run_on(step, node, args, &format!("containerd {newest} on {node}"))
@@ -363,7 +353,7 @@ impl UpgradeSteps {
             Err(e) => return retry(step, e.to_string()),
         };
         match self.nodes.drain(node, &self.settings.drain).await {
-            Ok(report) => done(format!(
+            Ok(report) => StepOutcome::done(format!(
                 "{node} {}; {} pod(s) evicted, {} DaemonSet/mirror pod(s) left, {} PDB refusal(s) waited out",
                 if cordon == Cordon::Theirs {
                     "was already cordoned by someone else (left so)"
@@ -376,7 +366,7 @@ impl UpgradeSteps {
             )),
             // The timeout was the retry budget: fail, the node stays cordoned.
             Err(e @ (DrainError::Blocked { .. } | DrainError::Terminating { .. })) => {
-                failed(format!("{e}; {node} stays cordoned"))
+                StepOutcome::failed(format!("{e}; {node} stays cordoned"))
             }
             Err(DrainError::Cluster(e)) => retry(step, e.to_string()),
         }
@@ -390,10 +380,10 @@ impl UpgradeSteps {
             Err(e) => return retry(step, e.to_string()),
         };
         let Some(n) = facts.node(node) else {
-            return failed(format!("node {node} is no longer in the cluster"));
+            return StepOutcome::failed(format!("node {node} is no longer in the cluster"));
         };
         if n.kubelet == target && n.ready {
-            return done(format!("{node} is Ready with kubelet {target}"));
+            return StepOutcome::done(format!("{node} is Ready with kubelet {target}"));
         }
         let state = format!(
             "{node} reports kubelet {} and {}",
@@ -403,7 +393,7 @@ impl UpgradeSteps {
         let timeout = chrono::Duration::from_std(self.settings.verify_timeout)
             .unwrap_or(chrono::Duration::MAX);
         if now - started >= timeout {
-            return failed(format!(
+            return StepOutcome::failed(format!(
                 "{state} {}s after the script; it stays cordoned",
                 (now - started).num_seconds()
             ));
@@ -418,10 +408,10 @@ impl UpgradeSteps {
 
     async fn uncordon(&self, run: &Run, step: &Step, node: &str) -> StepOutcome {
         match self.nodes.uncordon(node, &run.id).await {
-            Ok(Cordon::Theirs) => done(format!(
+            Ok(Cordon::Theirs) => StepOutcome::done(format!(
                 "{node} left cordoned: someone else cordoned it before rollgate"
             )),
-            Ok(_) => done(format!("{node} uncordoned")),
+            Ok(_) => StepOutcome::done(format!("{node} uncordoned")),
             Err(e) => retry(step, e.to_string()),
         }
     }
@@ -431,7 +421,7 @@ impl UpgradeSteps {
         let until = step.started_at.unwrap_or(now)
             + chrono::Duration::from_std(self.settings.soak).unwrap_or_default();
         if now >= until {
-            done(format!("{node} soaked {:?}", self.settings.soak))
+            StepOutcome::done(format!("{node} soaked {:?}", self.settings.soak))
         } else {
             StepOutcome::Wait {
                 until,
@@ -447,7 +437,7 @@ impl UpgradeSteps {
                 let behind = facts.behind(target);
                 let not_ready = facts.not_ready();
                 if behind.is_empty() && not_ready.is_empty() {
-                    done(format!(
+                    StepOutcome::done(format!(
                         "all {} nodes run {target} and are Ready",
                         facts.nodes.len()
                     ))
@@ -479,7 +469,7 @@ impl UpgradeSteps {
                     ratio, self.settings.pod_ready_ratio
                 );
                 if ratio >= self.settings.pod_ready_ratio {
-                    done(text)
+                    StepOutcome::done(text)
                 } else {
                     retry(step, text)
                 }
@@ -492,7 +482,7 @@ impl UpgradeSteps {
             Ok(()) => {
                 self.metrics.upgrade_in_flight.set(0);
                 self.metrics.upgrade_stage.set(-1);
-                done("in-flight annotations cleared")
+                StepOutcome::done("in-flight annotations cleared")
             }
             Err(e) => retry(step, e.to_string()),
         }
@@ -515,7 +505,9 @@ impl StepExecutor for UpgradeSteps {
         self.metrics.upgrade_stage.set(stage_number(&step.stage));
         let request = match DetectionRequest::from_json(&run.request) {
             Ok(r) => r,
-            Err(e) => return failed(format!("the run's request no longer validates: {e}")),
+            Err(e) => {
+                return StepOutcome::failed(format!("the run's request no longer validates: {e}"));
+            }
         };
         let target = request.target_version;
         let node = step.node.clone().unwrap_or_default();
@@ -531,7 +523,7 @@ impl StepExecutor for UpgradeSteps {
                 Ok(()) => {
                     self.metrics.upgrade_in_flight.set(1);
                     self.metrics.upgrade_snapshot_taken.set(0);
-                    done(format!("in flight: target {target}"))
+                    StepOutcome::done(format!("in flight: target {target}"))
                 }
                 Err(e) => retry(step, e),
             },
@@ -568,7 +560,7 @@ impl StepExecutor for UpgradeSteps {
             steps::NODES_AT_TARGET => self.nodes_at_target(step, target).await,
             steps::POD_READY => self.pod_ready(step).await,
             steps::CLEAR_IN_FLIGHT => self.clear(step).await,
-            other => failed(format!("no upgrade step is called {other}")),
+            other => StepOutcome::failed(format!("no upgrade step is called {other}")),
         };
         if !node.is_empty() {
             self.metrics

@@ -65,6 +65,20 @@ pub enum StepOutcome {
     },
 }
 
+impl StepOutcome {
+    /// Done, with `note`.
+    pub fn done(note: impl Into<String>) -> Self {
+        Self::Done { note: note.into() }
+    }
+
+    /// Failed for good with `error`.
+    pub fn failed(error: impl std::fmt::Display) -> Self {
+        Self::Failed {
+            error: error.to_string(),
+        }
+    }
+}
+
 /// What the engine is fed.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Input {
