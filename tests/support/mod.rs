@@ -38,12 +38,24 @@ where
     }
 }
 
-/// A free loopback port.
+/// A free loopback port, below Linux's ephemeral range (32768–60999) and never handed out
+/// twice by this process. A port from `bind(0)` is an ephemeral one: between the probe and
+/// the service binding it, an outgoing connection (etcd peers, clients) can take it.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    // Processes start at different offsets, so concurrent test binaries rarely meet.
+    let offset = std::process::id().wrapping_mul(613) % SPAN;
+    for _ in 0..SPAN {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (FIRST + (offset + n) % SPAN) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {FIRST}..{}", FIRST + SPAN)
 }
 
 /// A running `rollgate serve`.
