@@ -393,13 +393,19 @@ async fn a_pdb_that_blocks_a_drain_fails_it_at_the_timeout_and_resume_finishes_a
             .iter()
             .any(|c| c.starts_with("kubeadm"))
     );
-    assert!(
-        ground
-            .slack_texts()
-            .iter()
-            .any(|t| t.contains("drain of w4 timed out")),
-        "the halt was told"
-    );
+    // Told after the commit that the API already shows.
+    eventually(
+        "the halt told in Slack",
+        Duration::from_secs(15),
+        || async {
+            ground
+                .slack_texts()
+                .iter()
+                .any(|t| t.contains("drain of w4 timed out"))
+                .then_some(())
+        },
+    )
+    .await;
 
     // The halted run still holds the cluster: no second upgrade meanwhile.
     let (status, body) = rg
