@@ -95,9 +95,11 @@ async fn an_unhealthy_member_before_the_roll_is_named_and_nothing_restarts() {
 #[tokio::test]
 async fn a_member_that_does_not_come_back_stops_the_roll_before_any_other_restart() {
     let cluster = Scripted::start(3).await;
-    // Stops the member and marks it, but never starts it again.
+    // Stops the member, waits for its exit and marks it, but never starts it again.
+    // Marking before the exit would let the dying process pass the readiness check.
     let broken = format!(
-        "kill -TERM $(cat {dir}/{{name}}.pid); echo v2 > {dir}/{{name}}.rev",
+        "pid=$(cat {dir}/{{name}}.pid); kill -TERM $pid; \
+         while kill -0 $pid 2>/dev/null; do sleep 0.05; done; echo v2 > {dir}/{{name}}.rev",
         dir = cluster.dir.path().display()
     );
     let (ok, stdout, stderr) = cluster.roll(&broken);
