@@ -42,8 +42,10 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo -n"; fi
 export DEBIAN_FRONTEND=noninteractive
 
 # The package version string (e.g. 1.34.5-1.1) the repository has for release $2 of $1.
+# awk reads to the end: leaving early would kill apt-cache with SIGPIPE, which pipefail
+# turns into this script's exit status (141).
 candidate() {
-  apt-cache madison "$1" | awk -v want="$2" '{ v = $3; if (index(v, want "-") == 1) { print v; exit } }'
+  apt-cache madison "$1" | awk -v want="$2" '!found && index($3, want "-") == 1 { print $3; found = 1 }'
 }
 
 installed() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || true; }

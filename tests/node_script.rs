@@ -115,6 +115,30 @@ async fn a_worker_upgrade_installs_pinned_packages_in_order_and_a_rerun_changes_
     );
 }
 
+/// A real repository lists every build of every patch; the script must read madison's
+/// whole answer (a reader that stops early kills apt-cache with SIGPIPE, and pipefail
+/// makes that the script's exit status).
+#[tokio::test]
+async fn a_long_package_list_is_read_to_its_end() {
+    let api = FakeKube::start().await;
+    api.add_node("w1", false, "1.34.2", "1.7.20");
+    let w1 = node(&api, "w1", "1.34").await;
+    let older: Vec<String> = (0..3000).map(|i| format!("1.34.1-0.{i}")).collect();
+    std::fs::write(
+        w1.dir.path().join("state/repo"),
+        format!("1.34.5-1.1\n{}\n", older.join("\n")),
+    )
+    .expect("repo");
+    let (code, out) = w1.run(&["--role", "worker", "--release", "1.34.5"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        w1.calls()
+            .contains(&"apt-get install -y --allow-change-held-packages kubeadm=1.34.5-1.1".into()),
+        "{:?}",
+        w1.calls()
+    );
+}
+
 #[tokio::test]
 async fn the_control_plane_runs_kubeadm_upgrade_apply() {
     let api = FakeKube::start().await;
