@@ -10,11 +10,14 @@
 //! Reported per roll: leadership changes (the raft term's rise), transfers made,
 //! uncontrolled elections (the difference), failed writes, the longest write stall (from a
 //! write's first attempt to its success) and the roll's wall time. The writer retries only
-//! what etcd documents as not applied (Unavailable, "leader changed", "no leader",
-//! "raft proposal dropped"); anything else counts as a failed write. Failed writes are
-//! split: `drops` are puts in flight on the connection of the member being restarted
-//! (connection reset, broken pipe, connection closed) — every algorithm restarts each
-//! member once and pays these alike — the rest would be the roll's own doing.
+//! what was provably not applied: what etcd documents so (Unavailable, "leader changed",
+//! "no leader", "raft proposal dropped") and a request the HTTP/2 transport handed back
+//! unsent because the member's connection had gone (hyper's canceled error, "connection
+//! was not ready" / "connection closed": what Go's gRPC client retries on its own).
+//! Anything else counts as a failed write. Failed writes are split: `drops` are puts in
+//! flight on the connection of the member being restarted (connection reset, broken pipe,
+//! connection closed) — every algorithm restarts each member once and pays these alike —
+//! the rest would be the roll's own doing.
 //!
 //! Run: `cargo bench --bench etcd_roll`.
 
@@ -66,6 +69,9 @@ impl Load {
 }
 
 fn retryable(e: &etcd_client::Error) -> bool {
+    if never_sent(e) {
+        return true;
+    }
     match e {
         etcd_client::Error::GRpcStatus(status) => {
             let msg = status.message();
@@ -78,6 +84,25 @@ fn retryable(e: &etcd_client::Error) -> bool {
         etcd_client::Error::TransportError(_) => true,
         _ => false,
     }
+}
+
+/// Whether the transport handed the request back without sending it: hyper's canceled
+/// error is only made for a request still in its dispatch queue when the connection ended.
+fn never_sent(e: &etcd_client::Error) -> bool {
+    let mut source = match e {
+        etcd_client::Error::GRpcStatus(s) => std::error::Error::source(s),
+        other => std::error::Error::source(other),
+    };
+    while let Some(cause) = source {
+        if cause
+            .downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_canceled)
+        {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
 }
 
 /// Whether `e` is the connection to a member going away under a request in flight.
