@@ -152,12 +152,7 @@ impl Submitter for AmqpSubmitter {
         };
         let event = CloudEvent::new(&data, "rollgate-detect", Utc::now());
         self.0
-            .publish(Outgoing {
-                id: event.id.clone(),
-                routing_key: data.event_type().routing_key().into(),
-                body: event.to_bytes(),
-                not_before: None,
-            })
+            .publish(Outgoing::event(&event, data.event_type()))
             .await
             .map_err(|e| e.to_string())?;
         Ok(Submitted::Published { event_id: event.id })

@@ -6,6 +6,7 @@
 //! crashed roll resumes by itself; a sampler records every leadership change meanwhile.
 
 use serde::Serialize;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::process::Command;
@@ -281,15 +282,18 @@ fn endpoint_of<'a>(member: &MemberInfo, endpoints: &'a [String]) -> Option<&'a S
     })
 }
 
-/// Reads the cluster into the planner's view, with each member's (id, name, endpoint).
+/// Each member's client endpoint, by member id.
+pub(crate) type Endpoints = HashMap<u64, String>;
+
+/// Reads the cluster into the planner's view, with each member's endpoint.
 pub(crate) async fn view(
     etcd: &Etcd,
     driver: &dyn Driver,
-) -> Result<(ClusterView, Vec<(u64, String, String)>), RollError> {
+) -> Result<(ClusterView, Endpoints), RollError> {
     let members = etcd.members().await?;
     let statuses = etcd.answering().await;
     let mut out = Vec::new();
-    let mut names = Vec::new();
+    let mut endpoints = Endpoints::new();
     for m in &members {
         let endpoint = endpoint_of(m, etcd.endpoints())
             .cloned()
@@ -308,7 +312,7 @@ pub(crate) async fn view(
             healthy: status.is_some(),
             raft_index: status.map_or(0, |s| s.raft_index),
         });
-        names.push((m.id, m.name.clone(), endpoint));
+        endpoints.insert(m.id, endpoint);
     }
     let leader = agreed_leader(&statuses, members.len());
     Ok((
@@ -316,7 +320,7 @@ pub(crate) async fn view(
             members: out,
             leader,
         },
-        names,
+        endpoints,
     ))
 }
 
@@ -447,7 +451,7 @@ async fn steps(
 ) -> Result<(), RollError> {
     let mut unsafe_since: Option<(Instant, String)> = None;
     loop {
-        let (current, names) = view(etcd, driver).await?;
+        let (current, endpoints) = view(etcd, driver).await?;
         let action = match next_action(&current, driver.order(), settings.max_lag) {
             Ok(action) => {
                 unsafe_since = None;
@@ -455,7 +459,7 @@ async fn steps(
             }
             // A member down, no leader, a member behind: possibly passing (a restart in
             // flight when a previous roll died). Wait, touching nothing, then give up.
-            Err(refusal @ (Refusal::Unhealthy(_) | Refusal::NoLeader | Refusal::Lagging(_))) => {
+            Err(refusal) if refusal.may_pass() => {
                 let reason = refusal.to_string();
                 let since = match &unsafe_since {
                     Some((since, last)) if *last == reason => *since,
@@ -484,11 +488,7 @@ async fn steps(
                 report.transfers += 1;
             }
             Action::Restart { id, name } => {
-                let endpoint = names
-                    .iter()
-                    .find(|(i, ..)| *i == id)
-                    .map(|(.., e)| e.clone())
-                    .unwrap_or_default();
+                let endpoint = endpoints.get(&id).cloned().unwrap_or_default();
                 if let Some(gate) = gate {
                     gate.wait_open(&name, progress).await?;
                     // The cluster may have changed while the gate held the roll.

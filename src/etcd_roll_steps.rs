@@ -20,7 +20,7 @@ use crate::domain::etcd_roll::{
 use crate::domain::event::EtcdRollRequest;
 use crate::domain::run::{Run, Step};
 use crate::etcd_roll::{
-    Driver, RollError, RollReport, StatefulSetDriver, Watch, not_ready, sample, view,
+    Driver, Endpoints, RollError, RollReport, StatefulSetDriver, Watch, not_ready, sample, view,
 };
 use crate::metrics::Metrics;
 use crate::ports::{Executors, StatefulSets, StepExecutor};
@@ -82,14 +82,6 @@ fn wait(reason: String) -> StepOutcome {
 fn over(step: &Step, limit: Duration, now: DateTime<Utc>) -> bool {
     let started = step.started_at.unwrap_or(now);
     (now - started).to_std().unwrap_or_default() > limit
-}
-
-/// A refusal that may pass by itself: a member coming back, an election settling.
-fn passing(refusal: &Refusal) -> bool {
-    matches!(
-        refusal,
-        Refusal::Unhealthy(_) | Refusal::NoLeader | Refusal::Lagging(_)
-    )
 }
 
 impl EtcdRollSteps {
@@ -222,7 +214,7 @@ impl EtcdRollSteps {
                 steps: steps_for(&action),
             },
             Err(refusal)
-                if passing(&refusal)
+                if refusal.may_pass()
                     && !over(
                         step,
                         Duration::from_secs(request.ready_timeout_secs),
@@ -245,7 +237,7 @@ impl EtcdRollSteps {
         request: &EtcdRollRequest,
         member: &str,
     ) -> StepOutcome {
-        let (current, names, m) = match look_at(etcd, driver, member).await {
+        let (current, endpoints, m) = match look_at(etcd, driver, member).await {
             Ok(v) => v,
             Err(outcome) => return outcome,
         };
@@ -254,11 +246,7 @@ impl EtcdRollSteps {
         }
         match next_action(&current, driver.order(), request.max_lag) {
             Ok(Action::Restart { id, .. }) if id == m.id => {
-                let endpoint = names
-                    .iter()
-                    .find(|(i, ..)| *i == id)
-                    .map(|(.., e)| e.as_str())
-                    .unwrap_or_default();
+                let endpoint = endpoints.get(&id).map_or("", String::as_str);
                 match driver.restart(member, endpoint).await {
                     Ok(()) => {
                         info!(%member, "restarting");
@@ -415,21 +403,21 @@ impl EtcdRollSteps {
     }
 }
 
-/// The cluster, each member's (id, name, endpoint), and `member` in it; the outcome to
-/// return when the cluster cannot be read or `member` is gone.
+/// The cluster, each member's endpoint, and `member` in it; the outcome to return when the
+/// cluster cannot be read or `member` is gone.
 async fn look_at(
     etcd: &Etcd,
     driver: &StatefulSetDriver,
     member: &str,
-) -> Result<(ClusterView, Vec<(u64, String, String)>, Member), StepOutcome> {
-    let (current, names) = view(etcd, driver).await.map_err(retry)?;
+) -> Result<(ClusterView, Endpoints, Member), StepOutcome> {
+    let (current, endpoints) = view(etcd, driver).await.map_err(retry)?;
     let m = current
         .members
         .iter()
         .find(|m| m.name == member)
         .cloned()
         .ok_or_else(|| replan(format!("{member} is no longer a member")))?;
-    Ok((current, names, m))
+    Ok((current, endpoints, m))
 }
 
 /// The highest raft term any member reports (0 when none answers).
@@ -550,15 +538,6 @@ mod tests {
             "{START_TERM}17 at the start; leader etcd-1; 3 members"
         ));
         assert_eq!(start_term(&run), Some(17));
-    }
-
-    #[test]
-    fn only_passing_refusals_are_waited_out() {
-        assert!(passing(&Refusal::NoLeader));
-        assert!(passing(&Refusal::Unhealthy(vec!["etcd-1".into()])));
-        assert!(passing(&Refusal::Lagging(vec!["etcd-1".into()])));
-        assert!(!passing(&Refusal::QuorumAtRisk { members: 2 }));
-        assert!(!passing(&Refusal::NoTransferTarget));
     }
 
     #[test]

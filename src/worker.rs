@@ -558,10 +558,8 @@ fn wake_message(run: &Run, at: Option<chrono::DateTime<Utc>>) -> Outgoing {
     });
     let event = CloudEvent::new(&data, SOURCE, Utc::now());
     Outgoing {
-        id: event.id.clone(),
-        routing_key: EventType::Wake.routing_key().into(),
-        body: event.to_bytes(),
         not_before: at,
+        ..Outgoing::event(&event, EventType::Wake)
     }
 }
 

@@ -23,10 +23,7 @@ impl PackageRepo {
         let http = reqwest::Client::builder()
             .timeout(timeout)
             .build()
-            .map_err(|e| RepoError {
-                url: base.to_owned(),
-                error: e.to_string(),
-            })?;
+            .map_err(|e| repo_error(base, e))?;
         Ok(Self {
             base: base.trim_end_matches('/').to_owned(),
             http,

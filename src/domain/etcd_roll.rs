@@ -112,6 +112,14 @@ impl fmt::Display for Refusal {
     }
 }
 
+impl Refusal {
+    /// Whether this may pass by itself (a member coming back, an election settling), so
+    /// that waiting is worth it; the others need an operator.
+    pub fn may_pass(&self) -> bool {
+        matches!(self, Self::Unhealthy(_) | Self::NoLeader | Self::Lagging(_))
+    }
+}
+
 /// The next action for `view` under `order`; `max_lag` bounds how far behind the leader's
 /// raft index another member may be before a restart or transfer.
 pub fn next_action(view: &ClusterView, order: Order, max_lag: u64) -> Result<Action, Refusal> {
@@ -279,6 +287,15 @@ pub fn tally<'a>(done_steps: impl IntoIterator<Item = &'a Step>) -> Tally {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_passing_refusals_are_waited_out() {
+        assert!(Refusal::NoLeader.may_pass());
+        assert!(Refusal::Unhealthy(vec!["etcd-1".into()]).may_pass());
+        assert!(Refusal::Lagging(vec!["etcd-1".into()]).may_pass());
+        assert!(!Refusal::QuorumAtRisk { members: 2 }.may_pass());
+        assert!(!Refusal::NoTransferTarget.may_pass());
+    }
 
     fn cluster(n: u32, leader: u32) -> ClusterView {
         ClusterView {

@@ -113,12 +113,7 @@ async fn read_json(
 async fn enqueue(state: &AppState, data: &EventData) -> Result<CloudEvent, ApiError> {
     let event = CloudEvent::new(data, SOURCE, Utc::now());
     let kind = data.event_type();
-    let msg = Outgoing {
-        id: event.id.clone(),
-        routing_key: kind.routing_key().into(),
-        body: event.to_bytes(),
-        not_before: None,
-    };
+    let msg = Outgoing::event(&event, kind);
     match state.queue.publish(msg).await {
         Ok(()) => {
             state

@@ -7,6 +7,8 @@ pub mod embedded;
 
 use chrono::{DateTime, Utc};
 
+use crate::domain::event::{CloudEvent, EventType};
+
 /// A message to publish.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outgoing {
@@ -18,6 +20,18 @@ pub struct Outgoing {
     pub body: Vec<u8>,
     /// Deliver no earlier than this.
     pub not_before: Option<DateTime<Utc>>,
+}
+
+impl Outgoing {
+    /// `event`, of type `kind`, to deliver at once.
+    pub fn event(event: &CloudEvent, kind: EventType) -> Self {
+        Self {
+            id: event.id.clone(),
+            routing_key: kind.routing_key().into(),
+            body: event.to_bytes(),
+            not_before: None,
+        }
+    }
 }
 
 /// A received message, owned until acked, released or dead-lettered.
