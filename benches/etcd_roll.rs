@@ -24,8 +24,9 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use rollgate::adapters::etcd::{Etcd, agreed_leader};
-use rollgate::etcd_roll::{CommandDriver, RollSettings, roll};
+use rollgate::adapters::etcd::Etcd;
+use rollgate::domain::etcd_roll::agreed_leader;
+use rollgate::workflows::etcd_roll::{CommandDriver, RollSettings, roll};
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -178,7 +179,7 @@ async fn wait_healthy(etcd: &Etcd) {
     loop {
         let statuses = etcd.answering().await;
         if statuses.len() == etcd.endpoints().len()
-            && let Some(leader) = agreed_leader(&statuses, statuses.len())
+            && let Some(leader) = agreed_leader(statuses.iter().map(|s| s.leader), statuses.len())
             && let Some(l) = statuses.iter().find(|s| s.id == leader)
             && statuses.iter().all(|s| s.raft_index + 1000 >= l.raft_index)
         {
@@ -285,7 +286,9 @@ async fn run(algorithm: Algorithm, cluster: &Scripted, etcd: Arc<Etcd>) -> u64 {
                     "test \"$(cat {}/$ROLLGATE_MEMBER.rev 2>/dev/null)\" = v2",
                     cluster.dir.path().display()
                 ),
-                timeout: Duration::from_secs(30),
+                runner: Arc::new(rollgate::adapters::shell::Shell {
+                    timeout: Duration::from_secs(30),
+                }),
             };
             let settings = RollSettings {
                 ready_timeout: Duration::from_secs(30),

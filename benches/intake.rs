@@ -190,11 +190,13 @@ async fn bench_rollgate(name: &str, env: &[(&str, String)]) -> Figures {
 
 async fn bench_raw_sqlite() -> Figures {
     let dir = tempfile::tempdir().expect("tempdir");
-    let conn = rollgate::queue::embedded::open_durable(&dir.path().join("raw.db")).expect("sqlite");
-    conn.execute_batch(
-        "CREATE TABLE log (seq INTEGER PRIMARY KEY AUTOINCREMENT, body BLOB NOT NULL)",
-    )
-    .expect("table");
+    fn log_table(tx: &rusqlite::Transaction<'_>) -> Result<(), rollgate::sqlite::MigrationError> {
+        tx.execute_batch(
+            "CREATE TABLE log (seq INTEGER PRIMARY KEY AUTOINCREMENT, body BLOB NOT NULL)",
+        )?;
+        Ok(())
+    }
+    let conn = rollgate::sqlite::open(&dir.path().join("raw.db"), &[log_table]).expect("sqlite");
     let conn = Arc::new(std::sync::Mutex::new(conn));
     let result = drive(move |client, seq| {
         let conn = conn.clone();

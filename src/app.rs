@@ -13,16 +13,14 @@ use std::time::Duration;
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::{info, warn};
 
-use crate::adapters::etcd::{Etcd, EtcdSettings, EtcdTls};
+use crate::adapters::etcd::{Etcd, EtcdClients, EtcdSettings, EtcdTls};
 use crate::adapters::kube::{Kube, KubeSettings, Source};
 use crate::adapters::notify::{Fanout, LogNotifier, SlackNotifier};
 use crate::adapters::prometheus::Prometheus;
 use crate::adapters::snapshot::EtcdSnapshots;
 use crate::adapters::ssh::{Ssh, SshSettings};
 use crate::config::{QueueBackend, Settings};
-use crate::domain::plan::PlanSettings;
-use crate::etcd_roll_steps::{EtcdRollSteps, RollConnection};
-use crate::gate::{Gate, GateStep, QuietPeriodStep};
+use crate::domain::k8s_upgrade::PlanSettings;
 use crate::http::{self, AppState, EtcdRollIntake};
 use crate::metrics::Metrics;
 use crate::ports::{ClusterRead, DrainOptions, Executors, MetricsSource, Notifier, Snapshots};
@@ -30,8 +28,10 @@ use crate::queue::Queue;
 use crate::queue::amqp::AmqpQueue;
 use crate::queue::embedded::EmbeddedQueue;
 use crate::store::Store;
-use crate::upgrade::{UpgradeSettings, UpgradeSteps};
 use crate::worker::{Worker, WorkerPolicy};
+use crate::workflows::etcd_roll::steps::EtcdRollSteps;
+use crate::workflows::gate::{Gate, GateStep, QuietPeriodStep};
+use crate::workflows::k8s_upgrade::{UpgradeSettings, UpgradeSteps};
 
 /// How long the worker may take to finish the message in hand after a stop signal.
 const WORKER_STOP_TIMEOUT: Duration = Duration::from_secs(60);
@@ -80,14 +80,19 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         sinks.push(Arc::new(slack));
     }
     let notifier: Arc<dyn Notifier> = Arc::new(Fanout(sinks));
-    let mut executors = Executors::default()
-        .with("gate", Arc::new(GateStep(gate.clone())))
-        .with("quiet-period", Arc::new(QuietPeriodStep(gate.clone())));
+    let mut executors = Executors {
+        gate: Some(Arc::new(GateStep(gate.clone()))),
+        quiet_period: Some(Arc::new(QuietPeriodStep(gate.clone()))),
+        ..Executors::default()
+    };
     let kube = kube_client(&settings).await?.map(Arc::new);
     let etcd_rolls = match &kube {
         Some(kube) => {
-            executors = Arc::new(build_etcd_roll_steps(&settings, kube.clone(), metrics.clone()))
-                .register(executors);
+            executors.etcd_roll = Some(Arc::new(build_etcd_roll_steps(
+                &settings,
+                kube.clone(),
+                metrics.clone(),
+            )));
             EtcdRollIntake {
                 unavailable: None,
                 tls: settings.etcd_roll.ca_file.is_some(),
@@ -102,7 +107,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     };
     let cluster = match build_upgrade_steps(&settings, kube, metrics.clone()).await? {
         Some((steps, cluster)) => {
-            executors = steps.register(executors);
+            executors.k8s_upgrade = Some(steps);
             Some(cluster)
         }
         None => {
@@ -113,8 +118,10 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         }
     };
     match store.in_progress().await {
-        Ok(runs) => crate::upgrade::restore_gauges(&metrics, &runs),
-        Err(e) => warn!(error = %e, "cannot read unfinished runs to restore the upgrade gauges"),
+        Ok(runs) => crate::workflows::k8s_upgrade::restore_gauges(&metrics, &runs),
+        Err(e) => {
+            warn!(error = %crate::error_chain(&e), "cannot read unfinished runs to restore the upgrade gauges")
+        }
     }
     let state = web::Data::new(AppState {
         gate: gate.clone(),
@@ -162,6 +169,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             max_attempts: settings.worker.max_attempts,
             halt_after: settings.gate.halt_after,
             on_failure: settings.worker.on_failure,
+            step_retry: WorkerPolicy::STEP_RETRY,
         };
         let worker = Worker::new(queue, store, metrics, executors, policy, notifier);
         Some(tokio::spawn(worker.run(stop_rx)))
@@ -315,15 +323,11 @@ pub fn build_etcd_roll_steps(
 ) -> EtcdRollSteps {
     let e = &settings.etcd_roll;
     let tls = etcd_tls(&e.ca_file, &e.cert_file, &e.key_file);
-    EtcdRollSteps::new(
-        kube,
-        RollConnection {
-            tls,
-            timeout: e.timeout,
-            transfer_timeout: e.transfer_timeout,
-        },
-        metrics,
-    )
+    let connect = Arc::new(EtcdClients {
+        tls,
+        timeout: e.timeout,
+    });
+    EtcdRollSteps::new(kube, connect, e.transfer_timeout, metrics)
 }
 
 /// Evaluates the gate every poll interval, so that `GET /v1/gates` and the

@@ -68,9 +68,9 @@ pub struct PlanArgs {
     /// The version to reach, MAJOR.MINOR.PATCH.
     #[arg(long)]
     pub target: String,
-    /// `patch` or `minor`; inferred from the control plane's version when left out.
-    #[arg(long)]
-    pub kind: Option<String>,
+    /// Inferred from the control plane's version when left out.
+    #[arg(long, value_enum)]
+    pub kind: Option<KindArg>,
     /// `all` or a comma list of stages.
     #[arg(long, default_value = "all")]
     pub stages: String,
@@ -85,10 +85,9 @@ pub struct EtcdRollArgs {
     /// Client URL of every member, comma-separated.
     #[arg(long, value_delimiter = ',', required = true)]
     pub endpoints: Vec<String>,
-    /// `command` (members restarted by --restart-command) or `statefulset` (the pods of
-    /// --statefulset, through cluster.kubeconfig or cluster.in_cluster).
-    #[arg(long, default_value = "command")]
-    pub driver: String,
+    /// How members are restarted.
+    #[arg(long, value_enum, default_value_t = DriverArg::Command)]
+    pub driver: DriverArg,
     /// command driver: shell command restarting one member (`{name}`, `{endpoint}`, or
     /// $ROLLGATE_MEMBER, $ROLLGATE_ENDPOINT).
     #[arg(long)]
@@ -107,6 +106,9 @@ pub struct EtcdRollArgs {
     /// How long a restarted member may take to be healthy, at target and caught up.
     #[arg(long, default_value = "60s", value_parser = duration)]
     pub ready_timeout: std::time::Duration,
+    /// How long a leadership transfer may take to be confirmed by a majority.
+    #[arg(long, default_value = "15s", value_parser = duration)]
+    pub transfer_timeout: std::time::Duration,
     /// Pause after each member is back.
     #[arg(long, default_value = "5s", value_parser = duration)]
     pub cooldown: std::time::Duration,
@@ -136,9 +138,49 @@ pub struct EtcdRollArgs {
     pub gate_timeout: Option<std::time::Duration>,
 }
 
+/// `plan --kind`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KindArg {
+    /// Same minor, newer patch.
+    Patch,
+    /// The next minor.
+    Minor,
+}
+
+/// `etcd-roll --driver`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DriverArg {
+    /// Members restarted by --restart-command, "at target" told by --probe-command.
+    Command,
+    /// The pods of --statefulset, through cluster.kubeconfig or cluster.in_cluster.
+    Statefulset,
+}
+
+/// `runs list --status`: one of the run statuses, by name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StatusArg(pub crate::domain::run::RunStatus);
+
+impl clap::ValueEnum for StatusArg {
+    fn value_variants<'a>() -> &'a [Self] {
+        use crate::domain::run::RunStatus as S;
+        &[
+            Self(S::Queued),
+            Self(S::Running),
+            Self(S::Waiting),
+            Self(S::Halted),
+            Self(S::Failed),
+            Self(S::Succeeded),
+            Self(S::Aborted),
+        ]
+    }
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(clap::builder::PossibleValue::new(self.0.name()))
+    }
+}
+
 fn duration(s: &str) -> Result<std::time::Duration, String> {
-    crate::config::parse_duration(s)
-        .ok_or_else(|| format!("{s:?} is not a duration like 500ms, 30s or 5m"))
+    humantime::parse_duration(s)
+        .map_err(|e| format!("{s:?} is not a duration like 500ms, 30s or 5m: {e}"))
 }
 
 /// `runs` sub-commands.
@@ -147,20 +189,20 @@ pub enum RunsAction {
     /// List runs, newest first.
     List {
         /// Only runs in this status.
-        #[arg(long)]
-        status: Option<String>,
+        #[arg(long, value_enum)]
+        status: Option<StatusArg>,
         /// At most this many.
         #[arg(long, default_value_t = 50)]
         limit: usize,
     },
     /// Show one run with its steps and history (JSON).
     Show {
-        /// Run id.
+        /// The run's id, as `runs list` shows it.
         id: String,
     },
     /// Finish the current step, then hold.
     Halt {
-        /// Run id.
+        /// The run's id, as `runs list` shows it.
         id: String,
         /// Why, for the history.
         #[arg(long, default_value = "")]
@@ -168,7 +210,7 @@ pub enum RunsAction {
     },
     /// Continue a halted run from the held step.
     Resume {
-        /// Run id.
+        /// The run's id, as `runs list` shows it.
         id: String,
         /// Why, for the history.
         #[arg(long, default_value = "")]
@@ -176,7 +218,7 @@ pub enum RunsAction {
     },
     /// Stop a run for good.
     Abort {
-        /// Run id.
+        /// The run's id, as `runs list` shows it.
         id: String,
         /// Why, for the history.
         #[arg(long, default_value = "")]
@@ -324,9 +366,11 @@ pub fn run(cli: Cli) -> ExitCode {
 async fn detect(settings: &Settings, args: DetectArgs) -> anyhow::Result<u8> {
     use crate::adapters::pushgateway::Pushgateway;
     use crate::adapters::repo::PackageRepo;
+    use crate::adapters::submit::{AmqpSubmitter, HttpSubmitter};
     use crate::config::DetectSubmit;
-    use crate::detect::{AmqpSubmitter, HttpSubmitter, Sources, Submitter};
     use crate::domain::event::StageSelection;
+    use crate::ports::Submitter;
+    use crate::workflows::detect::Sources;
     use std::sync::Arc;
     let d = &settings.detect;
     let Some(kube) = crate::app::kube_client(settings).await? else {
@@ -357,7 +401,7 @@ async fn detect(settings: &Settings, args: DetectArgs) -> anyhow::Result<u8> {
                 .context("cannot reach RabbitMQ (queue.amqp_url)")?,
         )))),
     };
-    let (report, error) = crate::detect::detect(
+    let (report, error) = crate::workflows::detect::detect(
         &sources,
         &stages,
         push.as_ref().map(|p| p as &dyn crate::ports::MetricsPush),
@@ -370,7 +414,7 @@ async fn detect(settings: &Settings, args: DetectArgs) -> anyhow::Result<u8> {
     Ok(match error {
         None => 0,
         Some(e) => {
-            eprintln!("rollgate detect: {e}");
+            eprintln!("rollgate detect: {}", crate::error_chain(&e));
             e.exit_code()
         }
     })
@@ -391,8 +435,8 @@ async fn etcd_roll(config: &Settings, args: EtcdRollArgs) -> anyhow::Result<()> 
         // No board in a one-shot roll: an empty store in memory.
         let store = crate::store::Store::open(std::path::Path::new(":memory:"))
             .context("cannot open an in-memory store for the gate")?;
-        Some(crate::etcd_roll::RestartGate {
-            gate: Arc::new(crate::gate::Gate::new(
+        Some(crate::workflows::etcd_roll::RestartGate {
+            gate: Arc::new(crate::workflows::gate::Gate::new(
                 prometheus,
                 store,
                 crate::metrics::Metrics::new(),
@@ -411,42 +455,43 @@ async fn etcd_roll(config: &Settings, args: EtcdRollArgs) -> anyhow::Result<()> 
             domain: None,
         }),
     })?;
-    let driver: Box<dyn crate::etcd_roll::Driver> = match args.driver.as_str() {
-        "command" => {
+    let driver: Box<dyn crate::workflows::etcd_roll::Driver> = match args.driver {
+        DriverArg::Command => {
             let (Some(restart_command), Some(probe_command)) =
                 (args.restart_command.clone(), args.probe_command.clone())
             else {
                 bail!("the command driver needs --restart-command and --probe-command");
             };
-            Box::new(crate::etcd_roll::CommandDriver {
+            Box::new(crate::workflows::etcd_roll::CommandDriver {
                 restart_command,
                 probe_command,
-                timeout: args.ready_timeout,
+                runner: Arc::new(crate::adapters::shell::Shell {
+                    timeout: args.ready_timeout,
+                }),
             })
         }
-        "statefulset" => {
+        DriverArg::Statefulset => {
             let Some(name) = args.statefulset.clone() else {
                 bail!("the statefulset driver needs --statefulset NAME");
             };
             let Some(kube) = crate::app::kube_client(config).await? else {
                 bail!("the statefulset driver needs cluster.kubeconfig or cluster.in_cluster");
             };
-            Box::new(crate::etcd_roll::StatefulSetDriver {
+            Box::new(crate::workflows::etcd_roll::StatefulSetDriver {
                 api: Arc::new(kube),
                 namespace: args.namespace.clone(),
                 name,
             })
         }
-        other => bail!("--driver {other:?} is neither command nor statefulset"),
     };
-    let settings = crate::etcd_roll::RollSettings {
+    let settings = crate::workflows::etcd_roll::RollSettings {
         ready_timeout: args.ready_timeout,
         cooldown: args.cooldown,
         max_lag: args.max_lag,
-        transfer_timeout: args.ready_timeout,
+        transfer_timeout: args.transfer_timeout,
     };
     let started = std::time::Instant::now();
-    let report = crate::etcd_roll::roll(
+    let report = crate::workflows::etcd_roll::roll(
         Arc::new(etcd),
         driver.as_ref(),
         &settings,
@@ -498,27 +543,13 @@ async fn runs(
     action: RunsAction,
 ) -> anyhow::Result<()> {
     let base = url.unwrap_or_else(|| format!("http://{}", settings.server.listen));
-    let base = base.trim_end_matches('/');
+    let base = reqwest::Url::parse(&base).with_context(|| format!("--url {base:?}"))?;
     let token = crate::app::read_token(token_file.as_ref().unwrap_or(&settings.server.token_file))?;
     let client = reqwest::Client::builder()
         .timeout(std::time::Duration::from_secs(10))
         .build()?;
-    let (method, path, body) = match &action {
-        RunsAction::List { status, limit } => {
-            let mut path = format!("/v1/runs?limit={limit}");
-            if let Some(s) = status {
-                path.push_str(&format!("&status={s}"));
-            }
-            (reqwest::Method::GET, path, None)
-        }
-        RunsAction::Show { id } => (reqwest::Method::GET, format!("/v1/runs/{id}"), None),
-        RunsAction::Halt { id, reason } => control(id, "halt", reason),
-        RunsAction::Resume { id, reason } => control(id, "resume", reason),
-        RunsAction::Abort { id, reason } => control(id, "abort", reason),
-    };
-    let mut req = client
-        .request(method, format!("{base}{path}"))
-        .bearer_auth(token);
+    let (method, target, body) = runs_request(&base, &action)?;
+    let mut req = client.request(method, target).bearer_auth(token);
     if let Some(body) = body {
         req = req.json(&body);
     }
@@ -544,16 +575,47 @@ async fn runs(
     Ok(())
 }
 
-fn control(
-    id: &str,
-    action: &str,
-    reason: &str,
-) -> (reqwest::Method, String, Option<serde_json::Value>) {
-    (
-        reqwest::Method::POST,
-        format!("/v1/runs/{id}/{action}"),
-        Some(serde_json::json!({ "reason": reason })),
-    )
+/// The method, URL and body of `action`: every id and value encoded into the URL.
+fn runs_request(
+    base: &reqwest::Url,
+    action: &RunsAction,
+) -> anyhow::Result<(reqwest::Method, reqwest::Url, Option<serde_json::Value>)> {
+    let mut url = base.clone();
+    let mut segments: Vec<&str> = vec!["v1", "runs"];
+    let (method, body) = match action {
+        RunsAction::List { status, limit } => {
+            let mut query = url.query_pairs_mut();
+            query.append_pair("limit", &limit.to_string());
+            if let Some(status) = status {
+                query.append_pair("status", status.0.name());
+            }
+            drop(query);
+            (reqwest::Method::GET, None)
+        }
+        RunsAction::Show { id } => {
+            segments.push(id);
+            (reqwest::Method::GET, None)
+        }
+        RunsAction::Halt { id, reason }
+        | RunsAction::Resume { id, reason }
+        | RunsAction::Abort { id, reason } => {
+            let verb = match action {
+                RunsAction::Halt { .. } => "halt",
+                RunsAction::Resume { .. } => "resume",
+                _ => "abort",
+            };
+            segments.extend([id.as_str(), verb]);
+            (
+                reqwest::Method::POST,
+                Some(serde_json::json!({ "reason": reason })),
+            )
+        }
+    };
+    url.path_segments_mut()
+        .map_err(|()| anyhow::anyhow!("--url {base} cannot carry a path"))?
+        .pop_if_empty()
+        .extend(segments);
+    Ok((method, url, body))
 }
 
 fn print_runs(value: &serde_json::Value) {
@@ -594,7 +656,8 @@ struct PlanRefused(String);
 /// `rollgate plan`: the plan for `args` against the cluster now, as text.
 async fn plan(settings: &Settings, args: PlanArgs) -> anyhow::Result<String> {
     use crate::domain::event::{DetectionRequest, StageSelection, UpgradeKind};
-    use crate::domain::plan::{self, PlanSettings, Role};
+    use crate::domain::k8s_upgrade::{self as plan, PlanSettings, Role};
+    use crate::domain::step::StepKind;
     use crate::domain::version::Version;
     use crate::ports::ClusterRead;
     use std::fmt::Write as _;
@@ -605,12 +668,9 @@ async fn plan(settings: &Settings, args: PlanArgs) -> anyhow::Result<String> {
         bail!("no cluster configured: set cluster.kubeconfig or cluster.in_cluster");
     };
     let facts = kube.facts().await?;
-    let kind = match args.kind.as_deref() {
-        Some("patch") => UpgradeKind::Patch,
-        Some("minor") => UpgradeKind::Minor,
-        Some(other) => {
-            return Err(PlanRefused(format!("--kind {other:?} is neither patch nor minor")).into());
-        }
+    let kind = match args.kind {
+        Some(KindArg::Patch) => UpgradeKind::Patch,
+        Some(KindArg::Minor) => UpgradeKind::Minor,
         None => {
             let current = facts
                 .nodes
@@ -657,7 +717,7 @@ async fn plan(settings: &Settings, args: PlanArgs) -> anyhow::Result<String> {
     }
     let gates: Vec<String> = steps
         .iter()
-        .filter(|s| s.name == plan::steps::GATE)
+        .filter(|s| s.kind.is_gate())
         .map(|s| s.label())
         .collect();
     writeln!(out, "gates ({}): {}", settings.gate.query, gates.join(", "))?;
@@ -668,8 +728,87 @@ async fn plan(settings: &Settings, args: PlanArgs) -> anyhow::Result<String> {
             "{:>3}. {:<32} {}",
             i + 1,
             step.label(),
-            plan::describe(step, target)
+            match &step.kind {
+                StepKind::K8sUpgrade(kind) => plan::describe(kind, target),
+                StepKind::EtcdRoll(_) => String::new(),
+            }
         )?;
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_requests_encode_ids_and_values_into_the_url() {
+        let base = reqwest::Url::parse("http://127.0.0.1:8080/").unwrap();
+        let cases = [
+            (
+                RunsAction::List {
+                    status: Some(StatusArg(crate::domain::run::RunStatus::Halted)),
+                    limit: 5,
+                },
+                "GET",
+                "http://127.0.0.1:8080/v1/runs?limit=5&status=halted",
+            ),
+            (
+                RunsAction::Show {
+                    id: "a/b?c=d#e".into(),
+                },
+                "GET",
+                "http://127.0.0.1:8080/v1/runs/a%2Fb%3Fc=d%23e",
+            ),
+            (
+                RunsAction::Abort {
+                    id: "r 1".into(),
+                    reason: "x".into(),
+                },
+                "POST",
+                "http://127.0.0.1:8080/v1/runs/r%201/abort",
+            ),
+        ];
+        for (action, method, url) in cases {
+            let (m, u, _) = runs_request(&base, &action).unwrap();
+            assert_eq!((m.as_str(), u.as_str()), (method, url));
+        }
+        let prefixed = reqwest::Url::parse("https://ops.example/rollgate").unwrap();
+        let (_, u, _) = runs_request(&prefixed, &RunsAction::Show { id: "r".into() }).unwrap();
+        assert_eq!(u.as_str(), "https://ops.example/rollgate/v1/runs/r");
+    }
+
+    #[test]
+    fn closed_sets_are_refused_by_the_parser() {
+        let cases = [
+            vec!["rollgate", "plan", "--target", "1.34.5", "--kind", "major"],
+            vec![
+                "rollgate",
+                "etcd-roll",
+                "--endpoints",
+                "http://a",
+                "--driver",
+                "ssh",
+            ],
+            vec!["rollgate", "runs", "list", "--status", "done"],
+        ];
+        for args in cases {
+            let err = Cli::try_parse_from(&args).unwrap_err().to_string();
+            assert!(err.contains("invalid value"), "{args:?}: {err}");
+        }
+        let ok = Cli::try_parse_from([
+            "rollgate",
+            "etcd-roll",
+            "--endpoints",
+            "http://a",
+            "--transfer-timeout",
+            "40s",
+        ])
+        .unwrap();
+        let Command::EtcdRoll(args) = ok.command else {
+            panic!("not etcd-roll");
+        };
+        assert_eq!(args.transfer_timeout, std::time::Duration::from_secs(40));
+        assert_eq!(args.ready_timeout, std::time::Duration::from_secs(60));
+    }
 }

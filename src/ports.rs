@@ -2,16 +2,17 @@
 //! kube, ssh, etcd) implement them; the worker, the gate and the steps only see these.
 
 use chrono::{DateTime, Utc};
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::domain::detect::Minor;
 use crate::domain::engine::StepOutcome;
+use crate::domain::event::DetectionRequest;
 use crate::domain::gate::PromReading;
-use crate::domain::plan::ClusterFacts;
+use crate::domain::k8s_upgrade::ClusterFacts;
 use crate::domain::run::{Run, RunStatus, Step};
+use crate::domain::step::{EtcdRollStep, StepKind, UpgradeStep};
 use crate::domain::version::Version;
 
 /// Carries out one kind of step. A step must be idempotent: after a crash it is executed
@@ -22,19 +23,31 @@ pub trait StepExecutor: Send + Sync {
     async fn execute(&self, run: &Run, index: usize) -> StepOutcome;
 }
 
-/// The executors the worker knows, by step name.
+/// The executors the worker knows: one per kind of work. A step goes to its executor by an
+/// exhaustive `match` on its kind; a step whose executor is not configured parks its run.
 #[derive(Clone, Default)]
-pub struct Executors(HashMap<String, Arc<dyn StepExecutor>>);
+pub struct Executors {
+    /// The gate steps of every run kind.
+    pub gate: Option<Arc<dyn StepExecutor>>,
+    /// The pre-flight quiet period.
+    pub quiet_period: Option<Arc<dyn StepExecutor>>,
+    /// Every other step of a Kubernetes upgrade.
+    pub k8s_upgrade: Option<Arc<dyn StepExecutor>>,
+    /// Every other step of an etcd roll.
+    pub etcd_roll: Option<Arc<dyn StepExecutor>>,
+}
 
 impl Executors {
-    /// Registers `executor` for steps named `name`.
-    pub fn with(mut self, name: &str, executor: Arc<dyn StepExecutor>) -> Self {
-        self.0.insert(name.to_owned(), executor);
-        self
-    }
-    /// The executor for `step`, if any.
+    /// The executor for `step`, if one is configured.
     pub fn get(&self, step: &Step) -> Option<Arc<dyn StepExecutor>> {
-        self.0.get(&step.name).cloned()
+        let executor = match &step.kind {
+            StepKind::K8sUpgrade(UpgradeStep::Gate { .. })
+            | StepKind::EtcdRoll(EtcdRollStep::Gate { .. }) => &self.gate,
+            StepKind::K8sUpgrade(UpgradeStep::QuietPeriod) => &self.quiet_period,
+            StepKind::K8sUpgrade(_) => &self.k8s_upgrade,
+            StepKind::EtcdRoll(_) => &self.etcd_roll,
+        };
+        executor.clone()
     }
 }
 
@@ -48,7 +61,7 @@ pub trait MetricsSource: Send + Sync {
 /// One transition of one run, as people are told about it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Notice {
-    /// The run.
+    /// The run's id.
     pub run_id: String,
     /// Its kind, e.g. `k8s-upgrade`.
     pub kind: String,
@@ -56,15 +69,15 @@ pub struct Notice {
     pub target: Option<String>,
     /// Status before (`None` when the run was created).
     pub from: Option<RunStatus>,
-    /// Status after.
+    /// The status it moved to.
     pub to: RunStatus,
     /// The step in hand, with its node.
     pub step: Option<String>,
-    /// Why.
+    /// Why, in words an operator can act on; kept in the history.
     pub reason: String,
     /// What holds the run, if a gate does.
     pub blockers: Vec<String>,
-    /// When.
+    /// When it happened (UTC).
     pub at: DateTime<Utc>,
 }
 
@@ -107,7 +120,7 @@ pub trait InFlightMarks: Send + Sync {
 /// The in-flight marks of a run.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct InFlight {
-    /// The run.
+    /// The run's id.
     pub run_id: String,
     /// The target version.
     pub target: String,
@@ -149,14 +162,12 @@ pub struct DrainReport {
 }
 
 /// Why a drain did not finish.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum DrainError {
     /// PodDisruptionBudgets still refused evictions at the timeout.
     #[error("drain of {node} timed out after {secs}s; still blocked: {blocked}")]
     Blocked {
-        /// The node.
         node: String,
-        /// The timeout.
         secs: u64,
         /// Each pod and what blocks it.
         blocked: String,
@@ -164,11 +175,8 @@ pub enum DrainError {
     /// Pods evicted but not gone at the timeout.
     #[error("drain of {node} timed out after {secs}s; pods still terminating: {pods}")]
     Terminating {
-        /// The node.
         node: String,
-        /// The timeout.
         secs: u64,
-        /// The pods.
         pods: String,
     },
     /// The API failed.
@@ -176,10 +184,67 @@ pub enum DrainError {
     Cluster(#[from] ClusterError),
 }
 
-/// A Kubernetes API failure, in words an operator can act on.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// The error beneath a port error, kept so that logs and run reasons can show the whole
+/// chain (see [`crate::error_chain`]).
+pub type Cause = Arc<dyn std::error::Error + Send + Sync>;
+
+/// `error` as a [`Cause`].
+pub fn cause(error: impl std::error::Error + Send + Sync + 'static) -> Cause {
+    Arc::new(error)
+}
+
+/// A failure of another system: what was being done, and the error beneath it.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{what}")]
+pub struct Failure {
+    /// What failed, e.g. `pushgateway http://pg:9091/metrics/job/x: HTTP 400: …`.
+    pub what: String,
+    /// The client's own error, when there is one.
+    #[source]
+    pub source: Option<Cause>,
+}
+
+impl Failure {
+    /// A failure with no error beneath (a refusal, a bad answer).
+    pub fn new(what: impl Into<String>) -> Self {
+        Self {
+            what: what.into(),
+            source: None,
+        }
+    }
+
+    /// A failure caused by `source`.
+    pub fn caused(
+        what: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            what: what.into(),
+            source: Some(cause(source)),
+        }
+    }
+}
+
+/// A Kubernetes API failure: what was being done, in words an operator can act on, and
+/// the client's error beneath it.
+#[derive(Debug, Clone, thiserror::Error)]
 #[error("kubernetes API: {0}")]
-pub struct ClusterError(pub String);
+pub struct ClusterError(#[source] pub Failure);
+
+impl ClusterError {
+    /// A failure with no error beneath (a refusal, a bad answer).
+    pub fn new(what: impl Into<String>) -> Self {
+        Self(Failure::new(what))
+    }
+
+    /// A failure caused by `source`.
+    pub fn caused(
+        what: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self(Failure::caused(what, source))
+    }
+}
 
 /// Runs the node script on a node over SSH.
 #[async_trait::async_trait]
@@ -228,34 +293,16 @@ pub enum ExecError {
     #[error(
         "ssh to {node}: host key verification failed (the key differs from known_hosts, or is missing); nothing was run"
     )]
-    HostKey {
-        /// The node.
-        node: String,
-    },
+    HostKey { node: String },
     /// No connection.
     #[error("ssh to {node}: cannot connect: {error}")]
-    Connect {
-        /// The node.
-        node: String,
-        /// Why.
-        error: String,
-    },
+    Connect { node: String, error: String },
     /// The command ran past its timeout and was ended.
     #[error("ssh to {node}: command ended after its {secs}s timeout")]
-    Timeout {
-        /// The node.
-        node: String,
-        /// The timeout.
-        secs: u64,
-    },
+    Timeout { node: String, secs: u64 },
     /// Anything else.
     #[error("ssh to {node}: {error}")]
-    Other {
-        /// The node.
-        node: String,
-        /// Why.
-        error: String,
-    },
+    Other { node: String, error: String },
 }
 
 /// Takes etcd snapshots.
@@ -268,18 +315,101 @@ pub trait Snapshots: Send + Sync {
 /// A snapshot written and verified.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SnapshotInfo {
-    /// Where.
+    /// The snapshot file, as written (the temp file already renamed).
     pub path: String,
-    /// Its size.
+    /// Its size in bytes.
     pub bytes: u64,
     /// sha256 of the whole file, hex.
     pub sha256: String,
 }
 
 /// Why no snapshot.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[error("etcd snapshot: {0}")]
-pub struct SnapshotError(pub String);
+pub struct SnapshotError(#[source] pub Failure);
+
+/// The members of one etcd cluster, as a roll reads and moves them.
+#[async_trait::async_trait]
+pub trait EtcdMembers: Send + Sync {
+    /// The client URLs asked, one per member.
+    fn endpoints(&self) -> &[String];
+    /// The member list, as the first member that answers gives it.
+    async fn members(&self) -> Result<Vec<MemberInfo>, EtcdError>;
+    /// The status of every member that answers, each asked at its own endpoint.
+    async fn answering(&self) -> Vec<MemberStatus>;
+    /// Moves leadership to member `to` (asking the leader itself), then waits until a
+    /// majority follows `to`, at most `confirm_within`.
+    async fn move_leader(&self, to: u64, confirm_within: Duration) -> Result<(), EtcdError>;
+}
+
+/// Runs an operator's command for one etcd member (the `command` driver of a foreground
+/// roll). The caller validates `name` and `endpoint` before they reach a shell.
+#[async_trait::async_trait]
+pub trait MemberCommand: Send + Sync {
+    /// Runs `template` with `{name}` / `{endpoint}` replaced and `ROLLGATE_MEMBER` /
+    /// `ROLLGATE_ENDPOINT` set; `true` when it exits 0.
+    async fn run(&self, template: &str, name: &str, endpoint: &str) -> Result<bool, Failure>;
+}
+
+/// Opens clients of the etcd clusters that queued rolls name.
+pub trait EtcdConnect: Send + Sync {
+    /// A client of the cluster whose members answer at `endpoints`; connects lazily.
+    fn connect(&self, endpoints: &[String]) -> Result<Arc<dyn EtcdMembers>, EtcdError>;
+}
+
+/// What one member says about itself and the cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberStatus {
+    /// The endpoint asked.
+    pub endpoint: String,
+    /// The member's id.
+    pub id: u64,
+    /// The leader it follows (0: none).
+    pub leader: u64,
+    /// Its raft term.
+    pub raft_term: u64,
+    /// Its raft index.
+    pub raft_index: u64,
+    /// Its etcd version.
+    pub version: String,
+}
+
+/// A member as the cluster lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberInfo {
+    pub id: u64,
+    pub name: String,
+    /// Its client URLs.
+    pub client_urls: Vec<String>,
+}
+
+/// An etcd failure. Messages name the endpoint, never key material.
+#[derive(Debug, thiserror::Error)]
+pub enum EtcdError {
+    /// `https://` members, and no TLS configured to reach them.
+    #[error("https members need etcd_roll.ca_file (and a client certificate)")]
+    TlsMissing,
+    /// A TLS file cannot be read.
+    #[error("etcd TLS: cannot read {path}: {error}")]
+    TlsFile { path: String, error: String },
+    /// No answer from a member.
+    #[error("etcd member {endpoint}: {error}")]
+    Member { endpoint: String, error: String },
+    /// No leader agreed by a majority of the members.
+    #[error("no leader agreed by a majority of {members} member(s)")]
+    NoLeader {
+        /// Members asked.
+        members: usize,
+    },
+    /// A leadership transfer was not confirmed by a majority in time.
+    #[error("leadership did not move to {to:x} on a majority within {within:?}")]
+    NotConfirmed {
+        /// The target member id.
+        to: u64,
+        /// How long the move had to be confirmed.
+        within: Duration,
+    },
+}
 
 /// The parts of a StatefulSet's rolling update that an etcd roll drives.
 #[async_trait::async_trait]
@@ -332,18 +462,52 @@ pub trait PackageRepository: Send + Sync {
 }
 
 /// The package repository could not be read.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("package repository {url}: {error}")]
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("package repository {url}: {failure}")]
 pub struct RepoError {
     /// What was asked.
     pub url: String,
     /// What went wrong.
-    pub error: String,
+    #[source]
+    pub failure: Failure,
+}
+
+/// What came of asking for the upgrade.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case", tag = "result")]
+pub enum Submitted {
+    /// A new run.
+    Created {
+        /// Its id.
+        run_id: String,
+    },
+    /// A run for this target was in flight already.
+    InFlight {
+        /// Its id.
+        run_id: String,
+    },
+    /// Another upgrade holds the cluster; next week's detection asks again.
+    Held {
+        /// rollgate's words.
+        message: String,
+    },
+    /// Published on the AMQP exchange (publisher-confirmed).
+    Published {
+        /// The CloudEvent id.
+        event_id: String,
+    },
+}
+
+/// Asks rollgate for an upgrade.
+#[async_trait::async_trait]
+pub trait Submitter: Send + Sync {
+    /// Hands `request` over.
+    async fn submit(&self, request: &DetectionRequest) -> Result<Submitted, Failure>;
 }
 
 /// Where detection metrics are pushed.
 #[async_trait::async_trait]
 pub trait MetricsPush: Send + Sync {
     /// Replaces the job's metrics with `text` (Prometheus exposition format).
-    async fn push(&self, text: String) -> Result<(), String>;
+    async fn push(&self, text: String) -> Result<(), Failure>;
 }

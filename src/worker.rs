@@ -9,16 +9,16 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tracing::{Instrument, info, info_span, warn};
 
+use crate::domain::backoff::Backoff;
 use crate::domain::engine::{self, Context, Input, Next};
-use crate::domain::event::{CloudEvent, ControlRequest, EventData, EventType, WakeRequest};
+use crate::domain::event::{
+    CloudEvent, ControlRequest, EventData, EventType, ROLLGATE_SOURCE, WakeRequest,
+};
 use crate::domain::run::{FailurePolicy, Run, RunKind, RunStatus, Step};
 use crate::metrics::Metrics;
 use crate::ports::{Executors, Notice, Notifier};
 use crate::queue::{Delivery, Outgoing, Queue, QueueError};
 use crate::store::{Commit, Committed, Store, StoreError};
-
-/// The source attribute of events rollgate produces itself.
-pub const SOURCE: &str = "rollgate";
 
 /// The worker.
 pub struct Worker {
@@ -26,7 +26,7 @@ pub struct Worker {
     pub queue: Arc<dyn Queue>,
     /// Where runs live.
     pub store: Store,
-    /// Metrics.
+    /// Where it counts what it does.
     pub metrics: Metrics,
     /// Step executors by step name.
     pub executors: Executors,
@@ -49,14 +49,20 @@ pub struct WorkerPolicy {
     pub halt_after: Duration,
     /// What a run does when a step gives up.
     pub on_failure: FailurePolicy,
+    /// The pause before a failed step is tried again.
+    pub step_retry: Backoff,
 }
 
-/// First pause after a transient failure; doubles per failure in a row.
-const RETRY_BASE: Duration = Duration::from_millis(500);
+impl WorkerPolicy {
+    /// The pause before a failed step is tried again: 2 s, doubling, at most 5 minutes.
+    pub const STEP_RETRY: Backoff = Backoff::new(Duration::from_secs(2), Duration::from_secs(300));
+}
+
+/// The pause before an event that failed for a transient reason is released for
+/// redelivery, by failures in a row.
+const EVENT_RETRY: Backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(60));
 /// How often messages left in the outbox (broker down) are tried again.
 const OUTBOX_RETRY: Duration = Duration::from_secs(5);
-/// Longest pause between redeliveries of a failing event.
-const RETRY_MAX: Duration = Duration::from_secs(60);
 
 /// Why an event could not be processed now; the delivery is released and retried.
 #[derive(Debug, thiserror::Error)]
@@ -93,7 +99,7 @@ impl Worker {
     /// Runs until `shutdown` turns true. The message in hand is finished first.
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
         if let Err(e) = self.recover().await {
-            warn!(error = %e, "recovery after start failed; unfinished runs resume on their next event");
+            warn!(error = %crate::error_chain(&e), "recovery after start failed; unfinished runs resume on their next event");
         }
         loop {
             let delivery = tokio::select! {
@@ -112,7 +118,7 @@ impl Worker {
                         .queue_errors
                         .with_label_values(&["receive"])
                         .inc();
-                    warn!(error = %e, "cannot receive from the queue; retrying");
+                    warn!(error = %crate::error_chain(&e), "cannot receive from the queue; retrying");
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }
@@ -184,7 +190,7 @@ impl Worker {
                 .queue_errors
                 .with_label_values(&["outbox"])
                 .inc();
-            warn!(error = %e, "cannot publish the outbox now; retrying later");
+            warn!(error = %crate::error_chain(&e), "cannot publish the outbox now; retrying later");
         }
     }
 
@@ -203,7 +209,7 @@ impl Worker {
             Ok(decoded) => decoded,
             Err(e) => {
                 let label = delivery.routing_key.clone();
-                warn!(routing_key = %label, error = %e, "undecodable message; dead-lettering");
+                warn!(routing_key = %label, error = %crate::error_chain(&e), "undecodable message; dead-lettering");
                 match self.queue.dead_letter(&delivery, &e.to_string()).await {
                     Ok(()) => self
                         .metrics
@@ -233,7 +239,7 @@ impl Worker {
                     self.consecutive_failures.store(0, Ordering::Relaxed);
                     if let Err(e) = self.queue.ack(&delivery).await {
                         // Redelivery is harmless: the event is recorded as processed.
-                        warn!(error = %e, "ack failed; the event will be redelivered and skipped");
+                        warn!(error = %crate::error_chain(&e), "ack failed; the event will be redelivered and skipped");
                     }
                     if let Some((run, index, epoch)) = next {
                         self.drive(run, index, epoch).await;
@@ -247,10 +253,8 @@ impl Worker {
                     // Back off before the redelivery, so that a passing store or broker
                     // fault does not use up the delivery limit of a valid event.
                     let failures = self.consecutive_failures.fetch_add(1, Ordering::Relaxed);
-                    let pause = RETRY_BASE
-                        .saturating_mul(2u32.saturating_pow(failures.min(16)))
-                        .min(RETRY_MAX);
-                    warn!(error = %e, retry_in = ?pause, "cannot process now; releasing for redelivery");
+                    let pause = crate::jitter::pause(&EVENT_RETRY, failures.saturating_add(1));
+                    warn!(error = %crate::error_chain(&e), retry_in = ?pause, "cannot process now; releasing for redelivery");
                     tokio::time::sleep(pause).await;
                     let _ = self.queue.release(&delivery).await;
                 }
@@ -299,7 +303,7 @@ impl Worker {
         match data {
             EventData::Alerts(batch) => {
                 info!(alerts = batch.alerts.len(), receiver = %batch.receiver, "alerts received");
-                if crate::gate::may_open(&batch.alerts) {
+                if crate::workflows::gate::may_open(&batch.alerts) {
                     // Runs held by a gate re-check at once rather than at their next poll.
                     for run in self.store.unfinished().await? {
                         if run.status == RunStatus::Waiting && run.blocked_since.is_some() {
@@ -316,7 +320,7 @@ impl Worker {
                         RunKind::K8sUpgrade,
                         &request.target_version.to_string(),
                         run_id,
-                        |id| accepted_run(id, &request, on_failure),
+                        |id| Run::k8s_upgrade(id, &request, on_failure, Utc::now()),
                         &mut commit,
                         &mut notices,
                     )
@@ -329,7 +333,7 @@ impl Worker {
                         RunKind::EtcdRoll,
                         &request.target(),
                         run_id,
-                        |id| accepted_etcd_roll(id, &request, on_failure),
+                        |id| Run::etcd_roll(id, &request, on_failure, Utc::now()),
                         &mut commit,
                         &mut notices,
                     )
@@ -451,6 +455,8 @@ impl Worker {
             max_attempts: self.policy.max_attempts,
             halt_after: chrono::Duration::from_std(self.policy.halt_after)
                 .unwrap_or(chrono::Duration::MAX),
+            retry: self.policy.step_retry,
+            jitter: crate::jitter::unit(),
         };
         let from = run.status;
         let told = run.history.len();
@@ -489,7 +495,7 @@ impl Worker {
             let outcome = executor.execute(&run, index).instrument(span).await;
             self.metrics
                 .step_duration
-                .with_label_values(&[run.kind.name(), &run.steps[index].name])
+                .with_label_values(&[run.kind.name(), run.steps[index].kind.name()])
                 .observe(started.elapsed().as_secs_f64());
             // Re-read: a control may have been applied while the step ran.
             if let Ok(Some(latest)) = self.store.get_run(&run.id).await {
@@ -505,7 +511,7 @@ impl Worker {
             );
             commit.runs.push(run.clone());
             if let Err(e) = self.commit(commit).await {
-                warn!(run_id = %run.id, error = %e, "cannot persist a step outcome; the step runs again after recovery");
+                warn!(run_id = %run.id, error = %crate::error_chain(&e), "cannot persist a step outcome; the step runs again after recovery");
                 return;
             }
             self.tell(notices);
@@ -556,47 +562,9 @@ fn wake_message(run: &Run, at: Option<chrono::DateTime<Utc>>) -> Outgoing {
         run_id: run.id.clone(),
         epoch: run.epoch,
     });
-    let event = CloudEvent::new(&data, SOURCE, Utc::now());
+    let event = CloudEvent::new(&data, ROLLGATE_SOURCE, Utc::now());
     Outgoing {
         not_before: at,
         ..Outgoing::event(&event, EventType::Wake)
     }
-}
-
-/// A new etcd roll run: `begin`, then `next`, which plans one action at a time.
-pub fn accepted_etcd_roll(
-    run_id: String,
-    request: &crate::domain::event::EtcdRollRequest,
-    on_failure: FailurePolicy,
-) -> Run {
-    let mut run = Run::new(
-        run_id,
-        RunKind::EtcdRoll,
-        request.to_json(),
-        Some(request.target()),
-        crate::domain::etcd_roll::initial_steps(),
-        Utc::now(),
-        "accepted",
-    );
-    run.on_failure = on_failure;
-    run
-}
-
-/// A new upgrade run: the gate, the quiet period and `plan`, which appends the rest.
-pub fn accepted_run(
-    run_id: String,
-    request: &crate::domain::event::DetectionRequest,
-    on_failure: FailurePolicy,
-) -> Run {
-    let mut run = Run::new(
-        run_id,
-        RunKind::K8sUpgrade,
-        request.to_json(),
-        Some(request.target_version.to_string()),
-        crate::domain::plan::initial_steps(request),
-        Utc::now(),
-        "accepted",
-    );
-    run.on_failure = on_failure;
-    run
 }

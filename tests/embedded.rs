@@ -32,6 +32,7 @@ fn spawn_worker(
         on_failure: rollgate::domain::run::FailurePolicy::Halt,
         max_attempts: 3,
         halt_after: Duration::from_secs(60),
+        step_retry: WorkerPolicy::STEP_RETRY,
     };
     let worker = Worker::new(
         queue,
@@ -200,16 +201,16 @@ impl rollgate::ports::StepExecutor for Recording {
         _index: usize,
     ) -> rollgate::domain::engine::StepOutcome {
         self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        rollgate::domain::engine::StepOutcome::Done {
-            note: "done".into(),
-        }
+        rollgate::domain::engine::StepOutcome::done("done")
     }
 }
 
 #[tokio::test]
 async fn a_step_in_hand_at_a_crash_is_run_again_at_start() {
     use rollgate::domain::engine::{Context, Input, advance};
+    use rollgate::domain::event::Stage;
     use rollgate::domain::run::{Run, RunKind, RunStatus, Step};
+    use rollgate::domain::step::UpgradeStep;
     let dir = tempfile::tempdir().unwrap();
     let queue: Arc<dyn Queue> =
         Arc::new(EmbeddedQueue::open(&dir.path().join("queue.db"), LEASE, 10).unwrap());
@@ -220,7 +221,10 @@ async fn a_step_in_hand_at_a_crash_is_run_again_at_start() {
         RunKind::K8sUpgrade,
         serde_json::json!({}),
         Some("1.34.5".into()),
-        vec![Step::new("test", "drain", Some("w1".into()))],
+        vec![Step::new(UpgradeStep::Drain {
+            stage: Stage::Workers,
+            node: "w1".into(),
+        })],
         Utc::now(),
         "accepted",
     );
@@ -230,13 +234,18 @@ async fn a_step_in_hand_at_a_crash_is_run_again_at_start() {
         can_execute: &any,
         max_attempts: 3,
         halt_after: chrono::Duration::minutes(30),
+        retry: WorkerPolicy::STEP_RETRY,
+        jitter: 0.5,
     };
     advance(&mut run, Input::Start, &ctx).unwrap();
     assert_eq!(run.status, RunStatus::Running);
     store.insert_run_if_absent(&run).await.unwrap();
 
     let recording = Arc::new(Recording(std::sync::atomic::AtomicUsize::new(0)));
-    let executors = Executors::default().with("drain", recording.clone());
+    let executors = Executors {
+        k8s_upgrade: Some(recording.clone()),
+        ..Executors::default()
+    };
     let worker = spawn_worker(queue, store.clone(), Metrics::new(), executors);
     let run = eventually(
         "the step run again and the run done",

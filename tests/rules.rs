@@ -30,42 +30,65 @@ fn promtool_checks_the_rules_and_runs_their_unit_tests() {
     promtool(&["test", "rules", "rules/tests/upgrade-gates.test.yml"]);
 }
 
+/// `rules/upgrade-gates.yml`, parsed.
+fn rule_groups() -> Vec<serde_json::Value> {
+    let doc: serde_json::Value =
+        serde_norway::from_str(&read("rules/upgrade-gates.yml")).expect("the rules parse as YAML");
+    doc["groups"].as_array().expect("a groups list").clone()
+}
+
+/// The group called `name`; a renamed or missing group fails here, never matches nothing.
+fn group<'a>(groups: &'a [serde_json::Value], name: &str) -> &'a [serde_json::Value] {
+    groups
+        .iter()
+        .find(|g| g["name"] == name)
+        .unwrap_or_else(|| panic!("no rule group named {name:?}"))["rules"]
+        .as_array()
+        .unwrap_or_else(|| panic!("group {name:?} has no rules"))
+}
+
 #[test]
 fn every_rule_fires_in_some_unit_test_and_gate_rules_carry_the_gate_label() {
-    let rules = read("rules/upgrade-gates.yml");
-    let names: BTreeSet<String> = rules
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("- alert: "))
+    let groups = rule_groups();
+    assert_eq!(groups.len(), 2, "Upgrade Gates and Rollgate");
+    let names: BTreeSet<String> = groups
+        .iter()
+        .flat_map(|g| g["rules"].as_array().into_iter().flatten())
+        .filter_map(|r| r["alert"].as_str())
         .map(str::to_owned)
         .collect();
     assert!(names.len() >= 12, "{names:?}");
 
-    let tests = read("rules/tests/upgrade-gates.test.yml");
-    let mut fired = BTreeSet::new();
-    let mut current = None;
-    for line in tests.lines().map(str::trim) {
-        if let Some(name) = line.strip_prefix("alertname: ") {
-            current = Some(name.to_owned());
-        } else if line.starts_with("- exp_labels:") {
-            fired.extend(current.clone());
-        }
-    }
+    let tests: serde_json::Value =
+        serde_norway::from_str(&read("rules/tests/upgrade-gates.test.yml"))
+            .expect("the rule tests parse as YAML");
+    let fired: BTreeSet<String> = tests["tests"]
+        .as_array()
+        .expect("a tests list")
+        .iter()
+        .flat_map(|t| t["alert_rule_test"].as_array().into_iter().flatten())
+        .filter(|case| case["exp_alerts"].as_array().is_some_and(|a| !a.is_empty()))
+        .filter_map(|case| case["alertname"].as_str())
+        .map(str::to_owned)
+        .collect();
     let untested: Vec<_> = names.difference(&fired).collect();
     assert!(
         untested.is_empty(),
         "rules without a firing unit test: {untested:?}"
     );
 
-    let gate_group = rules.split("- name: Rollgate").next().unwrap_or_default();
-    let gate_rules = gate_group.matches("- alert: ").count();
-    let labelled = gate_group
-        .lines()
-        .filter(|l| l.trim() == "upgrade_gate: \"true\"")
-        .count();
-    assert_eq!(labelled, gate_rules, "every Upgrade Gates rule is labelled");
-    let own_group = rules.split("- name: Rollgate").nth(1).unwrap_or_default();
-    assert!(
-        !own_group.contains("upgrade_gate"),
-        "rollgate's own alerts must not close its gate"
-    );
+    let gates = group(&groups, "Upgrade Gates");
+    assert!(!gates.is_empty());
+    for rule in gates {
+        assert_eq!(
+            rule["labels"]["upgrade_gate"], "true",
+            "every Upgrade Gates rule is labelled: {rule}"
+        );
+    }
+    for rule in group(&groups, "Rollgate") {
+        assert!(
+            rule["labels"].get("upgrade_gate").is_none(),
+            "rollgate's own alerts must not close its gate: {rule}"
+        );
+    }
 }

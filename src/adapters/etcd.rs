@@ -5,8 +5,13 @@
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
+
+use crate::domain::etcd_roll::agreed_leader;
+use crate::ports::{EtcdConnect, EtcdMembers};
+pub use crate::ports::{EtcdError, MemberInfo, MemberStatus};
 
 /// TLS to etcd.
 #[derive(Debug, Clone)]
@@ -32,69 +37,6 @@ pub struct EtcdSettings {
     pub tls: Option<EtcdTls>,
 }
 
-/// What one member says about itself and the cluster.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MemberStatus {
-    /// The endpoint asked.
-    pub endpoint: String,
-    /// The member's id.
-    pub id: u64,
-    /// The leader it follows (0: none).
-    pub leader: u64,
-    /// Its raft term.
-    pub raft_term: u64,
-    /// Its raft index.
-    pub raft_index: u64,
-    /// Its etcd version.
-    pub version: String,
-}
-
-/// A member as the cluster lists it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MemberInfo {
-    /// Member id.
-    pub id: u64,
-    /// Member name.
-    pub name: String,
-    /// Its client URLs.
-    pub client_urls: Vec<String>,
-}
-
-/// An etcd failure. Messages name the endpoint, never key material.
-#[derive(Debug, thiserror::Error)]
-pub enum EtcdError {
-    /// A TLS file cannot be read.
-    #[error("etcd TLS: cannot read {path}: {error}")]
-    TlsFile {
-        /// The file.
-        path: String,
-        /// Why.
-        error: String,
-    },
-    /// No answer from a member.
-    #[error("etcd member {endpoint}: {error}")]
-    Member {
-        /// The endpoint.
-        endpoint: String,
-        /// Why.
-        error: String,
-    },
-    /// No leader agreed by a majority of the members.
-    #[error("no leader agreed by a majority of {members} member(s)")]
-    NoLeader {
-        /// Members asked.
-        members: usize,
-    },
-    /// A leadership transfer was not confirmed by a majority in time.
-    #[error("leadership did not move to {to:x} on a majority within {within:?}")]
-    NotConfirmed {
-        /// The target member id.
-        to: u64,
-        /// The deadline.
-        within: Duration,
-    },
-}
-
 /// One etcd cluster.
 pub struct Etcd {
     settings: EtcdSettings,
@@ -109,7 +51,13 @@ fn read(path: &PathBuf) -> Result<Vec<u8>, EtcdError> {
     })
 }
 
-fn member_error(endpoint: &str, error: impl std::fmt::Display) -> EtcdError {
+/// `error` of the member at `endpoint`, with its whole chain of causes (the transport's
+/// own message, e.g. "transport error", says little without them).
+fn member_error(endpoint: &str, error: etcd_client::Error) -> EtcdError {
+    member_said(endpoint, crate::error_chain(&error))
+}
+
+fn member_said(endpoint: &str, error: impl std::fmt::Display) -> EtcdError {
     EtcdError::Member {
         endpoint: endpoint.to_owned(),
         error: error.to_string(),
@@ -150,7 +98,7 @@ impl Etcd {
         let connect = Client::connect([endpoint], Some(options));
         tokio::time::timeout(self.settings.timeout, connect)
             .await
-            .map_err(|_| member_error(endpoint, "no connection in time"))?
+            .map_err(|_| member_said(endpoint, "no connection in time"))?
             .map_err(|e| member_error(endpoint, e))
     }
 
@@ -172,7 +120,7 @@ impl Etcd {
         let client = tokio::time::timeout(self.settings.timeout, connect)
             .await
             .map_err(|_| {
-                member_error(
+                member_said(
                     endpoint,
                     format!("no connection within {:?}", self.settings.timeout),
                 )
@@ -208,7 +156,7 @@ impl Etcd {
             }
             Err(_) => {
                 self.forget(endpoint).await;
-                Err(member_error(
+                Err(member_said(
                     endpoint,
                     format!("no status within {:?}", self.settings.timeout),
                 ))
@@ -254,7 +202,7 @@ impl Etcd {
                         .collect());
                 }
                 Ok(Err(e)) => last = member_error(endpoint, e),
-                Err(_) => last = member_error(endpoint, "no member list in time"),
+                Err(_) => last = member_said(endpoint, "no member list in time"),
             }
             self.forget(endpoint).await;
         }
@@ -265,7 +213,7 @@ impl Etcd {
     pub async fn leader(&self) -> Result<MemberStatus, EtcdError> {
         let statuses = self.answering().await;
         let n = self.settings.endpoints.len();
-        let leader = agreed_leader(&statuses, n).ok_or(EtcdError::NoLeader { members: n })?;
+        let leader = majority_leader(&statuses, n).ok_or(EtcdError::NoLeader { members: n })?;
         statuses
             .into_iter()
             .find(|s| s.id == leader)
@@ -280,13 +228,13 @@ impl Etcd {
             let mut client = self.client(&leader.endpoint).await?;
             tokio::time::timeout(self.settings.timeout, client.move_leader(to))
                 .await
-                .map_err(|_| member_error(&leader.endpoint, "move_leader got no answer in time"))?
+                .map_err(|_| member_said(&leader.endpoint, "move_leader got no answer in time"))?
                 .map_err(|e| member_error(&leader.endpoint, e))?;
         }
         let started = Instant::now();
         loop {
             let statuses = self.answering().await;
-            if agreed_leader(&statuses, self.settings.endpoints.len()) == Some(to) {
+            if majority_leader(&statuses, self.settings.endpoints.len()) == Some(to) {
                 return Ok(());
             }
             if started.elapsed() > confirm_within {
@@ -300,16 +248,47 @@ impl Etcd {
     }
 }
 
-/// The leader a strict majority of `members` follows, if any.
-pub fn agreed_leader(statuses: &[MemberStatus], members: usize) -> Option<u64> {
-    let mut votes: HashMap<u64, usize> = HashMap::new();
-    for s in statuses.iter().filter(|s| s.leader != 0) {
-        *votes.entry(s.leader).or_default() += 1;
+/// The leader a strict majority of `members` follows, if any, from their statuses.
+fn majority_leader(statuses: &[MemberStatus], members: usize) -> Option<u64> {
+    agreed_leader(statuses.iter().map(|s| s.leader), members)
+}
+
+#[async_trait::async_trait]
+impl EtcdMembers for Etcd {
+    fn endpoints(&self) -> &[String] {
+        Etcd::endpoints(self)
     }
-    votes
-        .into_iter()
-        .find(|(_, n)| *n > members / 2)
-        .map(|(id, _)| id)
+    async fn members(&self) -> Result<Vec<MemberInfo>, EtcdError> {
+        Etcd::members(self).await
+    }
+    async fn answering(&self) -> Vec<MemberStatus> {
+        Etcd::answering(self).await
+    }
+    async fn move_leader(&self, to: u64, confirm_within: Duration) -> Result<(), EtcdError> {
+        Etcd::move_leader(self, to, confirm_within).await
+    }
+}
+
+/// Opens clients of the etcd clusters `serve` rolls, with one TLS setting for all.
+pub struct EtcdClients {
+    /// TLS for `https://` members; `None`: plain members only.
+    pub tls: Option<EtcdTls>,
+    /// Bound on connecting and on every request.
+    pub timeout: Duration,
+}
+
+impl EtcdConnect for EtcdClients {
+    fn connect(&self, endpoints: &[String]) -> Result<Arc<dyn EtcdMembers>, EtcdError> {
+        let https = endpoints.iter().any(|e| e.starts_with("https://"));
+        if https && self.tls.is_none() {
+            return Err(EtcdError::TlsMissing);
+        }
+        Ok(Arc::new(Etcd::new(EtcdSettings {
+            endpoints: endpoints.to_vec(),
+            timeout: self.timeout,
+            tls: if https { self.tls.clone() } else { None },
+        })?))
+    }
 }
 
 #[cfg(test)]
@@ -330,27 +309,27 @@ mod tests {
     #[test]
     fn a_leader_needs_a_strict_majority() {
         assert_eq!(
-            agreed_leader(&[status(1, 1), status(2, 1), status(3, 1)], 3),
+            majority_leader(&[status(1, 1), status(2, 1), status(3, 1)], 3),
             Some(1)
         );
         assert_eq!(
-            agreed_leader(&[status(1, 1), status(2, 1)], 3),
+            majority_leader(&[status(1, 1), status(2, 1)], 3),
             Some(1),
             "two of three"
         );
-        assert_eq!(agreed_leader(&[status(1, 1)], 3), None, "one of three");
+        assert_eq!(majority_leader(&[status(1, 1)], 3), None, "one of three");
         assert_eq!(
-            agreed_leader(&[status(1, 1), status(2, 2), status(3, 0)], 3),
+            majority_leader(&[status(1, 1), status(2, 2), status(3, 0)], 3),
             None,
             "split"
         );
         assert_eq!(
-            agreed_leader(&[status(1, 0), status(2, 0), status(3, 0)], 3),
+            majority_leader(&[status(1, 0), status(2, 0), status(3, 0)], 3),
             None,
             "no leader"
         );
         assert_eq!(
-            agreed_leader(&[status(1, 4), status(2, 4)], 4),
+            majority_leader(&[status(1, 4), status(2, 4)], 4),
             None,
             "two of four is no majority"
         );

@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::domain::plan::{ClusterFacts, NodeFacts, Role};
+use crate::domain::k8s_upgrade::{ClusterFacts, NodeFacts, Role};
 use crate::domain::version::Version;
 use crate::ports::{
     ClusterError, ClusterRead, Cordon, DrainError, DrainOptions, DrainReport, InFlight,
@@ -49,7 +49,6 @@ const CONFLICT_RETRIES: usize = 5;
 pub enum Source {
     /// A kubeconfig file, with an optional context.
     Kubeconfig {
-        /// The file.
         path: PathBuf,
         /// The context; the file's current one when `None`.
         context: Option<String>,
@@ -80,11 +79,12 @@ pub struct Kube {
 
 fn api_error(what: &str, e: kube::Error) -> ClusterError {
     match e {
-        kube::Error::Api(status) => ClusterError(format!(
+        // The API's own answer says it all: status, reason, message.
+        kube::Error::Api(status) => ClusterError::new(format!(
             "{what}: {} {} ({})",
             status.code, status.reason, status.message
         )),
-        other => ClusterError(format!("{what}: {other}")),
+        other => ClusterError::caused(what, other),
     }
 }
 
@@ -109,7 +109,7 @@ fn node_facts(node: &Node) -> Result<NodeFacts, ClusterError> {
     let status = node.status.clone().unwrap_or_default();
     let info = status.node_info.unwrap_or_default();
     let kubelet = reported_version(&info.kubelet_version).ok_or_else(|| {
-        ClusterError(format!(
+        ClusterError::new(format!(
             "node {name} reports kubelet version {:?}, not MAJOR.MINOR.PATCH",
             info.kubelet_version
         ))
@@ -207,7 +207,7 @@ impl Kube {
         let mut config = match &settings.source {
             Source::Kubeconfig { path, context } => {
                 let file = Kubeconfig::read_from(path).map_err(|e| {
-                    ClusterError(format!("cannot read kubeconfig {}: {e}", path.display()))
+                    ClusterError::caused(format!("cannot read kubeconfig {}", path.display()), e)
                 })?;
                 let options = KubeConfigOptions {
                     context: context.clone(),
@@ -215,10 +215,12 @@ impl Kube {
                 };
                 Config::from_custom_kubeconfig(file, &options)
                     .await
-                    .map_err(|e| ClusterError(format!("kubeconfig {}: {e}", path.display())))?
+                    .map_err(|e| {
+                        ClusterError::caused(format!("kubeconfig {}", path.display()), e)
+                    })?
             }
             Source::InCluster => Config::incluster()
-                .map_err(|e| ClusterError(format!("in-cluster configuration: {e}")))?,
+                .map_err(|e| ClusterError::caused("in-cluster configuration", e))?,
         };
         // kube retries 429s itself by default; a PDB refusal must reach the drain, which
         // paces its own retries and knows its deadline.
@@ -227,7 +229,7 @@ impl Kube {
         config.read_timeout = Some(settings.request_timeout);
         config.write_timeout = Some(settings.request_timeout);
         let client = Client::try_from(config)
-            .map_err(|e| ClusterError(format!("cannot build the client: {e}")))?;
+            .map_err(|e| ClusterError::caused("cannot build the client", e))?;
         Ok(Self { client, settings })
     }
 
@@ -267,7 +269,7 @@ impl Kube {
                 Err(e) => return Err(api_error(&format!("patch node {name}"), e)),
             }
         }
-        Err(ClusterError(format!(
+        Err(ClusterError::new(format!(
             "patch node {name}: still conflicting after {CONFLICT_RETRIES} tries"
         )))
     }
@@ -317,7 +319,7 @@ impl Kube {
                     if Instant::now() + options.retry_every > deadline {
                         return Err(format!("{ns}/{name}: {e}"));
                     }
-                    warn!(pod = %name, error = %e, "eviction failed; retrying");
+                    warn!(pod = %name, error = %crate::error_chain(&e), "eviction failed; retrying");
                     tokio::time::sleep(options.retry_every).await;
                 }
             }
@@ -395,7 +397,7 @@ impl ClusterRead for Kube {
             .await
             .map_err(|e| api_error("get /version", e))?;
         reported_version(&info.git_version).ok_or_else(|| {
-            ClusterError(format!(
+            ClusterError::new(format!(
                 "the API server reports version {:?}, not MAJOR.MINOR.PATCH",
                 info.git_version
             ))

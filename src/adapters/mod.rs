@@ -6,5 +6,7 @@ pub mod notify;
 pub mod prometheus;
 pub mod pushgateway;
 pub mod repo;
+pub mod shell;
 pub mod snapshot;
 pub mod ssh;
+pub mod submit;

@@ -5,8 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::NotifySettings;
+use crate::domain::backoff::Backoff;
 use crate::metrics::Metrics;
 use crate::ports::{Notice, Notifier};
+
+/// The pause between Slack attempts.
+const SLACK_RETRY: Backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(10));
 
 /// Logs every notice.
 pub struct LogNotifier;
@@ -119,7 +123,6 @@ impl Notifier for SlackNotifier {
         );
         tokio::spawn(async move {
             let body = slack_message(&notice);
-            let mut pause = Duration::from_millis(250);
             for attempt in 0..=retries {
                 match http.post(&*url).json(&body).send().await {
                     Ok(r) if r.status().is_success() => {
@@ -142,8 +145,7 @@ impl Notifier for SlackNotifier {
                         .notifications
                         .with_label_values(&["slack", "retried"])
                         .inc();
-                    tokio::time::sleep(pause).await;
-                    pause *= 2;
+                    tokio::time::sleep(crate::jitter::pause(&SLACK_RETRY, attempt + 1)).await;
                 }
             }
             metrics

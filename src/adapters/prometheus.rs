@@ -88,7 +88,10 @@ impl MetricsSource for Prometheus {
             .get()
             .await;
         match answer {
-            Err(e) => PromReading::Failed(format!("Prometheus query failed: {e}")),
+            Err(e) => PromReading::Failed(format!(
+                "Prometheus query failed: {}",
+                crate::error_chain(&e)
+            )),
             Ok(result) => match result.data() {
                 prometheus_http_query::response::Data::Vector(vector) => PromReading::Series(
                     vector

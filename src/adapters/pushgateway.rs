@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::ports::MetricsPush;
+use crate::ports::{Failure, MetricsPush};
 
 /// One job's group on a Pushgateway.
 pub struct Pushgateway {
@@ -27,7 +27,7 @@ impl Pushgateway {
 
 #[async_trait::async_trait]
 impl MetricsPush for Pushgateway {
-    async fn push(&self, text: String) -> Result<(), String> {
+    async fn push(&self, text: String) -> Result<(), Failure> {
         let response = self
             .http
             .put(&self.url)
@@ -35,17 +35,17 @@ impl MetricsPush for Pushgateway {
             .body(text)
             .send()
             .await
-            .map_err(|e| format!("pushgateway {}: {e}", self.url))?;
+            .map_err(|e| Failure::caused(format!("pushgateway {}", self.url), e.without_url()))?;
         if response.status().is_success() {
             Ok(())
         } else {
             let status = response.status();
             let body = response.text().await.unwrap_or_default();
-            Err(format!(
+            Err(Failure::new(format!(
                 "pushgateway {}: HTTP {status}: {}",
                 self.url,
                 body.chars().take(300).collect::<String>()
-            ))
+            )))
         }
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::domain::detect::{Minor, packages_releases};
 use crate::domain::version::Version;
-use crate::ports::{PackageRepository, RepoError};
+use crate::ports::{Failure, PackageRepository, RepoError};
 
 /// Largest `Packages` index read (a minor's index is a few hundred KB).
 const MAX_INDEX_BYTES: usize = 32 << 20;
@@ -35,10 +35,17 @@ impl PackageRepo {
     }
 }
 
-fn repo_error(url: &str, error: impl std::fmt::Display) -> RepoError {
+fn repo_error(url: &str, error: reqwest::Error) -> RepoError {
     RepoError {
         url: url.to_owned(),
-        error: error.to_string(),
+        failure: Failure::caused("no answer", error.without_url()),
+    }
+}
+
+fn repo_refused(url: &str, what: impl Into<String>) -> RepoError {
+    RepoError {
+        url: url.to_owned(),
+        failure: Failure::new(what),
     }
 }
 
@@ -56,7 +63,7 @@ impl PackageRepository for PackageRepo {
             200..=299 => Ok(true),
             // pkgs.k8s.io answers 403 for paths that do not exist, like S3.
             403 | 404 => Ok(false),
-            other => Err(repo_error(&url, format!("HTTP {other}"))),
+            other => Err(repo_refused(&url, format!("HTTP {other}"))),
         }
     }
 
@@ -69,17 +76,17 @@ impl PackageRepository for PackageRepo {
             .await
             .map_err(|e| repo_error(&url, e))?;
         if !response.status().is_success() {
-            return Err(repo_error(&url, format!("HTTP {}", response.status())));
+            return Err(repo_refused(&url, format!("HTTP {}", response.status())));
         }
         if response
             .content_length()
             .is_some_and(|n| n > MAX_INDEX_BYTES as u64)
         {
-            return Err(repo_error(&url, "the index is larger than 32 MiB"));
+            return Err(repo_refused(&url, "the index is larger than 32 MiB"));
         }
         let body = response.bytes().await.map_err(|e| repo_error(&url, e))?;
         if body.len() > MAX_INDEX_BYTES {
-            return Err(repo_error(&url, "the index is larger than 32 MiB"));
+            return Err(repo_refused(&url, "the index is larger than 32 MiB"));
         }
         Ok(packages_releases(&String::from_utf8_lossy(&body)))
     }

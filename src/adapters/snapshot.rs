@@ -9,7 +9,7 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use super::etcd::Etcd;
-use crate::ports::{SnapshotError, SnapshotInfo, Snapshots};
+use crate::ports::{Failure, SnapshotError, SnapshotInfo, Snapshots};
 
 /// Length of the sha256 trailer etcd appends to a snapshot stream.
 const TRAILER: u64 = 32;
@@ -34,20 +34,23 @@ impl EtcdSnapshots {
     }
 
     async fn stream_to(&self, endpoint: &str, tmp: &Path) -> Result<u64, SnapshotError> {
-        let fail = |what: &str, e: &dyn std::fmt::Display| {
-            SnapshotError(format!("{what} ({endpoint}): {e}"))
+        let fail = |what: &str, e: Box<dyn std::error::Error + Send + Sync>| {
+            SnapshotError(Failure {
+                what: format!("{what} ({endpoint})"),
+                source: Some(e.into()),
+            })
         };
         let mut client = self
             .etcd
             .streaming_client(endpoint)
             .await
-            .map_err(|e| SnapshotError(e.to_string()))?;
+            .map_err(|e| SnapshotError(Failure::caused("cannot connect", e)))?;
         let mut stream = client
             .snapshot()
             .await
-            .map_err(|e| fail("cannot start the snapshot", &e))?;
+            .map_err(|e| fail("cannot start the snapshot", e.into()))?;
         let mut file = std::fs::File::create(tmp)
-            .map_err(|e| fail(&format!("cannot create {}", tmp.display()), &e))?;
+            .map_err(|e| fail(&format!("cannot create {}", tmp.display()), e.into()))?;
         let mut written = 0u64;
         loop {
             let next = tokio::time::timeout(self.chunk_timeout, stream.message())
@@ -55,31 +58,36 @@ impl EtcdSnapshots {
                 .map_err(|_| {
                     fail(
                         "snapshot stream stalled",
-                        &format!("no data for {:?}", self.chunk_timeout),
+                        format!("no data for {:?}", self.chunk_timeout).into(),
                     )
                 })?
-                .map_err(|e| fail("snapshot stream broke", &e))?;
+                .map_err(|e| fail("snapshot stream broke", e.into()))?;
             let Some(chunk) = next else { break };
             file.write_all(chunk.blob())
-                .map_err(|e| fail("cannot write the snapshot", &e))?;
+                .map_err(|e| fail("cannot write the snapshot", e.into()))?;
             written += chunk.blob().len() as u64;
         }
         file.sync_all()
-            .map_err(|e| fail("cannot fsync the snapshot", &e))?;
+            .map_err(|e| fail("cannot fsync the snapshot", e.into()))?;
         Ok(written)
     }
 }
 
 /// Checks the sha256 trailer of a snapshot file and returns the sha256 of the whole file.
 pub fn verify_file(path: &Path) -> Result<String, SnapshotError> {
-    let fail = |e: std::io::Error| SnapshotError(format!("cannot read {}: {e}", path.display()));
+    let fail = |e: std::io::Error| {
+        SnapshotError(Failure::caused(
+            format!("cannot read {}", path.display()),
+            e,
+        ))
+    };
     let mut file = std::fs::File::open(path).map_err(fail)?;
     let size = file.metadata().map_err(fail)?.len();
     if size <= TRAILER || size % PAGE_UNIT != TRAILER {
-        return Err(SnapshotError(format!(
+        return Err(SnapshotError(Failure::new(format!(
             "{} is {size} bytes: not a database followed by its sha256 (empty or truncated)",
             path.display()
-        )));
+        ))));
     }
     let mut body = Sha256::new();
     let mut whole = Sha256::new();
@@ -96,10 +104,10 @@ pub fn verify_file(path: &Path) -> Result<String, SnapshotError> {
     file.read_exact(&mut trailer).map_err(fail)?;
     whole.update(trailer);
     if body.finalize().as_slice() != trailer {
-        return Err(SnapshotError(format!(
+        return Err(SnapshotError(Failure::new(format!(
             "{}: the database does not match its sha256 trailer (corrupt)",
             path.display()
-        )));
+        ))));
     }
     Ok(hex::encode(whole.finalize()))
 }
@@ -112,13 +120,17 @@ fn fsync_dir(dir: &Path) -> std::io::Result<()> {
 impl Snapshots for EtcdSnapshots {
     async fn save(&self, path: &Path) -> Result<SnapshotInfo, SnapshotError> {
         let dir = path.parent().unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir)
-            .map_err(|e| SnapshotError(format!("cannot create {}: {e}", dir.display())))?;
+        std::fs::create_dir_all(dir).map_err(|e| {
+            SnapshotError(Failure::caused(
+                format!("cannot create {}", dir.display()),
+                e,
+            ))
+        })?;
         let name = path
             .file_name()
             .map_or_else(|| "snapshot".into(), |n| n.to_string_lossy().into_owned());
         let tmp: PathBuf = dir.join(format!(".{name}.part"));
-        let mut last = SnapshotError("no etcd endpoint configured".into());
+        let mut last = SnapshotError(Failure::new("no etcd endpoint configured"));
         for endpoint in self.etcd.endpoints() {
             match self.stream_to(endpoint, &tmp).await {
                 Ok(bytes) => {
@@ -131,10 +143,16 @@ impl Snapshots for EtcdSnapshots {
                         }
                     };
                     std::fs::rename(&tmp, path).map_err(|e| {
-                        SnapshotError(format!("cannot rename into {}: {e}", path.display()))
+                        SnapshotError(Failure::caused(
+                            format!("cannot rename into {}", path.display()),
+                            e,
+                        ))
                     })?;
                     fsync_dir(dir).map_err(|e| {
-                        SnapshotError(format!("cannot fsync {}: {e}", dir.display()))
+                        SnapshotError(Failure::caused(
+                            format!("cannot fsync {}", dir.display()),
+                            e,
+                        ))
                     })?;
                     info!(path = %path.display(), bytes, %sha256, endpoint = %endpoint, "etcd snapshot saved");
                     return Ok(SnapshotInfo {
@@ -144,7 +162,7 @@ impl Snapshots for EtcdSnapshots {
                     });
                 }
                 Err(e) => {
-                    warn!(error = %e, "snapshot from this member failed; trying the next");
+                    warn!(error = %crate::error_chain(&e), "snapshot from this member failed; trying the next");
                     let _ = std::fs::remove_file(&tmp);
                     last = e;
                 }

@@ -112,7 +112,7 @@ impl Ssh {
                 error: format!("no session with {host}:{port} within {bound:?}"),
             }),
             Ok(Err(e)) => {
-                let text = error_text(&e);
+                let text = crate::error_chain(&e);
                 if text.contains("Host key verification failed")
                     || text.contains("REMOTE HOST IDENTIFICATION HAS CHANGED")
                     || text.contains("No ED25519 host key is known")
@@ -142,17 +142,6 @@ fn plain_name(text: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b))
 }
 
-fn error_text(e: &openssh::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
-
 #[async_trait::async_trait]
 impl NodeExec for Ssh {
     async fn run_script(
@@ -165,7 +154,7 @@ impl NodeExec for Ssh {
         let secs = self.settings.command_timeout.as_secs().max(1);
         let other = |e: openssh::Error| ExecError::Other {
             node: node.name.clone(),
-            error: error_text(&e),
+            error: crate::error_chain(&e),
         };
         let mut command = session.command("timeout");
         command

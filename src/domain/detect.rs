@@ -6,7 +6,7 @@ use serde::Serialize;
 use std::fmt;
 
 use super::event::UpgradeKind;
-use super::plan::{ClusterFacts, Role};
+use super::k8s_upgrade::{ClusterFacts, Role};
 use super::version::Version;
 
 /// What detection found out.
@@ -259,7 +259,7 @@ fn release_of(package_version: &str) -> Option<Version> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::plan::NodeFacts;
+    use crate::domain::k8s_upgrade::NodeFacts;
 
     fn v(s: &str) -> Version {
         Version::parse(s).unwrap()

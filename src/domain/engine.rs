@@ -5,13 +5,14 @@
 
 use chrono::{DateTime, Utc};
 
+use super::backoff::Backoff;
 use super::event::ControlAction;
-use super::run::{Run, RunStatus, Step, StepStatus};
+use super::run::{Learned, Run, RunStatus, Step, StepStatus};
 
 /// What the engine needs to know about the world besides the run.
 #[derive(Clone, Copy)]
 pub struct Context<'a> {
-    /// Now.
+    /// The time this input is applied at; every timestamp the engine writes is this one.
     pub now: DateTime<Utc>,
     /// Whether something can execute this step.
     pub can_execute: &'a dyn Fn(&Step) -> bool,
@@ -19,6 +20,10 @@ pub struct Context<'a> {
     pub max_attempts: u32,
     /// How long a closed gate may hold a step before the run halts.
     pub halt_after: chrono::Duration,
+    /// The pause before a failed step is tried again.
+    pub retry: Backoff,
+    /// A uniform sample from `[0, 1)` that jitters this input's retry pause.
+    pub jitter: f64,
 }
 
 /// How a step ended.
@@ -28,6 +33,8 @@ pub enum StepOutcome {
     Done {
         /// What happened.
         note: String,
+        /// What the step learned that later steps need.
+        learned: Option<Learned>,
     },
     /// Done, and the steps after it are now known: they replace whatever followed.
     Planned {
@@ -40,13 +47,12 @@ pub enum StepOutcome {
     Wait {
         /// When to run the step again.
         until: DateTime<Utc>,
-        /// Why.
+        /// Why, in words; recorded in the run's history.
         reason: String,
     },
-    /// Failed in a way worth retrying at `at`, unless attempts are used up.
+    /// Failed in a way worth retrying, unless attempts are used up; the engine sets when,
+    /// by the run's back-off.
     Retry {
-        /// When to retry.
-        at: DateTime<Utc>,
         /// What went wrong.
         error: String,
     },
@@ -68,7 +74,25 @@ pub enum StepOutcome {
 impl StepOutcome {
     /// Done, with `note`.
     pub fn done(note: impl Into<String>) -> Self {
-        Self::Done { note: note.into() }
+        Self::Done {
+            note: note.into(),
+            learned: None,
+        }
+    }
+
+    /// Done, with `note`, having learned `learned`.
+    pub fn learned(note: impl Into<String>, learned: Learned) -> Self {
+        Self::Done {
+            note: note.into(),
+            learned: Some(learned),
+        }
+    }
+
+    /// Failed with `error`, worth retrying.
+    pub fn retry(error: impl std::fmt::Display) -> Self {
+        Self::Retry {
+            error: error.to_string(),
+        }
     }
 
     /// Failed for good with `error`.
@@ -98,9 +122,9 @@ pub enum Input {
     },
     /// An operator's control.
     Control {
-        /// What.
+        /// Halt, resume or abort.
         action: ControlAction,
-        /// Why.
+        /// Why, in words; recorded in the run's history.
         reason: String,
     },
 }
@@ -112,14 +136,14 @@ pub enum Next {
     Nothing,
     /// Run step `index`, then feed back `StepFinished { epoch, .. }`.
     RunStep {
-        /// The step.
+        /// Its index in the run's steps.
         index: usize,
         /// The epoch to report with.
         epoch: u64,
     },
     /// Feed back `Wake { epoch }` at `at`.
     WakeAt {
-        /// When.
+        /// The earliest time the wake may be delivered.
         at: DateTime<Utc>,
         /// The epoch to report with.
         epoch: u64,
@@ -130,7 +154,7 @@ pub enum Next {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("cannot {action} a run that is {status}{hint}")]
 pub struct NotAllowed {
-    /// The control.
+    /// The control that was refused.
     pub action: ControlAction,
     /// The run's status.
     pub status: RunStatus,
@@ -319,7 +343,7 @@ fn step_done(run: &mut Run, index: usize, note: String, ctx: &Context) -> Next {
     }
     let next = run.steps.iter().position(|s| s.status != StepStatus::Done);
     if let Some(next) = next
-        && run.steps[next].name == GATE_STEP
+        && run.steps[next].kind.is_gate()
         && (ctx.can_execute)(&run.steps[next])
     {
         // A gate is asked only from the queue: alerts that arrived while earlier steps
@@ -335,9 +359,6 @@ fn step_done(run: &mut Run, index: usize, note: String, ctx: &Context) -> Next {
     start(run, ctx)
 }
 
-/// The name of gate steps, which the engine starts only through the queue.
-pub const GATE_STEP: &str = "gate";
-
 fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context) -> Next {
     if epoch != run.epoch || run.status != RunStatus::Running {
         return Next::Nothing;
@@ -349,7 +370,12 @@ fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context)
     let step = &mut run.steps[index];
     let label = step.label();
     match outcome {
-        StepOutcome::Done { note } => step_done(run, index, note, ctx),
+        StepOutcome::Done { note, learned } => {
+            if let Some(learned) = learned {
+                run.memory.keep(learned);
+            }
+            step_done(run, index, note, ctx)
+        }
         StepOutcome::Planned { note, steps } => {
             run.steps.truncate(index + 1);
             run.steps.extend(steps);
@@ -368,7 +394,7 @@ fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context)
             }
             schedule_wake(run, until, format!("step {label}: {reason}"), ctx)
         }
-        StepOutcome::Retry { at, error } if step.attempts < max_attempts => {
+        StepOutcome::Retry { error } if step.attempts < max_attempts => {
             step.status = StepStatus::Waiting;
             step.outcome = Some(error.clone());
             let attempts = step.attempts;
@@ -383,6 +409,8 @@ fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context)
             let reason = format!(
                 "step {label} failed (attempt {attempts} of {max_attempts}), retrying: {error}"
             );
+            let pause = ctx.retry.pause(attempts, ctx.jitter);
+            let at = ctx.now + chrono::Duration::from_std(pause).unwrap_or(chrono::Duration::MAX);
             schedule_wake(run, at, reason, ctx)
         }
         StepOutcome::Blocked { reasons, retry_at } => {
@@ -439,7 +467,9 @@ fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::event::Stage;
     use crate::domain::run::{FailurePolicy, RunKind};
+    use crate::domain::step::UpgradeStep;
     use chrono::TimeZone;
 
     fn t(secs: i64) -> DateTime<Utc> {
@@ -452,10 +482,32 @@ mod tests {
             RunKind::K8sUpgrade,
             serde_json::json!({}),
             Some("1.34.5".into()),
-            steps.iter().map(|s| Step::new("test", *s, None)).collect(),
+            steps.iter().map(|s| step(s)).collect(),
             t(0),
             "accepted",
         )
+    }
+
+    /// A step called `name`: the real kind of that name, or a node step on node `name`.
+    fn step(name: &str) -> Step {
+        let node = || "n1".to_owned();
+        Step::new(match name {
+            "plan" => UpgradeStep::Plan,
+            "nodes-ready" => UpgradeStep::NodesReady,
+            "gate" => UpgradeStep::Gate {
+                stage: Stage::Workers,
+                node: Some(node()),
+            },
+            "drain" => UpgradeStep::Drain {
+                stage: Stage::Workers,
+                node: node(),
+            },
+            "upgrade" => UpgradeStep::Upgrade {
+                stage: Stage::Workers,
+                node: node(),
+            },
+            other => UpgradeStep::Soak { node: other.into() },
+        })
     }
 
     fn any(_: &Step) -> bool {
@@ -472,11 +524,16 @@ mod tests {
             can_execute: &any,
             max_attempts: 3,
             halt_after: chrono::Duration::seconds(100),
+            retry: Backoff::new(
+                std::time::Duration::from_secs(10),
+                std::time::Duration::from_secs(60),
+            ),
+            jitter: 1.0,
         }
     }
 
     fn done() -> StepOutcome {
-        StepOutcome::Done { note: "ok".into() }
+        StepOutcome::done("ok")
     }
 
     fn control(action: ControlAction) -> Input {
@@ -507,7 +564,7 @@ mod tests {
         assert_eq!(run.status, RunStatus::Queued);
         assert_eq!(
             run.reason,
-            format!("{NO_EXECUTOR} (next step: test/preflight)")
+            format!("{NO_EXECUTOR} (next step: workers/soak@preflight)")
         );
         assert_eq!(run.history.len(), 2);
         advance(&mut run, Input::Start, &ctx).unwrap();
@@ -615,10 +672,7 @@ mod tests {
         ] {
             let mut run = run_with(&["drain"]);
             run.on_failure = policy;
-            let retry = |at| StepOutcome::Retry {
-                at: t(at),
-                error: "429".into(),
-            };
+            let retry = || StepOutcome::retry("429");
             script(
                 &mut run,
                 vec![
@@ -630,11 +684,12 @@ mod tests {
                     (
                         Input::StepFinished {
                             epoch: 1,
-                            outcome: retry(10),
+                            outcome: retry(),
                         },
                         RunStatus::Waiting,
                         Next::WakeAt {
-                            at: t(10),
+                            // At t(2), after 1 failure: the full 10s step (jitter 1.0).
+                            at: t(12),
                             epoch: 2,
                         },
                     ),
@@ -646,11 +701,12 @@ mod tests {
                     (
                         Input::StepFinished {
                             epoch: 3,
-                            outcome: retry(20),
+                            outcome: retry(),
                         },
                         RunStatus::Waiting,
                         Next::WakeAt {
-                            at: t(20),
+                            // At t(4), after 2 failures: doubled.
+                            at: t(24),
                             epoch: 4,
                         },
                     ),
@@ -662,7 +718,7 @@ mod tests {
                     (
                         Input::StepFinished {
                             epoch: 5,
-                            outcome: retry(30),
+                            outcome: retry(),
                         },
                         end,
                         Next::Nothing,
@@ -833,7 +889,7 @@ mod tests {
         };
         let planned = StepOutcome::Planned {
             note: "planned".into(),
-            steps: vec![Step::new("a", "one", None), Step::new("b", "two", None)],
+            steps: vec![step("one"), step("two")],
         };
         let next = advance(
             &mut run,
@@ -847,8 +903,8 @@ mod tests {
             matches!(next, Ok(Next::RunStep { index: 1, .. })),
             "{next:?}"
         );
-        let names: Vec<&str> = run.steps.iter().map(|s| s.name.as_str()).collect();
-        assert_eq!(names, ["plan", "one", "two"]);
+        let labels: Vec<String> = run.steps.iter().map(Step::label).collect();
+        assert_eq!(labels, ["plan", "workers/soak@one", "workers/soak@two"]);
         assert_eq!(run.steps[0].status, StepStatus::Done);
     }
 
@@ -1060,7 +1116,7 @@ mod tests {
     #[test]
     fn a_run_parks_at_the_first_step_nothing_can_execute() {
         fn only_gate(s: &Step) -> bool {
-            s.name == "gate"
+            s.kind.is_gate()
         }
         let mut run = run_with(&["gate", "nodes-ready"]);
         let ctx = |secs| Context {
@@ -1080,7 +1136,7 @@ mod tests {
         assert_eq!(run.current_step, Some(1));
         assert_eq!(
             run.reason,
-            format!("{NO_EXECUTOR} (next step: test/nodes-ready)")
+            format!("{NO_EXECUTOR} (next step: preflight/nodes-ready)")
         );
     }
 

@@ -11,8 +11,8 @@
 
 use std::fmt;
 
-use super::engine::GATE_STEP;
 use super::run::{Step, StepStatus};
+use super::step::{EtcdRollStep, StepKind};
 
 /// One etcd member as the roll sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,19 +53,9 @@ pub enum Order {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
     /// Restart this member (never the leader).
-    Restart {
-        /// Member id.
-        id: u64,
-        /// Member name.
-        name: String,
-    },
+    Restart { id: u64, name: String },
     /// Move leadership to this member.
-    MoveLeader {
-        /// Member id.
-        to: u64,
-        /// Member name.
-        name: String,
-    },
+    MoveLeader { to: u64, name: String },
     /// Every member is at the target.
     Done,
 }
@@ -208,55 +198,52 @@ pub fn next_action(view: &ClusterView, order: Order, max_lag: u64) -> Result<Act
     })
 }
 
-/// The step names of an etcd roll run. The run is planned one action at a time: `next`
+/// The leader a strict majority of `members` follows, given the leader each answering
+/// member follows (0: none).
+pub fn agreed_leader(followed: impl IntoIterator<Item = u64>, members: usize) -> Option<u64> {
+    let mut votes: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
+    for leader in followed.into_iter().filter(|l| *l != 0) {
+        *votes.entry(leader).or_default() += 1;
+    }
+    votes
+        .into_iter()
+        .find(|(_, n)| *n > members / 2)
+        .map(|(id, _)| id)
+}
+
+/// The steps a new roll run starts with. The run is planned one action at a time: `next`
 /// reads the cluster and appends the steps of the next action, ending with another `next`,
 /// so each step is short and a restarted rollgate picks up from the cluster as it is.
-pub mod steps {
-    /// The stage of every step.
-    pub const STAGE: &str = "etcd-roll";
-    /// Partition lock and the first look: refuses a cluster that is not safe to touch.
-    pub const BEGIN: &str = "etcd-begin";
-    /// Reads the cluster and plans the next action.
-    pub const NEXT: &str = "etcd-next";
-    /// Starts moving one member onto the target.
-    pub const RESTART: &str = "etcd-restart";
-    /// Waits until that member is healthy, at the target and caught up.
-    pub const READY: &str = "etcd-ready";
-    /// Pause before the next action.
-    pub const COOLDOWN: &str = "etcd-cooldown";
-    /// Moves leadership to a member.
-    pub const TRANSFER: &str = "etcd-transfer";
-    /// Restores the partition lock and reports.
-    pub const FINISH: &str = "etcd-finish";
-    /// Every step name of a roll (the gate is the gate's).
-    pub const ALL: [&str; 7] = [BEGIN, NEXT, RESTART, READY, COOLDOWN, TRANSFER, FINISH];
-}
-
-fn step(name: &str, member: Option<&str>) -> Step {
-    Step::new(steps::STAGE, name, member.map(str::to_owned))
-}
-
-/// The steps a new roll run starts with.
 pub fn initial_steps() -> Vec<Step> {
-    vec![step(steps::BEGIN, None), step(steps::NEXT, None)]
+    vec![
+        Step::new(EtcdRollStep::Begin),
+        Step::new(EtcdRollStep::Next),
+    ]
 }
 
 /// The steps that carry out `action`, ending with the `next` that plans the one after.
 /// Every restart is preceded by a gate.
 pub fn steps_for(action: &Action) -> Vec<Step> {
-    match action {
-        Action::Done => vec![step(steps::FINISH, None)],
-        Action::MoveLeader { name, .. } => {
-            vec![step(steps::TRANSFER, Some(name)), step(steps::NEXT, None)]
-        }
-        Action::Restart { name, .. } => vec![
-            Step::new(steps::STAGE, GATE_STEP, Some(name.clone())),
-            step(steps::RESTART, Some(name)),
-            step(steps::READY, Some(name)),
-            step(steps::COOLDOWN, Some(name)),
-            step(steps::NEXT, None),
+    let steps = match action {
+        Action::Done => vec![EtcdRollStep::Finish],
+        Action::MoveLeader { name, .. } => vec![
+            EtcdRollStep::Transfer {
+                member: name.clone(),
+            },
+            EtcdRollStep::Next,
         ],
-    }
+        Action::Restart { name, .. } => {
+            let member = || name.clone();
+            vec![
+                EtcdRollStep::Gate { member: member() },
+                EtcdRollStep::Restart { member: member() },
+                EtcdRollStep::Ready { member: member() },
+                EtcdRollStep::Cooldown { member: member() },
+                EtcdRollStep::Next,
+            ]
+        }
+    };
+    steps.into_iter().map(Step::new).collect()
 }
 
 /// What a roll run did, counted from its steps (so it survives restarts of rollgate).
@@ -275,9 +262,11 @@ pub fn tally<'a>(done_steps: impl IntoIterator<Item = &'a Step>) -> Tally {
         if s.status != StepStatus::Done {
             continue;
         }
-        match s.name.as_str() {
-            steps::RESTART => tally.restarted.extend(s.node.clone()),
-            steps::TRANSFER => tally.transfers += 1,
+        match &s.kind {
+            StepKind::EtcdRoll(EtcdRollStep::Restart { member }) => {
+                tally.restarted.push(member.clone())
+            }
+            StepKind::EtcdRoll(EtcdRollStep::Transfer { .. }) => tally.transfers += 1,
             _ => {}
         }
     }

@@ -24,6 +24,10 @@ pub struct FieldError {
 pub struct FieldErrors(Vec<FieldError>);
 
 impl FieldErrors {
+    /// Whether the body itself was refused (not an object): no field is then reported.
+    fn is_empty_body(&self) -> bool {
+        self.0.iter().any(|e| e.field.is_empty())
+    }
     /// Records a problem at `field`.
     pub fn push(&mut self, field: &str, problem: impl Into<String>) {
         self.0.push(FieldError {
@@ -71,6 +75,71 @@ impl fmt::Display for FieldErrors {
 
 impl std::error::Error for FieldErrors {}
 
+/// Reads `body` into the request type `W`, reporting every field serde refuses: a refused
+/// field is recorded (with its path, in words a person can act on) and dropped, and the
+/// body read again, so one answer names every bad field. `W` takes every field as
+/// optional (`Option`); what is required is checked by its validation, which
+/// skips the fields recorded here.
+pub fn read_body<W: serde::de::DeserializeOwned + Default>(
+    body: &Value,
+    errors: &mut FieldErrors,
+) -> W {
+    let Some(obj) = body.as_object() else {
+        errors.push("", "the body must be a JSON object");
+        return W::default();
+    };
+    let mut obj = obj.clone();
+    loop {
+        let value = Value::Object(obj.clone());
+        let error = match serde_path_to_error::deserialize::<_, W>(&value) {
+            Ok(read) => return read,
+            Err(e) => e,
+        };
+        let path = error.path().to_string();
+        let message = error.into_inner().to_string();
+        let (field, problem) = match message.strip_prefix("unknown field `") {
+            Some(rest) => {
+                let name = rest.split('`').next().unwrap_or_default().to_owned();
+                let known = rest
+                    .split_once("expected one of ")
+                    .map_or(String::new(), |(_, k)| k.replace('`', ""));
+                (name, format!("is not a known field (known: {known})"))
+            }
+            None => (path, refused(&message)),
+        };
+        let key = field
+            .split(['.', '['])
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        errors.push(&field, problem);
+        if obj.remove(&key).is_none() {
+            return W::default();
+        }
+    }
+}
+
+/// A serde_json message about a value, in the words the API answers with.
+fn refused(message: &str) -> String {
+    let message = message
+        .split(" at line ")
+        .next()
+        .unwrap_or(message)
+        .to_owned();
+    let expected = message.rsplit_once(", expected ").map(|(_, e)| e);
+    if let Some(rest) = message.strip_prefix("unknown variant `") {
+        let value = rest.split('`').next().unwrap_or_default();
+        return format!("{value:?} is not {}", expected.unwrap_or("known"));
+    }
+    match expected {
+        Some("a string") => "must be a string".into(),
+        Some("a boolean") => "must be true or false".into(),
+        Some("u64" | "u32" | "usize") => "must be a whole number".into(),
+        Some("a sequence") => "must be a list".into(),
+        _ => message,
+    }
+}
+
 /// Typed access to the fields of a JSON object, recording problems with their paths.
 pub(crate) struct Fields<'a> {
     obj: &'a Map<String, Value>,
@@ -99,58 +168,6 @@ impl<'a> Fields<'a> {
             None => {
                 errors.push(&self.path(key), "is required");
                 None
-            }
-        }
-    }
-    /// An optional string field.
-    pub(crate) fn opt_str(&self, key: &str, errors: &mut FieldErrors) -> Option<&'a str> {
-        match self.obj.get(key) {
-            None | Some(Value::Null) => None,
-            Some(_) => self.str(key, errors),
-        }
-    }
-    /// An optional boolean field.
-    pub(crate) fn opt_bool(&self, key: &str, errors: &mut FieldErrors) -> Option<bool> {
-        match self.obj.get(key) {
-            None | Some(Value::Null) => None,
-            Some(Value::Bool(b)) => Some(*b),
-            Some(_) => {
-                errors.push(&self.path(key), "must be true or false");
-                None
-            }
-        }
-    }
-    /// An optional whole number within `range`.
-    pub(crate) fn opt_u64(
-        &self,
-        key: &str,
-        range: std::ops::RangeInclusive<u64>,
-        errors: &mut FieldErrors,
-    ) -> Option<u64> {
-        match self.obj.get(key) {
-            None | Some(Value::Null) => None,
-            Some(Value::Number(n)) if n.as_u64().is_some_and(|n| range.contains(&n)) => n.as_u64(),
-            Some(_) => {
-                errors.push(
-                    &self.path(key),
-                    format!(
-                        "must be a whole number from {} to {}",
-                        range.start(),
-                        range.end()
-                    ),
-                );
-                None
-            }
-        }
-    }
-    /// Records every key not in `known`.
-    pub(crate) fn deny_unknown(&self, known: &[&str], errors: &mut FieldErrors) {
-        for key in self.obj.keys() {
-            if !known.contains(&key.as_str()) {
-                errors.push(
-                    &self.path(key),
-                    format!("is not a known field (known: {})", known.join(", ")),
-                );
             }
         }
     }
@@ -300,47 +317,56 @@ pub struct DetectionRequest {
     pub stages: StageSelection,
 }
 
+/// The body of `POST /v1/detections` (and the `data` of a `rollgate.detection.v1`
+/// event), as it is read and documented; [`DetectionRequest::from_json`] validates it.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"target_version": "1.34.5", "kind": "patch", "dry_run": false, "stages": "all"}))]
+pub struct DetectionBody {
+    /// The version to reach, `MAJOR.MINOR.PATCH` and nothing else.
+    #[schema(required = true, value_type = String, example = "1.34.5")]
+    pub target_version: Option<String>,
+    /// `patch` (same minor, newer patch) or `minor` (exactly the next minor).
+    #[schema(required = true, value_type = UpgradeKind)]
+    pub kind: Option<UpgradeKind>,
+    /// Plan and check only; change nothing.
+    #[schema(required = false, value_type = bool, default = false)]
+    pub dry_run: Option<bool>,
+    /// `all` (default) or a comma list of stages: preflight, snapshot, containerd,
+    /// apt-repo, control-plane, workers, postflight.
+    #[schema(required = false, value_type = String, default = "all", example = "preflight,snapshot")]
+    pub stages: Option<String>,
+}
+
 impl DetectionRequest {
-    /// Validates the JSON body of a detection, reporting every bad field.
+    /// Reads and validates the JSON body of a detection, reporting every bad field.
     pub fn from_json(body: &Value) -> Result<Self, FieldErrors> {
         let mut errors = FieldErrors::default();
-        let Some(obj) = body.as_object() else {
-            errors.push("", "the body must be a JSON object");
-            return Err(errors);
+        let read: DetectionBody = read_body(body, &mut errors);
+        let reported = errors.clone();
+        let required = |field: &str, errors: &mut FieldErrors, present: bool| {
+            if !present && !reported.iter().any(|e| e.field == field) && !reported.is_empty_body() {
+                errors.push(field, "is required");
+            }
         };
-        let f = Fields::new(obj, "");
-        f.deny_unknown(
-            &["target_version", "kind", "dry_run", "stages"],
-            &mut errors,
-        );
-        let target_version = f.str("target_version", &mut errors).and_then(|s| {
+        required("target_version", &mut errors, read.target_version.is_some());
+        required("kind", &mut errors, read.kind.is_some());
+        let target_version = read.target_version.as_deref().and_then(|s| {
             Version::parse(s)
                 .map_err(|e| errors.push("target_version", e.to_string()))
                 .ok()
         });
-        let kind = f.str("kind", &mut errors).and_then(|s| match s {
-            "patch" => Some(UpgradeKind::Patch),
-            "minor" => Some(UpgradeKind::Minor),
-            other => {
-                errors.push(
-                    "kind",
-                    format!("{other:?} is neither \"patch\" nor \"minor\""),
-                );
-                None
-            }
-        });
-        let dry_run = f.opt_bool("dry_run", &mut errors).unwrap_or(false);
-        let stages = match f.opt_str("stages", &mut errors) {
+        let stages = match read.stages.as_deref() {
             None => Some(StageSelection::all()),
             Some(raw) => StageSelection::parse(raw)
                 .map_err(|e| errors.push("stages", e))
                 .ok(),
         };
-        match (target_version, kind, stages) {
+        match (target_version, read.kind, stages) {
             (Some(target_version), Some(kind), Some(stages)) if errors.is_empty() => Ok(Self {
                 target_version,
                 kind,
-                dry_run,
+                dry_run: read.dry_run.unwrap_or(false),
                 stages,
             }),
             _ => Err(errors),
@@ -383,54 +409,97 @@ pub struct EtcdRollRequest {
     pub max_lag: u64,
 }
 
+/// The body of `POST /v1/etcd-rolls` (and the `data` of a `rollgate.etcd-roll.v1`
+/// event), as it is read and documented; [`EtcdRollRequest::from_json`] validates it.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"statefulset": "etcd", "namespace": "etcd", "endpoints": ["https://etcd-0.etcd.etcd.svc:2379", "https://etcd-1.etcd.etcd.svc:2379", "https://etcd-2.etcd.etcd.svc:2379"]}))]
+pub struct EtcdRollBody {
+    /// The StatefulSet whose pods are the members (member name = pod name).
+    #[schema(required = true, value_type = String, example = "etcd")]
+    pub statefulset: Option<String>,
+    /// Its namespace.
+    #[schema(required = true, value_type = String, example = "etcd")]
+    pub namespace: Option<String>,
+    /// Client URL of every member, `http(s)://host:port`, 1 to 15 of them.
+    #[schema(required = true, value_type = Vec<String>)]
+    pub endpoints: Option<Vec<String>>,
+    /// How long a restarted member may take to be healthy, at target and caught up
+    /// (1–3600, default 300).
+    #[schema(required = false, value_type = u64, minimum = 1, maximum = 3600, default = 300)]
+    pub ready_timeout_secs: Option<u64>,
+    /// Pause after each member is back (0–600, default 10).
+    #[schema(required = false, value_type = u64, minimum = 0, maximum = 600, default = 10)]
+    pub cooldown_secs: Option<u64>,
+    /// How far behind the leader's raft index another member may be (1–10000000,
+    /// default 1000).
+    #[schema(required = false, value_type = u64, minimum = 1, maximum = 10000000, default = 1000)]
+    pub max_lag: Option<u64>,
+}
+
 impl EtcdRollRequest {
     /// Most members a request may name.
     pub const MAX_MEMBERS: usize = 15;
 
-    /// Validates the JSON body of an etcd roll request, reporting every bad field.
+    /// Reads and validates the JSON body of an etcd roll request, reporting every bad
+    /// field.
     pub fn from_json(body: &Value) -> Result<Self, FieldErrors> {
         let mut errors = FieldErrors::default();
-        let Some(obj) = body.as_object() else {
-            errors.push("", "the body must be a JSON object");
-            return Err(errors);
-        };
-        let f = Fields::new(obj, "");
-        f.deny_unknown(
-            &[
-                "statefulset",
-                "namespace",
-                "endpoints",
-                "ready_timeout_secs",
-                "cooldown_secs",
-                "max_lag",
-            ],
-            &mut errors,
-        );
-        let name = |key: &str, errors: &mut FieldErrors| {
-            let value = f.str(key, errors)?;
+        let read: EtcdRollBody = read_body(body, &mut errors);
+        let reported = errors.clone();
+        let name = |key: &str, value: Option<&String>, errors: &mut FieldErrors| {
+            let Some(value) = value else {
+                if !reported.iter().any(|e| e.field == key) && !reported.is_empty_body() {
+                    errors.push(key, "is required");
+                }
+                return None;
+            };
             match dns_label_problem(value) {
                 Some(problem) => {
                     errors.push(key, problem);
                     None
                 }
-                None => Some(value.to_owned()),
+                None => Some(value.clone()),
             }
         };
-        let statefulset = name("statefulset", &mut errors);
-        let namespace = name("namespace", &mut errors);
-        let endpoints = endpoint_list(obj.get("endpoints"), &mut errors);
-        let ready_timeout_secs = f.opt_u64("ready_timeout_secs", 1..=3600, &mut errors);
-        let cooldown_secs = f.opt_u64("cooldown_secs", 0..=600, &mut errors);
-        let max_lag = f.opt_u64("max_lag", 1..=10_000_000, &mut errors);
+        let statefulset = name("statefulset", read.statefulset.as_ref(), &mut errors);
+        let namespace = name("namespace", read.namespace.as_ref(), &mut errors);
+        let endpoints = match &read.endpoints {
+            Some(list) => endpoint_list(list, &mut errors),
+            None if reported.iter().any(|e| e.field.starts_with("endpoints"))
+                || reported.is_empty_body() =>
+            {
+                None
+            }
+            None => {
+                errors.push("endpoints", "is required");
+                None
+            }
+        };
+        let mut within = |key: &str, value: Option<u64>, range: std::ops::RangeInclusive<u64>| {
+            if let Some(v) = value.filter(|v| !range.contains(v)) {
+                errors.push(
+                    key,
+                    format!(
+                        "{v} must be a whole number from {} to {}",
+                        range.start(),
+                        range.end()
+                    ),
+                );
+            }
+        };
+        within("ready_timeout_secs", read.ready_timeout_secs, 1..=3600);
+        within("cooldown_secs", read.cooldown_secs, 0..=600);
+        within("max_lag", read.max_lag, 1..=10_000_000);
         match (statefulset, namespace, endpoints) {
             (Some(statefulset), Some(namespace), Some(endpoints)) if errors.is_empty() => {
                 Ok(Self {
                     statefulset,
                     namespace,
                     endpoints,
-                    ready_timeout_secs: ready_timeout_secs.unwrap_or(300),
-                    cooldown_secs: cooldown_secs.unwrap_or(10),
-                    max_lag: max_lag.unwrap_or(1000),
+                    ready_timeout_secs: read.ready_timeout_secs.unwrap_or(300),
+                    cooldown_secs: read.cooldown_secs.unwrap_or(10),
+                    max_lag: read.max_lag.unwrap_or(1000),
                 })
             }
             _ => Err(errors),
@@ -476,16 +545,7 @@ fn dns_label_problem(value: &str) -> Option<String> {
 }
 
 /// A list of 1..=MAX_MEMBERS distinct `http(s)://host:port` URLs.
-fn endpoint_list(raw: Option<&Value>, errors: &mut FieldErrors) -> Option<Vec<String>> {
-    let Some(Value::Array(items)) = raw else {
-        let problem = if raw.is_none() {
-            "is required"
-        } else {
-            "must be a list of URLs"
-        };
-        errors.push("endpoints", problem);
-        return None;
-    };
+fn endpoint_list(items: &[String], errors: &mut FieldErrors) -> Option<Vec<String>> {
     if items.is_empty() || items.len() > EtcdRollRequest::MAX_MEMBERS {
         errors.push(
             "endpoints",
@@ -500,11 +560,7 @@ fn endpoint_list(raw: Option<&Value>, errors: &mut FieldErrors) -> Option<Vec<St
     let mut out: Vec<String> = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let field = format!("endpoints[{i}]");
-        let Some(url) = item.as_str() else {
-            errors.push(&field, "must be a string");
-            continue;
-        };
-        let url = url.trim_end_matches('/');
+        let url = item.trim_end_matches('/');
         let rest = url
             .strip_prefix("https://")
             .or_else(|| url.strip_prefix("http://"));
@@ -565,7 +621,7 @@ impl fmt::Display for ControlAction {
 /// An operator's control of one run (`POST /v1/runs/{id}/halt|resume|abort`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ControlRequest {
-    /// The run.
+    /// The run's id.
     pub run_id: String,
     /// What to do.
     pub action: ControlAction,
@@ -679,6 +735,9 @@ impl EventData {
         }
     }
 }
+
+/// The `source` of the events rollgate produces itself (its intake and its wakes).
+pub const ROLLGATE_SOURCE: &str = "rollgate";
 
 /// A CloudEvents 1.0 event in structured JSON mode, as it travels on the queue.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -968,6 +1027,41 @@ mod tests {
                 "{body}: expected {field:?}, got {errors}"
             );
         }
+    }
+
+    #[test]
+    fn every_refused_field_is_named_at_once_in_the_words_of_the_api() {
+        let errors = DetectionRequest::from_json(&json!({
+            "target_version": 5, "kind": "major", "dry_run": "yes", "extra": 1
+        }))
+        .unwrap_err();
+        let got: Vec<String> = errors
+            .iter()
+            .map(|e| format!("{}: {}", e.field, e.problem))
+            .collect();
+        for want in [
+            "target_version: must be a string",
+            "kind: \"major\" is not `patch` or `minor`",
+            "dry_run: must be true or false",
+            "extra: is not a known field (known: target_version, kind, dry_run, stages)",
+        ] {
+            assert!(got.iter().any(|g| g == want), "{want:?} not in {got:?}");
+        }
+        assert_eq!(got.len(), 4, "{got:?}");
+        let missing =
+            EtcdRollRequest::from_json(&json!({"namespace": "db", "max_lag": 0})).unwrap_err();
+        let got: Vec<String> = missing
+            .iter()
+            .map(|e| format!("{}: {}", e.field, e.problem))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "statefulset: is required",
+                "endpoints: is required",
+                "max_lag: 0 must be a whole number from 1 to 10000000"
+            ]
+        );
     }
 
     #[test]

@@ -72,7 +72,7 @@ pub enum Verdict {
     },
     /// A source could not answer and nothing else closes the gate: treated as closed.
     Unknown {
-        /// Why.
+        /// Why, in words; recorded in the run's history.
         reason: String,
     },
 }

@@ -1,11 +1,13 @@
 //! The pure core: plain data and plain functions, no IO, no runtime.
 
 pub mod alert;
+pub mod backoff;
 pub mod detect;
 pub mod engine;
 pub mod etcd_roll;
 pub mod event;
 pub mod gate;
-pub mod plan;
+pub mod k8s_upgrade;
 pub mod run;
+pub mod step;
 pub mod version;

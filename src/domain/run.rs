@@ -5,6 +5,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::fmt;
 
+use super::event::{DetectionRequest, EtcdRollRequest};
+use super::step::StepKind;
+
 /// What a run does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "kebab-case")]
@@ -103,14 +106,10 @@ pub enum StepStatus {
 /// One idempotent step of a run's plan.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Step {
-    /// The stage it belongs to, e.g. `preflight`.
-    #[serde(default)]
-    pub stage: String,
-    /// What the step is, e.g. `gate` or `drain`.
-    pub name: String,
-    /// The node it acts on, if any.
-    pub node: Option<String>,
-    /// Where it stands.
+    /// What the step does; on the wire its `stage`, `name` and `node`.
+    #[serde(flatten)]
+    pub kind: StepKind,
+    /// Pending, running, waiting, done or failed.
     pub status: StepStatus,
     /// How many times it was started.
     pub attempts: u32,
@@ -123,12 +122,10 @@ pub struct Step {
 }
 
 impl Step {
-    /// A pending step of `stage`.
-    pub fn new(stage: impl Into<String>, name: impl Into<String>, node: Option<String>) -> Self {
+    /// A pending step.
+    pub fn new(kind: impl Into<StepKind>) -> Self {
         Self {
-            stage: stage.into(),
-            name: name.into(),
-            node,
+            kind: kind.into(),
             status: StepStatus::Pending,
             attempts: 0,
             started_at: None,
@@ -138,23 +135,14 @@ impl Step {
     }
     /// `stage/name@node`, leaving out what is empty or repeated.
     pub fn label(&self) -> String {
-        let mut label = if self.stage.is_empty() || self.stage == self.name {
-            self.name.clone()
-        } else {
-            format!("{}/{}", self.stage, self.name)
-        };
-        if let Some(node) = &self.node {
-            label.push('@');
-            label.push_str(node);
-        }
-        label
+        self.kind.label()
     }
 }
 
 /// One change of a run's status, kept forever in its history.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Transition {
-    /// When.
+    /// When it happened (UTC).
     pub at: DateTime<Utc>,
     /// The status before; `None` when the run was created.
     pub from: Option<RunStatus>,
@@ -162,7 +150,7 @@ pub struct Transition {
     pub to: RunStatus,
     /// The step in hand, if any.
     pub step: Option<String>,
-    /// Why.
+    /// Why, in words an operator can act on; kept in the history.
     pub reason: String,
 }
 
@@ -177,6 +165,30 @@ pub enum FailurePolicy {
     Fail,
 }
 
+/// What earlier steps of a run learned that later steps need, in typed fields.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RunMemory {
+    /// etcd roll: the raft term when the roll began, recorded by its `begin` step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_start_term: Option<u64>,
+}
+
+/// Something a step learned, for [`RunMemory`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Learned {
+    /// The raft term at the start of an etcd roll.
+    EtcdStartTerm(u64),
+}
+
+impl RunMemory {
+    /// Keeps what a step learned.
+    pub fn keep(&mut self, learned: Learned) {
+        match learned {
+            Learned::EtcdStartTerm(term) => self.etcd_start_term = Some(term),
+        }
+    }
+}
+
 /// An upgrade run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Run {
@@ -189,7 +201,7 @@ pub struct Run {
     pub request: Value,
     /// The version it upgrades to, when it has one; used to find duplicates.
     pub target: Option<String>,
-    /// Where it stands.
+    /// Its status; `reason` says why it stands there.
     pub status: RunStatus,
     /// Why it stands there.
     pub reason: String,
@@ -212,9 +224,12 @@ pub struct Run {
     pub blockers: Vec<String>,
     /// What to do when a step gives up.
     pub on_failure: FailurePolicy,
-    /// Created.
+    /// What earlier steps learned that later steps need.
+    #[serde(default)]
+    pub memory: RunMemory,
+    /// When the run was accepted; runs list newest first by it.
     pub created_at: DateTime<Utc>,
-    /// Last changed.
+    /// When anything of the run last changed.
     pub updated_at: DateTime<Utc>,
     /// Every transition.
     pub history: Vec<Transition>,
@@ -247,6 +262,7 @@ impl Run {
             blocked_since: None,
             blockers: Vec::new(),
             on_failure: FailurePolicy::default(),
+            memory: RunMemory::default(),
             created_at: now,
             updated_at: now,
             history: vec![Transition {
@@ -257,6 +273,46 @@ impl Run {
                 reason,
             }],
         }
+    }
+
+    /// A new upgrade run: the gate, the quiet period and `plan`, which appends the rest.
+    pub fn k8s_upgrade(
+        id: String,
+        request: &DetectionRequest,
+        on_failure: FailurePolicy,
+        now: DateTime<Utc>,
+    ) -> Self {
+        let mut run = Self::new(
+            id,
+            RunKind::K8sUpgrade,
+            request.to_json(),
+            Some(request.target_version.to_string()),
+            super::k8s_upgrade::initial_steps(request),
+            now,
+            "accepted",
+        );
+        run.on_failure = on_failure;
+        run
+    }
+
+    /// A new etcd roll run: `begin`, then `next`, which plans one action at a time.
+    pub fn etcd_roll(
+        id: String,
+        request: &EtcdRollRequest,
+        on_failure: FailurePolicy,
+        now: DateTime<Utc>,
+    ) -> Self {
+        let mut run = Self::new(
+            id,
+            RunKind::EtcdRoll,
+            request.to_json(),
+            Some(request.target()),
+            super::etcd_roll::initial_steps(),
+            now,
+            "accepted",
+        );
+        run.on_failure = on_failure;
+        run
     }
 
     /// The step in hand or held.

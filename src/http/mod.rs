@@ -19,12 +19,12 @@ use crate::store::Store;
 /// What every handler shares.
 pub struct AppState {
     /// The gate, for `GET /v1/gates`.
-    pub gate: Arc<crate::gate::Gate>,
+    pub gate: Arc<crate::workflows::gate::Gate>,
     /// The event queue.
     pub queue: Arc<dyn Queue>,
     /// The run store.
     pub store: Store,
-    /// Metrics.
+    /// Where it counts what it does.
     pub metrics: Metrics,
     /// The API bearer token.
     pub token: Arc<str>,
@@ -36,7 +36,7 @@ pub struct AppState {
     /// accepted.
     pub cluster: Option<Arc<dyn crate::ports::ClusterRead>>,
     /// Planning choices.
-    pub plan_settings: crate::domain::plan::PlanSettings,
+    pub plan_settings: crate::domain::k8s_upgrade::PlanSettings,
     /// What new runs do when a step gives up.
     pub on_failure: crate::domain::run::FailurePolicy,
     /// Whether etcd roll requests can be carried out.

@@ -13,11 +13,11 @@ use super::error::ApiError;
 use crate::domain::alert::AlertBatch;
 use crate::domain::engine::check_control;
 use crate::domain::event::{
-    CloudEvent, ControlAction, ControlRequest, DetectionRequest, EtcdRollRequest, EventData,
+    CloudEvent, ControlAction, ControlRequest, DetectionBody, DetectionRequest, EtcdRollBody,
+    EtcdRollRequest, EventData, ROLLGATE_SOURCE,
 };
 use crate::domain::run::{Run, RunKind, RunStatus};
 use crate::queue::Outgoing;
-use crate::worker::{SOURCE, accepted_etcd_roll, accepted_run};
 
 type State = web::Data<AppState>;
 
@@ -42,7 +42,7 @@ pub struct DetectionAccepted {
 /// Answer to an accepted control.
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct ControlAccepted {
-    /// The run.
+    /// The run's id.
     pub run_id: String,
     /// The control queued.
     pub action: ControlAction,
@@ -51,6 +51,17 @@ pub struct ControlAccepted {
 }
 
 /// Reads a JSON body: 415 unless JSON, 413 over the limit, 400 unless it parses.
+/// A request body read as JSON and validated by `parse`: 422 with every bad field.
+async fn read_request<T, E: std::fmt::Display>(
+    req: &HttpRequest,
+    payload: web::Payload,
+    state: &AppState,
+    parse: fn(&Value) -> Result<T, E>,
+) -> Result<T, ApiError> {
+    let body = read_json(req, payload, state.max_body_bytes).await?;
+    parse(&body).map_err(|e| ApiError::invalid(e.to_string()))
+}
+
 async fn read_json(
     req: &HttpRequest,
     mut payload: web::Payload,
@@ -111,7 +122,7 @@ async fn read_json(
 }
 
 async fn enqueue(state: &AppState, data: &EventData) -> Result<CloudEvent, ApiError> {
-    let event = CloudEvent::new(data, SOURCE, Utc::now());
+    let event = CloudEvent::new(data, ROLLGATE_SOURCE, Utc::now());
     let kind = data.event_type();
     let msg = Outgoing::event(&event, kind);
     match state.queue.publish(msg).await {
@@ -129,7 +140,7 @@ async fn enqueue(state: &AppState, data: &EventData) -> Result<CloudEvent, ApiEr
                 .queue_errors
                 .with_label_values(&["publish"])
                 .inc();
-            tracing::warn!(error = %e, "cannot queue an event");
+            tracing::warn!(error = %crate::error_chain(&e), "cannot queue an event");
             Err(ApiError::unavailable(format!(
                 "the event was not queued ({e}); nothing was accepted, retry later"
             )))
@@ -138,7 +149,7 @@ async fn enqueue(state: &AppState, data: &EventData) -> Result<CloudEvent, ApiEr
 }
 
 fn store_down(e: crate::store::StoreError) -> ApiError {
-    tracing::warn!(error = %e, "run store failed");
+    tracing::warn!(error = %crate::error_chain(&e), "run store failed");
     ApiError::unavailable("the run store is unavailable; retry later")
 }
 
@@ -154,8 +165,7 @@ pub async fn post_alerts(
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let body = read_json(&req, payload, state.max_body_bytes).await?;
-    let batch = AlertBatch::from_json(&body).map_err(|e| ApiError::invalid(e.to_string()))?;
+    let batch = read_request(&req, payload, &state, AlertBatch::from_json).await?;
     let alerts = batch.alerts.len();
     let event = enqueue(&state, &EventData::Alerts(batch)).await?;
     Ok(HttpResponse::Accepted().json(AlertsAccepted {
@@ -180,7 +190,7 @@ pub struct GateQuery {
 }
 
 /// `GET /v1/gates`: the verdict, each source's state and the evaluation time.
-#[utoipa::path(get, path = "/v1/gates", params(GateQuery), responses((status = 200, body = crate::gate::GateReport)), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/gates", params(GateQuery), responses((status = 200, body = crate::workflows::gate::GateReport)), security(("bearer" = [])))]
 pub async fn get_gates(state: State, query: web::Query<GateQuery>) -> HttpResponse {
     let last = if query.cached == Some(true) {
         state.gate.last()
@@ -194,7 +204,7 @@ pub async fn get_gates(state: State, query: web::Query<GateQuery>) -> HttpRespon
 }
 
 /// `POST /v1/detections`: ask for a Kubernetes version upgrade.
-#[utoipa::path(post, path = "/v1/detections", request_body = DetectionRequest,
+#[utoipa::path(post, path = "/v1/detections", request_body = DetectionBody,
     responses((status = 202, body = DetectionAccepted, description = "a new run"),
         (status = 200, body = DetectionAccepted, description = "a run for this target is already in flight"),
         (status = 409, body = super::error::ErrorBody, description = "another upgrade run holds the cluster"),
@@ -205,11 +215,9 @@ pub async fn post_detections(
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let body = read_json(&req, payload, state.max_body_bytes).await?;
-    let request =
-        DetectionRequest::from_json(&body).map_err(|e| ApiError::invalid(e.to_string()))?;
+    let request = read_request(&req, payload, &state, DetectionRequest::from_json).await?;
     let run_id = uuid::Uuid::now_v7().to_string();
-    let run = accepted_run(run_id.clone(), &request, state.on_failure);
+    let run = Run::k8s_upgrade(run_id.clone(), &request, state.on_failure, Utc::now());
     let event = EventData::Detection {
         run_id: Some(run_id),
         request: request.clone(),
@@ -242,7 +250,7 @@ async fn take_run_request(
     check.await?;
     enqueue(state, &event).await?;
     if let Err(e) = state.store.insert_run_if_absent(&run).await {
-        tracing::warn!(error = %e, run_id = %run.id, "run record not written at intake; the worker will write it");
+        tracing::warn!(error = %crate::error_chain(&e), run_id = %run.id, "run record not written at intake; the worker will write it");
     }
     Ok(HttpResponse::Accepted().json(DetectionAccepted {
         run_id: run.id,
@@ -251,7 +259,7 @@ async fn take_run_request(
 }
 
 /// `POST /v1/etcd-rolls`: roll the etcd cluster that is a StatefulSet's pods.
-#[utoipa::path(post, path = "/v1/etcd-rolls", request_body = EtcdRollRequest,
+#[utoipa::path(post, path = "/v1/etcd-rolls", request_body = EtcdRollBody,
     responses((status = 202, body = DetectionAccepted, description = "a new run"),
         (status = 200, body = DetectionAccepted, description = "a roll of this StatefulSet is already in flight"),
         (status = 422, body = super::error::ErrorBody), (status = 503, body = super::error::ErrorBody)),
@@ -261,9 +269,7 @@ pub async fn post_etcd_rolls(
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let body = read_json(&req, payload, state.max_body_bytes).await?;
-    let request =
-        EtcdRollRequest::from_json(&body).map_err(|e| ApiError::invalid(e.to_string()))?;
+    let request = read_request(&req, payload, &state, EtcdRollRequest::from_json).await?;
     if let Some(why) = &state.etcd_rolls.unavailable {
         return Err(ApiError::invalid(why.clone()));
     }
@@ -273,7 +279,7 @@ pub async fn post_etcd_rolls(
         ));
     }
     let run_id = uuid::Uuid::now_v7().to_string();
-    let run = accepted_etcd_roll(run_id.clone(), &request, state.on_failure);
+    let run = Run::etcd_roll(run_id.clone(), &request, state.on_failure, Utc::now());
     let event = EventData::EtcdRoll {
         run_id: Some(run_id),
         request,
@@ -306,12 +312,12 @@ async fn check_plan(state: &AppState, request: &DetectionRequest) -> Result<(), 
         ));
     }
     let facts = cluster.facts().await.map_err(|e| {
-        tracing::warn!(error = %e, "cannot read the cluster to check a detection");
+        tracing::warn!(error = %crate::error_chain(&e), "cannot read the cluster to check a detection");
         ApiError::unavailable(format!(
             "cannot read the cluster to check the request; retry later ({e})"
         ))
     })?;
-    crate::domain::plan::plan(request, &facts, &state.plan_settings)
+    crate::domain::k8s_upgrade::plan(request, &facts, &state.plan_settings)
         .map(drop)
         .map_err(|e| ApiError::invalid(e.to_string()))
 }

@@ -28,6 +28,10 @@ use tokio::sync::Mutex;
 
 use super::{Delivery, Handle, Outgoing, Queue, QueueError};
 use crate::config::QueueSettings;
+use crate::domain::backoff::Backoff;
+
+/// The pause between attempts to reach the broker again.
+const RECONNECT: Backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
 
 /// The routing keys bound to the events queue.
 pub const ROUTING_KEYS: [&str; 5] = ["alerts", "detections", "etcd-rolls", "control", "wake"];
@@ -473,30 +477,30 @@ impl Queue for AmqpQueue {
     }
 
     async fn next(&self) -> Result<Delivery, QueueError> {
-        let mut backoff = Duration::from_millis(200);
+        let mut failures = 0u32;
         loop {
             let mut consumer = self.consumer.lock().await;
             if consumer.is_none() {
                 match self.link(true).await {
                     Ok(link) => match start_consumer(&link, &self.settings).await {
                         Ok(c) => {
-                            backoff = Duration::from_millis(200);
+                            failures = 0;
                             *consumer = Some((link.generation, c));
                         }
                         Err(e) => {
-                            tracing::warn!(error = %e, "cannot start the RabbitMQ consumer; retrying");
+                            tracing::warn!(error = %crate::error_chain(&e), "cannot start the RabbitMQ consumer; retrying");
                             self.forget(link.generation).await;
                         }
                     },
                     Err(e) => {
-                        tracing::warn!(error = %e, retry_in = ?backoff, "RabbitMQ unreachable; retrying")
+                        tracing::warn!(error = %crate::error_chain(&e), failures, "RabbitMQ unreachable; retrying")
                     }
                 }
             }
             let Some((generation, stream)) = consumer.as_mut() else {
                 drop(consumer);
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
+                failures = failures.saturating_add(1);
+                tokio::time::sleep(crate::jitter::pause(&RECONNECT, failures)).await;
                 continue;
             };
             match stream.next().await {
@@ -510,7 +514,7 @@ impl Queue for AmqpQueue {
                     });
                 }
                 Some(Err(e)) => {
-                    tracing::warn!(error = %e, "RabbitMQ consumer failed; reconnecting")
+                    tracing::warn!(error = %crate::error_chain(&e), "RabbitMQ consumer failed; reconnecting")
                 }
                 None => tracing::warn!("RabbitMQ consumer ended; reconnecting"),
             }

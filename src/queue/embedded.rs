@@ -10,6 +10,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, oneshot};
 
 use super::{Delivery, Handle, Outgoing, Queue, QueueError};
+use crate::sqlite::{self, Migration, MigrationError};
 
 /// Commands more than this are left for the next transaction.
 const MAX_BATCH: usize = 512;
@@ -43,42 +44,46 @@ pub struct EmbeddedQueue {
     published: std::sync::Arc<Notify>,
 }
 
-/// Opens (creates) the queue database with the durability rollgate relies on.
-pub fn open_durable(path: &Path) -> rusqlite::Result<Connection> {
-    let conn = Connection::open(path)?;
-    conn.pragma_update(None, "journal_mode", "WAL")?;
-    conn.pragma_update(None, "synchronous", "FULL")?;
-    conn.busy_timeout(Duration::from_secs(5))?;
-    Ok(conn)
+/// The queue's schema, one migration per version (see [`crate::sqlite`]).
+const MIGRATIONS: &[Migration] = &[messages_and_dead];
+
+/// Version 1: the messages and the dead letters.
+fn messages_and_dead(tx: &rusqlite::Transaction<'_>) -> Result<(), MigrationError> {
+    // IF NOT EXISTS: files from before versioning have these tables at version 0.
+    tx.execute_batch(
+        "CREATE TABLE IF NOT EXISTS messages (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            id TEXT NOT NULL,
+            routing_key TEXT NOT NULL,
+            body BLOB NOT NULL,
+            not_before INTEGER NOT NULL,
+            lease_until INTEGER,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            enqueued_at INTEGER NOT NULL
+        );
+        CREATE INDEX IF NOT EXISTS messages_due ON messages (not_before, seq);
+        CREATE TABLE IF NOT EXISTS dead (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            id TEXT NOT NULL,
+            routing_key TEXT NOT NULL,
+            body BLOB NOT NULL,
+            reason TEXT NOT NULL,
+            attempts INTEGER NOT NULL,
+            dead_at INTEGER NOT NULL
+        );",
+    )?;
+    Ok(())
 }
 
 impl EmbeddedQueue {
     /// Opens the queue at `path`. The caller holds the data-dir lock, so any lease found is
     /// from a process that died: those messages are due again at once.
     pub fn open(path: &Path, lease: Duration, delivery_limit: u32) -> Result<Self, QueueError> {
-        let conn = open_durable(path).map_err(unavailable)?;
-        conn.execute_batch(
-            "CREATE TABLE IF NOT EXISTS messages (
-                seq INTEGER PRIMARY KEY AUTOINCREMENT,
-                id TEXT NOT NULL,
-                routing_key TEXT NOT NULL,
-                body BLOB NOT NULL,
-                not_before INTEGER NOT NULL,
-                lease_until INTEGER,
-                attempts INTEGER NOT NULL DEFAULT 0,
-                enqueued_at INTEGER NOT NULL
-            );
-            CREATE INDEX IF NOT EXISTS messages_due ON messages (not_before, seq);
-            CREATE TABLE IF NOT EXISTS dead (
-                seq INTEGER PRIMARY KEY AUTOINCREMENT,
-                id TEXT NOT NULL,
-                routing_key TEXT NOT NULL,
-                body BLOB NOT NULL,
-                reason TEXT NOT NULL,
-                attempts INTEGER NOT NULL,
-                dead_at INTEGER NOT NULL
-            );
-            UPDATE messages SET lease_until = NULL WHERE lease_until IS NOT NULL;",
+        let conn = sqlite::open(path, MIGRATIONS)
+            .map_err(|e| QueueError::Unavailable(crate::error_chain(&e)))?;
+        conn.execute(
+            "UPDATE messages SET lease_until = NULL WHERE lease_until IS NOT NULL",
+            [],
         )
         .map_err(unavailable)?;
         let (tx, rx) = mpsc::channel();

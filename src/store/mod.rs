@@ -6,16 +6,98 @@
 //! a crash between commit and publish leaves the messages in the outbox for the next start.
 
 use chrono::{DateTime, Utc};
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, OptionalExtension, Transaction, params};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use crate::domain::alert::{Alert, AlertStatus};
 use crate::domain::run::{Run, RunKind, RunStatus};
 use crate::queue::Outgoing;
+use crate::sqlite::{self, Migration, MigrationError};
 
 /// Processed event ids are kept this long for deduplication.
 const DEDUP_DAYS: i64 = 14;
+
+/// The store's schema, one migration per version (see [`crate::sqlite`]).
+const MIGRATIONS: &[Migration] = &[tables, etcd_start_term_from_note];
+
+/// Version 1: runs, processed events, the outbox and the alert board.
+fn tables(tx: &Transaction<'_>) -> Result<(), MigrationError> {
+    // IF NOT EXISTS: files from before versioning have these tables at version 0.
+    tx.execute_batch(
+        "CREATE TABLE IF NOT EXISTS runs (
+            id TEXT PRIMARY KEY,
+            kind TEXT NOT NULL,
+            status TEXT NOT NULL,
+            target TEXT,
+            created_at INTEGER NOT NULL,
+            doc TEXT NOT NULL
+        );
+        CREATE INDEX IF NOT EXISTS runs_status ON runs (status);
+        CREATE TABLE IF NOT EXISTS processed_events (
+            id TEXT PRIMARY KEY,
+            type TEXT NOT NULL,
+            processed_at INTEGER NOT NULL
+        );
+        CREATE TABLE IF NOT EXISTS outbox (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            id TEXT NOT NULL,
+            routing_key TEXT NOT NULL,
+            body BLOB NOT NULL,
+            not_before INTEGER
+        );
+        CREATE TABLE IF NOT EXISTS alerts (
+            fingerprint TEXT PRIMARY KEY,
+            doc TEXT NOT NULL,
+            received INTEGER NOT NULL,
+            updated_at INTEGER NOT NULL
+        );",
+    )?;
+    Ok(())
+}
+
+/// Version 2: steps became typed, and what a later step needs lives in the run's
+/// `memory`. Before, an etcd roll's starting raft term was written only into the note of
+/// its `etcd-begin` step ("raft term N at the start; …"): carry it into
+/// `memory.etcd_start_term`. Every stored run must decode in the new shape, or the
+/// migration stops naming the run, and the file stays at version 1.
+fn etcd_start_term_from_note(tx: &Transaction<'_>) -> Result<(), MigrationError> {
+    let docs: Vec<(String, String)> = tx
+        .prepare("SELECT id, doc FROM runs")?
+        .query_map([], row_doc)?
+        .collect::<Result<_, _>>()?;
+    for (id, doc) in docs {
+        let undecodable = |e: serde_json::Error| {
+            MigrationError::data(format!(
+                "run {id} does not decode ({e}); remove it from the runs table to go on"
+            ))
+        };
+        let mut value: serde_json::Value = serde_json::from_str(&doc).map_err(undecodable)?;
+        let term = value["steps"].as_array().and_then(|steps| {
+            steps
+                .iter()
+                .find(|s| s["name"] == "etcd-begin" && s["status"] == "done")?["outcome"]
+                .as_str()?
+                .strip_prefix("raft term ")?
+                .split_whitespace()
+                .next()?
+                .parse::<u64>()
+                .ok()
+        });
+        if let (Some(term), Some(run)) = (term, value.as_object_mut()) {
+            run.insert(
+                "memory".into(),
+                serde_json::json!({ "etcd_start_term": term }),
+            );
+        }
+        let run: Run = serde_json::from_value(value).map_err(undecodable)?;
+        tx.execute(
+            "UPDATE runs SET doc = ?2 WHERE id = ?1",
+            params![id, encode(&run)],
+        )?;
+    }
+    Ok(())
+}
 
 /// A store failure.
 #[derive(Debug, thiserror::Error)]
@@ -23,10 +105,13 @@ pub enum StoreError {
     /// SQLite failed.
     #[error("run store: {0}")]
     Sql(#[from] rusqlite::Error),
+    /// The file could not be brought to the schema this build knows.
+    #[error("run store: {0}")]
+    Schema(#[from] MigrationError),
     /// A stored document does not decode.
     #[error("run store: corrupt record {id}: {error}")]
     Corrupt {
-        /// Record id.
+        /// The id of the record that does not decode.
         id: String,
         /// Decoder error.
         error: String,
@@ -76,38 +161,9 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens (creates) the store at `path`.
+    /// Opens (creates) the store at `path`, migrating it to the schema this build knows.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let conn = crate::queue::embedded::open_durable(path)?;
-        conn.execute_batch(
-            "CREATE TABLE IF NOT EXISTS runs (
-                id TEXT PRIMARY KEY,
-                kind TEXT NOT NULL,
-                status TEXT NOT NULL,
-                target TEXT,
-                created_at INTEGER NOT NULL,
-                doc TEXT NOT NULL
-            );
-            CREATE INDEX IF NOT EXISTS runs_status ON runs (status);
-            CREATE TABLE IF NOT EXISTS processed_events (
-                id TEXT PRIMARY KEY,
-                type TEXT NOT NULL,
-                processed_at INTEGER NOT NULL
-            );
-            CREATE TABLE IF NOT EXISTS outbox (
-                seq INTEGER PRIMARY KEY AUTOINCREMENT,
-                id TEXT NOT NULL,
-                routing_key TEXT NOT NULL,
-                body BLOB NOT NULL,
-                not_before INTEGER
-            );
-            CREATE TABLE IF NOT EXISTS alerts (
-                fingerprint TEXT PRIMARY KEY,
-                doc TEXT NOT NULL,
-                received INTEGER NOT NULL,
-                updated_at INTEGER NOT NULL
-            );",
-        )?;
+        let conn = sqlite::open(path, MIGRATIONS)?;
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
         })
@@ -137,17 +193,8 @@ impl Store {
     /// One run.
     pub async fn get_run(&self, id: &str) -> Result<Option<Run>, StoreError> {
         let id = id.to_owned();
-        self.with(move |c| {
-            c.query_row(
-                "SELECT id, doc FROM runs WHERE id = ?1",
-                params![id],
-                row_doc,
-            )
-            .optional()?
-            .map(decode_run)
-            .transpose()
-        })
-        .await
+        self.with(move |c| first_run(c, "SELECT id, doc FROM runs WHERE id = ?1", params![id]))
+            .await
     }
 
     /// Runs, newest first, optionally of one status.
@@ -171,16 +218,13 @@ impl Store {
     pub async fn in_flight(&self, kind: RunKind, target: &str) -> Result<Option<Run>, StoreError> {
         let target = target.to_owned();
         self.with(move |c| {
-            c.query_row(
+            first_run(
+                c,
                 "SELECT id, doc FROM runs WHERE kind = ?1 AND target = ?2
                  AND status NOT IN ('failed', 'succeeded', 'aborted')
                  ORDER BY created_at LIMIT 1",
                 params![kind.name(), target],
-                row_doc,
             )
-            .optional()?
-            .map(decode_run)
-            .transpose()
         })
         .await
     }
@@ -190,16 +234,13 @@ impl Store {
     pub async fn active(&self, kind: RunKind, except: &str) -> Result<Option<Run>, StoreError> {
         let except = except.to_owned();
         self.with(move |c| {
-            c.query_row(
+            first_run(
+                c,
                 "SELECT id, doc FROM runs WHERE kind = ?1 AND id != ?2
                  AND status IN ('running', 'waiting', 'halted')
                  ORDER BY created_at LIMIT 1",
                 params![kind.name(), except],
-                row_doc,
             )
-            .optional()?
-            .map(decode_run)
-            .transpose()
         })
         .await
     }
@@ -234,14 +275,7 @@ impl Store {
             let n = c.execute(
                 "INSERT OR IGNORE INTO runs (id, kind, status, target, created_at, doc)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                params![
-                    run.id,
-                    run.kind.name(),
-                    run.status.name(),
-                    run.target,
-                    run.created_at.timestamp_millis(),
-                    encode(&run)
-                ],
+                run_row(&run),
             )?;
             Ok(n == 1)
         })
@@ -282,14 +316,7 @@ impl Store {
                     "INSERT INTO runs (id, kind, status, target, created_at, doc)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6)
                      ON CONFLICT (id) DO UPDATE SET status = excluded.status, doc = excluded.doc",
-                    params![
-                        run.id,
-                        run.kind.name(),
-                        run.status.name(),
-                        run.target,
-                        run.created_at.timestamp_millis(),
-                        encode(run)
-                    ],
+                    run_row(run),
                 )?;
             }
             for alert in &commit.alerts {
@@ -409,6 +436,30 @@ impl Store {
     }
 }
 
+/// The columns of `run`'s row: id, kind, status, target, created_at, doc.
+fn run_row(run: &Run) -> (&str, &str, &str, Option<&str>, i64, String) {
+    (
+        &run.id,
+        run.kind.name(),
+        run.status.name(),
+        run.target.as_deref(),
+        run.created_at.timestamp_millis(),
+        encode(run),
+    )
+}
+
+/// The first run `sql` selects (as `id, doc`), if any.
+fn first_run(
+    c: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> Result<Option<Run>, StoreError> {
+    c.query_row(sql, params, row_doc)
+        .optional()?
+        .map(decode_run)
+        .transpose()
+}
+
 fn row_doc(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, String)> {
     Ok((r.get(0)?, r.get(1)?))
 }
@@ -422,4 +473,172 @@ fn decode_run((id, doc): (String, String)) -> Result<Run, StoreError> {
 
 fn encode(run: &Run) -> String {
     serde_json::to_string(run).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::etcd_roll::{Action, initial_steps as roll_steps, steps_for};
+    use crate::domain::event::{DetectionRequest, StageSelection, UpgradeKind};
+    use crate::domain::k8s_upgrade::{self as plan, ClusterFacts, NodeFacts, PlanSettings, Role};
+    use crate::domain::run::{Step, StepStatus};
+    use crate::domain::version::Version;
+
+    fn node(name: &str, role: Role, containerd: &str) -> NodeFacts {
+        NodeFacts {
+            name: name.into(),
+            role,
+            kubelet: Version::parse("1.34.2").unwrap(),
+            containerd: Version::parse(containerd).ok(),
+            ready: true,
+            address: None,
+        }
+    }
+
+    /// A minor upgrade of a cluster whose control plane's containerd is behind: every
+    /// stage plans steps, so every upgrade step kind appears.
+    fn full_plan() -> Vec<Step> {
+        let request = DetectionRequest {
+            target_version: Version::parse("1.35.0").unwrap(),
+            kind: UpgradeKind::Minor,
+            dry_run: false,
+            stages: StageSelection::all(),
+        };
+        let facts = ClusterFacts {
+            nodes: vec![
+                node("cp", Role::ControlPlane, "1.7.20"),
+                node("w1", Role::Worker, "1.7.24"),
+                node("w2", Role::Worker, "1.7.24"),
+            ],
+        };
+        let mut steps = plan::initial_steps(&request);
+        steps.extend(
+            plan::plan(&request, &facts, &PlanSettings::default())
+                .unwrap()
+                .steps,
+        );
+        steps
+    }
+
+    fn run_of(kind: RunKind, steps: Vec<Step>) -> Run {
+        Run::new(
+            uuid::Uuid::now_v7().to_string(),
+            kind,
+            serde_json::json!({}),
+            Some("1.35.0".into()),
+            steps,
+            Utc::now(),
+            "accepted",
+        )
+    }
+
+    #[tokio::test]
+    async fn every_step_kind_of_a_full_plan_round_trips_through_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store.db")).unwrap();
+        let upgrade = run_of(RunKind::K8sUpgrade, full_plan());
+        let names: std::collections::BTreeSet<&str> =
+            upgrade.steps.iter().map(|s| s.kind.name()).collect();
+        assert_eq!(names.len(), 18, "every upgrade step kind: {names:?}");
+        let mut roll_steps = roll_steps();
+        for action in [
+            Action::Restart {
+                id: 1,
+                name: "etcd-1".into(),
+            },
+            Action::MoveLeader {
+                to: 1,
+                name: "etcd-1".into(),
+            },
+            Action::Done,
+        ] {
+            roll_steps.extend(steps_for(&action));
+        }
+        let mut roll = run_of(RunKind::EtcdRoll, roll_steps);
+        roll.memory.etcd_start_term = Some(4);
+        for run in [upgrade, roll] {
+            assert!(store.insert_run_if_absent(&run).await.unwrap());
+            let back = store.get_run(&run.id).await.unwrap().unwrap();
+            assert_eq!(back, run);
+        }
+    }
+
+    /// A version-1 file as rollgate wrote it before steps were typed.
+    fn version_1_file(path: &Path, docs: &[(&str, &str, serde_json::Value)]) {
+        let mut conn = Connection::open(path).unwrap();
+        let tx = conn.transaction().unwrap();
+        tables(&tx).unwrap();
+        for (id, kind, doc) in docs {
+            tx.execute(
+                "INSERT INTO runs (id, kind, status, target, created_at, doc) VALUES (?1, ?2, 'running', NULL, 0, ?3)",
+                params![id, kind, doc.to_string()],
+            )
+            .unwrap();
+        }
+        tx.pragma_update(None, "user_version", 1).unwrap();
+        tx.commit().unwrap();
+    }
+
+    fn old_roll_doc(begin_outcome: &str, restart_name: &str) -> serde_json::Value {
+        let mut run = run_of(RunKind::EtcdRoll, roll_steps());
+        run.steps[0].status = StepStatus::Done;
+        run.steps[0].outcome = Some(begin_outcome.into());
+        let mut doc = serde_json::to_value(&run).unwrap();
+        doc.as_object_mut().unwrap().remove("memory");
+        doc["steps"][1]["name"] = restart_name.into();
+        doc
+    }
+
+    #[tokio::test]
+    async fn a_version_1_store_is_migrated_with_the_start_term_out_of_the_note() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db");
+        let doc = old_roll_doc(
+            "raft term 17 at the start; leader etcd-1; 3 members, 3 to roll",
+            "etcd-next",
+        );
+        let fresh = old_roll_doc("refused", "etcd-next");
+        version_1_file(
+            &path,
+            &[("old", "etcd-roll", doc), ("fresh", "etcd-roll", fresh)],
+        );
+        let store = Store::open(&path).unwrap();
+        let run = store.get_run("old").await.unwrap().unwrap();
+        assert_eq!(run.memory.etcd_start_term, Some(17));
+        assert_eq!(
+            run.steps[1].kind,
+            crate::domain::step::EtcdRollStep::Next.into()
+        );
+        let fresh = store.get_run("fresh").await.unwrap().unwrap();
+        assert_eq!(fresh.memory.etcd_start_term, None);
+        let conn = store.conn.lock().unwrap();
+        assert_eq!(sqlite::version(&conn).unwrap(), MIGRATIONS.len() as u32);
+    }
+
+    #[test]
+    fn a_stored_run_of_no_known_shape_stops_the_migration_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db");
+        let doc = old_roll_doc("raft term 3 at the start", "etcd-nxet");
+        version_1_file(&path, &[("typo", "etcd-roll", doc)]);
+        let Err(err) = Store::open(&path) else {
+            panic!("a run with an unknown step was migrated");
+        };
+        let err = crate::error_chain(&err);
+        assert!(
+            err.contains("store.db: migration to version 2: run typo does not decode")
+                && err.contains("step etcd-roll/etcd-nxet: no etcd roll step has this name"),
+            "{err}"
+        );
+        let conn = Connection::open(&path).unwrap();
+        assert_eq!(sqlite::version(&conn).unwrap(), 1, "left at version 1");
+    }
+
+    #[test]
+    fn an_empty_file_gets_the_newest_schema() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store.db")).unwrap();
+        let conn = store.conn.lock().unwrap();
+        assert_eq!(sqlite::version(&conn).unwrap(), MIGRATIONS.len() as u32);
+    }
 }

@@ -8,6 +8,7 @@ pub mod ground;
 pub mod kube;
 pub mod manifests;
 pub mod nodes;
+pub mod openapi;
 pub mod rabbit;
 pub mod scripted;
 pub mod services;

@@ -37,7 +37,7 @@ pub struct GateReport {
     pub prometheus: SourceReport,
     /// The Alertmanager board.
     pub alertmanager: SourceReport,
-    /// When.
+    /// The earliest time the wake may be delivered.
     pub evaluated_at: DateTime<Utc>,
 }
 
@@ -135,7 +135,7 @@ impl Gate {
         let prom = self.read_prometheus(&self.settings.query, true).await;
         let (board, board_error) = match self.store.board(now).await {
             Ok(board) => (board.into_iter().map(|e| e.alert).collect::<Vec<_>>(), None),
-            Err(e) => (Vec::new(), Some(e.to_string())),
+            Err(e) => (Vec::new(), Some(crate::error_chain(&e))),
         };
         let mut verdict = gate::evaluate(&prom, &board, now, &self.policy);
         if let Some(error) = &board_error

@@ -11,11 +11,13 @@ use std::sync::Arc;
 use crate::domain::detect::{
     self, Decision, Findings, NextMinor, RunningError, madison_releases, minor_of, next_minor,
 };
-use crate::domain::event::{CloudEvent, DetectionRequest, EventData, StageSelection};
-use crate::domain::plan::Role;
-use crate::ports::{ClusterRead, MetricsPush, NodeExec, NodeTarget, PackageRepository, RepoError};
-use crate::queue::{Outgoing, Queue};
-use crate::upgrade::NODE_SCRIPT;
+use crate::domain::event::{DetectionRequest, StageSelection};
+use crate::domain::k8s_upgrade::Role;
+use crate::ports::{
+    ClusterError, ClusterRead, Failure, MetricsPush, NodeExec, NodeTarget, PackageRepository,
+    RepoError, Submitted, Submitter,
+};
+use crate::workflows::k8s_upgrade::NODE_SCRIPT;
 
 /// Where detection reads from.
 pub struct Sources {
@@ -31,8 +33,8 @@ pub struct Sources {
 #[derive(Debug, thiserror::Error)]
 pub enum DetectError {
     /// The Kubernetes API could not be read.
-    #[error("cannot read the cluster: {0}")]
-    Cluster(String),
+    #[error("cannot read the cluster")]
+    Cluster(#[from] ClusterError),
     /// The running version cannot be told.
     #[error(transparent)]
     Running(#[from] RunningError),
@@ -48,11 +50,11 @@ pub enum DetectError {
     #[error(transparent)]
     Repo(#[from] RepoError),
     /// rollgate did not take the request.
-    #[error("the upgrade request was not taken: {0}")]
-    Submit(String),
+    #[error("the upgrade request was not taken")]
+    Submit(#[source] Failure),
     /// The metrics were not pushed (what else there was to do is done).
-    #[error("the metrics were not pushed: {0}")]
-    Push(String),
+    #[error("the metrics were not pushed")]
+    Push(#[source] Failure),
 }
 
 impl DetectError {
@@ -64,98 +66,6 @@ impl DetectError {
             Self::Submit(_) => 4,
             Self::Push(_) => 5,
         }
-    }
-}
-
-/// What came of asking for the upgrade.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case", tag = "result")]
-pub enum Submitted {
-    /// A new run.
-    Created {
-        /// Its id.
-        run_id: String,
-    },
-    /// A run for this target was in flight already.
-    InFlight {
-        /// Its id.
-        run_id: String,
-    },
-    /// Another upgrade holds the cluster; next week's detection asks again.
-    Held {
-        /// rollgate's words.
-        message: String,
-    },
-    /// Published on the AMQP exchange (publisher-confirmed).
-    Published {
-        /// The CloudEvent id.
-        event_id: String,
-    },
-}
-
-/// Asks rollgate for an upgrade.
-#[async_trait::async_trait]
-pub trait Submitter: Send + Sync {
-    /// Hands `request` over.
-    async fn submit(&self, request: &DetectionRequest) -> Result<Submitted, String>;
-}
-
-/// `POST /v1/detections`.
-pub struct HttpSubmitter {
-    /// rollgate's base URL.
-    pub url: String,
-    /// The API token (read from a file; never logged).
-    pub token: String,
-    /// The client, with its timeout.
-    pub http: reqwest::Client,
-}
-
-#[async_trait::async_trait]
-impl Submitter for HttpSubmitter {
-    async fn submit(&self, request: &DetectionRequest) -> Result<Submitted, String> {
-        let url = format!("{}/v1/detections", self.url);
-        let response = self
-            .http
-            .post(&url)
-            .bearer_auth(&self.token)
-            .json(&request.to_json())
-            .send()
-            .await
-            .map_err(|e| format!("{url}: {e}"))?;
-        let status = response.status().as_u16();
-        let body: serde_json::Value = response.json().await.unwrap_or_default();
-        let field = |name: &str| body[name].as_str().unwrap_or_default().to_owned();
-        match status {
-            202 => Ok(Submitted::Created {
-                run_id: field("run_id"),
-            }),
-            200 => Ok(Submitted::InFlight {
-                run_id: field("run_id"),
-            }),
-            409 => Ok(Submitted::Held {
-                message: field("message"),
-            }),
-            other => Err(format!("{url}: HTTP {other}: {}", field("message"))),
-        }
-    }
-}
-
-/// A `rollgate.detection.v1` CloudEvent on the exchange.
-pub struct AmqpSubmitter(pub Arc<dyn Queue>);
-
-#[async_trait::async_trait]
-impl Submitter for AmqpSubmitter {
-    async fn submit(&self, request: &DetectionRequest) -> Result<Submitted, String> {
-        let data = EventData::Detection {
-            run_id: None,
-            request: request.clone(),
-        };
-        let event = CloudEvent::new(&data, "rollgate-detect", Utc::now());
-        self.0
-            .publish(Outgoing::event(&event, data.event_type()))
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(Submitted::Published { event_id: event.id })
     }
 }
 
@@ -175,16 +85,8 @@ pub struct Report {
 
 /// Reads the facts.
 pub async fn findings(sources: &Sources) -> Result<Findings, DetectError> {
-    let facts = sources
-        .cluster
-        .facts()
-        .await
-        .map_err(|e| DetectError::Cluster(e.to_string()))?;
-    let api_server = sources
-        .cluster
-        .api_server_version()
-        .await
-        .map_err(|e| DetectError::Cluster(e.to_string()))?;
+    let facts = sources.cluster.facts().await?;
+    let api_server = sources.cluster.api_server_version().await?;
     let (running, behind) = detect::running(&facts, api_server)?;
     let plane = facts
         .nodes
@@ -295,7 +197,7 @@ mod tests {
     #[test]
     fn exit_codes_tell_what_went_wrong() {
         let cases = [
-            (DetectError::Cluster("x".into()), 3),
+            (DetectError::Cluster(ClusterError::new("x")), 3),
             (DetectError::Running(RunningError::NoControlPlane), 3),
             (
                 DetectError::Ssh {
@@ -305,14 +207,14 @@ mod tests {
                 3,
             ),
             (
-                DetectError::Repo(RepoError {
+                DetectError::Repo(crate::ports::RepoError {
                     url: "u".into(),
-                    error: "x".into(),
+                    failure: Failure::new("x"),
                 }),
                 3,
             ),
-            (DetectError::Submit("x".into()), 4),
-            (DetectError::Push("x".into()), 5),
+            (DetectError::Submit(Failure::new("x")), 4),
+            (DetectError::Push(Failure::new("x")), 5),
         ];
         for (error, code) in cases {
             assert_eq!(error.exit_code(), code, "{error}");

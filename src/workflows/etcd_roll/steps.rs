@@ -12,29 +12,18 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
-use crate::adapters::etcd::{Etcd, EtcdSettings, EtcdTls};
 use crate::domain::engine::StepOutcome;
 use crate::domain::etcd_roll::{
-    Action, ClusterView, Member, Refusal, next_action, steps, steps_for, tally,
+    Action, ClusterView, Member, Refusal, next_action, steps_for, tally,
 };
 use crate::domain::event::EtcdRollRequest;
-use crate::domain::run::{Run, Step};
-use crate::etcd_roll::{
+use crate::domain::run::{Learned, Run, Step};
+use crate::domain::step::{EtcdRollStep, StepKind};
+use crate::metrics::Metrics;
+use crate::ports::{EtcdConnect, EtcdError, EtcdMembers, StatefulSets, StepExecutor};
+use crate::workflows::etcd_roll::{
     Driver, Endpoints, RollError, RollReport, StatefulSetDriver, Watch, not_ready, sample, view,
 };
-use crate::metrics::Metrics;
-use crate::ports::{Executors, StatefulSets, StepExecutor};
-
-/// How `serve` reaches the etcd members of a roll.
-#[derive(Debug, Clone)]
-pub struct RollConnection {
-    /// CA, client certificate and key for `https://` members.
-    pub tls: Option<EtcdTls>,
-    /// Bound on connecting and on every etcd request.
-    pub timeout: Duration,
-    /// How long a leadership transfer may take to be confirmed by a majority.
-    pub transfer_timeout: Duration,
-}
 
 /// How long a `ready` step polls before it yields to the queue.
 const READY_POLL: Duration = Duration::from_secs(3);
@@ -42,8 +31,6 @@ const READY_POLL: Duration = Duration::from_secs(3);
 const RECHECK: Duration = Duration::from_millis(500);
 /// A sampler with no step of its run executed for this long stops (a halted run).
 const SAMPLER_IDLE: Duration = Duration::from_secs(600);
-/// The first words of the `begin` step's note, followed by the raft term at the start.
-const START_TERM: &str = "raft term ";
 
 struct Sampler {
     watch: Arc<tokio::sync::Mutex<Watch>>,
@@ -55,19 +42,18 @@ struct Sampler {
 pub struct EtcdRollSteps {
     /// StatefulSets and their pods.
     pub api: Arc<dyn StatefulSets>,
-    /// How to reach the members.
-    pub connection: RollConnection,
-    /// Metrics.
+    /// Opens a client of the members a roll names.
+    pub connect: Arc<dyn EtcdConnect>,
+    /// How long a leadership transfer may take to be confirmed by a majority.
+    pub transfer_timeout: Duration,
+    /// Where it counts what it does.
     pub metrics: Metrics,
-    clients: Mutex<HashMap<String, Arc<Etcd>>>,
+    clients: Mutex<HashMap<String, Arc<dyn EtcdMembers>>>,
     samplers: Mutex<HashMap<String, Sampler>>,
 }
 
-fn retry(error: impl std::fmt::Display) -> StepOutcome {
-    StepOutcome::Retry {
-        at: Utc::now() + chrono::Duration::seconds(2),
-        error: error.to_string(),
-    }
+fn retry(error: impl std::error::Error + 'static) -> StepOutcome {
+    StepOutcome::retry(crate::error_chain(&error))
 }
 
 fn wait(reason: String) -> StepOutcome {
@@ -85,50 +71,39 @@ fn over(step: &Step, limit: Duration, now: DateTime<Utc>) -> bool {
 }
 
 impl EtcdRollSteps {
-    /// Steps over `api`, reaching members through `connection`.
-    pub fn new(api: Arc<dyn StatefulSets>, connection: RollConnection, metrics: Metrics) -> Self {
+    /// Steps over `api`, reaching members through `connect`.
+    pub fn new(
+        api: Arc<dyn StatefulSets>,
+        connect: Arc<dyn EtcdConnect>,
+        transfer_timeout: Duration,
+        metrics: Metrics,
+    ) -> Self {
         Self {
             api,
-            connection,
+            connect,
+            transfer_timeout,
             metrics,
             clients: Mutex::new(HashMap::new()),
             samplers: Mutex::new(HashMap::new()),
         }
     }
 
-    /// `executors` with these steps registered.
-    pub fn register(self: Arc<Self>, mut executors: Executors) -> Executors {
-        for name in steps::ALL {
-            executors = executors.with(name, self.clone());
-        }
-        executors
-    }
-
-    fn etcd(&self, run: &Run, request: &EtcdRollRequest) -> Result<Arc<Etcd>, RollError> {
+    fn etcd(
+        &self,
+        run: &Run,
+        request: &EtcdRollRequest,
+    ) -> Result<Arc<dyn EtcdMembers>, EtcdError> {
         let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(etcd) = clients.get(&run.id) {
             return Ok(etcd.clone());
         }
-        let tls = if request.uses_tls() {
-            Some(self.connection.tls.clone().ok_or_else(|| {
-                RollError::Refused(
-                    "https members need etcd_roll.ca_file (and a client certificate)".into(),
-                )
-            })?)
-        } else {
-            None
-        };
-        let etcd = Arc::new(Etcd::new(EtcdSettings {
-            endpoints: request.endpoints.clone(),
-            timeout: self.connection.timeout,
-            tls,
-        })?);
+        let etcd = self.connect.connect(&request.endpoints)?;
         clients.insert(run.id.clone(), etcd.clone());
         Ok(etcd)
     }
 
     /// Keeps a sampler of leadership running for `run` while its steps run.
-    fn watch(&self, run: &Run, etcd: &Arc<Etcd>) -> Arc<tokio::sync::Mutex<Watch>> {
+    fn watch(&self, run: &Run, etcd: &Arc<dyn EtcdMembers>) -> Arc<tokio::sync::Mutex<Watch>> {
         let mut samplers = self.samplers.lock().unwrap_or_else(|e| e.into_inner());
         samplers.retain(|_, s| {
             let alive = s.touched.elapsed() < SAMPLER_IDLE && !s.stop.is_closed();
@@ -166,7 +141,12 @@ impl EtcdRollSteps {
             .remove(&run.id);
     }
 
-    async fn begin(&self, etcd: &Etcd, driver: &StatefulSetDriver, max_lag: u64) -> StepOutcome {
+    async fn begin(
+        &self,
+        etcd: &dyn EtcdMembers,
+        driver: &StatefulSetDriver,
+        max_lag: u64,
+    ) -> StepOutcome {
         if let Err(e) = driver.begin().await {
             return retry(e);
         }
@@ -190,16 +170,19 @@ impl EtcdRollSteps {
             .iter()
             .find(|m| Some(m.id) == current.leader)
             .map_or("-", |m| m.name.as_str());
-        StepOutcome::done(format!(
-            "{START_TERM}{term} at the start; leader {leader}; {} members, {pending} to roll; partition locked; first: {}",
-            current.members.len(),
-            describe(&action)
-        ))
+        StepOutcome::learned(
+            format!(
+                "raft term {term} at the start; leader {leader}; {} members, {pending} to roll; partition locked; first: {}",
+                current.members.len(),
+                describe(&action)
+            ),
+            Learned::EtcdStartTerm(term),
+        )
     }
 
     async fn next(
         &self,
-        etcd: &Etcd,
+        etcd: &dyn EtcdMembers,
         driver: &StatefulSetDriver,
         step: &Step,
         request: &EtcdRollRequest,
@@ -232,7 +215,7 @@ impl EtcdRollSteps {
 
     async fn restart(
         &self,
-        etcd: &Etcd,
+        etcd: &dyn EtcdMembers,
         driver: &StatefulSetDriver,
         request: &EtcdRollRequest,
         member: &str,
@@ -271,7 +254,7 @@ impl EtcdRollSteps {
 
     async fn ready(
         &self,
-        etcd: &Etcd,
+        etcd: &dyn EtcdMembers,
         driver: &StatefulSetDriver,
         step: &Step,
         request: &EtcdRollRequest,
@@ -318,7 +301,7 @@ impl EtcdRollSteps {
 
     async fn transfer(
         &self,
-        etcd: &Etcd,
+        etcd: &dyn EtcdMembers,
         driver: &StatefulSetDriver,
         request: &EtcdRollRequest,
         member: &str,
@@ -334,7 +317,7 @@ impl EtcdRollSteps {
             Ok(Action::MoveLeader { to, .. }) if to == m.id => {
                 // A transfer drops proposals in flight ("raft proposal dropped"); clients
                 // retry those, and so does this step when the move is not confirmed.
-                match etcd.move_leader(to, self.connection.transfer_timeout).await {
+                match etcd.move_leader(to, self.transfer_timeout).await {
                     Ok(()) => StepOutcome::done(format!("leadership moved to {member}")),
                     Err(e) => retry(e),
                 }
@@ -347,7 +330,7 @@ impl EtcdRollSteps {
     async fn finish(
         &self,
         run: &Run,
-        etcd: &Etcd,
+        etcd: &dyn EtcdMembers,
         driver: &StatefulSetDriver,
         watch: &tokio::sync::Mutex<Watch>,
         request: &EtcdRollRequest,
@@ -361,8 +344,10 @@ impl EtcdRollSteps {
             let w = watch.lock().await;
             (w.last_term.max(now_term), w.longest_leaderless)
         };
-        let Some(start_term) = start_term(run) else {
-            return StepOutcome::failed("the begin step's note lost the starting raft term");
+        let Some(start_term) = run.memory.etcd_start_term else {
+            return StepOutcome::failed(
+                "the run has no starting raft term: its begin step never finished",
+            );
         };
         let r = RollReport::new(
             tally.restarted,
@@ -406,7 +391,7 @@ impl EtcdRollSteps {
 /// The cluster, each member's endpoint, and `member` in it; the outcome to return when the
 /// cluster cannot be read or `member` is gone.
 async fn look_at(
-    etcd: &Etcd,
+    etcd: &dyn EtcdMembers,
     driver: &StatefulSetDriver,
     member: &str,
 ) -> Result<(ClusterView, Endpoints, Member), StepOutcome> {
@@ -421,7 +406,7 @@ async fn look_at(
 }
 
 /// The highest raft term any member reports (0 when none answers).
-async fn highest_term(etcd: &Etcd) -> u64 {
+async fn highest_term(etcd: &dyn EtcdMembers) -> u64 {
     etcd.answering()
         .await
         .iter()
@@ -443,28 +428,17 @@ fn describe(action: &Action) -> String {
 fn replan(note: String) -> StepOutcome {
     StepOutcome::Planned {
         note,
-        steps: vec![Step::new(steps::STAGE, steps::NEXT, None)],
+        steps: vec![Step::new(EtcdRollStep::Next)],
     }
-}
-
-/// The raft term the `begin` step recorded.
-fn start_term(run: &Run) -> Option<u64> {
-    run.steps
-        .iter()
-        .find(|s| s.name == steps::BEGIN)?
-        .outcome
-        .as_deref()?
-        .strip_prefix(START_TERM)?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
 }
 
 #[async_trait::async_trait]
 impl StepExecutor for EtcdRollSteps {
     async fn execute(&self, run: &Run, index: usize) -> StepOutcome {
         let step = &run.steps[index];
+        let StepKind::EtcdRoll(kind) = &step.kind else {
+            return StepOutcome::failed(format!("{} is not a step of an etcd roll", step.label()));
+        };
         let request = match EtcdRollRequest::from_json(&run.request) {
             Ok(r) => r,
             Err(e) => {
@@ -481,13 +455,16 @@ impl StepExecutor for EtcdRollSteps {
             namespace: request.namespace.clone(),
             name: request.statefulset.clone(),
         };
-        let member = step.node.clone().unwrap_or_default();
-        let outcome = match step.name.as_str() {
-            steps::BEGIN => self.begin(&etcd, &driver, request.max_lag).await,
-            steps::NEXT => self.next(&etcd, &driver, step, &request).await,
-            steps::RESTART => self.restart(&etcd, &driver, &request, &member).await,
-            steps::READY => self.ready(&etcd, &driver, step, &request, &member).await,
-            steps::COOLDOWN => {
+        let outcome = match kind {
+            EtcdRollStep::Begin => self.begin(&*etcd, &driver, request.max_lag).await,
+            EtcdRollStep::Next => self.next(&*etcd, &driver, step, &request).await,
+            EtcdRollStep::Restart { member } => {
+                self.restart(&*etcd, &driver, &request, member).await
+            }
+            EtcdRollStep::Ready { member } => {
+                self.ready(&*etcd, &driver, step, &request, member).await
+            }
+            EtcdRollStep::Cooldown { member } => {
                 let until = step.started_at.unwrap_or_else(Utc::now)
                     + chrono::Duration::seconds(request.cooldown_secs as i64);
                 if Utc::now() >= until {
@@ -499,15 +476,19 @@ impl StepExecutor for EtcdRollSteps {
                     }
                 }
             }
-            steps::TRANSFER => self.transfer(&etcd, &driver, &request, &member).await,
-            steps::FINISH => {
-                let outcome = self.finish(run, &etcd, &driver, &watch, &request).await;
+            EtcdRollStep::Transfer { member } => {
+                self.transfer(&*etcd, &driver, &request, member).await
+            }
+            EtcdRollStep::Finish => {
+                let outcome = self.finish(run, &*etcd, &driver, &watch, &request).await;
                 if matches!(outcome, StepOutcome::Done { .. }) {
                     self.forget(run);
                 }
                 outcome
             }
-            other => StepOutcome::failed(format!("no etcd roll step is called {other}")),
+            EtcdRollStep::Gate { .. } => {
+                StepOutcome::failed(format!("{} is the gate's step", step.label()))
+            }
         };
         if let StepOutcome::Retry { error, .. } | StepOutcome::Failed { error } = &outcome {
             warn!(run_id = %run.id, step = %step.label(), %error, "etcd roll step did not succeed");
@@ -519,31 +500,13 @@ impl StepExecutor for EtcdRollSteps {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::run::{RunKind, StepStatus};
-
-    #[test]
-    fn the_start_term_is_read_back_from_the_begin_note() {
-        let mut run = Run::new(
-            "r".into(),
-            RunKind::EtcdRoll,
-            serde_json::json!({}),
-            None,
-            crate::domain::etcd_roll::initial_steps(),
-            Utc::now(),
-            "accepted",
-        );
-        assert_eq!(start_term(&run), None);
-        run.steps[0].status = StepStatus::Done;
-        run.steps[0].outcome = Some(format!(
-            "{START_TERM}17 at the start; leader etcd-1; 3 members"
-        ));
-        assert_eq!(start_term(&run), Some(17));
-    }
 
     #[test]
     fn a_step_is_over_its_limit_from_its_first_start() {
         let now = Utc::now();
-        let mut step = Step::new(steps::STAGE, steps::READY, Some("etcd-1".into()));
+        let mut step = Step::new(EtcdRollStep::Ready {
+            member: "etcd-1".into(),
+        });
         assert!(!over(&step, Duration::from_secs(1), now));
         step.started_at = Some(now - chrono::Duration::seconds(5));
         assert!(over(&step, Duration::from_secs(1), now));

@@ -3,7 +3,7 @@
 //! drained node evicts nothing; an uncordon of a node we no longer hold changes nothing;
 //! the node script checks what is installed before it installs).
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,17 +11,19 @@ use tracing::{info, warn};
 
 use crate::domain::engine::StepOutcome;
 use crate::domain::event::{DetectionRequest, Stage, UpgradeKind};
-use crate::domain::plan::{self, ACCEPT, FINISH, PlanSettings, Role, steps};
+use crate::domain::k8s_upgrade::{self as plan, PlanSettings, Role};
 use crate::domain::run::{Run, Step};
+use crate::domain::step::{StepKind, UpgradeStep};
 use crate::domain::version::Version;
+use crate::error_chain;
 use crate::metrics::Metrics;
 use crate::ports::{
-    ClusterRead, Cordon, DrainError, DrainOptions, ExecError, ExecOutput, Executors, InFlight,
+    ClusterError, ClusterRead, Cordon, DrainError, DrainOptions, ExecError, ExecOutput, InFlight,
     InFlightMarks, NodeDrain, NodeExec, NodeTarget, Snapshots, StepExecutor,
 };
 
 /// The script run on nodes, piped to `bash -s`.
-pub const NODE_SCRIPT: &str = include_str!("../scripts/node-upgrade.sh");
+pub const NODE_SCRIPT: &str = include_str!("../../scripts/node-upgrade.sh");
 
 /// Lines of script output kept in the run history.
 const TAIL_LINES: usize = 6;
@@ -55,91 +57,46 @@ pub struct UpgradeSteps {
     pub exec: Arc<dyn NodeExec>,
     /// etcd snapshots; `None` when no etcd endpoint is configured.
     pub snapshots: Option<Arc<dyn Snapshots>>,
-    /// Settings.
+    /// Drain, soak, verify and snapshot settings from the configuration.
     pub settings: UpgradeSettings,
-    /// Metrics.
+    /// Where it counts what it does.
     pub metrics: Metrics,
 }
 
-/// Every step name these executors handle (the gate steps are the gate's).
-pub const STEP_NAMES: [&str; 16] = [
-    steps::PLAN,
-    steps::MARK_IN_FLIGHT,
-    steps::NODES_READY,
-    steps::SSH_REACHABLE,
-    steps::KUBEADM_PLAN,
-    steps::ETCD_SNAPSHOT,
-    steps::CONTAINERD,
-    steps::APT_REPO,
-    steps::DRAIN,
-    steps::UPGRADE,
-    steps::VERIFY,
-    steps::UNCORDON,
-    steps::SOAK,
-    steps::NODES_AT_TARGET,
-    steps::POD_READY,
-    steps::CLEAR_IN_FLIGHT,
-];
-
-impl UpgradeSteps {
-    /// `executors` with these steps registered.
-    pub fn register(self: Arc<Self>, mut executors: Executors) -> Executors {
-        for name in STEP_NAMES {
-            executors = executors.with(name, self.clone());
-        }
-        executors
-    }
-}
-
-/// The stage number (0–7) of a step's stage, for the `k8s_upgrade_stage` gauge.
-pub fn stage_number(stage: &str) -> i64 {
-    match stage {
-        ACCEPT | steps::PLAN => 0,
-        FINISH => 7,
-        other => Stage::from_name(other).map_or(-1, |s| s as i64 + 1),
-    }
-}
-
-fn retry_at(step: &Step, now: DateTime<Utc>) -> DateTime<Utc> {
-    let secs = 5u64.saturating_mul(1 << step.attempts.saturating_sub(1).min(6));
-    now + chrono::Duration::seconds(secs.min(300) as i64)
-}
-
-fn retry(step: &Step, error: impl Into<String>) -> StepOutcome {
-    StepOutcome::Retry {
-        at: retry_at(step, Utc::now()),
-        error: error.into(),
+/// The stage number (0–7) of a step, for the `k8s_upgrade_stage` gauge.
+pub fn stage_number(step: &UpgradeStep) -> i64 {
+    match (step, step.stage()) {
+        (_, Some(stage)) => stage as i64 + 1,
+        (UpgradeStep::ClearInFlight, None) => 7,
+        (_, None) => 0,
     }
 }
 
 /// A failed SSH run: a changed host key never gets better by retrying.
-fn exec_failure(step: &Step, e: ExecError) -> StepOutcome {
+fn exec_failure(e: ExecError) -> StepOutcome {
     match e {
-        ExecError::HostKey { .. } => StepOutcome::failed(e.to_string()),
-        other => retry(step, other.to_string()),
+        ExecError::HostKey { .. } => StepOutcome::failed(error_chain(&e)),
+        other => StepOutcome::retry(other.to_string()),
     }
 }
 
-fn script_result(step: &Step, what: &str, out: ExecOutput) -> StepOutcome {
+fn script_result(what: &str, out: ExecOutput) -> StepOutcome {
     match out.status {
         Some(0) => StepOutcome::done(format!("{what}: {}", out.tail(TAIL_LINES))),
-        status => retry(
-            step,
-            format!(
-                "{what} exited with {}: {}",
-                status.map_or("a signal".into(), |s| s.to_string()),
-                out.tail(TAIL_LINES)
-            ),
-        ),
+        status => StepOutcome::retry(format!(
+            "{what} exited with {}: {}",
+            status.map_or("a signal".into(), |s| s.to_string()),
+            out.tail(TAIL_LINES)
+        )),
     }
 }
 
 impl UpgradeSteps {
-    async fn target_node(&self, name: &str) -> Result<NodeTarget, String> {
-        let facts = self.cluster.facts().await.map_err(|e| e.to_string())?;
+    async fn target_node(&self, name: &str) -> Result<NodeTarget, ClusterError> {
+        let facts = self.cluster.facts().await?;
         let node = facts
             .node(name)
-            .ok_or_else(|| format!("node {name} is no longer in the cluster"))?;
+            .ok_or_else(|| ClusterError::new(format!("node {name} is no longer in the cluster")))?;
         Ok(NodeTarget {
             name: node.name.clone(),
             address: node.address.clone(),
@@ -147,33 +104,31 @@ impl UpgradeSteps {
     }
 
     /// The node script's output on `node`, or the outcome when it could not run.
-    async fn script_on(
-        &self,
-        step: &Step,
-        node: &str,
-        args: &[String],
-    ) -> Result<ExecOutput, StepOutcome> {
-        let target = self.target_node(node).await.map_err(|e| retry(step, e))?;
+    async fn script_on(&self, node: &str, args: &[String]) -> Result<ExecOutput, StepOutcome> {
+        let target = self
+            .target_node(node)
+            .await
+            .map_err(|e| StepOutcome::retry(error_chain(&e)))?;
         self.exec
             .run_script(&target, NODE_SCRIPT, args)
             .await
-            .map_err(|e| exec_failure(step, e))
+            .map_err(exec_failure)
     }
 
-    async fn run_on(&self, step: &Step, node: &str, args: Vec<String>, what: &str) -> StepOutcome {
-        match self.script_on(step, node, &args).await {
-            Ok(out) => script_result(step, what, out),
+    async fn run_on(&self, node: &str, args: Vec<String>, what: &str) -> StepOutcome {
+        match self.script_on(node, &args).await {
+            Ok(out) => script_result(what, out),
             Err(outcome) => outcome,
         }
     }
 
-    async fn plan(&self, run: &Run, request: &DetectionRequest, step: &Step) -> StepOutcome {
+    async fn plan(&self, run: &Run, request: &DetectionRequest) -> StepOutcome {
         let facts = match self.cluster.facts().await {
             Ok(f) => f,
-            Err(e) => return retry(step, e.to_string()),
+            Err(e) => return StepOutcome::retry(error_chain(&e)),
         };
         match plan::plan(request, &facts, &self.settings.plan) {
-            Err(e) => StepOutcome::failed(e.to_string()),
+            Err(e) => StepOutcome::failed(error_chain(&e)),
             Ok(p) => {
                 let mut note = format!(
                     "control plane {} runs {}; {} steps; workers in order: {}",
@@ -204,32 +159,29 @@ impl UpgradeSteps {
         run: &Run,
         target: Version,
         snapshot: Option<String>,
-    ) -> Result<(), String> {
+    ) -> Result<(), ClusterError> {
         let marks = InFlight {
             run_id: run.id.clone(),
             target: target.to_string(),
             snapshot_path: snapshot,
         };
-        self.marks
-            .set_in_flight(Some(&marks))
-            .await
-            .map_err(|e| e.to_string())
+        self.marks.set_in_flight(Some(&marks)).await
     }
 
-    async fn nodes_ready(&self, step: &Step) -> StepOutcome {
+    async fn nodes_ready(&self) -> StepOutcome {
         match self.cluster.facts().await {
-            Err(e) => retry(step, e.to_string()),
+            Err(e) => StepOutcome::retry(error_chain(&e)),
             Ok(facts) => match facts.not_ready().as_slice() {
                 [] => StepOutcome::done(format!("all {} nodes Ready", facts.nodes.len())),
-                not_ready => retry(step, format!("not Ready: {}", not_ready.join(", "))),
+                not_ready => StepOutcome::retry(format!("not Ready: {}", not_ready.join(", "))),
             },
         }
     }
 
-    async fn ssh_reachable(&self, step: &Step) -> StepOutcome {
+    async fn ssh_reachable(&self) -> StepOutcome {
         let facts = match self.cluster.facts().await {
             Ok(f) => f,
-            Err(e) => return retry(step, e.to_string()),
+            Err(e) => return StepOutcome::retry(error_chain(&e)),
         };
         let checks = facts.nodes.iter().map(|node| {
             let target = NodeTarget {
@@ -249,34 +201,29 @@ impl UpgradeSteps {
             match result {
                 Ok(out) if out.status == Some(0) => answered.push(name),
                 Ok(out) => {
-                    return retry(
-                        step,
-                        format!("node check on {name} failed: {}", out.tail(TAIL_LINES)),
-                    );
+                    return StepOutcome::retry(format!(
+                        "node check on {name} failed: {}",
+                        out.tail(TAIL_LINES)
+                    ));
                 }
-                Err(e) => return exec_failure(step, e),
+                Err(e) => return exec_failure(e),
             }
         }
         StepOutcome::done(format!("answered over SSH: {}", answered.join(", ")))
     }
 
-    async fn kubeadm_plan(
-        &self,
-        step: &Step,
-        request: &DetectionRequest,
-        node: &str,
-    ) -> StepOutcome {
+    async fn kubeadm_plan(&self, request: &DetectionRequest, node: &str) -> StepOutcome {
         let target = request.target_version;
         let args = vec!["--plan".into(), "--release".into(), target.to_string()];
-        let out = match self.script_on(step, node, &args).await {
+        let out = match self.script_on(node, &args).await {
             Ok(out) => out,
             Err(outcome) => return outcome,
         };
         if out.status != Some(0) {
-            return retry(
-                step,
-                format!("kubeadm upgrade plan failed: {}", out.tail(TAIL_LINES)),
-            );
+            return StepOutcome::retry(format!(
+                "kubeadm upgrade plan failed: {}",
+                out.tail(TAIL_LINES)
+            ));
         }
         let offered = parse_candidate(&out.stdout);
         match (request.kind, offered) {
@@ -304,19 +251,17 @@ impl UpgradeSteps {
         let info = match snapshots.save(&path).await {
             Ok(info) => info,
             Err(e) => {
-                return StepOutcome::Retry {
-                    at: Utc::now() + chrono::Duration::seconds(10),
-                    error: e.to_string(),
-                };
+                return StepOutcome::retry(error_chain(&e));
             }
         };
         if let Err(e) = self.mark(run, target, Some(info.path.clone())).await {
             // The snapshot exists; only the annotation is missing. The retry takes a new
             // snapshot, which costs disk, not safety.
-            return StepOutcome::Retry {
-                at: Utc::now() + chrono::Duration::seconds(5),
-                error: format!("snapshot {} taken, annotation failed: {e}", info.path),
-            };
+            return StepOutcome::retry(format!(
+                "snapshot {} taken, annotation failed: {}",
+                info.path,
+                error_chain(&e)
+            ));
         }
         self.metrics.upgrade_snapshot_taken.set(1);
         StepOutcome::done(format!(
@@ -325,10 +270,10 @@ impl UpgradeSteps {
         ))
     }
 
-    async fn containerd(&self, step: &Step, node: &str) -> StepOutcome {
+    async fn containerd(&self, node: &str) -> StepOutcome {
         let facts = match self.cluster.facts().await {
             Ok(f) => f,
-            Err(e) => return retry(step, e.to_string()),
+            Err(e) => return StepOutcome::retry(error_chain(&e)),
         };
         let newest = facts
             .nodes
@@ -343,14 +288,14 @@ impl UpgradeSteps {
             return StepOutcome::done(format!("{node} already runs containerd {newest} or newer"));
         }
         let args = vec!["--containerd".into(), newest.to_string()];
-        self.run_on(step, node, args, &format!("containerd {newest} on {node}"))
+        self.run_on(node, args, &format!("containerd {newest} on {node}"))
             .await
     }
 
-    async fn drain(&self, run: &Run, step: &Step, node: &str) -> StepOutcome {
+    async fn drain(&self, run: &Run, node: &str) -> StepOutcome {
         let cordon = match self.nodes.cordon(node, &run.id).await {
             Ok(c) => c,
-            Err(e) => return retry(step, e.to_string()),
+            Err(e) => return StepOutcome::retry(error_chain(&e)),
         };
         match self.nodes.drain(node, &self.settings.drain).await {
             Ok(report) => StepOutcome::done(format!(
@@ -368,7 +313,7 @@ impl UpgradeSteps {
             Err(e @ (DrainError::Blocked { .. } | DrainError::Terminating { .. })) => {
                 StepOutcome::failed(format!("{e}; {node} stays cordoned"))
             }
-            Err(DrainError::Cluster(e)) => retry(step, e.to_string()),
+            Err(DrainError::Cluster(e)) => StepOutcome::retry(error_chain(&e)),
         }
     }
 
@@ -377,7 +322,7 @@ impl UpgradeSteps {
         let started = step.started_at.unwrap_or(now);
         let facts = match self.cluster.facts().await {
             Ok(f) => f,
-            Err(e) => return retry(step, e.to_string()),
+            Err(e) => return StepOutcome::retry(error_chain(&e)),
         };
         let Some(n) = facts.node(node) else {
             return StepOutcome::failed(format!("node {node} is no longer in the cluster"));
@@ -406,13 +351,13 @@ impl UpgradeSteps {
         }
     }
 
-    async fn uncordon(&self, run: &Run, step: &Step, node: &str) -> StepOutcome {
+    async fn uncordon(&self, run: &Run, node: &str) -> StepOutcome {
         match self.nodes.uncordon(node, &run.id).await {
             Ok(Cordon::Theirs) => StepOutcome::done(format!(
                 "{node} left cordoned: someone else cordoned it before rollgate"
             )),
             Ok(_) => StepOutcome::done(format!("{node} uncordoned")),
-            Err(e) => retry(step, e.to_string()),
+            Err(e) => StepOutcome::retry(error_chain(&e)),
         }
     }
 
@@ -430,9 +375,9 @@ impl UpgradeSteps {
         }
     }
 
-    async fn nodes_at_target(&self, step: &Step, target: Version) -> StepOutcome {
+    async fn nodes_at_target(&self, target: Version) -> StepOutcome {
         match self.cluster.facts().await {
-            Err(e) => retry(step, e.to_string()),
+            Err(e) => StepOutcome::retry(error_chain(&e)),
             Ok(facts) => {
                 let behind = facts.behind(target);
                 let not_ready = facts.not_ready();
@@ -442,22 +387,19 @@ impl UpgradeSteps {
                         facts.nodes.len()
                     ))
                 } else {
-                    retry(
-                        step,
-                        format!(
-                            "not at target: [{}]; not Ready: [{}]",
-                            behind.join(", "),
-                            not_ready.join(", ")
-                        ),
-                    )
+                    StepOutcome::retry(format!(
+                        "not at target: [{}]; not Ready: [{}]",
+                        behind.join(", "),
+                        not_ready.join(", ")
+                    ))
                 }
             }
         }
     }
 
-    async fn pod_ready(&self, step: &Step) -> StepOutcome {
+    async fn pod_ready(&self) -> StepOutcome {
         match self.cluster.pod_readiness().await {
-            Err(e) => retry(step, e.to_string()),
+            Err(e) => StepOutcome::retry(error_chain(&e)),
             Ok((ready, total)) => {
                 let ratio = if total == 0 {
                     1.0
@@ -471,20 +413,20 @@ impl UpgradeSteps {
                 if ratio >= self.settings.pod_ready_ratio {
                     StepOutcome::done(text)
                 } else {
-                    retry(step, text)
+                    StepOutcome::retry(text)
                 }
             }
         }
     }
 
-    async fn clear(&self, step: &Step) -> StepOutcome {
+    async fn clear(&self) -> StepOutcome {
         match self.marks.set_in_flight(None).await {
             Ok(()) => {
                 self.metrics.upgrade_in_flight.set(0);
                 self.metrics.upgrade_stage.set(-1);
                 StepOutcome::done("in-flight annotations cleared")
             }
-            Err(e) => retry(step, e.to_string()),
+            Err(e) => StepOutcome::retry(error_chain(&e)),
         }
     }
 }
@@ -502,7 +444,10 @@ fn parse_candidate(stdout: &str) -> Option<String> {
 impl StepExecutor for UpgradeSteps {
     async fn execute(&self, run: &Run, index: usize) -> StepOutcome {
         let step = &run.steps[index];
-        self.metrics.upgrade_stage.set(stage_number(&step.stage));
+        let StepKind::K8sUpgrade(kind) = &step.kind else {
+            return StepOutcome::failed(format!("{} is not a step of an upgrade", step.label()));
+        };
+        self.metrics.upgrade_stage.set(stage_number(kind));
         let request = match DetectionRequest::from_json(&run.request) {
             Ok(r) => r,
             Err(e) => {
@@ -510,62 +455,59 @@ impl StepExecutor for UpgradeSteps {
             }
         };
         let target = request.target_version;
-        let node = step.node.clone().unwrap_or_default();
-        let role = if step.stage == Stage::ControlPlane.name() {
-            "control-plane"
-        } else {
-            "worker"
-        };
         let started = std::time::Instant::now();
-        let outcome = match step.name.as_str() {
-            steps::PLAN => self.plan(run, &request, step).await,
-            steps::MARK_IN_FLIGHT => match self.mark(run, target, None).await {
+        use UpgradeStep as S;
+        let outcome = match kind {
+            S::Plan => self.plan(run, &request).await,
+            S::MarkInFlight => match self.mark(run, target, None).await {
                 Ok(()) => {
                     self.metrics.upgrade_in_flight.set(1);
                     self.metrics.upgrade_snapshot_taken.set(0);
                     StepOutcome::done(format!("in flight: target {target}"))
                 }
-                Err(e) => retry(step, e),
+                Err(e) => StepOutcome::retry(error_chain(&e)),
             },
-            steps::NODES_READY => self.nodes_ready(step).await,
-            steps::SSH_REACHABLE => self.ssh_reachable(step).await,
-            steps::KUBEADM_PLAN => self.kubeadm_plan(step, &request, &node).await,
-            steps::ETCD_SNAPSHOT => self.snapshot(run, target).await,
-            steps::CONTAINERD => self.containerd(step, &node).await,
-            steps::APT_REPO => {
+            S::NodesReady => self.nodes_ready().await,
+            S::SshReachable => self.ssh_reachable().await,
+            S::KubeadmPlan { node } => self.kubeadm_plan(&request, node).await,
+            S::EtcdSnapshot => self.snapshot(run, target).await,
+            S::Containerd { node } => self.containerd(node).await,
+            S::AptRepo { node } => {
                 let minor = format!("{}.{}", target.major, target.minor);
                 let args = vec!["--apt-minor".into(), minor.clone()];
-                self.run_on(
-                    step,
-                    &node,
-                    args,
-                    &format!("apt repository v{minor} on {node}"),
-                )
-                .await
+                self.run_on(node, args, &format!("apt repository v{minor} on {node}"))
+                    .await
             }
-            steps::DRAIN => self.drain(run, step, &node).await,
-            steps::UPGRADE => {
+            S::Drain { node, .. } => self.drain(run, node).await,
+            S::Upgrade { stage, node } => {
+                let role = if *stage == Stage::ControlPlane {
+                    "control-plane"
+                } else {
+                    "worker"
+                };
                 let args = vec![
                     "--role".into(),
                     role.into(),
                     "--release".into(),
                     target.to_string(),
                 ];
-                self.run_on(step, &node, args, &format!("node-upgrade.sh on {node}"))
+                self.run_on(node, args, &format!("node-upgrade.sh on {node}"))
                     .await
             }
-            steps::VERIFY => self.verify(step, &node, target).await,
-            steps::UNCORDON => self.uncordon(run, step, &node).await,
-            steps::SOAK => self.soak(step, &node),
-            steps::NODES_AT_TARGET => self.nodes_at_target(step, target).await,
-            steps::POD_READY => self.pod_ready(step).await,
-            steps::CLEAR_IN_FLIGHT => self.clear(step).await,
-            other => StepOutcome::failed(format!("no upgrade step is called {other}")),
+            S::Verify { node, .. } => self.verify(step, node, target).await,
+            S::Uncordon { node, .. } => self.uncordon(run, node).await,
+            S::Soak { node } => self.soak(step, node),
+            S::NodesAtTarget => self.nodes_at_target(target).await,
+            S::PodReady => self.pod_ready().await,
+            S::ClearInFlight => self.clear().await,
+            S::Gate { .. } | S::QuietPeriod => {
+                StepOutcome::failed(format!("{} is the gate's step", step.label()))
+            }
         };
-        if !node.is_empty() {
+        if let Some(node) = kind.node() {
             self.metrics
                 .node_step_duration
-                .with_label_values(&[&step.name, &node])
+                .with_label_values(&[kind.name(), node])
                 .observe(started.elapsed().as_secs_f64());
         }
         if let StepOutcome::Retry { error, .. } | StepOutcome::Failed { error } = &outcome {
@@ -578,19 +520,20 @@ impl StepExecutor for UpgradeSteps {
 /// Restores the upgrade gauges after a restart from the runs in progress (a halted run is
 /// still in flight: its marks are on the cluster).
 pub fn restore_gauges(metrics: &Metrics, runs: &[Run]) {
-    let done = |run: &Run, name: &str| {
+    let done = |run: &Run, kind: UpgradeStep| {
+        let kind = StepKind::K8sUpgrade(kind);
         run.steps
             .iter()
-            .any(|s| s.name == name && s.status == crate::domain::run::StepStatus::Done)
+            .any(|s| s.kind == kind && s.status == crate::domain::run::StepStatus::Done)
     };
     let in_flight = runs
         .iter()
-        .find(|r| done(r, steps::MARK_IN_FLIGHT) && !done(r, steps::CLEAR_IN_FLIGHT));
+        .find(|r| done(r, UpgradeStep::MarkInFlight) && !done(r, UpgradeStep::ClearInFlight));
     metrics
         .upgrade_in_flight
         .set(i64::from(in_flight.is_some()));
     metrics.upgrade_snapshot_taken.set(i64::from(
-        in_flight.is_some_and(|r| done(r, steps::ETCD_SNAPSHOT)),
+        in_flight.is_some_and(|r| done(r, UpgradeStep::EtcdSnapshot)),
     ));
 }
 
@@ -600,21 +543,34 @@ mod tests {
 
     #[test]
     fn stage_numbers_follow_the_reference() {
+        let node = || "n".to_owned();
         let cases = [
-            ("plan", 0),
-            ("accept", 0),
-            ("preflight", 1),
-            ("snapshot", 2),
-            ("containerd", 3),
-            ("apt-repo", 4),
-            ("control-plane", 5),
-            ("workers", 6),
-            ("postflight", 7),
-            ("finish", 7),
-            ("bogus", -1),
+            (UpgradeStep::Plan, 0),
+            (UpgradeStep::MarkInFlight, 0),
+            (UpgradeStep::NodesReady, 1),
+            (UpgradeStep::QuietPeriod, 1),
+            (UpgradeStep::EtcdSnapshot, 2),
+            (UpgradeStep::Containerd { node: node() }, 3),
+            (UpgradeStep::AptRepo { node: node() }, 4),
+            (
+                UpgradeStep::Drain {
+                    stage: Stage::ControlPlane,
+                    node: node(),
+                },
+                5,
+            ),
+            (UpgradeStep::Soak { node: node() }, 6),
+            (
+                UpgradeStep::Gate {
+                    stage: Stage::Postflight,
+                    node: None,
+                },
+                7,
+            ),
+            (UpgradeStep::ClearInFlight, 7),
         ];
-        for (stage, n) in cases {
-            assert_eq!(stage_number(stage), n, "{stage}");
+        for (step, n) in cases {
+            assert_eq!(stage_number(&step), n, "{step:?}");
         }
     }
 

@@ -5,17 +5,20 @@
 //! cluster and asks the pure planner (`domain::etcd_roll`) for the next safe action, so a
 //! crashed roll resumes by itself; a sampler records every leadership change meanwhile.
 
+pub mod steps;
+
 use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::process::Command;
 use tokio::sync::Mutex;
 
-use crate::adapters::etcd::{Etcd, EtcdError, MemberInfo, agreed_leader};
-use crate::domain::etcd_roll::{Action, ClusterView, Member, Order, Refusal, next_action};
-use crate::gate::Gate;
+use crate::domain::etcd_roll::{
+    Action, ClusterView, Member, Order, Refusal, agreed_leader, next_action,
+};
 use crate::ports::StatefulSets;
+use crate::ports::{EtcdError, EtcdMembers, Failure, MemberCommand, MemberInfo, MemberStatus};
+use crate::workflows::gate::Gate;
 
 /// How members are restarted, and how a member is known to run the target.
 #[async_trait::async_trait]
@@ -40,15 +43,25 @@ pub trait Driver: Send + Sync {
     }
 }
 
-/// Members restarted by a shell command, probed by another.
+/// Members restarted by an operator's command, probed by another.
 pub struct CommandDriver {
     /// Restarts one member; `ROLLGATE_MEMBER` and `ROLLGATE_ENDPOINT` are set, and
     /// `{name}` / `{endpoint}` are replaced (both validated first).
     pub restart_command: String,
     /// Exits 0 when a member already runs the target revision; same variables.
     pub probe_command: String,
-    /// Bound on one command.
-    pub timeout: Duration,
+    /// Runs the commands.
+    pub runner: Arc<dyn MemberCommand>,
+}
+
+impl CommandDriver {
+    async fn run(&self, template: &str, name: &str, endpoint: &str) -> Result<bool, RollError> {
+        let (name, endpoint) = (safe(name)?, safe(endpoint)?);
+        self.runner
+            .run(template, name, endpoint)
+            .await
+            .map_err(RollError::Command)
+    }
 }
 
 #[async_trait::async_trait]
@@ -58,16 +71,16 @@ impl Driver for CommandDriver {
     }
 
     async fn at_target(&self, name: &str, endpoint: &str) -> Result<bool, RollError> {
-        run_command(&self.probe_command, name, endpoint, self.timeout).await
+        self.run(&self.probe_command, name, endpoint).await
     }
 
     async fn restart(&self, name: &str, endpoint: &str) -> Result<(), RollError> {
-        if run_command(&self.restart_command, name, endpoint, self.timeout).await? {
+        if self.run(&self.restart_command, name, endpoint).await? {
             Ok(())
         } else {
-            Err(RollError::Command(format!(
+            Err(RollError::Command(Failure::new(format!(
                 "the restart command failed for {name}"
-            )))
+            ))))
         }
     }
 }
@@ -80,7 +93,6 @@ pub struct StatefulSetDriver {
     pub api: Arc<dyn StatefulSets>,
     /// The StatefulSet's namespace.
     pub namespace: String,
-    /// Its name.
     pub name: String,
 }
 
@@ -198,13 +210,12 @@ pub enum RollError {
     Etcd(#[from] EtcdError),
     /// A command failed.
     #[error("{0}")]
-    Command(String),
+    Command(#[source] Failure),
     /// A restarted member did not come back in time; nothing else was restarted.
     #[error(
         "member {name} is not healthy, at target and caught up within {within:?}; the roll stops here"
     )]
     NotReady {
-        /// The member.
         name: String,
         /// The bound.
         within: Duration,
@@ -246,30 +257,9 @@ fn safe(s: &str) -> Result<&str, RollError> {
     }
 }
 
-async fn run_command(
-    template: &str,
-    name: &str,
-    endpoint: &str,
-    timeout: Duration,
-) -> Result<bool, RollError> {
-    let (name, endpoint) = (safe(name)?, safe(endpoint)?);
-    let script = template
-        .replace("{name}", name)
-        .replace("{endpoint}", endpoint);
-    let mut child = Command::new("sh");
-    child
-        .arg("-c")
-        .arg(&script)
-        .env("ROLLGATE_MEMBER", name)
-        .env("ROLLGATE_ENDPOINT", endpoint)
-        .kill_on_drop(true);
-    match tokio::time::timeout(timeout, child.status()).await {
-        Ok(Ok(status)) => Ok(status.success()),
-        Ok(Err(e)) => Err(RollError::Command(format!("cannot run {script:?}: {e}"))),
-        Err(_) => Err(RollError::Command(format!(
-            "{script:?} did not finish within {timeout:?}"
-        ))),
-    }
+/// The leader each answering member follows.
+fn followed(statuses: &[MemberStatus]) -> impl Iterator<Item = u64> + '_ {
+    statuses.iter().map(|s| s.leader)
 }
 
 /// The endpoint of `member` among the configured ones.
@@ -287,7 +277,7 @@ pub(crate) type Endpoints = HashMap<u64, String>;
 
 /// Reads the cluster into the planner's view, with each member's endpoint.
 pub(crate) async fn view(
-    etcd: &Etcd,
+    etcd: &dyn EtcdMembers,
     driver: &dyn Driver,
 ) -> Result<(ClusterView, Endpoints), RollError> {
     let members = etcd.members().await?;
@@ -314,7 +304,7 @@ pub(crate) async fn view(
         });
         endpoints.insert(m.id, endpoint);
     }
-    let leader = agreed_leader(&statuses, members.len());
+    let leader = agreed_leader(followed(&statuses), members.len());
     Ok((
         ClusterView {
             members: out,
@@ -335,7 +325,7 @@ pub(crate) struct Watch {
 
 /// Samples the cluster every 50 ms: the highest raft term seen and leaderless stretches.
 pub(crate) async fn sample(
-    etcd: Arc<Etcd>,
+    etcd: Arc<dyn EtcdMembers>,
     watch: Arc<Mutex<Watch>>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
@@ -348,7 +338,7 @@ pub(crate) async fn sample(
                 w.last_term = w.last_term.max(term);
             }
             match (
-                agreed_leader(&statuses, etcd.endpoints().len()),
+                agreed_leader(followed(&statuses), etcd.endpoints().len()),
                 w.leaderless_since,
             ) {
                 (None, None) => w.leaderless_since = Some(Instant::now()),
@@ -412,7 +402,7 @@ impl RestartGate {
 /// Rolls every member not at the target, asking `gate` (when given) before every restart.
 /// `progress` gets one line per step.
 pub async fn roll(
-    etcd: Arc<Etcd>,
+    etcd: Arc<dyn EtcdMembers>,
     driver: &dyn Driver,
     settings: &RollSettings,
     gate: Option<&RestartGate>,
@@ -424,7 +414,7 @@ pub async fn roll(
     let mut report = RollReport::default();
     let mut result = driver.begin().await;
     if result.is_ok() {
-        result = steps(&etcd, driver, settings, gate, &mut report, &mut progress).await;
+        result = steps(&*etcd, driver, settings, gate, &mut report, &mut progress).await;
     }
     let finished = driver.finish().await;
     let result = result.and(finished);
@@ -442,7 +432,7 @@ pub async fn roll(
 }
 
 async fn steps(
-    etcd: &Etcd,
+    etcd: &dyn EtcdMembers,
     driver: &dyn Driver,
     settings: &RollSettings,
     gate: Option<&RestartGate>,
@@ -517,7 +507,7 @@ async fn steps(
 /// its probe says it is at the target. Only that member is probed: the probe may be an
 /// ssh round trip, and this loop ticks every 100 ms.
 async fn wait_ready(
-    etcd: &Etcd,
+    etcd: &dyn EtcdMembers,
     driver: &dyn Driver,
     settings: &RollSettings,
     id: u64,
@@ -545,7 +535,7 @@ async fn wait_ready(
 /// the target; `None` when it is. Only that member is probed: the probe may be an ssh
 /// round trip.
 pub(crate) async fn not_ready(
-    etcd: &Etcd,
+    etcd: &dyn EtcdMembers,
     driver: &dyn Driver,
     id: u64,
     name: &str,
@@ -555,7 +545,7 @@ pub(crate) async fn not_ready(
     let Some(status) = statuses.iter().find(|s| s.id == id) else {
         return Some("not answering".into());
     };
-    let Some(leader) = agreed_leader(&statuses, etcd.endpoints().len())
+    let Some(leader) = agreed_leader(followed(&statuses), etcd.endpoints().len())
         .and_then(|l| statuses.iter().find(|s| s.id == l))
     else {
         return Some("no agreed leader".into());

@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 
 use super::event::{DetectionRequest, Stage, StageSelection, UpgradeKind};
 use super::run::Step;
+use super::step::UpgradeStep;
 use super::version::Version;
 
 /// What a node is for.
@@ -100,51 +101,6 @@ pub enum PlanError {
     UnknownWorker(String),
 }
 
-/// Step names, shared with the executors.
-pub mod steps {
-    /// Reads the cluster and expands the plan (always first).
-    pub const PLAN: &str = "plan";
-    /// Stage 0: in-flight annotations and gauge.
-    pub const MARK_IN_FLIGHT: &str = "mark-in-flight";
-    /// Every node Ready.
-    pub const NODES_READY: &str = "nodes-ready";
-    /// Every node answers over SSH.
-    pub const SSH_REACHABLE: &str = "ssh-reachable";
-    /// The gate is open.
-    pub const GATE: &str = crate::domain::engine::GATE_STEP;
-    /// No blocking alert in the quiet period.
-    pub const QUIET_PERIOD: &str = "quiet-period";
-    /// `kubeadm upgrade plan` on the control plane offers the target.
-    pub const KUBEADM_PLAN: &str = "kubeadm-plan";
-    /// Stage 2.
-    pub const ETCD_SNAPSHOT: &str = "etcd-snapshot";
-    /// Stage 3.
-    pub const CONTAINERD: &str = "containerd";
-    /// Stage 4.
-    pub const APT_REPO: &str = "apt-repo";
-    /// Cordon and evict.
-    pub const DRAIN: &str = "drain";
-    /// The node script over SSH.
-    pub const UPGRADE: &str = "upgrade";
-    /// The node reports the target and Ready.
-    pub const VERIFY: &str = "verify";
-    /// Undo our cordon.
-    pub const UNCORDON: &str = "uncordon";
-    /// Wait before the next worker.
-    pub const SOAK: &str = "soak";
-    /// Stage 7: every node at the target.
-    pub const NODES_AT_TARGET: &str = "nodes-at-target";
-    /// Stage 7: enough pods Ready.
-    pub const POD_READY: &str = "pod-ready";
-    /// Last: clear the in-flight marks.
-    pub const CLEAR_IN_FLIGHT: &str = "clear-in-flight";
-}
-
-/// The stage name of the bookend steps.
-pub const ACCEPT: &str = "accept";
-/// The stage name of the final step.
-pub const FINISH: &str = "finish";
-
 /// A planned upgrade.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
@@ -166,14 +122,13 @@ pub struct Plan {
 pub fn initial_steps(request: &DetectionRequest) -> Vec<Step> {
     let mut out = Vec::new();
     if request.dry_run || request.stages.0.contains(&Stage::Preflight) {
-        out.push(Step::new(Stage::Preflight.name(), steps::GATE, None));
-        out.push(Step::new(
-            Stage::Preflight.name(),
-            steps::QUIET_PERIOD,
-            None,
-        ));
+        out.push(Step::new(UpgradeStep::Gate {
+            stage: Stage::Preflight,
+            node: None,
+        }));
+        out.push(Step::new(UpgradeStep::QuietPeriod));
     }
-    out.push(Step::new(steps::PLAN, steps::PLAN, None));
+    out.push(Step::new(UpgradeStep::Plan));
     out
 }
 
@@ -319,10 +274,34 @@ fn worker_order(facts: &ClusterFacts, settings: &PlanSettings) -> Result<Vec<Str
     Ok(order)
 }
 
-fn node_steps(stage: Stage, node: &str, names: &[&str]) -> impl Iterator<Item = Step> {
-    names
-        .iter()
-        .map(move |name| Step::new(stage.name(), *name, Some(node.to_owned())))
+/// Gate, drain, upgrade, verify and uncordon of `node` in `stage`.
+fn node_steps(stage: Stage, node: &str) -> Vec<Step> {
+    let node = || node.to_owned();
+    [
+        UpgradeStep::Gate {
+            stage,
+            node: Some(node()),
+        },
+        UpgradeStep::Drain {
+            stage,
+            node: node(),
+        },
+        UpgradeStep::Upgrade {
+            stage,
+            node: node(),
+        },
+        UpgradeStep::Verify {
+            stage,
+            node: node(),
+        },
+        UpgradeStep::Uncordon {
+            stage,
+            node: node(),
+        },
+    ]
+    .into_iter()
+    .map(Step::new)
+    .collect()
 }
 
 /// Plans `request` against `facts`: the steps that follow the `plan` step.
@@ -331,7 +310,6 @@ pub fn plan(
     facts: &ClusterFacts,
     settings: &PlanSettings,
 ) -> Result<Plan, PlanError> {
-    use steps::*;
     let control_planes: Vec<&NodeFacts> = facts
         .nodes
         .iter()
@@ -368,14 +346,11 @@ pub fn plan(
     let has = |s: Stage| request.stages.0.contains(&s);
     let mut out = Vec::new();
     let preflight = |out: &mut Vec<Step>| {
-        for check in [NODES_READY, SSH_REACHABLE] {
-            out.push(Step::new(Stage::Preflight.name(), check, None));
-        }
-        out.push(Step::new(
-            Stage::Preflight.name(),
-            KUBEADM_PLAN,
-            Some(cp.name.clone()),
-        ));
+        out.push(Step::new(UpgradeStep::NodesReady));
+        out.push(Step::new(UpgradeStep::SshReachable));
+        out.push(Step::new(UpgradeStep::KubeadmPlan {
+            node: cp.name.clone(),
+        }));
     };
     if request.dry_run {
         preflight(&mut out);
@@ -388,12 +363,12 @@ pub fn plan(
             steps: out,
         });
     }
-    out.push(Step::new(ACCEPT, MARK_IN_FLIGHT, None));
+    out.push(Step::new(UpgradeStep::MarkInFlight));
     if has(Stage::Preflight) {
         preflight(&mut out);
     }
     if has(Stage::Snapshot) {
-        out.push(Step::new(Stage::Snapshot.name(), ETCD_SNAPSHOT, None));
+        out.push(Step::new(UpgradeStep::EtcdSnapshot));
     }
     if has(Stage::Containerd) {
         let newest_worker = facts
@@ -403,11 +378,11 @@ pub fn plan(
             .filter_map(|n| n.containerd)
             .max();
         match (cp.containerd, newest_worker) {
-            (Some(on_cp), Some(newest)) if on_cp < newest => out.push(Step::new(
-                Stage::Containerd.name(),
-                CONTAINERD,
-                Some(cp.name.clone()),
-            )),
+            (Some(on_cp), Some(newest)) if on_cp < newest => {
+                out.push(Step::new(UpgradeStep::Containerd {
+                    node: cp.name.clone(),
+                }))
+            }
             (Some(on_cp), _) => skipped.push(format!(
                 "containerd: the control plane's {on_cp} is not behind the workers"
             )),
@@ -422,7 +397,7 @@ pub fn plan(
         }
         nodes.extend(workers.iter().cloned());
         for node in nodes {
-            out.push(Step::new(Stage::AptRepo.name(), APT_REPO, Some(node)));
+            out.push(Step::new(UpgradeStep::AptRepo { node }));
         }
     } else if has(Stage::AptRepo) {
         skipped.push("apt-repo: a patch upgrade stays on the current repository".into());
@@ -431,28 +406,26 @@ pub fn plan(
         if cp_at_target {
             skipped.push(format!("control plane {} already runs {target}", cp.name));
         } else {
-            out.extend(node_steps(
-                Stage::ControlPlane,
-                &cp.name,
-                &[GATE, DRAIN, UPGRADE, VERIFY, UNCORDON],
-            ));
+            out.extend(node_steps(Stage::ControlPlane, &cp.name));
         }
     }
     if has(Stage::Workers) {
         for worker in &workers {
-            out.extend(node_steps(
-                Stage::Workers,
-                worker,
-                &[GATE, DRAIN, UPGRADE, VERIFY, UNCORDON, SOAK],
-            ));
+            out.extend(node_steps(Stage::Workers, worker));
+            out.push(Step::new(UpgradeStep::Soak {
+                node: worker.clone(),
+            }));
         }
     }
     if has(Stage::Postflight) {
-        for check in [NODES_AT_TARGET, GATE, POD_READY] {
-            out.push(Step::new(Stage::Postflight.name(), check, None));
-        }
+        out.push(Step::new(UpgradeStep::NodesAtTarget));
+        out.push(Step::new(UpgradeStep::Gate {
+            stage: Stage::Postflight,
+            node: None,
+        }));
+        out.push(Step::new(UpgradeStep::PodReady));
     }
-    out.push(Step::new(FINISH, CLEAR_IN_FLIGHT, None));
+    out.push(Step::new(UpgradeStep::ClearInFlight));
     Ok(Plan {
         current: cp.kubelet,
         control_plane: cp.name.clone(),
@@ -463,51 +436,53 @@ pub fn plan(
 }
 
 /// What `step` will do, in words, for `rollgate plan`.
-pub fn describe(step: &Step, target: Version) -> String {
-    use steps::*;
-    let node = step.node.as_deref().unwrap_or("");
-    match step.name.as_str() {
-        PLAN => "read the nodes and plan the run".into(),
-        MARK_IN_FLIGHT => format!(
+pub fn describe(step: &UpgradeStep, target: Version) -> String {
+    use UpgradeStep as S;
+    match step {
+        S::Plan => "read the nodes and plan the run".into(),
+        S::MarkInFlight => format!(
             "annotate the upgrade namespace in-flight (target {target}); set k8s_upgrade_in_flight=1"
         ),
-        NODES_READY => "check that every node is Ready".into(),
-        SSH_REACHABLE => "check that every node answers over SSH with a known host key".into(),
-        GATE => "wait for the gate to open (no blocking alert firing)".into(),
-        QUIET_PERIOD => "check that no blocking alert fired in the quiet period".into(),
-        KUBEADM_PLAN => {
+        S::NodesReady => "check that every node is Ready".into(),
+        S::SshReachable => "check that every node answers over SSH with a known host key".into(),
+        S::Gate { .. } => "wait for the gate to open (no blocking alert firing)".into(),
+        S::QuietPeriod => "check that no blocking alert fired in the quiet period".into(),
+        S::KubeadmPlan { node } => {
             format!("run `kubeadm upgrade plan` on {node} and check it offers {target}")
         }
-        ETCD_SNAPSHOT => format!(
+        S::EtcdSnapshot => format!(
             "stream an etcd snapshot to k8s-upgrade-pre-{target}-EPOCH.db, fsync, verify, record its sha256"
         ),
-        CONTAINERD => format!("upgrade containerd on {node} to the workers' version"),
-        APT_REPO => format!(
+        S::Containerd { node } => format!("upgrade containerd on {node} to the workers' version"),
+        S::AptRepo { node } => format!(
             "point {node}'s Kubernetes apt repository at v{}.{}",
             target.major, target.minor
         ),
-        DRAIN => format!(
+        S::Drain { node, .. } => format!(
             "cordon {node}, evict its pods through the Eviction API (PDBs honoured), wait until they are gone"
         ),
-        UPGRADE if step.stage == Stage::ControlPlane.name() => format!(
+        S::Upgrade {
+            stage: Stage::ControlPlane,
+            node,
+        } => format!(
             "run node-upgrade.sh --role control-plane --release {target} on {node} (kubeadm upgrade apply)"
         ),
-        UPGRADE => format!(
+        S::Upgrade { node, .. } => format!(
             "run node-upgrade.sh --role worker --release {target} on {node} (kubeadm upgrade node)"
         ),
-        VERIFY => format!("wait until {node} is Ready with kubelet {target}"),
-        UNCORDON => format!("uncordon {node} if rollgate cordoned it"),
-        SOAK => format!("let {node} soak before the next worker"),
-        NODES_AT_TARGET => format!("check that every node runs {target}"),
-        POD_READY => "check the ratio of Ready pods".into(),
-        CLEAR_IN_FLIGHT => "clear the in-flight annotations; set k8s_upgrade_in_flight=0".into(),
-        other => other.to_owned(),
+        S::Verify { node, .. } => format!("wait until {node} is Ready with kubelet {target}"),
+        S::Uncordon { node, .. } => format!("uncordon {node} if rollgate cordoned it"),
+        S::Soak { node } => format!("let {node} soak before the next worker"),
+        S::NodesAtTarget => format!("check that every node runs {target}"),
+        S::PodReady => "check the ratio of Ready pods".into(),
+        S::ClearInFlight => "clear the in-flight annotations; set k8s_upgrade_in_flight=0".into(),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::step::StepKind;
 
     fn v(s: &str) -> Version {
         Version::parse(s).unwrap()
@@ -646,9 +621,12 @@ mod tests {
         assert!(!labels.iter().any(|l| l.starts_with("containerd")));
         // Every drain is preceded by a gate on the same node.
         for (i, step) in plan.steps.iter().enumerate() {
-            if step.name == steps::DRAIN {
-                assert_eq!(plan.steps[i - 1].name, steps::GATE);
-                assert_eq!(plan.steps[i - 1].node, step.node);
+            if let StepKind::K8sUpgrade(UpgradeStep::Drain { stage, node }) = &step.kind {
+                let gate = UpgradeStep::Gate {
+                    stage: *stage,
+                    node: Some(node.clone()),
+                };
+                assert_eq!(plan.steps[i - 1].kind, gate.into());
             }
         }
     }
@@ -700,7 +678,7 @@ mod tests {
         let mut req = request("1.34.5", UpgradeKind::Patch, "all");
         req.dry_run = true;
         let plan = plan(&req, &facts, &PlanSettings::default()).unwrap();
-        let names: Vec<&str> = plan.steps.iter().map(|s| s.name.as_str()).collect();
+        let names: Vec<&str> = plan.steps.iter().map(|s| s.kind.name()).collect();
         assert_eq!(names, ["nodes-ready", "ssh-reachable", "kubeadm-plan"]);
     }
 

@@ -1,0 +1,71 @@
+//! How `rollgate detect` hands its request over: `POST /v1/detections`, or a CloudEvent on
+//! the AMQP exchange.
+
+use chrono::Utc;
+use std::sync::Arc;
+
+use crate::domain::event::{CloudEvent, DetectionRequest, EventData};
+use crate::ports::{Failure, Submitted, Submitter};
+use crate::queue::{Outgoing, Queue};
+
+/// `POST /v1/detections`.
+pub struct HttpSubmitter {
+    /// rollgate's base URL.
+    pub url: String,
+    /// The API token (read from a file; never logged).
+    pub token: String,
+    /// The client, with its timeout.
+    pub http: reqwest::Client,
+}
+
+#[async_trait::async_trait]
+impl Submitter for HttpSubmitter {
+    async fn submit(&self, request: &DetectionRequest) -> Result<Submitted, Failure> {
+        let url = format!("{}/v1/detections", self.url);
+        let response = self
+            .http
+            .post(&url)
+            .bearer_auth(&self.token)
+            .json(&request.to_json())
+            .send()
+            .await
+            .map_err(|e| Failure::caused(url.clone(), e.without_url()))?;
+        let status = response.status().as_u16();
+        let body: serde_json::Value = response.json().await.unwrap_or_default();
+        let field = |name: &str| body[name].as_str().unwrap_or_default().to_owned();
+        match status {
+            202 => Ok(Submitted::Created {
+                run_id: field("run_id"),
+            }),
+            200 => Ok(Submitted::InFlight {
+                run_id: field("run_id"),
+            }),
+            409 => Ok(Submitted::Held {
+                message: field("message"),
+            }),
+            other => Err(Failure::new(format!(
+                "{url}: HTTP {other}: {}",
+                field("message")
+            ))),
+        }
+    }
+}
+
+/// A `rollgate.detection.v1` CloudEvent on the exchange.
+pub struct AmqpSubmitter(pub Arc<dyn Queue>);
+
+#[async_trait::async_trait]
+impl Submitter for AmqpSubmitter {
+    async fn submit(&self, request: &DetectionRequest) -> Result<Submitted, Failure> {
+        let data = EventData::Detection {
+            run_id: None,
+            request: request.clone(),
+        };
+        let event = CloudEvent::new(&data, "rollgate-detect", Utc::now());
+        self.0
+            .publish(Outgoing::event(&event, data.event_type()))
+            .await
+            .map_err(|e| Failure::caused("publish to the exchange", e))?;
+        Ok(Submitted::Published { event_id: event.id })
+    }
+}

@@ -1,0 +1,749 @@
+//! The sections of the configuration, each deserialized on its own by serde with its
+//! defaults, then checked by `check` for what a type cannot say (ranges, URLs, pairs of
+//! keys that go together). A key's doc comment is its documentation.
+
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::values::{self, Problems, host_list, matcher_list, string_list};
+use crate::domain::gate::Matcher;
+use crate::domain::run::FailurePolicy;
+
+/// Which queue backend carries events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QueueBackend {
+    /// On-disk SQLite queue under `data_dir` (default).
+    Embedded,
+    /// RabbitMQ through lapin.
+    Amqp,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Where `rollgate detect` sends what it finds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DetectSubmit {
+    /// `POST /v1/detections` to `detect.rollgate_url`.
+    Http,
+    /// A `rollgate.detection.v1` CloudEvent on the AMQP exchange of `queue.*`.
+    Amqp,
+}
+
+/// HTTP server settings (section `server`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerSettings {
+    /// Address to bind (default `127.0.0.1:8080`).
+    pub listen: SocketAddr,
+    /// File holding the API bearer token (default `<data_dir>/api-token`, generated on
+    /// first start with mode 0600).
+    pub token_file: PathBuf,
+    /// Whether `token_file` is the default one, which rollgate may create.
+    #[serde(skip)]
+    pub token_file_is_default: bool,
+    /// Largest request body accepted (default 1 MiB).
+    pub max_body_bytes: usize,
+    /// HTTP worker threads (default 1: the API is light, and on small nodes every thread
+    /// competes with the queue and the broker).
+    pub workers: usize,
+}
+
+impl Default for ServerSettings {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            token_file: PathBuf::new(),
+            token_file_is_default: true,
+            max_body_bytes: 1 << 20,
+            workers: 1,
+        }
+    }
+}
+
+impl ServerSettings {
+    fn check(&self, p: &mut Problems) {
+        p.range("max_body_bytes", self.max_body_bytes, 1024, 64 << 20);
+        p.range("workers", self.workers, 1, 64);
+    }
+}
+
+/// Queue settings (section `queue`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QueueSettings {
+    /// `embedded` (default) or `amqp`.
+    pub backend: QueueBackend,
+    /// Broker address, without a password (default `amqp://127.0.0.1:5672/%2f`, which
+    /// logs in as guest).
+    pub amqp_url: String,
+    /// File holding `user:password` for the broker.
+    pub amqp_credentials_file: Option<PathBuf>,
+    /// Topic exchange events are published to (default `rollgate`).
+    pub exchange: String,
+    /// Quorum queue the worker consumes (default `rollgate.events`).
+    pub queue: String,
+    /// Where poison messages go (default `rollgate.dead`).
+    pub dead_queue: String,
+    /// Unacknowledged deliveries the broker may push (default 8).
+    pub prefetch: u16,
+    /// Deliveries of one message before it is dead-lettered (default 10).
+    pub delivery_limit: u32,
+    /// Bound on one broker connect attempt (default `3s`).
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// How long an embedded delivery stays leased before redelivery (default `10m`).
+    #[serde(with = "humantime_serde")]
+    pub lease: Duration,
+}
+
+impl Default for QueueSettings {
+    fn default() -> Self {
+        Self {
+            backend: QueueBackend::Embedded,
+            amqp_url: "amqp://127.0.0.1:5672/%2f".into(),
+            amqp_credentials_file: None,
+            exchange: "rollgate".into(),
+            queue: "rollgate.events".into(),
+            dead_queue: "rollgate.dead".into(),
+            prefetch: 8,
+            delivery_limit: 10,
+            connect_timeout: Duration::from_secs(3),
+            lease: Duration::from_secs(600),
+        }
+    }
+}
+
+impl QueueSettings {
+    fn check(&self, p: &mut Problems) {
+        match self.amqp_url.parse::<lapin::uri::AMQPUri>() {
+            Ok(_) if self.amqp_url.contains('@') => p.add(
+                "amqp_url",
+                "must not carry credentials; put user:password in the file named by queue.amqp_credentials_file",
+            ),
+            Ok(_) => {}
+            Err(_) => p.add(
+                "amqp_url",
+                "is not an AMQP URL like amqp://127.0.0.1:5672/%2f",
+            ),
+        }
+        p.path("amqp_credentials_file", self.amqp_credentials_file.as_ref());
+        p.name("exchange", &self.exchange);
+        p.name("queue", &self.queue);
+        p.name("dead_queue", &self.dead_queue);
+        p.range("prefetch", self.prefetch, 1, 1000);
+        p.range("delivery_limit", self.delivery_limit, 1, 1000);
+        p.duration("connect_timeout", self.connect_timeout, 100, 120_000);
+        p.duration("lease", self.lease, 1000, 24 * 3_600_000);
+    }
+}
+
+/// Worker settings (section `worker`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerSettings {
+    /// Accept and queue events but process none (default false).
+    pub paused: bool,
+    /// Starts of one step before it gives up (default 5).
+    pub max_attempts: u32,
+    /// When a step gives up: `halt` (default; resume after a fix) or `fail`.
+    pub on_failure: FailurePolicy,
+}
+
+impl Default for WorkerSettings {
+    fn default() -> Self {
+        Self {
+            paused: false,
+            max_attempts: 5,
+            on_failure: FailurePolicy::Halt,
+        }
+    }
+}
+
+impl WorkerSettings {
+    fn check(&self, p: &mut Problems) {
+        p.range("max_attempts", self.max_attempts, 1, 100);
+    }
+}
+
+/// The gate query when alerts that are still pending count (`gate.count_pending`).
+const QUERY_PENDING: &str = r#"ALERTS{alertstate=~"firing|pending",upgrade_gate="true"}"#;
+/// The gate query by default.
+const QUERY_FIRING: &str = r#"ALERTS{alertstate="firing",upgrade_gate="true"}"#;
+
+/// Gate settings: when may a risky step go ahead (section `gate`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GateSettings {
+    /// Prometheus base URL. None (default): every gate is unknown, which holds runs
+    /// (fail closed).
+    pub prometheus_url: Option<String>,
+    /// PromQL whose series are blocking alerts (default
+    /// `ALERTS{alertstate="firing",upgrade_gate="true"}`; with `count_pending`, firing or
+    /// pending).
+    pub query: String,
+    /// Alerts still pending block too (default false).
+    pub count_pending: bool,
+    /// Alert names that never block, e.g. alerts rollgate's own drains cause.
+    #[serde(deserialize_with = "string_list")]
+    pub exclude_alerts: Vec<String>,
+    /// Label matchers an Alertmanager alert must meet to block (default
+    /// `upgrade_gate=true`).
+    #[serde(deserialize_with = "matcher_list")]
+    pub board_matchers: Vec<Matcher>,
+    /// How often a held step re-checks the gate (default `30s`).
+    #[serde(with = "humantime_serde")]
+    pub poll_interval: Duration,
+    /// A gate closed this long halts the run (default `30m`).
+    #[serde(with = "humantime_serde")]
+    pub halt_after: Duration,
+    /// PromQL for the pre-flight quiet period; any series means a gate alert fired within
+    /// it (default: the last 24h).
+    pub quiet_query: String,
+    /// Connect and request timeout for Prometheus (default `5s`).
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Failed evaluations in a row before the verdict is unknown; meanwhile the last good
+    /// answer stands (default 1: at once).
+    pub failures_before_unknown: u32,
+    /// File with a bearer token for Prometheus.
+    pub bearer_token_file: Option<PathBuf>,
+    /// Basic-auth user for Prometheus.
+    pub basic_auth_user: Option<String>,
+    /// File with the basic-auth password.
+    pub basic_auth_password_file: Option<PathBuf>,
+    /// PEM CA bundle to trust for Prometheus over HTTPS.
+    pub ca_file: Option<PathBuf>,
+}
+
+impl Default for GateSettings {
+    fn default() -> Self {
+        Self {
+            prometheus_url: None,
+            query: String::new(),
+            count_pending: false,
+            exclude_alerts: Vec::new(),
+            board_matchers: Matcher::parse("upgrade_gate=true").into_iter().collect(),
+            poll_interval: Duration::from_secs(30),
+            halt_after: Duration::from_secs(1800),
+            quiet_query: r#"max_over_time(ALERTS{alertstate="firing",upgrade_gate="true"}[24h])"#
+                .into(),
+            timeout: Duration::from_secs(5),
+            failures_before_unknown: 1,
+            bearer_token_file: None,
+            basic_auth_user: None,
+            basic_auth_password_file: None,
+            ca_file: None,
+        }
+    }
+}
+
+impl GateSettings {
+    /// Fills in what depends on other keys: the query follows `count_pending`.
+    fn resolve(&mut self) {
+        if self.query.is_empty() {
+            self.query = if self.count_pending {
+                QUERY_PENDING
+            } else {
+                QUERY_FIRING
+            }
+            .into();
+        }
+        self.prometheus_url = self.prometheus_url.take().filter(|u| !u.is_empty());
+    }
+
+    fn check(&self, p: &mut Problems) {
+        if let Some(url) = &self.prometheus_url
+            && reqwest::Url::parse(url).is_err()
+        {
+            p.add(
+                "prometheus_url",
+                format!("{url:?} is not a URL like http://prometheus:9090"),
+            );
+        }
+        p.duration("poll_interval", self.poll_interval, 100, 3_600_000);
+        p.duration("halt_after", self.halt_after, 1000, 7 * 86_400_000);
+        p.duration("timeout", self.timeout, 100, 120_000);
+        p.range(
+            "failures_before_unknown",
+            self.failures_before_unknown,
+            1,
+            100,
+        );
+        p.path("bearer_token_file", self.bearer_token_file.as_ref());
+        p.path(
+            "basic_auth_password_file",
+            self.basic_auth_password_file.as_ref(),
+        );
+        p.path("ca_file", self.ca_file.as_ref());
+        if self.basic_auth_user.is_some() != self.basic_auth_password_file.is_some() {
+            p.add(
+                "basic_auth_user",
+                "basic auth needs both gate.basic_auth_user and gate.basic_auth_password_file",
+            );
+        }
+        if self.bearer_token_file.is_some() && self.basic_auth_user.is_some() {
+            p.add(
+                "bearer_token_file",
+                "use either a bearer token or basic auth for Prometheus, not both",
+            );
+        }
+    }
+}
+
+/// Notification settings (section `notify`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NotifySettings {
+    /// File holding a Slack incoming-webhook URL; unset: the log only.
+    pub slack_webhook_file: Option<PathBuf>,
+    /// Bound on one Slack attempt (default `5s`).
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Further attempts after a failed one, with back-off (default 3).
+    pub retries: u32,
+}
+
+impl Default for NotifySettings {
+    fn default() -> Self {
+        Self {
+            slack_webhook_file: None,
+            timeout: Duration::from_secs(5),
+            retries: 3,
+        }
+    }
+}
+
+impl NotifySettings {
+    fn check(&self, p: &mut Problems) {
+        p.path("slack_webhook_file", self.slack_webhook_file.as_ref());
+        p.duration("timeout", self.timeout, 100, 60_000);
+        p.range("retries", self.retries, 0, 10);
+    }
+}
+
+/// Logging settings (section `log`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogSettings {
+    /// `text` (default) or `json`.
+    pub format: LogFormat,
+    /// A tracing filter such as `info` or `rollgate=debug` (default `info`).
+    pub level: String,
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            level: "info".into(),
+        }
+    }
+}
+
+impl LogSettings {
+    fn check(&self, p: &mut Problems) {
+        if tracing_subscriber::EnvFilter::try_new(&self.level).is_err() {
+            p.add(
+                "level",
+                format!(
+                    "{:?} is not a tracing filter like info or rollgate=debug",
+                    self.level
+                ),
+            );
+        }
+    }
+}
+
+/// The Kubernetes cluster rollgate upgrades (section `cluster`). Without `kubeconfig` or
+/// `in_cluster`, no cluster is configured and upgrade runs wait at their first step.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterSettings {
+    /// Kubeconfig file to use.
+    pub kubeconfig: Option<PathBuf>,
+    /// Context in the kubeconfig; its current context when unset.
+    pub context: Option<String>,
+    /// Use the pod's service account.
+    pub in_cluster: bool,
+    /// Namespace that carries the in-flight annotations.
+    pub namespace: String,
+    /// Prefix of rollgate's annotations.
+    pub annotation_prefix: String,
+    /// Workers in upgrade order; those not named follow by name.
+    #[serde(deserialize_with = "string_list")]
+    pub worker_order: Vec<String>,
+    /// How long a drain may take before the step fails (the node stays cordoned).
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
+    /// Pause between evictions refused by a PodDisruptionBudget.
+    #[serde(with = "humantime_serde")]
+    pub eviction_retry: Duration,
+    /// Grace period for evicted pods, in seconds; each pod's own when unset.
+    pub grace_period: Option<u32>,
+    /// How long each upgraded worker soaks before the next.
+    #[serde(with = "humantime_serde")]
+    pub soak: Duration,
+    /// How long a node may take to report the target and Ready after its script.
+    #[serde(with = "humantime_serde")]
+    pub verify_timeout: Duration,
+    /// Lowest ratio of Ready pods that post-flight accepts.
+    pub pod_ready_ratio: f64,
+    /// Bound on every API request.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+}
+
+impl Default for ClusterSettings {
+    fn default() -> Self {
+        Self {
+            kubeconfig: None,
+            context: None,
+            in_cluster: false,
+            namespace: "k8s-upgrade".into(),
+            annotation_prefix: "rollgate.io".into(),
+            worker_order: Vec::new(),
+            drain_timeout: Duration::from_secs(600),
+            eviction_retry: Duration::from_secs(5),
+            grace_period: None,
+            soak: Duration::from_secs(600),
+            verify_timeout: Duration::from_secs(300),
+            pod_ready_ratio: 0.9,
+            request_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl ClusterSettings {
+    fn check(&self, p: &mut Problems) {
+        p.path("kubeconfig", self.kubeconfig.as_ref());
+        if self.kubeconfig.is_some() && self.in_cluster {
+            p.add(
+                "in_cluster",
+                "set either cluster.kubeconfig or cluster.in_cluster, not both",
+            );
+        }
+        p.name("namespace", &self.namespace);
+        p.name("annotation_prefix", &self.annotation_prefix);
+        for name in &self.worker_order {
+            if !values::is_dns_name(name) {
+                p.add("worker_order", format!("{name:?} is not a node name"));
+            }
+        }
+        p.duration("drain_timeout", self.drain_timeout, 1000, 24 * 3_600_000);
+        p.duration("eviction_retry", self.eviction_retry, 10, 300_000);
+        if let Some(grace) = self.grace_period {
+            p.range("grace_period", grace, 0, 86_400);
+        }
+        p.duration("soak", self.soak, 0, 24 * 3_600_000);
+        p.duration("verify_timeout", self.verify_timeout, 1000, 3_600_000);
+        if !(0.0..=1.0).contains(&self.pod_ready_ratio) {
+            p.add(
+                "pod_ready_ratio",
+                format!("{} must be a number from 0 to 1", self.pod_ready_ratio),
+            );
+        }
+        p.duration("request_timeout", self.request_timeout, 100, 300_000);
+    }
+}
+
+/// SSH to nodes (section `ssh`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SshConfig {
+    /// Login user.
+    pub user: String,
+    /// Default port.
+    pub port: u16,
+    /// Private key file (a secret: a path, never the key).
+    pub key_file: Option<PathBuf>,
+    /// known_hosts file; host keys are checked strictly against it.
+    pub known_hosts_file: Option<PathBuf>,
+    /// Bound on connecting.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Bound on one node-script run, enforced on the node.
+    #[serde(with = "humantime_serde")]
+    pub command_timeout: Duration,
+    /// `node=[user@]host[:port]` entries for nodes not reached at their InternalIP with
+    /// the default user and port.
+    #[serde(deserialize_with = "host_list")]
+    pub hosts: HashMap<String, SshHost>,
+}
+
+impl Default for SshConfig {
+    fn default() -> Self {
+        Self {
+            user: "rollgate".into(),
+            port: 22,
+            key_file: None,
+            known_hosts_file: None,
+            connect_timeout: Duration::from_secs(10),
+            command_timeout: Duration::from_secs(1800),
+            hosts: HashMap::new(),
+        }
+    }
+}
+
+impl SshConfig {
+    fn check(&self, p: &mut Problems) {
+        p.name("user", &self.user);
+        p.range("port", self.port, 1, 65_535);
+        p.path("key_file", self.key_file.as_ref());
+        p.path("known_hosts_file", self.known_hosts_file.as_ref());
+        p.duration("connect_timeout", self.connect_timeout, 100, 300_000);
+        p.duration("command_timeout", self.command_timeout, 1000, 6 * 3_600_000);
+    }
+}
+
+/// Where one node is reached over SSH.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SshHost {
+    /// Login user, when not `ssh.user`.
+    pub user: Option<String>,
+    /// Host name or address.
+    pub host: String,
+    /// Port, when not `ssh.port`.
+    pub port: Option<u16>,
+}
+
+/// The etcd cluster of the control plane (section `etcd`), for the pre-upgrade snapshot.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EtcdConfig {
+    /// Client URLs of the members.
+    #[serde(deserialize_with = "string_list")]
+    pub endpoints: Vec<String>,
+    /// PEM CA bundle, for TLS.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate.
+    pub cert_file: Option<PathBuf>,
+    /// PEM client key (a secret: a path).
+    pub key_file: Option<PathBuf>,
+    /// Bound on connecting and on every request (default `10s`).
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Where snapshots are written (default `<data_dir>/snapshots`).
+    pub snapshot_dir: PathBuf,
+}
+
+impl Default for EtcdConfig {
+    fn default() -> Self {
+        Self {
+            endpoints: Vec::new(),
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            timeout: Duration::from_secs(10),
+            snapshot_dir: PathBuf::new(),
+        }
+    }
+}
+
+impl EtcdConfig {
+    fn check(&self, p: &mut Problems) {
+        for e in &self.endpoints {
+            if reqwest::Url::parse(e).is_err() {
+                p.add(
+                    "endpoints",
+                    format!("{e:?} is not a URL like https://10.0.0.5:2379"),
+                );
+            }
+        }
+        p.tls_files("etcd", &self.ca_file, &self.cert_file, &self.key_file);
+        p.duration("timeout", self.timeout, 100, 300_000);
+    }
+}
+
+/// How `serve` reaches the etcd clusters it rolls (section `etcd_roll`). The members and
+/// the StatefulSet come with each request; the client certificates never do.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EtcdRollConfig {
+    /// PEM CA bundle, for `https://` members.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate.
+    pub cert_file: Option<PathBuf>,
+    /// PEM client key (a secret: a path).
+    pub key_file: Option<PathBuf>,
+    /// Bound on connecting and on every etcd request.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// How long a leadership transfer may take to be confirmed by a majority.
+    #[serde(with = "humantime_serde")]
+    pub transfer_timeout: Duration,
+}
+
+impl Default for EtcdRollConfig {
+    fn default() -> Self {
+        Self {
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            timeout: Duration::from_secs(5),
+            transfer_timeout: Duration::from_secs(15),
+        }
+    }
+}
+
+impl EtcdRollConfig {
+    fn check(&self, p: &mut Problems) {
+        p.tls_files("etcd_roll", &self.ca_file, &self.cert_file, &self.key_file);
+        p.duration("timeout", self.timeout, 100, 300_000);
+        p.duration("transfer_timeout", self.transfer_timeout, 1000, 300_000);
+    }
+}
+
+/// `rollgate detect`, the weekly CronJob (section `detect`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DetectConfig {
+    /// Base of the Kubernetes package repositories; `/v1.NN/deb/Release` and
+    /// `/v1.NN/deb/Packages` are appended (default `https://pkgs.k8s.io/core:/stable:`).
+    pub repo_url: String,
+    /// Where the detection metrics go (default: none, not pushed).
+    pub pushgateway_url: Option<String>,
+    /// The Pushgateway job (default `k8s_version_check`).
+    pub pushgateway_job: String,
+    /// `http` (default) or `amqp`.
+    pub submit: DetectSubmit,
+    /// The rollgate API for `http` (default `http://<server.listen>`).
+    pub rollgate_url: String,
+    /// The API token for `http` (default `server.token_file`).
+    pub token_file: PathBuf,
+    /// The stages the requested upgrade runs (default `all`).
+    pub stages: String,
+    /// Bound on every HTTP request (default `10s`).
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for DetectConfig {
+    fn default() -> Self {
+        Self {
+            repo_url: "https://pkgs.k8s.io/core:/stable:".into(),
+            pushgateway_url: None,
+            pushgateway_job: "k8s_version_check".into(),
+            submit: DetectSubmit::Http,
+            rollgate_url: String::new(),
+            token_file: PathBuf::new(),
+            stages: "all".into(),
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl DetectConfig {
+    /// Fills in what depends on other keys: the API and token of this rollgate.
+    fn resolve(&mut self, server: &ServerSettings) {
+        if self.rollgate_url.is_empty() {
+            self.rollgate_url = format!("http://{}", server.listen);
+        }
+        if self.token_file.as_os_str().is_empty() {
+            self.token_file = server.token_file.clone();
+        }
+        self.pushgateway_url = self.pushgateway_url.take().filter(|u| !u.is_empty());
+        for url in [&mut self.repo_url, &mut self.rollgate_url]
+            .into_iter()
+            .chain(self.pushgateway_url.as_mut())
+        {
+            *url = url.trim_end_matches('/').to_owned();
+        }
+    }
+
+    fn check(&self, p: &mut Problems) {
+        p.http_url("repo_url", &self.repo_url);
+        p.http_url("rollgate_url", &self.rollgate_url);
+        if let Some(url) = &self.pushgateway_url {
+            p.http_url("pushgateway_url", url);
+        }
+        let job_ok = !self.pushgateway_job.is_empty()
+            && self
+                .pushgateway_job
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if !job_ok {
+            p.add("pushgateway_job", "must be letters, digits, '_' or '-'");
+        }
+        if let Err(e) = crate::domain::event::StageSelection::parse(&self.stages) {
+            p.add("stages", e);
+        }
+        p.duration("timeout", self.timeout, 100, 300_000);
+    }
+}
+
+/// Every setting, validated.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Where the embedded queue, the run store and the generated token live (default
+    /// `./data`).
+    pub data_dir: PathBuf,
+    /// The HTTP API.
+    pub server: ServerSettings,
+    /// The queue events land in.
+    pub queue: QueueSettings,
+    /// The worker that advances runs.
+    pub worker: WorkerSettings,
+    /// When a risky step may go ahead.
+    pub gate: GateSettings,
+    /// Who is told about transitions.
+    pub notify: NotifySettings,
+    /// Log format and filter.
+    pub log: LogSettings,
+    /// The Kubernetes cluster to upgrade.
+    pub cluster: ClusterSettings,
+    /// SSH to the nodes.
+    pub ssh: SshConfig,
+    /// The control plane's etcd, for the pre-upgrade snapshot.
+    pub etcd: EtcdConfig,
+    /// etcd clusters rolled by `serve`.
+    pub etcd_roll: EtcdRollConfig,
+    /// `rollgate detect`.
+    pub detect: DetectConfig,
+}
+
+impl Settings {
+    /// Fills in the defaults that depend on other keys, then checks every section;
+    /// problems are keyed by their full key.
+    pub(super) fn resolve_and_check(&mut self, problems: &mut Vec<super::Problem>) {
+        if self.server.token_file.as_os_str().is_empty() {
+            self.server.token_file = self.data_dir.join("api-token");
+            self.server.token_file_is_default = true;
+        } else {
+            self.server.token_file_is_default = false;
+        }
+        if self.etcd.snapshot_dir.as_os_str().is_empty() {
+            self.etcd.snapshot_dir = self.data_dir.join("snapshots");
+        }
+        self.gate.resolve();
+        self.detect.resolve(&self.server);
+        let mut check = |section: &'static str, f: &dyn Fn(&mut Problems)| {
+            let mut p = Problems::new(section);
+            f(&mut p);
+            problems.extend(p.into_problems());
+        };
+        check("server", &|p| self.server.check(p));
+        check("queue", &|p| self.queue.check(p));
+        check("worker", &|p| self.worker.check(p));
+        check("gate", &|p| self.gate.check(p));
+        check("notify", &|p| self.notify.check(p));
+        check("log", &|p| self.log.check(p));
+        check("cluster", &|p| self.cluster.check(p));
+        check("ssh", &|p| self.ssh.check(p));
+        check("etcd", &|p| self.etcd.check(p));
+        check("etcd_roll", &|p| self.etcd_roll.check(p));
+        check("detect", &|p| self.detect.check(p));
+    }
+}

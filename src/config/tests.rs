@@ -1,0 +1,199 @@
+use super::*;
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
+
+fn env(pairs: &[(&str, &str)]) -> Option<HashMap<String, String>> {
+    Some(
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    )
+}
+
+fn problems(pairs: &[(&str, &str)]) -> ConfigError {
+    Settings::load_from(None, env(pairs)).unwrap_err()
+}
+
+#[test]
+fn embedded_defaults_need_nothing() {
+    let s = Settings::load_from(None, env(&[])).unwrap();
+    assert_eq!(s.server.listen.to_string(), "127.0.0.1:8080");
+    assert_eq!(s.server.token_file, PathBuf::from("./data/api-token"));
+    assert!(s.server.token_file_is_default);
+    assert_eq!(s.server.max_body_bytes, 1 << 20);
+    assert_eq!(s.queue.backend, QueueBackend::Embedded);
+    assert_eq!(s.queue.exchange, "rollgate");
+    assert_eq!(s.queue.queue, "rollgate.events");
+    assert_eq!(s.queue.lease, Duration::from_secs(600));
+    assert_eq!(
+        s.gate.query,
+        r#"ALERTS{alertstate="firing",upgrade_gate="true"}"#
+    );
+    assert_eq!(s.gate.board_matchers.len(), 1);
+    assert_eq!(s.cluster.soak, Duration::from_secs(600));
+    assert_eq!(s.etcd.timeout, Duration::from_secs(10));
+    assert_eq!(s.etcd.snapshot_dir, PathBuf::from("./data/snapshots"));
+    assert_eq!(s.detect.rollgate_url, "http://127.0.0.1:8080");
+    assert_eq!(s.detect.token_file, PathBuf::from("./data/api-token"));
+}
+
+#[test]
+fn environment_overrides_nested_keys() {
+    let s = Settings::load_from(
+        None,
+        env(&[
+            ("ROLLGATE__SERVER__LISTEN", "127.0.0.1:9999"),
+            ("ROLLGATE__DATA_DIR", "/tmp/rg"),
+            ("ROLLGATE__QUEUE__BACKEND", "amqp"),
+            ("ROLLGATE__QUEUE__CONNECT_TIMEOUT", "500ms"),
+            ("ROLLGATE__SERVER__MAX_BODY_BYTES", "4096"),
+            ("ROLLGATE__GATE__COUNT_PENDING", "true"),
+            ("ROLLGATE__CLUSTER__WORKER_ORDER", "w2, w1"),
+            ("ROLLGATE__SSH__HOSTS", "w1=10.0.0.6:2222,cp=root@10.0.0.5"),
+            ("ROLLGATE__ETCD_ROLL__TRANSFER_TIMEOUT", "1m 30s"),
+            ("ROLLGATE__CLUSTER__POD_READY_RATIO", "0.75"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(s.server.listen.port(), 9999);
+    assert_eq!(s.server.token_file, PathBuf::from("/tmp/rg/api-token"));
+    assert_eq!(s.queue.backend, QueueBackend::Amqp);
+    assert_eq!(s.queue.connect_timeout, Duration::from_millis(500));
+    assert_eq!(s.server.max_body_bytes, 4096);
+    assert!(s.gate.query.contains("firing|pending"), "{}", s.gate.query);
+    assert_eq!(s.cluster.worker_order, ["w2", "w1"]);
+    assert_eq!(s.ssh.hosts["w1"].port, Some(2222));
+    assert_eq!(s.ssh.hosts["cp"].user.as_deref(), Some("root"));
+    assert_eq!(s.etcd_roll.transfer_timeout, Duration::from_secs(90));
+    assert_eq!(s.cluster.pod_ready_ratio, 0.75);
+}
+
+#[test]
+fn a_file_is_read_and_the_environment_wins_over_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rollgate.toml");
+    std::fs::write(
+        &path,
+        r#"
+data_dir = "/var/lib/rollgate"
+[gate]
+exclude_alerts = ["KubeNodeUnschedulable", "KubeDeploymentReplicasMismatch"]
+halt_after = "45m"
+[cluster]
+soak = "15m"
+grace_period = 30
+"#,
+    )
+    .unwrap();
+    let s = Settings::load_from(Some(&path), env(&[("ROLLGATE__CLUSTER__SOAK", "2m")])).unwrap();
+    assert_eq!(s.data_dir, PathBuf::from("/var/lib/rollgate"));
+    assert_eq!(s.gate.exclude_alerts.len(), 2);
+    assert_eq!(s.gate.halt_after, Duration::from_secs(45 * 60));
+    assert_eq!(s.cluster.soak, Duration::from_secs(120));
+    assert_eq!(s.cluster.grace_period, Some(30));
+}
+
+#[test]
+fn every_bad_value_is_reported_at_once() {
+    let err = problems(&[
+        ("ROLLGATE__SERVER__LISTEN", "nowhere"),
+        ("ROLLGATE__SERVER__MAX_BODY_BYTES", "-1"),
+        ("ROLLGATE__SERVER__WORKERS", "0"),
+        ("ROLLGATE__QUEUE__BACKEND", "kafka"),
+        ("ROLLGATE__QUEUE__AMQP_URL", "amqp://user:secret@host/%2f"),
+        ("ROLLGATE__QUEUE__LEASE", "forever"),
+        ("ROLLGATE__SERVER__LISEN", "x"),
+        ("ROLLGATE__WORKER__PAUSED", "maybe"),
+        ("ROLLGATE__GATE__BOARD_MATCHERS", "severity"),
+        ("ROLLGATE__SSH__HOSTS", "w3=-oProxyCommand=x"),
+        ("ROLLGATE__CLUSTER__POD_READY_RATIO", "2"),
+        ("ROLLGATE__CLUSTER__SOAK", "7"),
+        ("ROLLGATE__DETECT__STAGES", "preflight,bogus"),
+        ("ROLLGATE__SCHEDULE__WINDOWS", "x"),
+    ]);
+    let keys: BTreeSet<_> = err.0.iter().map(|p| p.key.as_str()).collect();
+    for key in [
+        "server.listen",
+        "server.max_body_bytes",
+        "server.workers",
+        "queue.backend",
+        "queue.amqp_url",
+        "queue.lease",
+        "server.lisen",
+        "worker.paused",
+        "gate.board_matchers",
+        "ssh.hosts",
+        "cluster.pod_ready_ratio",
+        "cluster.soak",
+        "detect.stages",
+        "schedule",
+    ] {
+        assert!(keys.contains(key), "{key} not reported in {err}");
+    }
+    assert_eq!(keys.len(), err.0.len(), "one problem per key: {err}");
+    assert!(
+        !err.to_string().contains("secret"),
+        "a password leaked: {err}"
+    );
+    let lisen = err.0.iter().find(|p| p.key == "server.lisen").unwrap();
+    assert!(lisen.message.contains("`listen`"), "{}", lisen.message);
+}
+
+#[test]
+fn a_good_key_beside_a_bad_one_still_counts() {
+    // Both in one section: the bad one is reported, the good one is not lost to it.
+    let err = problems(&[
+        ("ROLLGATE__CLUSTER__SOAK", "soon"),
+        ("ROLLGATE__CLUSTER__NAMESPACE", "has space"),
+    ]);
+    let keys: Vec<_> = err.0.iter().map(|p| p.key.as_str()).collect();
+    assert_eq!(keys, ["cluster.soak", "cluster.namespace"], "{err}");
+}
+
+#[test]
+fn keys_come_from_the_types() {
+    let keys = keys();
+    for key in [
+        "data_dir",
+        "server.listen",
+        "gate.board_matchers",
+        "etcd_roll.transfer_timeout",
+        "detect.timeout",
+    ] {
+        assert!(keys.iter().any(|k| k == key), "{key} missing");
+    }
+    assert!(
+        !keys.iter().any(|k| k == "server.token_file_is_default"),
+        "a derived field is no key"
+    );
+}
+
+/// The README's configuration table lists exactly the keys that exist.
+#[test]
+fn the_readme_table_lists_every_key_and_no_other() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let section = readme
+        .split("\n## Configuration\n")
+        .nth(1)
+        .expect("a Configuration section")
+        .split("\n## ")
+        .next()
+        .unwrap_or_default();
+    let mut documented = BTreeSet::new();
+    for row in section.lines().filter(|l| l.starts_with("| `")) {
+        let cell = row.split('|').nth(1).unwrap_or_default();
+        // A row may document several keys: `gate.basic_auth_user`, `gate.basic_auth_password_file`.
+        for key in cell.split('`').skip(1).step_by(2) {
+            documented.insert(key.to_owned());
+        }
+    }
+    let existing: BTreeSet<String> = keys().into_iter().collect();
+    let undocumented: Vec<_> = existing.difference(&documented).collect();
+    let unknown: Vec<_> = documented.difference(&existing).collect();
+    assert!(
+        undocumented.is_empty() && unknown.is_empty(),
+        "README table out of step: undocumented {undocumented:?}; not a key {unknown:?}"
+    );
+}

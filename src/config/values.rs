@@ -1,0 +1,241 @@
+//! What the sections are made of: lists that come as a TOML array or, from the
+//! environment, as one comma-separated string; label matchers; SSH host entries; and the
+//! checks serde cannot express, collected per section.
+
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use std::collections::HashMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::Problem;
+use super::sections::SshHost;
+use crate::domain::gate::Matcher;
+
+/// A TOML array of strings, or one comma-separated string (as the environment gives it).
+pub fn string_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    struct List;
+    impl<'de> Visitor<'de> for List {
+        type Value = Vec<String>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a list of strings or a comma-separated string")
+        }
+        fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
+            Ok(s.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect())
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(item) = seq.next_element::<String>()? {
+                out.push(item);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_any(List)
+}
+
+/// A list of `name=value` / `name!=value` matchers.
+pub fn matcher_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Matcher>, D::Error> {
+    string_list(d)?
+        .iter()
+        .map(|m| Matcher::parse(m).map_err(de::Error::custom))
+        .collect()
+}
+
+/// A list of `node=[user@]host[:port]` entries, by node.
+pub fn host_list<'de, D: Deserializer<'de>>(d: D) -> Result<HashMap<String, SshHost>, D::Error> {
+    string_list(d)?
+        .iter()
+        .map(|entry| {
+            parse_host_entry(entry).ok_or_else(|| {
+                de::Error::custom(format!("{entry:?} is not node=[user@]host[:port]"))
+            })
+        })
+        .collect()
+}
+
+/// A Kubernetes node name: lowercase letters, digits, `-` and `.`.
+pub fn is_dns_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+}
+
+/// `node=[user@]host[:port]`; nothing that could be read as an ssh option.
+pub fn parse_host_entry(entry: &str) -> Option<(String, SshHost)> {
+    let (node, addr) = entry.split_once('=')?;
+    let (user, addr) = match addr.split_once('@') {
+        Some((u, rest)) => (Some(u), rest),
+        None => (None, addr),
+    };
+    let (host, port) = match addr.rsplit_once(':') {
+        Some((h, p)) => (h, Some(p.parse::<u16>().ok()?)),
+        None => (addr, None),
+    };
+    let user_ok = user.is_none_or(|u| {
+        !u.is_empty()
+            && u.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+    });
+    (is_dns_name(node) && user_ok && !host.is_empty() && !host.starts_with('-')).then(|| {
+        (
+            node.to_owned(),
+            SshHost {
+                user: user.map(str::to_owned),
+                host: host.to_owned(),
+                port,
+            },
+        )
+    })
+}
+
+/// The problems of one section, keyed `section.key`.
+pub struct Problems {
+    section: &'static str,
+    found: Vec<Problem>,
+}
+
+impl Problems {
+    /// No problems yet in `section`.
+    pub fn new(section: &'static str) -> Self {
+        Self {
+            section,
+            found: Vec::new(),
+        }
+    }
+
+    /// What was found.
+    pub fn into_problems(self) -> Vec<Problem> {
+        self.found
+    }
+
+    /// `key` is wrong: `message` says how.
+    pub fn add(&mut self, key: &str, message: impl Into<String>) {
+        self.found.push(Problem {
+            key: format!("{}.{key}", self.section),
+            message: message.into(),
+        });
+    }
+
+    /// `value` of `key` lies within `min..=max`.
+    pub fn range<N>(&mut self, key: &str, value: N, min: u64, max: u64)
+    where
+        N: TryInto<u64> + Copy + fmt::Display,
+    {
+        if !(min..=max).contains(&value.try_into().unwrap_or(u64::MAX)) {
+            self.add(
+                key,
+                format!("{value} must be a whole number from {min} to {max}"),
+            );
+        }
+    }
+
+    /// `value` of `key` lies within `min_ms..=max_ms` milliseconds.
+    pub fn duration(&mut self, key: &str, value: Duration, min_ms: u64, max_ms: u64) {
+        let (min, max) = (Duration::from_millis(min_ms), Duration::from_millis(max_ms));
+        if value < min || value > max {
+            self.add(
+                key,
+                format!(
+                    "{} must be a duration like 500ms, 30s, 5m or 1h, from {} to {}",
+                    humantime::format_duration(value),
+                    humantime::format_duration(min),
+                    humantime::format_duration(max)
+                ),
+            );
+        }
+    }
+
+    /// A name for a queue, exchange, namespace or user: 1-255 of letters, digits, `._-:`.
+    pub fn name(&mut self, key: &str, value: &str) {
+        let ok = !value.is_empty()
+            && value.len() <= 255
+            && value
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-:".contains(&b));
+        if !ok {
+            self.add(
+                key,
+                format!("{value:?} must be 1-255 of letters, digits and . _ - :"),
+            );
+        }
+    }
+
+    /// A file path that is set is not empty.
+    pub fn path(&mut self, key: &str, value: Option<&PathBuf>) {
+        if value.is_some_and(|p| p.as_os_str().is_empty()) {
+            self.add(key, "must not be empty");
+        }
+    }
+
+    /// An http(s) URL.
+    pub fn http_url(&mut self, key: &str, value: &str) {
+        let ok = reqwest::Url::parse(value).is_ok_and(|u| matches!(u.scheme(), "http" | "https"));
+        if !ok {
+            self.add(key, format!("{value:?} is not an http(s) URL"));
+        }
+    }
+
+    /// CA, client certificate and key of `section`: a certificate needs its key.
+    pub fn tls_files(
+        &mut self,
+        section: &str,
+        ca: &Option<PathBuf>,
+        cert: &Option<PathBuf>,
+        key: &Option<PathBuf>,
+    ) {
+        self.path("ca_file", ca.as_ref());
+        self.path("cert_file", cert.as_ref());
+        self.path("key_file", key.as_ref());
+        if cert.is_some() != key.is_some() {
+            self.add(
+                "cert_file",
+                format!(
+                    "a client certificate needs both {section}.cert_file and {section}.key_file"
+                ),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ssh_host_entries_parse() {
+        let host = |user: Option<&str>, host: &str, port: Option<u16>| SshHost {
+            user: user.map(str::to_owned),
+            host: host.into(),
+            port,
+        };
+        let cases = [
+            ("cp=10.0.0.5", Some(("cp", host(None, "10.0.0.5", None)))),
+            (
+                "w1=10.0.0.6:2222",
+                Some(("w1", host(None, "10.0.0.6", Some(2222)))),
+            ),
+            (
+                "w2=wizard@n2.lan:22",
+                Some(("w2", host(Some("wizard"), "n2.lan", Some(22)))),
+            ),
+            ("w3", None),
+            ("w3=", None),
+            ("w3=h:notaport", None),
+            ("W3=h", None),
+            ("w3=-oProxyCommand=x", None),
+            ("w3=a b@h", None),
+        ];
+        for (entry, want) in cases {
+            let got = parse_host_entry(entry);
+            let want = want.map(|(n, h)| (n.to_owned(), h));
+            assert_eq!(got, want, "{entry}");
+        }
+    }
+}

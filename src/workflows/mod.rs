@@ -1,0 +1,8 @@
+//! The acting halves of the workflows. Each pairs with its pure half in `domain` (same
+//! name) and reaches the world only through `ports`: what to do is decided in `domain`,
+//! done here, and talked to other systems by `adapters`, wired by `app`.
+
+pub mod detect;
+pub mod etcd_roll;
+pub mod gate;
+pub mod k8s_upgrade;
