@@ -462,11 +462,13 @@ async fn the_api_description_matches_what_the_service_takes() {
                     .is_some_and(|m| m.starts_with("etcd rolls need the Kubernetes API")));
         assert!(taken, "the documented example of {path}: {status} {body}");
     }
-    assert!(examples >= 2, "documented examples: {examples}");
+    assert!(examples >= 3, "documented examples: {examples}");
 
     let detections = request_schema(&spec, "/v1/detections");
     let rolls = request_schema(&spec, "/v1/etcd-rolls");
+    let alerts = request_schema(&spec, "/v1/alerts");
     let sent = [
+        (alerts, webhook("aa01")),
         (detections, detection("1.34.5")),
         (
             detections,
@@ -504,6 +506,11 @@ async fn the_api_description_matches_what_the_service_takes() {
         let (status, _) = rg.post("/v1/detections", &bad).await;
         assert_eq!(status, 422, "{bad}");
     }
+    let mut bad_label = webhook("aa02");
+    bad_label["alerts"][0]["labels"]["node"] = json!(1);
+    assert!(!problems(&spec, alerts, &bad_label).is_empty());
+    let (status, _) = rg.post("/v1/alerts", &bad_label).await;
+    assert_eq!(status, 422);
 }
 
 #[tokio::test]

@@ -2,10 +2,10 @@
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::Value;
 use std::collections::BTreeMap;
 
-use super::event::{FieldErrors, Fields};
+use super::event::{FieldErrors, read_body};
 
 /// Whether an alert is firing or resolved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -58,121 +58,156 @@ pub const MAX_ALERTS: usize = 1000;
 const MAX_LABELS: usize = 128;
 const MAX_TEXT: usize = 16 * 1024;
 
+/// An Alertmanager webhook notification (payload version 4) as it is read and documented;
+/// [`AlertBatch::from_json`] validates it. Fields Alertmanager sends that rollgate does
+/// not use (`truncatedAlerts`, `groupLabels`, `externalURL`, …) are accepted and ignored,
+/// so a newer Alertmanager is not refused.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[schema(example = json!({
+    "version": "4", "groupKey": "{}:{alertname=\"NodeNotReady\"}", "status": "firing",
+    "receiver": "rollgate", "alerts": [{
+        "status": "firing",
+        "labels": {"alertname": "NodeNotReady", "upgrade_gate": "true", "node": "w1"},
+        "annotations": {"summary": "w1 not ready"},
+        "startsAt": "2026-11-30T06:00:00Z", "endsAt": "0001-01-01T00:00:00Z",
+        "fingerprint": "c0ffee1234567890"
+    }]
+}))]
+pub struct WebhookBody {
+    /// The payload version; only `"4"` is taken.
+    #[schema(required = true, value_type = String, example = "4")]
+    pub version: Option<String>,
+    /// The Alertmanager receiver that sent it.
+    #[schema(required = true, value_type = String)]
+    pub receiver: Option<String>,
+    /// Alertmanager's group key.
+    #[schema(required = true, value_type = String)]
+    pub group_key: Option<String>,
+    /// `firing` while any alert of the group fires.
+    #[schema(required = true, value_type = AlertStatus)]
+    pub status: Option<AlertStatus>,
+    /// The alerts, 1 to 1000.
+    #[schema(required = true, value_type = Vec<WebhookAlert>)]
+    pub alerts: Option<Vec<WebhookAlert>>,
+}
+
+/// One alert of a webhook notification, as Alertmanager sends it.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WebhookAlert {
+    /// `firing` or `resolved`.
+    #[schema(required = true, value_type = AlertStatus)]
+    pub status: Option<AlertStatus>,
+    /// Labels (at most 128, values up to 16 KiB); must have `alertname`.
+    #[schema(required = true, value_type = BTreeMap<String, String>)]
+    pub labels: Option<BTreeMap<String, String>>,
+    /// Annotations (same bounds).
+    #[schema(required = false, value_type = BTreeMap<String, String>)]
+    pub annotations: Option<BTreeMap<String, String>>,
+    /// RFC 3339 time the alert started firing.
+    #[schema(required = true, value_type = String, example = "2026-11-30T06:00:00Z")]
+    pub starts_at: Option<String>,
+    /// RFC 3339 time Alertmanager considers it over; `0001-01-01T00:00:00Z`: not known.
+    #[schema(required = false, value_type = String)]
+    pub ends_at: Option<String>,
+    /// Alertmanager's fingerprint of the label set, 1-64 letters or digits.
+    #[schema(required = true, value_type = String, example = "c0ffee1234567890")]
+    pub fingerprint: Option<String>,
+}
+
 impl AlertBatch {
-    /// Validates an Alertmanager webhook body (payload `version` "4"), reporting every
-    /// bad field with its path.
+    /// Reads and validates an Alertmanager webhook body (payload `version` "4"), reporting
+    /// every bad field with its path.
     pub fn from_json(body: &Value) -> Result<Self, FieldErrors> {
         let mut errors = FieldErrors::default();
-        let Some(obj) = body.as_object() else {
-            errors.push(
-                "",
-                "the body must be a JSON object (an Alertmanager webhook payload)",
-            );
-            return Err(errors);
+        let read: WebhookBody = read_body(body, &mut errors);
+        let refused = errors.clone();
+        let need = |field: &str, present: bool, errors: &mut FieldErrors| {
+            let reported = refused
+                .iter()
+                .any(|e| e.field.is_empty() || e.field.starts_with(field));
+            if !present && !reported {
+                errors.push(field, "is required");
+            }
         };
-        let f = Fields::new(obj, "");
-        match f.str("version", &mut errors) {
-            Some("4") | None => {}
-            Some(other) => errors.push(
+        need("version", read.version.is_some(), &mut errors);
+        need("receiver", read.receiver.is_some(), &mut errors);
+        need("groupKey", read.group_key.is_some(), &mut errors);
+        need("status", read.status.is_some(), &mut errors);
+        need("alerts", read.alerts.is_some(), &mut errors);
+        if let Some(other) = read.version.as_deref().filter(|v| *v != "4") {
+            errors.push(
                 "version",
                 format!("payload version {other:?} is not supported; only Alertmanager webhook version \"4\" is"),
-            ),
+            );
         }
-        let receiver = f
-            .str("receiver", &mut errors)
-            .unwrap_or_default()
-            .to_owned();
-        let group_key = f
-            .str("groupKey", &mut errors)
-            .unwrap_or_default()
-            .to_owned();
-        if let Some(s) = f.str("status", &mut errors) {
-            parse_status(s, "status", &mut errors);
-        }
-        let mut alerts = Vec::new();
-        match obj.get("alerts") {
-            Some(Value::Array(items)) if items.is_empty() => {
-                errors.push("alerts", "must hold at least one alert")
-            }
-            Some(Value::Array(items)) if items.len() > MAX_ALERTS => errors.push(
+        let items = read.alerts.unwrap_or_default();
+        if items.len() > MAX_ALERTS {
+            errors.push(
                 "alerts",
                 format!(
                     "holds {} alerts; at most {MAX_ALERTS} per request",
                     items.len()
                 ),
-            ),
-            Some(Value::Array(items)) => {
-                for (i, item) in items.iter().enumerate() {
-                    if let Some(alert) = parse_alert(item, &format!("alerts[{i}]"), &mut errors) {
-                        alerts.push(alert);
-                    }
-                }
+            );
+        } else if items.is_empty()
+            && !refused.iter().any(|e| e.field.starts_with("alerts"))
+            && !errors.iter().any(|e| e.field == "alerts")
+        {
+            errors.push("alerts", "must hold at least one alert");
+        }
+        let mut alerts = Vec::new();
+        for (i, item) in items.into_iter().enumerate() {
+            let path = format!("alerts[{i}]");
+            if refused.iter().any(|e| e.field.starts_with(&path)) {
+                continue;
             }
-            Some(_) => errors.push("alerts", "must be an array"),
-            None => errors.push("alerts", "is required"),
+            if let Some(alert) = check_alert(item, &path, &mut errors) {
+                alerts.push(alert);
+            }
         }
         errors.into_result(Self {
-            receiver,
-            group_key,
+            receiver: read.receiver.unwrap_or_default(),
+            group_key: read.group_key.unwrap_or_default(),
             alerts,
         })
     }
 }
 
-fn parse_status(s: &str, path: &str, errors: &mut FieldErrors) -> Option<AlertStatus> {
-    match s {
-        "firing" => Some(AlertStatus::Firing),
-        "resolved" => Some(AlertStatus::Resolved),
-        other => {
-            errors.push(
-                path,
-                format!("{other:?} is neither \"firing\" nor \"resolved\""),
-            );
-            None
-        }
-    }
-}
-
-fn parse_alert(item: &Value, path: &str, errors: &mut FieldErrors) -> Option<Alert> {
-    let Some(obj) = item.as_object() else {
-        errors.push(path, "must be an object");
-        return None;
-    };
+fn check_alert(item: WebhookAlert, path: &str, errors: &mut FieldErrors) -> Option<Alert> {
     let before = errors.len();
-    let f = Fields::new(obj, path);
-    let status = f
-        .str("status", errors)
-        .and_then(|s| parse_status(s, &format!("{path}.status"), errors));
-    let labels = string_map(obj.get("labels"), &format!("{path}.labels"), true, errors);
-    if let Some(labels) = &labels {
-        match labels.get("alertname") {
-            Some(name) if !name.is_empty() => {}
-            _ => errors.push(&format!("{path}.labels"), "must have a non-empty alertname"),
+    let at = |field: &str| format!("{path}.{field}");
+    for (field, present) in [
+        ("status", item.status.is_some()),
+        ("labels", item.labels.is_some()),
+        ("startsAt", item.starts_at.is_some()),
+        ("fingerprint", item.fingerprint.is_some()),
+    ] {
+        if !present {
+            errors.push(&at(field), "is required");
         }
     }
-    let annotations = match obj.get("annotations") {
-        None | Some(Value::Null) => Some(BTreeMap::new()),
-        some => string_map(some, &format!("{path}.annotations"), false, errors),
-    };
-    let starts_at = f
-        .str("startsAt", errors)
-        .and_then(|s| time(s, &format!("{path}.startsAt"), errors));
-    let ends_at = match obj.get("endsAt") {
-        None | Some(Value::Null) => Some(None),
-        Some(Value::String(s)) => {
-            time(s, &format!("{path}.endsAt"), errors).map(|t| (t.timestamp() > 0).then_some(t))
+    if let Some(labels) = &item.labels {
+        check_map(labels, &at("labels"), errors);
+        if labels.get("alertname").is_none_or(String::is_empty) {
+            errors.push(&at("labels"), "must have a non-empty alertname");
         }
-        Some(_) => {
-            errors.push(&format!("{path}.endsAt"), "must be an RFC 3339 time string");
-            None
-        }
+    }
+    let annotations = item.annotations.unwrap_or_default();
+    check_map(&annotations, &at("annotations"), errors);
+    let starts_at = item
+        .starts_at
+        .and_then(|s| time(&s, &at("startsAt"), errors));
+    let ends_at = match item.ends_at {
+        None => Some(None),
+        Some(s) => time(&s, &at("endsAt"), errors).map(|t| (t.timestamp() > 0).then_some(t)),
     };
-    let fingerprint = f.str("fingerprint", errors).map(str::to_owned);
-    if let Some(fp) = &fingerprint
+    if let Some(fp) = &item.fingerprint
         && (fp.is_empty() || fp.len() > 64 || !fp.bytes().all(|b| b.is_ascii_alphanumeric()))
     {
         errors.push(
-            &format!("{path}.fingerprint"),
+            &at("fingerprint"),
             "must be 1-64 letters or digits, as Alertmanager sends it",
         );
     }
@@ -180,51 +215,28 @@ fn parse_alert(item: &Value, path: &str, errors: &mut FieldErrors) -> Option<Ale
         return None;
     }
     Some(Alert {
-        fingerprint: fingerprint?,
-        status: status?,
-        labels: labels?,
-        annotations: annotations?,
+        fingerprint: item.fingerprint?,
+        status: item.status?,
+        labels: item.labels?,
+        annotations,
         starts_at: starts_at?,
         ends_at: ends_at?,
     })
 }
 
-fn string_map(
-    value: Option<&Value>,
-    path: &str,
-    required: bool,
-    errors: &mut FieldErrors,
-) -> Option<BTreeMap<String, String>> {
-    let obj: &Map<String, Value> = match value {
-        Some(Value::Object(obj)) => obj,
-        None if !required => return Some(BTreeMap::new()),
-        None => {
-            errors.push(path, "is required");
-            return None;
-        }
-        Some(_) => {
-            errors.push(path, "must be an object of string values");
-            return None;
-        }
-    };
-    if obj.len() > MAX_LABELS {
+/// Labels and annotations stay within bounds.
+fn check_map(map: &BTreeMap<String, String>, path: &str, errors: &mut FieldErrors) {
+    if map.len() > MAX_LABELS {
         errors.push(
             path,
-            format!("has {} entries; at most {MAX_LABELS}", obj.len()),
+            format!("has {} entries; at most {MAX_LABELS}", map.len()),
         );
-        return None;
     }
-    let mut out = BTreeMap::new();
-    for (k, v) in obj {
-        match v {
-            Value::String(s) if s.len() <= MAX_TEXT => {
-                out.insert(k.clone(), s.clone());
-            }
-            Value::String(_) => errors.push(&format!("{path}.{k}"), "is longer than 16 KiB"),
-            _ => errors.push(&format!("{path}.{k}"), "must be a string"),
+    for (k, v) in map {
+        if v.len() > MAX_TEXT {
+            errors.push(&format!("{path}.{k}"), "is longer than 16 KiB");
         }
     }
-    Some(out)
 }
 
 fn time(s: &str, path: &str, errors: &mut FieldErrors) -> Option<DateTime<Utc>> {
@@ -334,6 +346,28 @@ mod tests {
                 "expected an error at {path}, got {err}"
             );
         }
+    }
+
+    #[test]
+    fn several_bad_alerts_are_each_named() {
+        let mut body = webhook();
+        let alert = body["alerts"][0].clone();
+        body["alerts"] = json!([alert.clone(), alert.clone(), alert]);
+        body["alerts"][0]["startsAt"] = json!("yesterday");
+        body["alerts"][1]["labels"]["x"] = json!(1);
+        body["alerts"][2]["status"] = json!("on");
+        body["receiver"] = json!(7);
+        let err = AlertBatch::from_json(&body).unwrap_err();
+        let fields: Vec<&str> = err.iter().map(|e| e.field.as_str()).collect();
+        for want in [
+            "alerts[0].startsAt",
+            "alerts[1].labels.x",
+            "alerts[2].status",
+            "receiver",
+        ] {
+            assert!(fields.contains(&want), "{want} not in {err}");
+        }
+        assert_eq!(fields.len(), 4, "{err}");
     }
 
     #[test]

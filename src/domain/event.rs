@@ -84,14 +84,14 @@ pub fn read_body<W: serde::de::DeserializeOwned + Default>(
     body: &Value,
     errors: &mut FieldErrors,
 ) -> W {
-    let Some(obj) = body.as_object() else {
+    if !body.is_object() {
         errors.push("", "the body must be a JSON object");
         return W::default();
-    };
-    let mut obj = obj.clone();
+    }
+    let mut body = body.clone();
+    let mut dropped = BTreeSet::new();
     loop {
-        let value = Value::Object(obj.clone());
-        let error = match serde_path_to_error::deserialize::<_, W>(&value) {
+        let error = match serde_path_to_error::deserialize::<_, W>(&body) {
             Ok(read) => return read,
             Err(e) => e,
         };
@@ -99,23 +99,85 @@ pub fn read_body<W: serde::de::DeserializeOwned + Default>(
         let message = error.into_inner().to_string();
         let (field, problem) = match message.strip_prefix("unknown field `") {
             Some(rest) => {
-                let name = rest.split('`').next().unwrap_or_default().to_owned();
+                let name = rest.split('`').next().unwrap_or_default();
                 let known = rest
                     .split_once("expected one of ")
                     .map_or(String::new(), |(_, k)| k.replace('`', ""));
-                (name, format!("is not a known field (known: {known})"))
+                let field = match path.rsplit_once('.') {
+                    Some((parent, _)) => format!("{parent}.{name}"),
+                    None => name.to_owned(),
+                };
+                (field, format!("is not a known field (known: {known})"))
             }
             None => (path, refused(&message)),
         };
-        let key = field
-            .split(['.', '['])
-            .next()
-            .unwrap_or_default()
-            .to_owned();
+        if !dropped.insert(field.clone()) {
+            // Emptying it was not enough: give up on the whole top-level field.
+            let top = field.split(['.', '[']).next().unwrap_or_default();
+            if !drop_at(&mut body, top) {
+                return W::default();
+            }
+            continue;
+        }
         errors.push(&field, problem);
-        if obj.remove(&key).is_none() {
+        if !drop_at(&mut body, &field) {
             return W::default();
         }
+    }
+}
+
+/// One step of a field path: a key of an object or an index of an array.
+enum Segment<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
+/// `alerts[0].labels.x` as its segments.
+fn segments(path: &str) -> Vec<Segment<'_>> {
+    let mut out = Vec::new();
+    for part in path.split('.') {
+        let mut pieces = part.split('[');
+        if let Some(key) = pieces.next().filter(|k| !k.is_empty()) {
+            out.push(Segment::Key(key));
+        }
+        for index in pieces {
+            if let Ok(i) = index.trim_end_matches(']').parse() {
+                out.push(Segment::Index(i));
+            }
+        }
+    }
+    out
+}
+
+/// Drops what `path` points at so the body can be read again: a key is removed from its
+/// object; an array element is emptied (`{}`), so the others keep their indices. False
+/// when there is nothing there.
+fn drop_at(body: &mut Value, path: &str) -> bool {
+    let segments = segments(path);
+    let Some((last, parents)) = segments.split_last() else {
+        return false;
+    };
+    let mut at = body;
+    for segment in parents {
+        let next = match segment {
+            Segment::Key(k) => at.get_mut(*k),
+            Segment::Index(i) => at.get_mut(*i),
+        };
+        match next {
+            Some(v) => at = v,
+            None => return false,
+        }
+    }
+    match (last, at) {
+        (Segment::Key(k), Value::Object(obj)) => obj.remove(*k).is_some(),
+        (Segment::Index(i), Value::Array(items)) => match items.get_mut(*i) {
+            Some(item) => {
+                *item = Value::Object(Map::new());
+                true
+            }
+            None => false,
+        },
+        _ => false,
     }
 }
 
@@ -137,39 +199,6 @@ fn refused(message: &str) -> String {
         Some("u64" | "u32" | "usize") => "must be a whole number".into(),
         Some("a sequence") => "must be a list".into(),
         _ => message,
-    }
-}
-
-/// Typed access to the fields of a JSON object, recording problems with their paths.
-pub(crate) struct Fields<'a> {
-    obj: &'a Map<String, Value>,
-    prefix: &'a str,
-}
-
-impl<'a> Fields<'a> {
-    pub(crate) fn new(obj: &'a Map<String, Value>, prefix: &'a str) -> Self {
-        Self { obj, prefix }
-    }
-    fn path(&self, key: &str) -> String {
-        if self.prefix.is_empty() {
-            key.to_owned()
-        } else {
-            format!("{}.{key}", self.prefix)
-        }
-    }
-    /// A required string field.
-    pub(crate) fn str(&self, key: &str, errors: &mut FieldErrors) -> Option<&'a str> {
-        match self.obj.get(key) {
-            Some(Value::String(s)) => Some(s),
-            Some(_) => {
-                errors.push(&self.path(key), "must be a string");
-                None
-            }
-            None => {
-                errors.push(&self.path(key), "is required");
-                None
-            }
-        }
     }
 }
 

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::AppState;
 use super::error::ApiError;
-use crate::domain::alert::AlertBatch;
+use crate::domain::alert::{AlertBatch, WebhookBody};
 use crate::domain::engine::check_control;
 use crate::domain::event::{
     CloudEvent, ControlAction, ControlRequest, DetectionBody, DetectionRequest, EtcdRollBody,
@@ -154,7 +154,7 @@ fn store_down(e: crate::store::StoreError) -> ApiError {
 }
 
 /// `POST /v1/alerts`: an Alertmanager webhook notification (version 4).
-#[utoipa::path(post, path = "/v1/alerts", request_body = Object,
+#[utoipa::path(post, path = "/v1/alerts", request_body = WebhookBody,
     responses((status = 202, body = AlertsAccepted), (status = 400, body = super::error::ErrorBody),
         (status = 401, body = super::error::ErrorBody), (status = 413, body = super::error::ErrorBody),
         (status = 415, body = super::error::ErrorBody), (status = 422, body = super::error::ErrorBody),

@@ -1,5 +1,5 @@
 //! A small checker of JSON values against the schemas of rollgate's own `/openapi.json`:
-//! `$ref`, objects (properties, required, no unknown properties — rollgate refuses them),
+//! `$ref`, objects (properties, required, `additionalProperties: false`),
 //! strings with enums, booleans, integers with bounds, arrays. Enough for request bodies.
 
 use serde_json::Value;
@@ -72,11 +72,23 @@ fn check(spec: &Value, schema: &Value, value: &Value, at: &str, out: &mut Vec<St
                     out.push(format!("{at}.{key}: required and missing"));
                 }
             }
+            let closed = schema["additionalProperties"] == Value::Bool(false);
             if let Some(props) = props {
                 for (key, v) in obj {
                     match props.get(key) {
                         Some(s) => check(spec, resolve(spec, s), v, &format!("{at}.{key}"), out),
-                        None => out.push(format!("{at}.{key}: not a documented property")),
+                        None if closed => {
+                            out.push(format!("{at}.{key}: not a documented property"))
+                        }
+                        None => {}
+                    }
+                }
+            }
+            if let Some(values) = schema["additionalProperties"].as_object() {
+                let values = Value::Object(values.clone());
+                for (key, v) in obj {
+                    if props.is_none_or(|p| !p.contains_key(key)) {
+                        check(spec, resolve(spec, &values), v, &format!("{at}.{key}"), out);
                     }
                 }
             }
