@@ -287,7 +287,7 @@ impl ExecOutput {
 }
 
 /// Why a remote command did not run to its end.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ExecError {
     /// The node's host key does not match known_hosts: nothing was run.
     #[error(
@@ -295,14 +295,22 @@ pub enum ExecError {
     )]
     HostKey { node: String },
     /// No connection.
-    #[error("ssh to {node}: cannot connect: {error}")]
-    Connect { node: String, error: String },
+    #[error("ssh to {node}: cannot connect: {failure}")]
+    Connect {
+        node: String,
+        #[source]
+        failure: Failure,
+    },
     /// The command ran past its timeout and was ended.
     #[error("ssh to {node}: command ended after its {secs}s timeout")]
     Timeout { node: String, secs: u64 },
     /// Anything else.
-    #[error("ssh to {node}: {error}")]
-    Other { node: String, error: String },
+    #[error("ssh to {node}: {failure}")]
+    Other {
+        node: String,
+        #[source]
+        failure: Failure,
+    },
 }
 
 /// Takes etcd snapshots.

@@ -10,7 +10,7 @@ use tokio::io::AsyncWriteExt;
 use tracing::info;
 
 use crate::config::SshHost;
-use crate::ports::{ExecError, ExecOutput, NodeExec, NodeTarget};
+use crate::ports::{ExecError, ExecOutput, Failure, NodeExec, NodeTarget};
 
 /// How rollgate reaches nodes.
 #[derive(Debug, Clone)]
@@ -51,15 +51,21 @@ impl Ssh {
             if !path.is_file() {
                 return Err(ExecError::Other {
                     node: "-".into(),
-                    error: format!("{what} {} is not a readable file", path.display()),
+                    failure: Failure::new(format!(
+                        "{what} {} is not a readable file",
+                        path.display()
+                    )),
                 });
             }
         }
         std::fs::create_dir_all(&settings.control_dir).map_err(|e| ExecError::Other {
             node: "-".into(),
-            error: format!(
-                "cannot create ssh control dir {}: {e}",
-                settings.control_dir.display()
+            failure: Failure::caused(
+                format!(
+                    "cannot create ssh control dir {}",
+                    settings.control_dir.display()
+                ),
+                e,
             ),
         })?;
         Ok(Self { settings })
@@ -88,9 +94,9 @@ impl Ssh {
         if !plain_name(&host) || !plain_name(&user) {
             return Err(ExecError::Other {
                 node: node.name.clone(),
-                error: format!(
+                failure: Failure::new(format!(
                     "refusing to connect to {host:?} as {user:?}: not a plain host or user name"
-                ),
+                )),
             });
         }
         let mut builder = SessionBuilder::default();
@@ -109,7 +115,7 @@ impl Ssh {
         match tokio::time::timeout(bound, connect).await {
             Err(_) => Err(ExecError::Connect {
                 node: node.name.clone(),
-                error: format!("no session with {host}:{port} within {bound:?}"),
+                failure: Failure::new(format!("no session with {host}:{port} within {bound:?}")),
             }),
             Ok(Err(e)) => {
                 let text = crate::error_chain(&e);
@@ -123,7 +129,7 @@ impl Ssh {
                 } else {
                     Err(ExecError::Connect {
                         node: node.name.clone(),
-                        error: format!("{host}:{port}: {}", text.trim()),
+                        failure: Failure::caused(format!("{host}:{port}"), e),
                     })
                 }
             }
@@ -154,7 +160,7 @@ impl NodeExec for Ssh {
         let secs = self.settings.command_timeout.as_secs().max(1);
         let other = |e: openssh::Error| ExecError::Other {
             node: node.name.clone(),
-            error: crate::error_chain(&e),
+            failure: Failure::caused("the session failed", e),
         };
         let mut command = session.command("timeout");
         command
@@ -175,7 +181,7 @@ impl NodeExec for Ssh {
                 .await
                 .map_err(|e| ExecError::Other {
                     node: node.name.clone(),
-                    error: format!("cannot send the script: {e}"),
+                    failure: Failure::caused("cannot send the script", e),
                 })?;
             drop(stdin);
         }

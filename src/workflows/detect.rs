@@ -39,12 +39,13 @@ pub enum DetectError {
     #[error(transparent)]
     Running(#[from] RunningError),
     /// The control plane's package list could not be read.
-    #[error("cannot list kubeadm packages on {node}: {error}")]
+    #[error("cannot list kubeadm packages on {node}")]
     Ssh {
         /// The control-plane node.
         node: String,
         /// What went wrong.
-        error: String,
+        #[source]
+        error: Failure,
     },
     /// The package repository could not be read.
     #[error(transparent)]
@@ -97,7 +98,7 @@ pub async fn findings(sources: &Sources) -> Result<Findings, DetectError> {
         name: plane.name.clone(),
         address: plane.address.clone(),
     };
-    let ssh_error = |error: String| DetectError::Ssh {
+    let ssh_error = |error: Failure| DetectError::Ssh {
         node: plane.name.clone(),
         error,
     };
@@ -105,13 +106,13 @@ pub async fn findings(sources: &Sources) -> Result<Findings, DetectError> {
         .exec
         .run_script(&target, NODE_SCRIPT, &["--available".to_owned()])
         .await
-        .map_err(|e| ssh_error(e.to_string()))?;
+        .map_err(|e| ssh_error(Failure::caused("the node script did not run", e)))?;
     if out.status != Some(0) {
-        return Err(ssh_error(format!(
+        return Err(ssh_error(Failure::new(format!(
             "the node script exited with {:?}: {}",
             out.status,
             out.stderr.trim()
-        )));
+        ))));
     }
     let latest_patch = madison_releases(&out.stdout, minor_of(running))
         .last()
@@ -202,7 +203,7 @@ mod tests {
             (
                 DetectError::Ssh {
                     node: "cp".into(),
-                    error: "x".into(),
+                    error: Failure::new("x"),
                 },
                 3,
             ),

@@ -1,0 +1,65 @@
+//! `rollgate detect`: the weekly detection, with its adapters wired here.
+
+use anyhow::{Context as _, bail};
+
+use super::DetectArgs;
+use crate::config::Settings;
+
+/// `rollgate detect`: the report as JSON on stdout, the exit code of what happened.
+/// Errors are configuration problems (exit 2).
+pub(super) async fn detect(settings: &Settings, args: DetectArgs) -> anyhow::Result<u8> {
+    use crate::adapters::pushgateway::Pushgateway;
+    use crate::adapters::repo::PackageRepo;
+    use crate::adapters::submit::{AmqpSubmitter, HttpSubmitter};
+    use crate::config::DetectSubmit;
+    use crate::domain::event::StageSelection;
+    use crate::ports::Submitter;
+    use crate::workflows::detect::Sources;
+    use std::sync::Arc;
+    let d = &settings.detect;
+    let Some(kube) = crate::app::kube_client(settings).await? else {
+        bail!("detect needs cluster.kubeconfig or cluster.in_cluster");
+    };
+    let sources = Sources {
+        cluster: Arc::new(kube),
+        exec: Arc::new(crate::app::ssh_client(settings)?),
+        repo: Arc::new(PackageRepo::new(&d.repo_url, d.timeout)?),
+    };
+    let stages = StageSelection::parse(&d.stages).map_err(|e| anyhow::anyhow!(e))?;
+    let push = match &d.pushgateway_url {
+        Some(url) => Some(
+            Pushgateway::new(url, &d.pushgateway_job, d.timeout).map_err(|e| anyhow::anyhow!(e))?,
+        ),
+        None => None,
+    };
+    let submitter: Option<Box<dyn Submitter>> = match (args.dry_run, d.submit) {
+        (true, _) => None,
+        (false, DetectSubmit::Http) => Some(Box::new(HttpSubmitter {
+            url: d.rollgate_url.clone(),
+            token: crate::app::read_token(&d.token_file)?,
+            http: reqwest::Client::builder().timeout(d.timeout).build()?,
+        })),
+        (false, DetectSubmit::Amqp) => Some(Box::new(AmqpSubmitter(Arc::new(
+            crate::queue::amqp::AmqpQueue::connect(settings.queue.clone())
+                .await
+                .context("cannot reach RabbitMQ (queue.amqp_url)")?,
+        )))),
+    };
+    let (report, error) = crate::workflows::detect::detect(
+        &sources,
+        &stages,
+        push.as_ref().map(|p| p as &dyn crate::ports::MetricsPush),
+        submitter.as_deref(),
+    )
+    .await;
+    if let Some(report) = &report {
+        println!("{}", serde_json::to_string_pretty(report)?);
+    }
+    Ok(match error {
+        None => 0,
+        Some(e) => {
+            eprintln!("rollgate detect: {}", crate::error_chain(&e));
+            e.exit_code()
+        }
+    })
+}

@@ -1,0 +1,95 @@
+//! `rollgate plan`: the plan for the cluster now, changing nothing.
+
+use anyhow::bail;
+
+use super::{KindArg, PlanArgs};
+use crate::config::Settings;
+
+/// The request or the plan is refused (exit 2), as the API would answer 422.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(super) struct PlanRefused(String);
+
+/// `rollgate plan`: the plan for `args` against the cluster now, as text.
+pub(super) async fn plan(settings: &Settings, args: PlanArgs) -> anyhow::Result<String> {
+    use crate::domain::event::{DetectionRequest, StageSelection, UpgradeKind};
+    use crate::domain::k8s_upgrade::{self as plan, PlanSettings, Role};
+    use crate::domain::step::StepKind;
+    use crate::domain::version::Version;
+    use crate::ports::ClusterRead;
+    use std::fmt::Write as _;
+
+    let target = Version::parse(&args.target).map_err(|e| PlanRefused(e.to_string()))?;
+    let stages = StageSelection::parse(&args.stages).map_err(PlanRefused)?;
+    let Some(kube) = crate::app::kube_client(settings).await? else {
+        bail!("no cluster configured: set cluster.kubeconfig or cluster.in_cluster");
+    };
+    let facts = kube.facts().await?;
+    let kind = match args.kind {
+        Some(KindArg::Patch) => UpgradeKind::Patch,
+        Some(KindArg::Minor) => UpgradeKind::Minor,
+        None => {
+            let current = facts
+                .nodes
+                .iter()
+                .find(|n| n.role == Role::ControlPlane)
+                .map(|n| n.kubelet);
+            match current {
+                Some(c) if c.minor == target.minor => UpgradeKind::Patch,
+                _ => UpgradeKind::Minor,
+            }
+        }
+    };
+    let request = DetectionRequest {
+        target_version: target,
+        kind,
+        dry_run: args.dry_run,
+        stages,
+    };
+    let planned = plan::plan(
+        &request,
+        &facts,
+        &PlanSettings {
+            worker_order: settings.cluster.worker_order.clone(),
+        },
+    )
+    .map_err(|e| PlanRefused(e.to_string()))?;
+    let mut steps = plan::initial_steps(&request);
+    steps.extend(planned.steps);
+    let mut out = String::new();
+    let kind_name = match kind {
+        UpgradeKind::Patch => "patch",
+        UpgradeKind::Minor => "minor",
+    };
+    writeln!(
+        out,
+        "{kind_name} upgrade {} -> {target}{}",
+        planned.current,
+        if args.dry_run { " (dry run)" } else { "" }
+    )?;
+    writeln!(out, "control plane: {}", planned.control_plane)?;
+    writeln!(out, "workers in order: {}", planned.workers.join(", "))?;
+    for skipped in &planned.skipped {
+        writeln!(out, "skipped: {skipped}")?;
+    }
+    let gates: Vec<String> = steps
+        .iter()
+        .filter(|s| s.kind.is_gate())
+        .map(|s| s.label())
+        .collect();
+    writeln!(out, "gates ({}): {}", settings.gate.query, gates.join(", "))?;
+    writeln!(out, "steps:")?;
+    for (i, step) in steps.iter().enumerate() {
+        writeln!(
+            out,
+            "{:>3}. {:<32} {}",
+            i + 1,
+            step.label(),
+            match &step.kind {
+                StepKind::K8sUpgrade(kind) => plan::describe(kind, target),
+                StepKind::EtcdRoll(_) => String::new(),
+            }
+        )?;
+    }
+    Ok(out)
+}
