@@ -169,7 +169,6 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             max_attempts: settings.worker.max_attempts,
             halt_after: settings.gate.halt_after,
             on_failure: settings.worker.on_failure,
-            step_retry: WorkerPolicy::STEP_RETRY,
         };
         let worker = Worker::new(queue, store, metrics, executors, policy, notifier);
         Some(tokio::spawn(worker.run(stop_rx)))

@@ -49,8 +49,6 @@ pub struct WorkerPolicy {
     pub halt_after: Duration,
     /// What a run does when a step gives up.
     pub on_failure: FailurePolicy,
-    /// The pause before a failed step is tried again.
-    pub step_retry: Backoff,
 }
 
 impl WorkerPolicy {
@@ -455,7 +453,7 @@ impl Worker {
             max_attempts: self.policy.max_attempts,
             halt_after: chrono::Duration::from_std(self.policy.halt_after)
                 .unwrap_or(chrono::Duration::MAX),
-            retry: self.policy.step_retry,
+            retry: WorkerPolicy::STEP_RETRY,
             jitter: crate::jitter::unit(),
         };
         let from = run.status;

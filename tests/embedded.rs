@@ -32,7 +32,6 @@ fn spawn_worker(
         on_failure: rollgate::domain::run::FailurePolicy::Halt,
         max_attempts: 3,
         halt_after: Duration::from_secs(60),
-        step_retry: WorkerPolicy::STEP_RETRY,
     };
     let worker = Worker::new(
         queue,

@@ -562,7 +562,7 @@ impl EtcdConfig {
                 );
             }
         }
-        p.tls_files("etcd", &self.ca_file, &self.cert_file, &self.key_file);
+        p.tls_files(&self.ca_file, &self.cert_file, &self.key_file);
         p.duration("timeout", self.timeout, 100, 300_000);
     }
 }
@@ -600,7 +600,7 @@ impl Default for EtcdRollConfig {
 
 impl EtcdRollConfig {
     fn check(&self, p: &mut Problems) {
-        p.tls_files("etcd_roll", &self.ca_file, &self.cert_file, &self.key_file);
+        p.tls_files(&self.ca_file, &self.cert_file, &self.key_file);
         p.duration("timeout", self.timeout, 100, 300_000);
         p.duration("transfer_timeout", self.transfer_timeout, 1000, 300_000);
     }

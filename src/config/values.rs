@@ -182,10 +182,9 @@ impl Problems {
         }
     }
 
-    /// CA, client certificate and key of `section`: a certificate needs its key.
+    /// CA, client certificate and key of this section: a certificate needs its key.
     pub fn tls_files(
         &mut self,
-        section: &str,
         ca: &Option<PathBuf>,
         cert: &Option<PathBuf>,
         key: &Option<PathBuf>,
@@ -197,7 +196,8 @@ impl Problems {
             self.add(
                 "cert_file",
                 format!(
-                    "a client certificate needs both {section}.cert_file and {section}.key_file"
+                    "a client certificate needs both {0}.cert_file and {0}.key_file",
+                    self.section
                 ),
             );
         }

@@ -7,7 +7,6 @@
 //! is read, with the reason.
 
 use serde::{Deserialize, Serialize};
-use std::fmt;
 
 use super::event::Stage;
 
@@ -173,10 +172,10 @@ impl UpgradeStep {
     pub fn stage(&self) -> Option<Stage> {
         match self {
             Self::Plan | Self::MarkInFlight | Self::ClearInFlight => None,
-            Self::NodesReady | Self::SshReachable | Self::KubeadmPlan { .. } => {
-                Some(Stage::Preflight)
-            }
-            Self::QuietPeriod => Some(Stage::Preflight),
+            Self::NodesReady
+            | Self::SshReachable
+            | Self::KubeadmPlan { .. }
+            | Self::QuietPeriod => Some(Stage::Preflight),
             Self::EtcdSnapshot => Some(Stage::Snapshot),
             Self::Containerd { .. } => Some(Stage::Containerd),
             Self::AptRepo { .. } => Some(Stage::AptRepo),
@@ -379,12 +378,6 @@ impl StepKind {
             label.push_str(node);
         }
         label
-    }
-}
-
-impl fmt::Display for StepKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.label())
     }
 }
 
