@@ -112,6 +112,7 @@ async fn drain_bench() {
         timeout: Duration::from_secs(600),
         retry_every: Duration::from_millis(200),
         grace_period: None,
+        own_pod: None,
     };
     let report = kube.drain("a", &options).await.expect("drain");
     let ours = started.elapsed();

@@ -2,7 +2,11 @@
 # node-upgrade.sh: upgrades kubeadm, kubelet and kubectl on one kubeadm node.
 # rollgate pipes it over SSH:  bash -s -- ACTION
 #
-#   --role control-plane|worker --release X.Y.Z   upgrade this node (kubeadm upgrade apply|node)
+#   --role control-plane|worker --release X.Y.Z [--kubeadm apply|node]
+#                                                 upgrade this node: kubeadm upgrade apply on
+#                                                 the first control plane (the default for
+#                                                 control-plane), kubeadm upgrade node on the
+#                                                 other control planes and on workers
 #   --containerd X.Y.Z                            upgrade containerd to X.Y.Z
 #   --apt-minor 1.NN                              point the Kubernetes apt repository at v1.NN
 #   --plan --release X.Y.Z                        kubeadm upgrade plan; report the package for X.Y.Z
@@ -14,7 +18,7 @@
 # /etc/apt/sources.list.d/kubernetes.list), CONTAINERD_PACKAGE (default containerd.io).
 set -euo pipefail
 
-role="" release="" containerd="" apt_minor="" action=""
+role="" release="" containerd="" apt_minor="" action="" kubeadm=""
 K8S_APT_SOURCE=${K8S_APT_SOURCE:-/etc/apt/sources.list.d/kubernetes.list}
 CONTAINERD_PACKAGE=${CONTAINERD_PACKAGE:-containerd.io}
 
@@ -25,6 +29,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --role) role=${2:-}; shift 2 || die "--role needs a value" ;;
     --release) release=${2:-}; shift 2 || die "--release needs a value" ;;
+    --kubeadm) kubeadm=${2:-}; shift 2 || die "--kubeadm needs a value" ;;
     --containerd) containerd=${2:-}; action=containerd; shift 2 || die "--containerd needs a value" ;;
     --apt-minor) apt_minor=${2:-}; action=apt-minor; shift 2 || die "--apt-minor needs a value" ;;
     --plan) action=plan; shift ;;
@@ -63,13 +68,18 @@ install_pinned() {
 
 upgrade_node() {
   [ "$role" = control-plane ] || [ "$role" = worker ] || die "--role must be control-plane or worker"
+  if [ -z "$kubeadm" ]; then
+    if [ "$role" = control-plane ]; then kubeadm=apply; else kubeadm=node; fi
+  fi
+  [ "$kubeadm" = apply ] || [ "$kubeadm" = node ] || die "--kubeadm must be apply or node"
+  [ "$kubeadm" = node ] || [ "$role" = control-plane ] || die "kubeadm upgrade apply runs on a control plane only"
   is_version "$release" || die "--release must be MAJOR.MINOR.PATCH, got '$release'"
   $SUDO apt-get update -q
   local pkg
   pkg=$(candidate kubeadm "$release")
   [ -n "$pkg" ] || die "kubeadm $release is not in the apt repository (apt-cache madison kubeadm)"
   install_pinned kubeadm "$pkg"
-  if [ "$role" = control-plane ]; then
+  if [ "$kubeadm" = apply ]; then
     $SUDO kubeadm upgrade apply -y "v$release"
   else
     $SUDO kubeadm upgrade node
@@ -78,7 +88,7 @@ upgrade_node() {
   install_pinned kubectl "$pkg"
   $SUDO systemctl daemon-reload
   $SUDO systemctl restart kubelet
-  log "node at $release ($role)"
+  log "node at $release ($role, kubeadm upgrade $kubeadm)"
 }
 
 upgrade_containerd() {

@@ -23,7 +23,9 @@ use crate::config::{QueueBackend, Settings};
 use crate::domain::k8s_upgrade::PlanSettings;
 use crate::http::{self, AppState, EtcdRollIntake};
 use crate::metrics::Metrics;
-use crate::ports::{ClusterRead, DrainOptions, Executors, MetricsSource, Notifier, Snapshots};
+use crate::ports::{
+    ClusterRead, DrainOptions, EtcdMembers, Executors, MetricsSource, Notifier, PodRef, Snapshots,
+};
 use crate::queue::Queue;
 use crate::queue::amqp::AmqpQueue;
 use crate::queue::embedded::EmbeddedQueue;
@@ -105,16 +107,17 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             tls: false,
         },
     };
-    let cluster = match build_upgrade_steps(&settings, kube, metrics.clone()).await? {
+    let (cluster, etcd) = match build_upgrade_steps(&settings, kube, metrics.clone()).await? {
         Some((steps, cluster)) => {
+            let etcd = steps.etcd.clone();
             executors.k8s_upgrade = Some(steps);
-            Some(cluster)
+            (Some(cluster), etcd)
         }
         None => {
             warn!(
                 "no cluster configured (cluster.kubeconfig or cluster.in_cluster): upgrade runs wait at their plan step"
             );
-            None
+            (None, None)
         }
     };
     match store.in_progress().await {
@@ -132,9 +135,8 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         max_body_bytes: settings.server.max_body_bytes,
         intake: tokio::sync::Mutex::new(()),
         cluster,
-        plan_settings: PlanSettings {
-            worker_order: settings.cluster.worker_order.clone(),
-        },
+        etcd,
+        plan_settings: plan_settings(&settings),
         on_failure: settings.worker.on_failure,
         etcd_rolls,
     });
@@ -262,35 +264,34 @@ pub async fn build_upgrade_steps(
         return Ok(None);
     };
     let ssh = ssh_client(settings)?;
-    let snapshots: Option<Arc<dyn Snapshots>> = if settings.etcd.endpoints.is_empty() {
-        warn!("etcd.endpoints is not set: upgrade runs fail at their snapshot stage");
-        None
-    } else {
-        let e = &settings.etcd;
-        let tls = etcd_tls(&e.ca_file, &e.cert_file, &e.key_file);
-        let etcd = Etcd::new(EtcdSettings {
-            endpoints: e.endpoints.clone(),
-            timeout: e.timeout,
-            tls,
-        })?;
-        Some(Arc::new(EtcdSnapshots::new(Arc::new(etcd))))
-    };
+    let etcd = etcd_client(settings)?.map(Arc::new);
+    if etcd.is_none() {
+        warn!(
+            "etcd.endpoints is not set: upgrade runs fail at their snapshot stage, and clusters with several control planes are refused"
+        );
+    }
+    let snapshots = etcd
+        .clone()
+        .map(|e| Arc::new(EtcdSnapshots::new(e)) as Arc<dyn Snapshots>);
+    let etcd = etcd.map(|e| e as Arc<dyn EtcdMembers>);
     let steps = UpgradeSteps {
         cluster: kube.clone(),
         nodes: kube.clone(),
         marks: kube.clone(),
         exec: Arc::new(ssh),
         snapshots,
+        etcd,
         settings: UpgradeSettings {
-            plan: PlanSettings {
-                worker_order: c.worker_order.clone(),
-            },
+            plan: plan_settings(settings),
             drain: DrainOptions {
                 timeout: c.drain_timeout,
                 retry_every: c.eviction_retry,
                 grace_period: c.grace_period,
+                own_pod: own_pod(),
             },
             soak: c.soak,
+            health_timeout: c.control_plane_health_timeout,
+            transfer_timeout: settings.etcd.transfer_timeout,
             verify_timeout: c.verify_timeout,
             pod_ready_ratio: c.pod_ready_ratio,
             snapshot_dir: settings.etcd.snapshot_dir.clone(),
@@ -298,6 +299,37 @@ pub async fn build_upgrade_steps(
         metrics,
     };
     Ok(Some((Arc::new(steps), kube)))
+}
+
+/// The planner's choices from the settings.
+pub fn plan_settings(settings: &Settings) -> PlanSettings {
+    PlanSettings {
+        worker_order: settings.cluster.worker_order.clone(),
+        etcd_max_lag: settings.etcd.max_lag,
+    }
+}
+
+/// rollgate's own pod, from the downward API (`POD_NAMESPACE`, `POD_NAME`), when it runs
+/// in a cluster.
+fn own_pod() -> Option<PodRef> {
+    let read = |key: &str| std::env::var(key).ok().filter(|v| !v.is_empty());
+    Some(PodRef {
+        namespace: read("POD_NAMESPACE")?,
+        name: read("POD_NAME")?,
+    })
+}
+
+/// The cluster's etcd as the planner and `rollgate plan` see it, when configured.
+pub fn etcd_client(settings: &Settings) -> anyhow::Result<Option<Etcd>> {
+    let e = &settings.etcd;
+    if e.endpoints.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Etcd::new(EtcdSettings {
+        endpoints: e.endpoints.clone(),
+        timeout: e.timeout,
+        tls: etcd_tls(&e.ca_file, &e.cert_file, &e.key_file),
+    })?))
 }
 
 /// TLS to etcd when a CA is configured.

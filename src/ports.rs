@@ -6,6 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::domain::control_planes::{EtcdAlarm, StaticPod};
 use crate::domain::detect::Minor;
 use crate::domain::engine::StepOutcome;
 use crate::domain::event::DetectionRequest;
@@ -97,6 +98,8 @@ pub trait ClusterRead: Send + Sync {
     async fn pod_readiness(&self) -> Result<(usize, usize), ClusterError>;
     /// The API server's version (`GET /version`).
     async fn api_server_version(&self) -> Result<Version, ClusterError>;
+    /// The control-plane static pods (mirror pods with a `component` label) on `node`.
+    async fn static_pods(&self, node: &str) -> Result<Vec<StaticPod>, ClusterError>;
 }
 
 /// Cordons, drains and uncordons nodes.
@@ -148,6 +151,18 @@ pub struct DrainOptions {
     pub retry_every: Duration,
     /// Grace period for the evicted pods; `None` = each pod's own.
     pub grace_period: Option<u32>,
+    /// rollgate's own pod, when it runs in the cluster it drains: a drain evicts it after
+    /// every other pod of its node is gone, so that rollgate is rescheduled last.
+    pub own_pod: Option<PodRef>,
+}
+
+/// A pod by namespace and name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodRef {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
 }
 
 /// What a drain did.
@@ -348,6 +363,8 @@ pub trait EtcdMembers: Send + Sync {
     /// Moves leadership to member `to` (asking the leader itself), then waits until a
     /// majority follows `to`, at most `confirm_within`.
     async fn move_leader(&self, to: u64, confirm_within: Duration) -> Result<(), EtcdError>;
+    /// The alarms raised on any member.
+    async fn alarms(&self) -> Result<Vec<EtcdAlarm>, EtcdError>;
 }
 
 /// Runs an operator's command for one etcd member (the `command` driver of a foreground

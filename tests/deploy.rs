@@ -264,6 +264,24 @@ fn every_manifest_is_its_typed_object_and_the_workloads_are_locked_down() {
             .is_some_and(|v| !v.is_empty()),
         "a volume for the embedded data"
     );
+    // rollgate knows its own pod (the downward API), so a drain of its node evicts it last;
+    // no toleration puts it on a control plane, and no budget blocks its own eviction.
+    for (name, path) in [
+        ("POD_NAMESPACE", "metadata.namespace"),
+        ("POD_NAME", "metadata.name"),
+    ] {
+        let env = c.env.iter().flatten().find(|e| e.name == name);
+        let field = env
+            .and_then(|e| e.value_from.as_ref())
+            .and_then(|v| v.field_ref.as_ref())
+            .map(|f| f.field_path.as_str());
+        assert_eq!(field, Some(path), "{name}");
+    }
+    assert!(
+        pod.tolerations.is_none(),
+        "rollgate stays off the control planes"
+    );
+    assert!(!m.kinds.contains_key("PodDisruptionBudget"));
     for (pod, containers) in [(pod, &pod.containers)]
         .into_iter()
         .chain(m.cronjobs.iter().map(|cj| {
@@ -294,11 +312,12 @@ fn every_manifest_is_its_typed_object_and_the_workloads_are_locked_down() {
         assert!(!secret_volumes.is_empty());
         for c in containers {
             for env in c.env.iter().flatten() {
-                assert!(
-                    env.value_from.is_none(),
-                    "{}: secrets come as files",
-                    env.name
-                );
+                // The downward API (who the pod is) is allowed; secrets never.
+                let from_secret = env
+                    .value_from
+                    .as_ref()
+                    .is_some_and(|v| v.secret_key_ref.is_some() || v.config_map_key_ref.is_some());
+                assert!(!from_secret, "{}: secrets come as files", env.name);
             }
             assert!(
                 c.volume_mounts
@@ -355,6 +374,7 @@ async fn the_cluster_role_grants_every_api_use_of_the_adapters_and_nothing_more(
     // Every call the adapter offers, as the upgrade and the etcd roll make them.
     kube.facts().await.unwrap();
     kube.pod_readiness().await.unwrap();
+    kube.static_pods("cp").await.unwrap();
     kube.cordon("w1", "run-1").await.unwrap();
     kube.drain(
         "w1",
@@ -362,6 +382,7 @@ async fn the_cluster_role_grants_every_api_use_of_the_adapters_and_nothing_more(
             timeout: Duration::from_secs(20),
             retry_every: Duration::from_millis(200),
             grace_period: None,
+            own_pod: None,
         },
     )
     .await

@@ -5,7 +5,6 @@
 mod support;
 
 use serde_json::{Value, json};
-use std::collections::BTreeMap;
 use std::time::Duration;
 use support::ground::{Ground, WORKER_ORDER};
 use support::kube::Change;
@@ -15,10 +14,7 @@ use support::{Rollgate, eventually, webhook};
 const RUN_DEADLINE: Duration = Duration::from_secs(180);
 
 async fn start(ground: &Ground, extra: &[(&str, String)]) -> Rollgate {
-    let mut env = ground.env();
-    env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.clone())));
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    Rollgate::start(&env).await
+    ground.rollgate(extra).await
 }
 
 async fn detect(rg: &Rollgate, target: &str, kind: &str) -> String {
@@ -47,17 +43,6 @@ fn find_step<'a>(run: &'a Value, label: &str) -> Option<&'a Value> {
     })
 }
 
-/// Nodes in the order they were cordoned.
-fn cordon_order(changes: &[Change]) -> Vec<String> {
-    changes
-        .iter()
-        .filter_map(|c| match c {
-            Change::Cordon(n) => Some(n.clone()),
-            _ => None,
-        })
-        .collect()
-}
-
 /// Whether every transition must have reached Slack: notices are sent after the commit,
 /// so a kill -9 between the two loses that notice (at-most-once).
 #[derive(PartialEq)]
@@ -70,30 +55,11 @@ enum Told {
 /// nodes rolled in order, no node drained after its uncordon, in-flight marks cleared, a
 /// verified snapshot, transitions told to Slack.
 async fn assert_upgraded(ground: &Ground, rg: &Rollgate, run: &Value, target: &str, told: Told) {
-    for node in &ground.nodes {
-        let n = ground.api.node(&node.name);
-        assert_eq!(
-            n["status"]["nodeInfo"]["kubeletVersion"],
-            format!("v{target}"),
-            "{}",
-            node.name
-        );
-        assert!(
-            n["spec"]["unschedulable"].is_null(),
-            "{} left cordoned: {n}",
-            node.name
-        );
-        assert!(
-            n["metadata"]["annotations"]["rollgate.io/cordoned-by"].is_null(),
-            "{n}"
-        );
-        assert!(node.installed("kubelet").starts_with(&format!("{target}-")));
-    }
-    let changes = ground.api.changes();
+    ground.assert_all_at(target);
     let mut expected = vec!["cp".to_owned()];
     expected.extend(WORKER_ORDER.iter().map(|w| w.to_string()));
-    assert_eq!(cordon_order(&changes), expected);
-    assert_no_drain_after_uncordon(&changes);
+    assert_eq!(ground.cordon_order(), expected);
+    ground.assert_drained_once();
 
     let annotations = &ground.api.namespace("k8s-upgrade")["metadata"]["annotations"];
     assert!(
@@ -157,24 +123,6 @@ async fn assert_upgraded(ground: &Ground, rg: &Rollgate, run: &Value, target: &s
             texts.iter().any(|t| t.ends_with(reason)),
             "no Slack message for {reason:?}"
         );
-    }
-}
-
-fn assert_no_drain_after_uncordon(changes: &[Change]) {
-    let mut uncordoned: BTreeMap<String, bool> = BTreeMap::new();
-    for c in changes {
-        match c {
-            Change::Uncordon(n) => {
-                uncordoned.insert(n.clone(), true);
-            }
-            Change::Cordon(n) | Change::Evicted { node: n, .. } => {
-                assert!(
-                    !uncordoned.get(n).copied().unwrap_or(false),
-                    "{n} was drained again after its uncordon: {changes:?}"
-                );
-            }
-            _ => {}
-        }
     }
 }
 
@@ -303,7 +251,7 @@ async fn a_blocking_alert_during_a_soak_holds_the_next_drain_until_it_resolves()
     // Held: w2 is neither cordoned nor drained while the alert fires.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(!cordoned(&ground, "w2"));
-    assert!(!cordon_order(&ground.api.changes()).contains(&"w2".to_owned()));
+    assert!(!ground.cordon_order().contains(&"w2".to_owned()));
     assert_eq!(
         step(&rg.run(&id).await, "workers/drain@w2")["status"],
         "pending"
@@ -316,10 +264,7 @@ async fn a_blocking_alert_during_a_soak_holds_the_next_drain_until_it_resolves()
     let (status, body) = rg.post("/v1/alerts", &resolved).await;
     assert_eq!(status, 202, "{body}");
     let run = wait_status(&rg, &id, "succeeded").await;
-    assert_eq!(
-        cordon_order(&ground.api.changes()),
-        ["cp", "w4", "w3", "w2", "w1"]
-    );
+    assert_eq!(ground.cordon_order(), ["cp", "w4", "w3", "w2", "w1"]);
     assert!(
         support::history_has(&run, "gate closed at step workers/gate@w2"),
         "{run}"
@@ -337,7 +282,7 @@ async fn an_alert_that_arrives_while_steps_run_is_on_the_board_before_the_next_g
         RUN_DEADLINE,
         || async {
             let run = rg.run(&id).await;
-            (find_step(&run, "control-plane/upgrade@cp")?["status"] == "running").then_some(())
+            (find_step(&run, "control-plane/apply@cp")?["status"] == "running").then_some(())
         },
     )
     .await;
@@ -357,7 +302,7 @@ async fn an_alert_that_arrives_while_steps_run_is_on_the_board_before_the_next_g
     );
     assert_eq!(step(&run, "control-plane/uncordon@cp")["status"], "done");
     assert!(!cordoned(&ground, "w1"));
-    assert_eq!(cordon_order(&ground.api.changes()), ["cp"]);
+    assert_eq!(ground.cordon_order(), ["cp"]);
 }
 
 #[tokio::test]
@@ -618,6 +563,7 @@ async fn a_dry_run_checks_everything_and_changes_nothing() {
             "plan",
             "nodes-ready",
             "ssh-reachable",
+            "etcd-healthy",
             "kubeadm-plan"
         ]
     );
@@ -644,21 +590,7 @@ async fn a_dry_run_checks_everything_and_changes_nothing() {
 #[tokio::test]
 async fn rollgate_plan_prints_the_steps_and_gates_and_changes_nothing() {
     let ground = Ground::start("1.34.2", 2).await;
-    let plan = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
-            .arg("plan")
-            .args(args)
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .envs(ground.env())
-            .output()
-            .expect("rollgate plan");
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let plan = |args: &[&str]| ground.rollgate_plan(args);
     let (code, text, err) = plan(&["--target", "1.34.5"]);
     assert_eq!(code, Some(0), "{err}");
     assert!(
@@ -667,11 +599,15 @@ async fn rollgate_plan_prints_the_steps_and_gates_and_changes_nothing() {
     );
     assert!(text.contains("workers in order: w2, w1"), "{text}");
     assert!(
-        text.contains("preflight/gate, control-plane/gate@cp, workers/gate@w2, workers/gate@w1, postflight/gate"),
+        text.contains("preflight/gate, workers/gate@w2, workers/gate@w1, postflight/gate"),
         "{text}"
     );
-    assert!(text.contains("control-plane/upgrade@cp"), "{text}");
-    assert!(text.contains("kubeadm upgrade apply"), "{text}");
+    assert!(text.contains("control-plane/next"), "{text}");
+    assert!(text.contains("etcd: external"), "{text}");
+    assert!(
+        text.contains("  1. upgrade cp (kubeadm upgrade apply): by name; etcd is external"),
+        "{text}"
+    );
     assert!(text.contains("snapshot/etcd-snapshot"), "{text}");
 
     let (code, text, _) = plan(&["--target", "1.35.0", "--dry-run"]);

@@ -2,13 +2,16 @@
 //! answers from whichever endpoint its balancer picks; timeouts on every call; optional
 //! TLS (CA, client certificate and key, all read from files).
 
-use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+use etcd_client::{
+    AlarmAction, AlarmType, Certificate, Client, ConnectOptions, Identity, TlsOptions,
+};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 
+use crate::domain::control_planes::EtcdAlarm;
 use crate::domain::etcd_roll::agreed_leader;
 use crate::ports::{EtcdConnect, EtcdMembers};
 pub use crate::ports::{EtcdError, MemberInfo, MemberStatus};
@@ -178,35 +181,62 @@ impl Etcd {
             .collect()
     }
 
-    /// The members as the first answering endpoint lists them.
-    pub async fn members(&self) -> Result<Vec<MemberInfo>, EtcdError> {
+    /// `ask`'s answer from the first endpoint that gives one; `what` names it in errors.
+    async fn first_answer<T, F, Fut>(&self, what: &str, ask: F) -> Result<T, EtcdError>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
         let mut last = EtcdError::NoLeader { members: 0 };
         for endpoint in &self.settings.endpoints {
-            let mut client = match self.client(endpoint).await {
+            let client = match self.client(endpoint).await {
                 Ok(c) => c,
                 Err(e) => {
                     last = e;
                     continue;
                 }
             };
-            match tokio::time::timeout(self.settings.timeout, client.member_list()).await {
-                Ok(Ok(list)) => {
-                    return Ok(list
-                        .members()
-                        .iter()
-                        .map(|m| MemberInfo {
-                            id: m.id(),
-                            name: m.name().to_owned(),
-                            client_urls: m.client_urls().to_vec(),
-                        })
-                        .collect());
-                }
+            match tokio::time::timeout(self.settings.timeout, ask(client)).await {
+                Ok(Ok(answer)) => return Ok(answer),
                 Ok(Err(e)) => last = member_error(endpoint, e),
-                Err(_) => last = member_said(endpoint, "no member list in time"),
+                Err(_) => last = member_said(endpoint, format!("no {what} in time")),
             }
             self.forget(endpoint).await;
         }
         Err(last)
+    }
+
+    /// The members as the first answering endpoint lists them.
+    pub async fn members(&self) -> Result<Vec<MemberInfo>, EtcdError> {
+        let list = self
+            .first_answer("member list", |mut c| async move { c.member_list().await })
+            .await?;
+        Ok(list
+            .members()
+            .iter()
+            .map(|m| MemberInfo {
+                id: m.id(),
+                name: m.name().to_owned(),
+                client_urls: m.client_urls().to_vec(),
+            })
+            .collect())
+    }
+
+    /// The alarms raised, as the first answering endpoint lists them.
+    pub async fn alarms(&self) -> Result<Vec<EtcdAlarm>, EtcdError> {
+        let answer = self
+            .first_answer("alarm list", |mut c| async move {
+                c.alarm(AlarmAction::Get, AlarmType::None, None).await
+            })
+            .await?;
+        Ok(answer
+            .alarms()
+            .iter()
+            .map(|a| EtcdAlarm {
+                member: a.member_id(),
+                alarm: a.alarm().as_str_name().to_owned(),
+            })
+            .collect())
     }
 
     /// The leader's own status, when a majority of the configured members agree on it.
@@ -266,6 +296,9 @@ impl EtcdMembers for Etcd {
     }
     async fn move_leader(&self, to: u64, confirm_within: Duration) -> Result<(), EtcdError> {
         Etcd::move_leader(self, to, confirm_within).await
+    }
+    async fn alarms(&self) -> Result<Vec<EtcdAlarm>, EtcdError> {
+        Etcd::alarms(self).await
     }
 }
 

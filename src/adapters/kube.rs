@@ -17,11 +17,12 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use crate::domain::control_planes::StaticPod;
 use crate::domain::k8s_upgrade::{ClusterFacts, NodeFacts, Role};
 use crate::domain::version::Version;
 use crate::ports::{
     ClusterError, ClusterRead, Cordon, DrainError, DrainOptions, DrainReport, InFlight,
-    InFlightMarks, NodeDrain, PodState, StatefulSetState, StatefulSets,
+    InFlightMarks, NodeDrain, PodRef, PodState, StatefulSetState, StatefulSets,
 };
 
 /// Every (API group, resource, verb) this adapter uses.
@@ -180,6 +181,42 @@ fn stays(pod: &Pod) -> Option<&'static str> {
         .as_ref()
         .is_some_and(|o| o.iter().any(|r| r.kind == "DaemonSet"));
     daemon.then_some("DaemonSet pod")
+}
+
+/// Whether `pod` is `own` (rollgate's own pod).
+fn is_own(pod: &Pod, own: Option<&PodRef>) -> bool {
+    own.is_some_and(|own| {
+        pod.metadata.namespace.as_deref() == Some(own.namespace.as_str())
+            && pod.metadata.name.as_deref() == Some(own.name.as_str())
+    })
+}
+
+/// A mirror pod of a control-plane component, as the health checks read it.
+fn static_pod(node: &str, pod: &Pod) -> Option<StaticPod> {
+    let mirror = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
+    let component = pod.metadata.labels.as_ref()?.get("component")?;
+    if !mirror {
+        return None;
+    }
+    let image = pod
+        .spec
+        .as_ref()?
+        .containers
+        .first()?
+        .image
+        .clone()
+        .unwrap_or_default();
+    let tag = image.rsplit_once(':').map_or("", |(_, tag)| tag);
+    Some(StaticPod {
+        node: node.to_owned(),
+        component: component.clone(),
+        ready: pod_ready(pod),
+        version: reported_version(tag),
+    })
 }
 
 fn pod_key(pod: &Pod) -> (String, String, String) {
@@ -390,6 +427,15 @@ impl ClusterRead for Kube {
         Ok((ready, total))
     }
 
+    async fn static_pods(&self, node: &str) -> Result<Vec<StaticPod>, ClusterError> {
+        Ok(self
+            .pods_on(node)
+            .await?
+            .iter()
+            .filter_map(|p| static_pod(node, p))
+            .collect())
+    }
+
     async fn api_server_version(&self) -> Result<Version, ClusterError> {
         let info = self
             .client
@@ -426,11 +472,14 @@ impl NodeDrain for Kube {
     async fn drain(&self, node: &str, options: &DrainOptions) -> Result<DrainReport, DrainError> {
         let deadline = Instant::now() + options.timeout;
         let pods = self.pods_on(node).await?;
+        let own = options.own_pod.as_ref();
         let mut report = DrainReport::default();
         let mut evict = Vec::new();
+        let mut own_pod = None;
         for pod in &pods {
             match stays(pod) {
                 Some(_) => report.skipped += 1,
+                None if is_own(pod, own) => own_pod = Some(pod),
                 None => evict.push(pod),
             }
         }
@@ -462,6 +511,28 @@ impl NodeDrain for Kube {
             });
         }
         report.evicted = keys.len();
+        if let Some(pod) = own_pod {
+            // Last, once every other pod is gone: this process is asked to stop, and the
+            // run carries on where its pod is rescheduled (the drain step runs again and
+            // finds the node empty).
+            info!(node, pod = ?pod.metadata.name, "evicting rollgate's own pod last");
+            self.evict(pod, options, deadline, &refusals)
+                .await
+                .map_err(|blocked| DrainError::Blocked {
+                    node: node.to_owned(),
+                    secs: options.timeout.as_secs(),
+                    blocked,
+                })?;
+            let left = self.wait_gone(node, &[pod_key(pod)], deadline).await?;
+            if !left.is_empty() {
+                return Err(DrainError::Terminating {
+                    node: node.to_owned(),
+                    secs: options.timeout.as_secs(),
+                    pods: left.join(", "),
+                });
+            }
+            report.evicted += 1;
+        }
         info!(
             node,
             evicted = report.evicted,

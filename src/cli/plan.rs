@@ -13,7 +13,7 @@ pub(super) struct PlanRefused(String);
 /// `rollgate plan`: the plan for `args` against the cluster now, as text.
 pub(super) async fn plan(settings: &Settings, args: PlanArgs) -> anyhow::Result<String> {
     use crate::domain::event::{DetectionRequest, StageSelection, UpgradeKind};
-    use crate::domain::k8s_upgrade::{self as plan, PlanSettings, Role};
+    use crate::domain::k8s_upgrade::{self as plan, Role};
     use crate::domain::step::StepKind;
     use crate::domain::version::Version;
     use crate::ports::ClusterRead;
@@ -46,12 +46,15 @@ pub(super) async fn plan(settings: &Settings, args: PlanArgs) -> anyhow::Result<
         dry_run: args.dry_run,
         stages,
     };
+    let etcd = match crate::app::etcd_client(settings)? {
+        Some(etcd) => Some(crate::workflows::k8s_upgrade::read_etcd(&etcd).await?),
+        None => None,
+    };
     let planned = plan::plan(
         &request,
         &facts,
-        &PlanSettings {
-            worker_order: settings.cluster.worker_order.clone(),
-        },
+        etcd.as_ref(),
+        &crate::app::plan_settings(settings),
     )
     .map_err(|e| PlanRefused(e.to_string()))?;
     let mut steps = plan::initial_steps(&request);
@@ -67,7 +70,14 @@ pub(super) async fn plan(settings: &Settings, args: PlanArgs) -> anyhow::Result<
         planned.current,
         if args.dry_run { " (dry run)" } else { "" }
     )?;
-    writeln!(out, "control plane: {}", planned.control_plane)?;
+    writeln!(out, "etcd: {}", planned.layout)?;
+    writeln!(
+        out,
+        "control planes, in the order expected now (decided again before each):"
+    )?;
+    for (i, line) in planned.control_planes.iter().enumerate() {
+        writeln!(out, "  {}. {line}", i + 1)?;
+    }
     writeln!(out, "workers in order: {}", planned.workers.join(", "))?;
     for skipped in &planned.skipped {
         writeln!(out, "skipped: {skipped}")?;

@@ -399,6 +399,10 @@ pub struct ClusterSettings {
     /// How long a node may take to report the target and Ready after its script.
     #[serde(with = "humantime_serde")]
     pub verify_timeout: Duration,
+    /// How long the control planes (nodes, static pods, etcd) may stay unhealthy before
+    /// or after a control plane's upgrade before the run halts.
+    #[serde(with = "humantime_serde")]
+    pub control_plane_health_timeout: Duration,
     /// Lowest ratio of Ready pods that post-flight accepts.
     pub pod_ready_ratio: f64,
     /// Bound on every API request.
@@ -420,6 +424,7 @@ impl Default for ClusterSettings {
             grace_period: None,
             soak: Duration::from_secs(600),
             verify_timeout: Duration::from_secs(300),
+            control_plane_health_timeout: Duration::from_secs(300),
             pod_ready_ratio: 0.9,
             request_timeout: Duration::from_secs(10),
         }
@@ -449,6 +454,12 @@ impl ClusterSettings {
         }
         p.duration("soak", self.soak, 0, 24 * 3_600_000);
         p.duration("verify_timeout", self.verify_timeout, 1000, 3_600_000);
+        p.duration(
+            "control_plane_health_timeout",
+            self.control_plane_health_timeout,
+            1000,
+            3_600_000,
+        );
         if !(0.0..=1.0).contains(&self.pod_ready_ratio) {
             p.add(
                 "pod_ready_ratio",
@@ -519,11 +530,13 @@ pub struct SshHost {
     pub port: Option<u16>,
 }
 
-/// The etcd cluster of the control plane (section `etcd`), for the pre-upgrade snapshot.
+/// The etcd cluster of the control plane (section `etcd`): the pre-upgrade snapshot, the
+/// health checks between control planes, and (stacked etcd) their order and the one
+/// leadership move.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EtcdConfig {
-    /// Client URLs of the members.
+    /// Client URLs of the members: every member's, so that each is asked at its own.
     #[serde(deserialize_with = "string_list")]
     pub endpoints: Vec<String>,
     /// PEM CA bundle, for TLS.
@@ -537,6 +550,12 @@ pub struct EtcdConfig {
     pub timeout: Duration,
     /// Where snapshots are written (default `<data_dir>/snapshots`).
     pub snapshot_dir: PathBuf,
+    /// How far a member may trail the leader's raft index before a control plane is
+    /// touched (default 1000 entries).
+    pub max_lag: u64,
+    /// How long a leadership move may take to be confirmed by a majority (default `15s`).
+    #[serde(with = "humantime_serde")]
+    pub transfer_timeout: Duration,
 }
 
 impl Default for EtcdConfig {
@@ -548,6 +567,8 @@ impl Default for EtcdConfig {
             key_file: None,
             timeout: Duration::from_secs(10),
             snapshot_dir: PathBuf::new(),
+            max_lag: 1000,
+            transfer_timeout: Duration::from_secs(15),
         }
     }
 }
@@ -564,6 +585,7 @@ impl EtcdConfig {
         }
         p.tls_files(&self.ca_file, &self.cert_file, &self.key_file);
         p.duration("timeout", self.timeout, 100, 300_000);
+        p.duration("transfer_timeout", self.transfer_timeout, 100, 600_000);
     }
 }
 

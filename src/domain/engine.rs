@@ -43,6 +43,14 @@ pub enum StepOutcome {
         /// The steps that follow.
         steps: Vec<Step>,
     },
+    /// Done, and the steps of this step's stage that follow are now known: they replace
+    /// the ones planned so far; the steps of later stages stay.
+    Replanned {
+        /// What happened.
+        note: String,
+        /// The steps that follow in this stage.
+        steps: Vec<Step>,
+    },
     /// Not done and not failed: come back to this step at `until` (gate closed, soak).
     Wait {
         /// When to run the step again.
@@ -284,6 +292,8 @@ fn control(run: &mut Run, action: ControlAction, reason: String, ctx: &Context) 
                 // A fresh set of attempts: the operator fixed what made it give up.
                 step.attempts = 0;
                 step.status = StepStatus::Pending;
+                // And a fresh clock for the steps that wait with a bound (verify, health).
+                step.started_at = None;
             }
             run.transition(RunStatus::Queued, reason, ctx.now);
             start(run, ctx)
@@ -379,6 +389,15 @@ fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context)
         StepOutcome::Planned { note, steps } => {
             run.steps.truncate(index + 1);
             run.steps.extend(steps);
+            step_done(run, index, note, ctx)
+        }
+        StepOutcome::Replanned { note, steps } => {
+            let stage = run.steps[index].kind.stage_name();
+            let end = run.steps[index + 1..]
+                .iter()
+                .position(|s| s.kind.stage_name() != stage)
+                .map_or(run.steps.len(), |p| index + 1 + p);
+            run.steps.splice(index + 1..end, steps);
             step_done(run, index, note, ctx)
         }
         StepOutcome::Wait { until, reason } => {
@@ -506,7 +525,10 @@ mod tests {
                 stage: Stage::Workers,
                 node: node(),
             },
-            other => UpgradeStep::Soak { node: other.into() },
+            other => UpgradeStep::Soak {
+                stage: Stage::Workers,
+                node: other.into(),
+            },
         })
     }
 
@@ -906,6 +928,54 @@ mod tests {
         let labels: Vec<String> = run.steps.iter().map(Step::label).collect();
         assert_eq!(labels, ["plan", "workers/soak@one", "workers/soak@two"]);
         assert_eq!(run.steps[0].status, StepStatus::Done);
+    }
+
+    #[test]
+    fn a_replanned_outcome_replaces_only_the_rest_of_its_stage() {
+        let cp = |kind: UpgradeStep| Step::new(kind);
+        let mut run = run_with(&["plan"]);
+        run.steps = vec![
+            cp(UpgradeStep::ControlPlaneNext),
+            cp(UpgradeStep::MoveLeader { node: "old".into() }),
+            cp(UpgradeStep::ControlPlaneNext),
+            step("w1"),
+            step("nodes-ready"),
+        ];
+        let Next::RunStep { epoch, .. } = advance(&mut run, Input::Start, &ctx(0)).unwrap() else {
+            panic!("next not started");
+        };
+        let replanned = StepOutcome::Replanned {
+            note: "upgrade cp-2".into(),
+            steps: vec![
+                cp(UpgradeStep::Apply {
+                    node: "cp-2".into(),
+                }),
+                cp(UpgradeStep::ControlPlaneNext),
+            ],
+        };
+        let next = advance(
+            &mut run,
+            Input::StepFinished {
+                epoch,
+                outcome: replanned,
+            },
+            &ctx(1),
+        );
+        assert!(
+            matches!(next, Ok(Next::RunStep { index: 1, .. })),
+            "{next:?}"
+        );
+        let labels: Vec<String> = run.steps.iter().map(Step::label).collect();
+        assert_eq!(
+            labels,
+            [
+                "control-plane/next",
+                "control-plane/apply@cp-2",
+                "control-plane/next",
+                "workers/soak@w1",
+                "preflight/nodes-ready"
+            ]
+        );
     }
 
     #[test]

@@ -4,6 +4,9 @@
 
 use std::collections::BTreeSet;
 
+use super::control_planes::{
+    self as cps, ControlPlaneAction, EtcdFacts, EtcdLayout, Kubeadm, LayoutError,
+};
 use super::event::{DetectionRequest, Stage, StageSelection, UpgradeKind};
 use super::run::Step;
 use super::step::UpgradeStep;
@@ -70,6 +73,9 @@ impl ClusterFacts {
 pub struct PlanSettings {
     /// Workers in the order to upgrade them; workers not named follow, by name.
     pub worker_order: Vec<String>,
+    /// How far an etcd member may trail the leader's raft index before a control plane
+    /// is touched.
+    pub etcd_max_lag: u64,
 }
 
 /// Why a request cannot be planned against these facts. Each message says what to change.
@@ -80,11 +86,13 @@ pub enum PlanError {
         "no control-plane node found (none has the label node-role.kubernetes.io/control-plane)"
     )]
     NoControlPlane,
-    /// More than one control-plane node.
-    #[error(
-        "{0} control-plane nodes ({1}): only single control-plane clusters are supported so far"
-    )]
-    SeveralControlPlanes(usize, String),
+    /// etcd does not line up with the control planes in a way rollgate knows.
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    /// The control planes cannot be upgraded one at a time without losing etcd quorum,
+    /// or no member can take leadership.
+    #[error("the control planes cannot be upgraded safely: {0}")]
+    ControlPlanes(String),
     /// The target breaks the version rules.
     #[error("{0}")]
     Version(String),
@@ -104,10 +112,13 @@ pub enum PlanError {
 /// A planned upgrade.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
-    /// The control plane's version now.
+    /// The control plane's version now (its oldest node's).
     pub current: Version,
-    /// The control-plane node.
-    pub control_plane: String,
+    /// Where etcd runs.
+    pub layout: EtcdLayout,
+    /// The control-plane actions in the order they are expected to come, each with why;
+    /// the run decides each one again from the cluster as it is then.
+    pub control_planes: Vec<String>,
     /// Workers in upgrade order (those already at the target left out).
     pub workers: Vec<String>,
     /// What the plan leaves out and why, one line each.
@@ -274,10 +285,10 @@ fn worker_order(facts: &ClusterFacts, settings: &PlanSettings) -> Result<Vec<Str
     Ok(order)
 }
 
-/// Gate, drain, upgrade, verify and uncordon of `node` in `stage`.
-fn node_steps(stage: Stage, node: &str) -> Vec<Step> {
+/// Gate, drain, upgrade (by `upgrade`), verify, uncordon and soak of `node` in `stage`.
+fn node_steps(stage: Stage, node: &str, upgrade: UpgradeStep) -> Vec<UpgradeStep> {
     let node = || node.to_owned();
-    [
+    vec![
         UpgradeStep::Gate {
             stage,
             node: Some(node()),
@@ -286,10 +297,7 @@ fn node_steps(stage: Stage, node: &str) -> Vec<Step> {
             stage,
             node: node(),
         },
-        UpgradeStep::Upgrade {
-            stage,
-            node: node(),
-        },
+        upgrade,
         UpgradeStep::Verify {
             stage,
             node: node(),
@@ -298,36 +306,70 @@ fn node_steps(stage: Stage, node: &str) -> Vec<Step> {
             stage,
             node: node(),
         },
+        UpgradeStep::Soak {
+            stage,
+            node: node(),
+        },
     ]
-    .into_iter()
-    .map(Step::new)
-    .collect()
 }
 
-/// Plans `request` against `facts`: the steps that follow the `plan` step.
+/// The steps that carry out a control-plane action, ending with the `next` that decides
+/// the one after. A control plane is checked healthy before its gate and after its
+/// uncordon; the leadership move is a step of its own.
+pub fn control_plane_steps(action: &ControlPlaneAction) -> Vec<Step> {
+    let stage = Stage::ControlPlane;
+    let steps = match action {
+        ControlPlaneAction::Done => Vec::new(),
+        ControlPlaneAction::MoveLeader { to, .. } => vec![
+            UpgradeStep::MoveLeader { node: to.clone() },
+            UpgradeStep::ControlPlaneNext,
+        ],
+        ControlPlaneAction::Upgrade { node, kubeadm } => {
+            let upgrade = match kubeadm {
+                Kubeadm::Apply => UpgradeStep::Apply { node: node.clone() },
+                Kubeadm::Node => UpgradeStep::Upgrade {
+                    stage,
+                    node: node.clone(),
+                },
+            };
+            let mut steps = vec![UpgradeStep::ControlPlaneHealthy {
+                node: node.clone(),
+                after: false,
+            }];
+            let mut rest = node_steps(stage, node, upgrade);
+            // Healthy after the uncordon, before the soak.
+            rest.insert(
+                5,
+                UpgradeStep::ControlPlaneHealthy {
+                    node: node.clone(),
+                    after: true,
+                },
+            );
+            steps.extend(rest);
+            steps.push(UpgradeStep::ControlPlaneNext);
+            steps
+        }
+    };
+    steps.into_iter().map(Step::new).collect()
+}
+
+/// Plans `request` against `facts` and, when rollgate can reach it, `etcd`: the steps
+/// that follow the `plan` step.
 pub fn plan(
     request: &DetectionRequest,
     facts: &ClusterFacts,
+    etcd: Option<&EtcdFacts>,
     settings: &PlanSettings,
 ) -> Result<Plan, PlanError> {
-    let control_planes: Vec<&NodeFacts> = facts
-        .nodes
+    let control_planes = cps::control_planes(&facts.nodes);
+    let current = control_planes
         .iter()
-        .filter(|n| n.role == Role::ControlPlane)
-        .collect();
-    let cp = match control_planes.as_slice() {
-        [] => return Err(PlanError::NoControlPlane),
-        [one] => *one,
-        many => {
-            let names: Vec<&str> = many.iter().map(|n| n.name.as_str()).collect();
-            return Err(PlanError::SeveralControlPlanes(
-                many.len(),
-                names.join(", "),
-            ));
-        }
-    };
+        .map(|n| n.kubelet)
+        .min()
+        .ok_or(PlanError::NoControlPlane)?;
+    let layout = cps::layout(&control_planes, etcd)?;
     let target = request.target_version;
-    check_target(request.kind, target, cp.kubelet, facts)?;
+    check_target(request.kind, target, current, facts)?;
     let order = worker_order(facts, settings)?;
     let mut skipped = Vec::new();
     let workers: Vec<String> = order
@@ -340,28 +382,60 @@ pub fn plan(
             !at_target
         })
         .collect();
-    let cp_at_target = cp.kubelet == target;
-    check_stages(request, cp_at_target, !workers.is_empty())?;
+    let behind: Vec<&NodeFacts> = control_planes
+        .iter()
+        .copied()
+        .filter(|n| n.kubelet != target)
+        .collect();
+    for n in control_planes.iter().filter(|n| n.kubelet == target) {
+        skipped.push(format!("control plane {} already runs {target}", n.name));
+    }
+    check_stages(request, behind.is_empty(), !workers.is_empty())?;
+
+    let predicted = cps::predict(&control_planes, layout, etcd, target, settings.etcd_max_lag);
+    let order_notes = match &predicted {
+        Ok(order) => cps::explain(order, layout, etcd),
+        Err(refusal) if refusal.may_pass() => vec![format!(
+            "decided once etcd is healthy (now: {refusal}); the run waits for it"
+        )],
+        Err(refusal) => return Err(PlanError::ControlPlanes(refusal.to_string())),
+    };
+    // `kubeadm upgrade plan` where `apply` will run.
+    let applies_on = predicted
+        .ok()
+        .and_then(|order| {
+            order.into_iter().find_map(|a| match a {
+                ControlPlaneAction::Upgrade { node, .. } => Some(node),
+                _ => None,
+            })
+        })
+        .or_else(|| control_planes.first().map(|n| n.name.clone()))
+        .unwrap_or_default();
 
     let has = |s: Stage| request.stages.0.contains(&s);
     let mut out = Vec::new();
     let preflight = |out: &mut Vec<Step>| {
         out.push(Step::new(UpgradeStep::NodesReady));
         out.push(Step::new(UpgradeStep::SshReachable));
+        if etcd.is_some() {
+            out.push(Step::new(UpgradeStep::EtcdHealthy));
+        }
         out.push(Step::new(UpgradeStep::KubeadmPlan {
-            node: cp.name.clone(),
+            node: applies_on.clone(),
         }));
+    };
+    let finish = |steps: Vec<Step>, skipped: Vec<String>| Plan {
+        current,
+        layout,
+        control_planes: order_notes.clone(),
+        workers: workers.clone(),
+        skipped,
+        steps,
     };
     if request.dry_run {
         preflight(&mut out);
         skipped.push("dry run: nothing is changed".into());
-        return Ok(Plan {
-            current: cp.kubelet,
-            control_plane: cp.name.clone(),
-            workers,
-            skipped,
-            steps: out,
-        });
+        return Ok(finish(out, skipped));
     }
     out.push(Step::new(UpgradeStep::MarkInFlight));
     if has(Stage::Preflight) {
@@ -377,44 +451,49 @@ pub fn plan(
             .filter(|n| n.role == Role::Worker)
             .filter_map(|n| n.containerd)
             .max();
-        match (cp.containerd, newest_worker) {
-            (Some(on_cp), Some(newest)) if on_cp < newest => {
-                out.push(Step::new(UpgradeStep::Containerd {
-                    node: cp.name.clone(),
-                }))
+        for cp in &control_planes {
+            match (cp.containerd, newest_worker) {
+                (Some(on_cp), Some(newest)) if on_cp < newest => {
+                    out.push(Step::new(UpgradeStep::Containerd {
+                        node: cp.name.clone(),
+                    }))
+                }
+                (Some(on_cp), _) => skipped.push(format!(
+                    "containerd: {}'s {on_cp} is not behind the workers",
+                    cp.name
+                )),
+                (None, _) => skipped.push(format!(
+                    "containerd: {} does not report a containerd version",
+                    cp.name
+                )),
             }
-            (Some(on_cp), _) => skipped.push(format!(
-                "containerd: the control plane's {on_cp} is not behind the workers"
-            )),
-            (None, _) => skipped
-                .push("containerd: the control plane does not report a containerd version".into()),
         }
     }
     if has(Stage::AptRepo) && request.kind == UpgradeKind::Minor {
-        let mut nodes = Vec::new();
-        if !cp_at_target {
-            nodes.push(cp.name.clone());
-        }
-        nodes.extend(workers.iter().cloned());
+        let nodes = behind
+            .iter()
+            .map(|n| n.name.clone())
+            .chain(workers.iter().cloned());
         for node in nodes {
             out.push(Step::new(UpgradeStep::AptRepo { node }));
         }
     } else if has(Stage::AptRepo) {
         skipped.push("apt-repo: a patch upgrade stays on the current repository".into());
     }
-    if has(Stage::ControlPlane) {
-        if cp_at_target {
-            skipped.push(format!("control plane {} already runs {target}", cp.name));
-        } else {
-            out.extend(node_steps(Stage::ControlPlane, &cp.name));
-        }
+    if has(Stage::ControlPlane) && !behind.is_empty() {
+        out.push(Step::new(UpgradeStep::ControlPlaneNext));
     }
     if has(Stage::Workers) {
         for worker in &workers {
-            out.extend(node_steps(Stage::Workers, worker));
-            out.push(Step::new(UpgradeStep::Soak {
+            let upgrade = UpgradeStep::Upgrade {
+                stage: Stage::Workers,
                 node: worker.clone(),
-            }));
+            };
+            out.extend(
+                node_steps(Stage::Workers, worker, upgrade)
+                    .into_iter()
+                    .map(Step::new),
+            );
         }
     }
     if has(Stage::Postflight) {
@@ -426,13 +505,7 @@ pub fn plan(
         out.push(Step::new(UpgradeStep::PodReady));
     }
     out.push(Step::new(UpgradeStep::ClearInFlight));
-    Ok(Plan {
-        current: cp.kubelet,
-        control_plane: cp.name.clone(),
-        workers,
-        skipped,
-        steps: out,
-    })
+    Ok(finish(out, skipped))
 }
 
 /// What `step` will do, in words, for `rollgate plan`.
@@ -447,6 +520,20 @@ pub fn describe(step: &UpgradeStep, target: Version) -> String {
         S::SshReachable => "check that every node answers over SSH with a known host key".into(),
         S::Gate { .. } => "wait for the gate to open (no blocking alert firing)".into(),
         S::QuietPeriod => "check that no blocking alert fired in the quiet period".into(),
+        S::EtcdHealthy => "check that etcd has a leader, every member answers and keeps up, and no alarm is raised; record the raft term".into(),
+        S::ControlPlaneNext => "read the nodes and etcd; upgrade the next control plane (etcd followers' nodes first) or move leadership once".into(),
+        S::ControlPlaneHealthy { node, after: false } => format!(
+            "before {node}: every control plane Ready, its static pods Ready, every etcd member healthy and caught up, quorum kept with one down"
+        ),
+        S::ControlPlaneHealthy { node, after: true } => format!(
+            "after {node}: the same checks, and its static pods at {target}"
+        ),
+        S::MoveLeader { node } => format!(
+            "move etcd leadership to {node}'s member (MoveLeader on the leader), confirmed by a majority"
+        ),
+        S::Apply { node } => format!(
+            "run node-upgrade.sh --role control-plane --kubeadm apply --release {target} on {node} (kubeadm upgrade apply)"
+        ),
         S::KubeadmPlan { node } => {
             format!("run `kubeadm upgrade plan` on {node} and check it offers {target}")
         }
@@ -465,14 +552,14 @@ pub fn describe(step: &UpgradeStep, target: Version) -> String {
             stage: Stage::ControlPlane,
             node,
         } => format!(
-            "run node-upgrade.sh --role control-plane --release {target} on {node} (kubeadm upgrade apply)"
+            "run node-upgrade.sh --role control-plane --kubeadm node --release {target} on {node} (kubeadm upgrade node)"
         ),
         S::Upgrade { node, .. } => format!(
             "run node-upgrade.sh --role worker --release {target} on {node} (kubeadm upgrade node)"
         ),
         S::Verify { node, .. } => format!("wait until {node} is Ready with kubelet {target}"),
         S::Uncordon { node, .. } => format!("uncordon {node} if rollgate cordoned it"),
-        S::Soak { node } => format!("let {node} soak before the next worker"),
+        S::Soak { node, .. } => format!("let {node} soak before the next node"),
         S::NodesAtTarget => format!("check that every node runs {target}"),
         S::PodReady => "check the ratio of Ready pods".into(),
         S::ClearInFlight => "clear the in-flight annotations; set k8s_upgrade_in_flight=0".into(),
@@ -584,10 +671,12 @@ mod tests {
         let facts = cluster("1.34.2", &["1.34.2", "1.34.2", "1.34.2"]);
         let settings = PlanSettings {
             worker_order: vec!["w3".into(), "w1".into()],
+            ..PlanSettings::default()
         };
         let plan = plan(
             &request("1.34.5", UpgradeKind::Patch, "all"),
             &facts,
+            None,
             &settings,
         )
         .unwrap();
@@ -599,11 +688,7 @@ mod tests {
             "preflight/ssh-reachable",
             "preflight/kubeadm-plan@cp",
             "snapshot/etcd-snapshot",
-            "control-plane/gate@cp",
-            "control-plane/drain@cp",
-            "control-plane/upgrade@cp",
-            "control-plane/verify@cp",
-            "control-plane/uncordon@cp",
+            "control-plane/next",
             "workers/gate@w3",
             "workers/drain@w3",
         ];
@@ -638,13 +723,14 @@ mod tests {
         let plan = plan(
             &request("1.35.0", UpgradeKind::Minor, "all"),
             &facts,
+            None,
             &PlanSettings::default(),
         )
         .unwrap();
         let labels = labels(&plan);
         let pos = |l: &str| labels.iter().position(|x| x == l).unwrap();
         assert!(pos("containerd@cp") < pos("apt-repo@cp"));
-        assert!(pos("apt-repo@w2") < pos("control-plane/drain@cp"));
+        assert!(pos("apt-repo@w2") < pos("control-plane/next"));
     }
 
     #[test]
@@ -653,6 +739,7 @@ mod tests {
         let plan = plan(
             &request("1.34.5", UpgradeKind::Patch, "all"),
             &facts,
+            None,
             &PlanSettings::default(),
         )
         .unwrap();
@@ -677,7 +764,7 @@ mod tests {
         let facts = cluster("1.34.2", &["1.34.2"]);
         let mut req = request("1.34.5", UpgradeKind::Patch, "all");
         req.dry_run = true;
-        let plan = plan(&req, &facts, &PlanSettings::default()).unwrap();
+        let plan = plan(&req, &facts, None, &PlanSettings::default()).unwrap();
         let names: Vec<&str> = plan.steps.iter().map(|s| s.kind.name()).collect();
         assert_eq!(names, ["nodes-ready", "ssh-reachable", "kubeadm-plan"]);
     }
@@ -742,6 +829,7 @@ mod tests {
             let got = plan(
                 &request(target, *kind, stages),
                 facts,
+                None,
                 &PlanSettings::default(),
             );
             match (want, got) {
@@ -760,20 +848,130 @@ mod tests {
         let req = request("1.34.5", UpgradeKind::Patch, "all");
         let unknown = PlanSettings {
             worker_order: vec!["w9".into()],
+            ..PlanSettings::default()
         };
         assert_eq!(
-            plan(&req, &facts, &unknown),
+            plan(&req, &facts, None, &unknown),
             Err(PlanError::UnknownWorker("w9".into()))
         );
         facts.nodes[1].role = Role::ControlPlane;
-        assert!(matches!(
-            plan(&req, &facts, &PlanSettings::default()),
-            Err(PlanError::SeveralControlPlanes(2, _))
-        ));
+        facts.nodes[1].name = "cp2".into();
+        assert_eq!(
+            plan(&req, &facts, None, &PlanSettings::default()),
+            Err(PlanError::Layout(LayoutError::Unseen(2)))
+        );
+        let two_stacked = etcd(&["cp", "cp2"], 0);
+        let refused = plan(&req, &facts, Some(&two_stacked), &PlanSettings::default());
+        assert!(
+            matches!(&refused, Err(PlanError::ControlPlanes(why)) if why.contains("2 member(s) cannot keep quorum")),
+            "{refused:?}"
+        );
         facts.nodes.iter_mut().for_each(|n| n.role = Role::Worker);
         assert_eq!(
-            plan(&req, &facts, &PlanSettings::default()),
+            plan(&req, &facts, None, &PlanSettings::default()),
             Err(PlanError::NoControlPlane)
         );
+    }
+
+    fn etcd(members: &[&str], leader: usize) -> EtcdFacts {
+        EtcdFacts {
+            members: members
+                .iter()
+                .enumerate()
+                .map(|(i, name)| cps::EtcdMemberFacts {
+                    id: 10 + i as u64,
+                    name: name.to_string(),
+                    answering: true,
+                    raft_index: 100,
+                    raft_term: 3,
+                })
+                .collect(),
+            leader: Some(10 + leader as u64),
+            alarms: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn three_stacked_control_planes_are_planned_one_at_a_time_with_the_order_explained() {
+        let mut facts = cluster("1.34.2", &["1.34.2"]);
+        facts.nodes[0].name = "cp-a".into();
+        for name in ["cp-b", "cp-c"] {
+            facts
+                .nodes
+                .push(node(name, Role::ControlPlane, "1.34.2", "1.7.20"));
+        }
+        let etcd = etcd(&["cp-a", "cp-b", "cp-c"], 1);
+        let req = request("1.34.5", UpgradeKind::Patch, "all");
+        let plan = plan(&req, &facts, Some(&etcd), &PlanSettings::default()).unwrap();
+        assert_eq!(plan.layout, EtcdLayout::Stacked);
+        let labels = labels(&plan);
+        assert!(
+            labels.contains(&"preflight/etcd-healthy".to_owned()),
+            "{labels:?}"
+        );
+        // kubeadm upgrade plan runs where apply will: a follower's node.
+        assert!(
+            labels.contains(&"preflight/kubeadm-plan@cp-a".to_owned()),
+            "{labels:?}"
+        );
+        assert_eq!(
+            labels
+                .iter()
+                .filter(|l| l.starts_with("control-plane/"))
+                .collect::<Vec<_>>(),
+            ["control-plane/next"]
+        );
+        assert_eq!(plan.control_planes.len(), 4, "{:?}", plan.control_planes);
+        assert!(
+            plan.control_planes[0]
+                .starts_with("upgrade cp-a (kubeadm upgrade apply): an etcd follower's node")
+        );
+        assert!(
+            plan.control_planes[2]
+                .starts_with("move etcd leadership cp-b -> cp-a: the one leadership change")
+        );
+        assert!(
+            plan.control_planes[3]
+                .starts_with("upgrade cp-b (kubeadm upgrade node): hosts the etcd leader")
+        );
+    }
+
+    #[test]
+    fn a_control_plane_action_becomes_checked_gated_soaked_steps() {
+        let names = |steps: Vec<Step>| steps.iter().map(Step::label).collect::<Vec<_>>();
+        let upgrade = ControlPlaneAction::Upgrade {
+            node: "cp-2".into(),
+            kubeadm: Kubeadm::Apply,
+        };
+        assert_eq!(
+            names(control_plane_steps(&upgrade)),
+            [
+                "control-plane/healthy-before@cp-2",
+                "control-plane/gate@cp-2",
+                "control-plane/drain@cp-2",
+                "control-plane/apply@cp-2",
+                "control-plane/verify@cp-2",
+                "control-plane/uncordon@cp-2",
+                "control-plane/healthy-after@cp-2",
+                "control-plane/soak@cp-2",
+                "control-plane/next",
+            ]
+        );
+        let node = ControlPlaneAction::Upgrade {
+            node: "cp-1".into(),
+            kubeadm: Kubeadm::Node,
+        };
+        assert!(
+            names(control_plane_steps(&node)).contains(&"control-plane/upgrade@cp-1".to_owned())
+        );
+        let transfer = ControlPlaneAction::MoveLeader {
+            from: "cp-1".into(),
+            to: "cp-2".into(),
+        };
+        assert_eq!(
+            names(control_plane_steps(&transfer)),
+            ["control-plane/move-leader@cp-2", "control-plane/next"]
+        );
+        assert!(control_plane_steps(&ControlPlaneAction::Done).is_empty());
     }
 }

@@ -2,6 +2,7 @@
 
 pub mod alert;
 pub mod backoff;
+pub mod control_planes;
 pub mod detect;
 pub mod engine;
 pub mod etcd_roll;

@@ -169,15 +169,21 @@ pub enum FailurePolicy {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RunMemory {
     /// etcd roll: the raft term when the roll began, recorded by its `begin` step.
+    /// Kubernetes upgrade: the raft term at pre-flight.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub etcd_start_term: Option<u64>,
+    /// Kubernetes upgrade: the etcd leadership moves rollgate made, `from -> to`, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub leader_moves: Vec<String>,
 }
 
 /// Something a step learned, for [`RunMemory`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Learned {
-    /// The raft term at the start of an etcd roll.
+    /// The raft term at the start of an etcd roll or an upgrade.
     EtcdStartTerm(u64),
+    /// rollgate moved etcd leadership (`from -> to`).
+    LeaderMoved(String),
 }
 
 impl RunMemory {
@@ -185,6 +191,7 @@ impl RunMemory {
     pub fn keep(&mut self, learned: Learned) {
         match learned {
             Learned::EtcdStartTerm(term) => self.etcd_start_term = Some(term),
+            Learned::LeaderMoved(moved) => self.leader_moves.push(moved),
         }
     }
 }

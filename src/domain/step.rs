@@ -44,6 +44,9 @@ pub enum UpgradeStep {
     },
     /// No blocking alert fired in the quiet period.
     QuietPeriod,
+    /// Pre-flight: etcd answers, has a leader, no alarm, no member lagging; records the
+    /// raft term the run starts from.
+    EtcdHealthy,
     /// Stage 2: the pre-upgrade etcd snapshot.
     EtcdSnapshot,
     /// Stage 3: containerd on the control-plane `node` brought up to the workers'.
@@ -59,9 +62,31 @@ pub enum UpgradeStep {
         stage: Stage,
         node: String,
     },
-    /// The node script over SSH.
+    /// Reads the cluster and etcd, and plans the next control-plane action (an upgrade
+    /// of one control plane, or the one leadership move) in place of the control-plane
+    /// steps that follow.
+    ControlPlaneNext,
+    /// The control planes are healthy (nodes, static pods, etcd), checked before
+    /// (`after: false`) and after (`after: true`) the control plane `node` is upgraded.
+    ControlPlaneHealthy {
+        /// The control plane about to be, or just, upgraded.
+        node: String,
+        /// Checked after its upgrade.
+        after: bool,
+    },
+    /// Moves etcd leadership to the member of the control plane `node`.
+    MoveLeader {
+        /// The control plane whose member takes leadership.
+        node: String,
+    },
+    /// The node script on the first control plane: `kubeadm upgrade apply`.
+    Apply {
+        /// The control-plane node.
+        node: String,
+    },
+    /// The node script over SSH: `kubeadm upgrade node`.
     Upgrade {
-        /// `control-plane` (kubeadm upgrade apply) or `workers` (kubeadm upgrade node).
+        /// `control-plane` (a control plane after the first) or `workers`.
         stage: Stage,
         node: String,
     },
@@ -77,9 +102,10 @@ pub enum UpgradeStep {
         stage: Stage,
         node: String,
     },
-    /// Let the upgraded worker `node` run before the next one.
+    /// Let the upgraded `node` run before the next one.
     Soak {
-        /// The worker.
+        /// `control-plane` or `workers`.
+        stage: Stage,
         node: String,
     },
     /// Stage 7: every node at the target and Ready.
@@ -154,6 +180,12 @@ impl UpgradeStep {
             Self::KubeadmPlan { .. } => "kubeadm-plan",
             Self::Gate { .. } => "gate",
             Self::QuietPeriod => "quiet-period",
+            Self::EtcdHealthy => "etcd-healthy",
+            Self::ControlPlaneNext => "next",
+            Self::ControlPlaneHealthy { after: false, .. } => "healthy-before",
+            Self::ControlPlaneHealthy { after: true, .. } => "healthy-after",
+            Self::MoveLeader { .. } => "move-leader",
+            Self::Apply { .. } => "apply",
             Self::EtcdSnapshot => "etcd-snapshot",
             Self::Containerd { .. } => "containerd",
             Self::AptRepo { .. } => "apt-repo",
@@ -175,16 +207,21 @@ impl UpgradeStep {
             Self::NodesReady
             | Self::SshReachable
             | Self::KubeadmPlan { .. }
-            | Self::QuietPeriod => Some(Stage::Preflight),
+            | Self::QuietPeriod
+            | Self::EtcdHealthy => Some(Stage::Preflight),
             Self::EtcdSnapshot => Some(Stage::Snapshot),
             Self::Containerd { .. } => Some(Stage::Containerd),
             Self::AptRepo { .. } => Some(Stage::AptRepo),
+            Self::ControlPlaneNext
+            | Self::ControlPlaneHealthy { .. }
+            | Self::MoveLeader { .. }
+            | Self::Apply { .. } => Some(Stage::ControlPlane),
             Self::Gate { stage, .. }
+            | Self::Soak { stage, .. }
             | Self::Drain { stage, .. }
             | Self::Upgrade { stage, .. }
             | Self::Verify { stage, .. }
             | Self::Uncordon { stage, .. } => Some(*stage),
-            Self::Soak { .. } => Some(Stage::Workers),
             Self::NodesAtTarget | Self::PodReady => Some(Stage::Postflight),
         }
     }
@@ -209,13 +246,18 @@ impl UpgradeStep {
             | Self::Upgrade { node, .. }
             | Self::Verify { node, .. }
             | Self::Uncordon { node, .. }
-            | Self::Soak { node } => Some(node),
+            | Self::Soak { node, .. }
+            | Self::ControlPlaneHealthy { node, .. }
+            | Self::MoveLeader { node }
+            | Self::Apply { node } => Some(node),
             Self::Gate { node, .. } => node.as_deref(),
             Self::Plan
             | Self::MarkInFlight
             | Self::NodesReady
             | Self::SshReachable
             | Self::QuietPeriod
+            | Self::EtcdHealthy
+            | Self::ControlPlaneNext
             | Self::EtcdSnapshot
             | Self::NodesAtTarget
             | Self::PodReady
@@ -236,7 +278,10 @@ impl UpgradeStep {
             "kubeadm-plan" => Some(|node| Self::KubeadmPlan { node }),
             "containerd" => Some(|node| Self::Containerd { node }),
             "apt-repo" => Some(|node| Self::AptRepo { node }),
-            "soak" => Some(|node| Self::Soak { node }),
+            "healthy-before" => Some(|node| Self::ControlPlaneHealthy { node, after: false }),
+            "healthy-after" => Some(|node| Self::ControlPlaneHealthy { node, after: true }),
+            "move-leader" => Some(|node| Self::MoveLeader { node }),
+            "apply" => Some(|node| Self::Apply { node }),
             _ => None,
         };
         let on_staged_node: Option<fn(Stage, String) -> Self> = match name {
@@ -244,6 +289,7 @@ impl UpgradeStep {
             "upgrade" => Some(|stage, node| Self::Upgrade { stage, node }),
             "verify" => Some(|stage, node| Self::Verify { stage, node }),
             "uncordon" => Some(|stage, node| Self::Uncordon { stage, node }),
+            "soak" => Some(|stage, node| Self::Soak { stage, node }),
             _ => None,
         };
         let step = match (name, on_node, on_staged_node) {
@@ -258,6 +304,8 @@ impl UpgradeStep {
             ("nodes-ready", ..) => Self::NodesReady,
             ("ssh-reachable", ..) => Self::SshReachable,
             ("quiet-period", ..) => Self::QuietPeriod,
+            ("etcd-healthy", ..) => Self::EtcdHealthy,
+            ("next", ..) => Self::ControlPlaneNext,
             ("etcd-snapshot", ..) => Self::EtcdSnapshot,
             ("nodes-at-target", ..) => Self::NodesAtTarget,
             ("pod-ready", ..) => Self::PodReady,
@@ -462,7 +510,20 @@ mod tests {
             UpgradeStep::EtcdSnapshot.into(),
             UpgradeStep::Containerd { node: node() }.into(),
             UpgradeStep::AptRepo { node: node() }.into(),
-            UpgradeStep::Soak { node: node() }.into(),
+            UpgradeStep::EtcdHealthy.into(),
+            UpgradeStep::ControlPlaneNext.into(),
+            UpgradeStep::ControlPlaneHealthy {
+                node: node(),
+                after: false,
+            }
+            .into(),
+            UpgradeStep::ControlPlaneHealthy {
+                node: node(),
+                after: true,
+            }
+            .into(),
+            UpgradeStep::MoveLeader { node: node() }.into(),
+            UpgradeStep::Apply { node: node() }.into(),
             UpgradeStep::NodesAtTarget.into(),
             UpgradeStep::PodReady.into(),
             UpgradeStep::ClearInFlight.into(),
@@ -491,6 +552,7 @@ mod tests {
                 |stage, node| UpgradeStep::Upgrade { stage, node },
                 |stage, node| UpgradeStep::Verify { stage, node },
                 |stage, node| UpgradeStep::Uncordon { stage, node },
+                |stage, node| UpgradeStep::Soak { stage, node },
             ] {
                 kinds.push(make(stage, node()).into());
             }

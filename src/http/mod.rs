@@ -35,6 +35,8 @@ pub struct AppState {
     /// The cluster, when configured: detections are planned against it before they are
     /// accepted.
     pub cluster: Option<Arc<dyn crate::ports::ClusterRead>>,
+    /// The cluster's etcd, when configured: how the control planes are planned.
+    pub etcd: Option<Arc<dyn crate::ports::EtcdMembers>>,
     /// Planning choices.
     pub plan_settings: crate::domain::k8s_upgrade::PlanSettings,
     /// What new runs do when a step gives up.

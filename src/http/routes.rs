@@ -317,7 +317,16 @@ async fn check_plan(state: &AppState, request: &DetectionRequest) -> Result<(), 
             "cannot read the cluster to check the request; retry later ({e})"
         ))
     })?;
-    crate::domain::k8s_upgrade::plan(request, &facts, &state.plan_settings)
+    let etcd = match &state.etcd {
+        None => None,
+        Some(etcd) => Some(crate::workflows::k8s_upgrade::read_etcd(&**etcd).await.map_err(|e| {
+            tracing::warn!(error = %crate::error_chain(&e), "cannot read etcd to check a detection");
+            ApiError::unavailable(format!(
+                "cannot read etcd to check the request; retry later ({e})"
+            ))
+        })?),
+    };
+    crate::domain::k8s_upgrade::plan(request, &facts, etcd.as_ref(), &state.plan_settings)
         .map(drop)
         .map_err(|e| ApiError::invalid(e.to_string()))
 }

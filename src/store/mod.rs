@@ -19,7 +19,7 @@ use crate::sqlite::{self, Migration, MigrationError};
 const DEDUP_DAYS: i64 = 14;
 
 /// The store's schema, one migration per version (see [`crate::sqlite`]).
-const MIGRATIONS: &[Migration] = &[tables, etcd_start_term_from_note];
+const MIGRATIONS: &[Migration] = &[tables, etcd_start_term_from_note, control_plane_apply];
 
 /// Version 1: runs, processed events, the outbox and the alert board.
 fn tables(tx: &Transaction<'_>) -> Result<(), MigrationError> {
@@ -62,17 +62,7 @@ fn tables(tx: &Transaction<'_>) -> Result<(), MigrationError> {
 /// `memory.etcd_start_term`. Every stored run must decode in the new shape, or the
 /// migration stops naming the run, and the file stays at version 1.
 fn etcd_start_term_from_note(tx: &Transaction<'_>) -> Result<(), MigrationError> {
-    let docs: Vec<(String, String)> = tx
-        .prepare("SELECT id, doc FROM runs")?
-        .query_map([], row_doc)?
-        .collect::<Result<_, _>>()?;
-    for (id, doc) in docs {
-        let undecodable = |e: serde_json::Error| {
-            MigrationError::data(format!(
-                "run {id} does not decode ({e}); remove it from the runs table to go on"
-            ))
-        };
-        let mut value: serde_json::Value = serde_json::from_str(&doc).map_err(undecodable)?;
+    rewrite_runs(tx, |value| {
         let term = value["steps"].as_array().and_then(|steps| {
             steps
                 .iter()
@@ -90,6 +80,42 @@ fn etcd_start_term_from_note(tx: &Transaction<'_>) -> Result<(), MigrationError>
                 serde_json::json!({ "etcd_start_term": term }),
             );
         }
+    })
+}
+
+/// Version 3: with several control planes, `kubeadm upgrade apply` runs on the first and
+/// `kubeadm upgrade node` on the others, as `control-plane/apply` and
+/// `control-plane/upgrade`. Runs stored before were planned for one control plane, whose
+/// `control-plane/upgrade` ran `apply`: rename it, so a run in flight keeps doing what it
+/// was planned to do.
+fn control_plane_apply(tx: &Transaction<'_>) -> Result<(), MigrationError> {
+    rewrite_runs(tx, |value| {
+        for step in value["steps"].as_array_mut().into_iter().flatten() {
+            if step["stage"] == "control-plane" && step["name"] == "upgrade" {
+                step["name"] = "apply".into();
+            }
+        }
+    })
+}
+
+/// Rewrites every stored run's document with `change`; each must then decode as a [`Run`],
+/// or the migration stops naming the run.
+fn rewrite_runs(
+    tx: &Transaction<'_>,
+    change: impl Fn(&mut serde_json::Value),
+) -> Result<(), MigrationError> {
+    let docs: Vec<(String, String)> = tx
+        .prepare("SELECT id, doc FROM runs")?
+        .query_map([], row_doc)?
+        .collect::<Result<_, _>>()?;
+    for (id, doc) in docs {
+        let undecodable = |e: serde_json::Error| {
+            MigrationError::data(format!(
+                "run {id} does not decode ({e}); remove it from the runs table to go on"
+            ))
+        };
+        let mut value: serde_json::Value = serde_json::from_str(&doc).map_err(undecodable)?;
+        change(&mut value);
         let run: Run = serde_json::from_value(value).map_err(undecodable)?;
         tx.execute(
             "UPDATE runs SET doc = ?2 WHERE id = ?1",
@@ -478,6 +504,7 @@ fn encode(run: &Run) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::control_planes::{ControlPlaneAction, EtcdFacts, EtcdMemberFacts, Kubeadm};
     use crate::domain::etcd_roll::{Action, initial_steps as roll_steps, steps_for};
     use crate::domain::event::{DetectionRequest, StageSelection, UpgradeKind};
     use crate::domain::k8s_upgrade::{self as plan, ClusterFacts, NodeFacts, PlanSettings, Role};
@@ -495,8 +522,8 @@ mod tests {
         }
     }
 
-    /// A minor upgrade of a cluster whose control plane's containerd is behind: every
-    /// stage plans steps, so every upgrade step kind appears.
+    /// A minor upgrade of a cluster whose control plane's containerd is behind, with the
+    /// steps of every control-plane action: every upgrade step kind appears.
     fn full_plan() -> Vec<Step> {
         let request = DetectionRequest {
             target_version: Version::parse("1.35.0").unwrap(),
@@ -511,12 +538,33 @@ mod tests {
                 node("w2", Role::Worker, "1.7.24"),
             ],
         };
+        let etcd = EtcdFacts {
+            members: vec![EtcdMemberFacts {
+                id: 1,
+                name: "m0".into(),
+                answering: true,
+                raft_index: 1,
+                raft_term: 1,
+            }],
+            leader: Some(1),
+            alarms: Vec::new(),
+        };
         let mut steps = plan::initial_steps(&request);
         steps.extend(
-            plan::plan(&request, &facts, &PlanSettings::default())
+            plan::plan(&request, &facts, Some(&etcd), &PlanSettings::default())
                 .unwrap()
                 .steps,
         );
+        for kubeadm in [Kubeadm::Apply, Kubeadm::Node] {
+            steps.extend(plan::control_plane_steps(&ControlPlaneAction::Upgrade {
+                node: "cp".into(),
+                kubeadm,
+            }));
+        }
+        steps.extend(plan::control_plane_steps(&ControlPlaneAction::MoveLeader {
+            from: "cp".into(),
+            to: "cp".into(),
+        }));
         steps
     }
 
@@ -539,7 +587,7 @@ mod tests {
         let upgrade = run_of(RunKind::K8sUpgrade, full_plan());
         let names: std::collections::BTreeSet<&str> =
             upgrade.steps.iter().map(|s| s.kind.name()).collect();
-        assert_eq!(names.len(), 18, "every upgrade step kind: {names:?}");
+        assert_eq!(names.len(), 24, "every upgrade step kind: {names:?}");
         let mut roll_steps = roll_steps();
         for action in [
             Action::Restart {
@@ -556,6 +604,7 @@ mod tests {
         }
         let mut roll = run_of(RunKind::EtcdRoll, roll_steps);
         roll.memory.etcd_start_term = Some(4);
+        roll.memory.leader_moves = vec!["cp-1 -> cp-2".into()];
         for run in [upgrade, roll] {
             assert!(store.insert_run_if_absent(&run).await.unwrap());
             let back = store.get_run(&run.id).await.unwrap().unwrap();
@@ -632,6 +681,30 @@ mod tests {
         );
         let conn = Connection::open(&path).unwrap();
         assert_eq!(sqlite::version(&conn).unwrap(), 1, "left at version 1");
+    }
+
+    #[tokio::test]
+    async fn a_version_2_upgrade_keeps_running_apply_on_its_single_control_plane() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db");
+        let run = run_of(RunKind::K8sUpgrade, Vec::new());
+        let mut doc = serde_json::to_value(&run).unwrap();
+        let old = serde_json::json!({"stage": "control-plane", "name": "upgrade", "node": "cp", "status": "pending", "attempts": 0});
+        doc["steps"].as_array_mut().unwrap().push(old);
+        version_1_file(&path, &[]);
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute(
+                "INSERT INTO runs (id, kind, status, target, created_at, doc) VALUES ('v2', 'k8s-upgrade', 'running', NULL, 0, ?1)",
+                params![doc.to_string()],
+            )
+            .unwrap();
+            conn.pragma_update(None, "user_version", 2).unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        let back = store.get_run("v2").await.unwrap().unwrap();
+        let labels: Vec<String> = back.steps.iter().map(Step::label).collect();
+        assert_eq!(labels, ["control-plane/apply@cp"]);
     }
 
     #[test]

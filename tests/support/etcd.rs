@@ -125,6 +125,31 @@ impl Certs {
     }
 }
 
+/// The flags of member `name` of a new cluster: its data dir, its client and peer URLs on
+/// loopback, the initial cluster, and pre-vote (etcd 3.5's default, and kubeadm's), so that
+/// a restarted follower does not start an election.
+pub fn member_args(
+    name: &str,
+    data_dir: &Path,
+    (scheme, client, peer): (&str, u16, u16),
+    initial: &[String],
+    token: &str,
+) -> Vec<String> {
+    vec![
+        format!("--name={name}"),
+        format!("--data-dir={}", data_dir.display()),
+        format!("--listen-client-urls={scheme}://127.0.0.1:{client}"),
+        format!("--advertise-client-urls={scheme}://127.0.0.1:{client}"),
+        format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
+        format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
+        format!("--initial-cluster={}", initial.join(",")),
+        "--initial-cluster-state=new".into(),
+        format!("--initial-cluster-token={token}"),
+        "--pre-vote=true".into(),
+        "--log-level=warn".into(),
+    ]
+}
+
 impl Cluster {
     /// Starts `n` members and waits until they agree on a leader.
     pub async fn start(n: usize) -> Self {
@@ -152,18 +177,13 @@ impl Cluster {
             .enumerate()
             .map(|(i, (client, peer))| {
                 let name = format!("m{i}");
-                let mut args = vec![
-                    format!("--name={name}"),
-                    format!("--data-dir={}", dir.path().join(&name).display()),
-                    format!("--listen-client-urls={scheme}://127.0.0.1:{client}"),
-                    format!("--advertise-client-urls={scheme}://127.0.0.1:{client}"),
-                    format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
-                    format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
-                    format!("--initial-cluster={}", initial.join(",")),
-                    "--initial-cluster-state=new".into(),
-                    format!("--initial-cluster-token={token}"),
-                    "--log-level=warn".into(),
-                ];
+                let mut args = member_args(
+                    &name,
+                    &dir.path().join(&name),
+                    (scheme, *client, *peer),
+                    &initial,
+                    &token,
+                );
                 if let Some(c) = &certs {
                     args.push(format!("--cert-file={}", c.server_cert.display()));
                     args.push(format!("--key-file={}", c.server_key.display()));

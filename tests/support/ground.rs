@@ -1,14 +1,42 @@
-//! The test ground for Kubernetes upgrades: the fake API server with one control plane and
-//! workers, each backed by a real sshd with stub package tools; a real etcd member for the
-//! snapshot; a real Prometheus for the gate; a capture server standing in for Slack.
+//! The test ground for Kubernetes upgrades: the fake API server with control planes and
+//! workers, each backed by a real sshd with stub package tools; real etcd (one external
+//! member beside a single control plane, or one stacked member per control plane); a real
+//! Prometheus for the gate; a capture server standing in for Slack.
 
 use serde_json::Value;
 use std::path::PathBuf;
 
+use super::Rollgate;
 use super::etcd;
-use super::kube::FakeKube;
+use super::kube::{Change, FakeKube};
 use super::nodes::{FakeNode, SshClient};
 use super::services::{MiniServer, Prometheus};
+use super::stacked::StackedEtcd;
+
+/// The ground's etcd.
+pub enum GroundEtcd {
+    /// One member beside the single control plane `cp` (not named after it).
+    External(etcd::Cluster),
+    /// One member per control plane, named after it.
+    Stacked(StackedEtcd),
+}
+
+impl GroundEtcd {
+    pub fn endpoints(&self) -> Vec<String> {
+        match self {
+            Self::External(c) => c.endpoints(),
+            Self::Stacked(c) => c.endpoints(),
+        }
+    }
+
+    /// The stacked members; panics on the external ground.
+    pub fn stacked(&self) -> &StackedEtcd {
+        match self {
+            Self::Stacked(c) => c,
+            Self::External(_) => panic!("this ground's etcd is external"),
+        }
+    }
+}
 
 /// Metrics for Prometheus's scrape target: nodes that booted a day ago (no gate fires).
 pub fn quiet_metrics() -> String {
@@ -22,7 +50,7 @@ pub struct Ground {
     pub api: FakeKube,
     pub nodes: Vec<FakeNode>,
     pub client: SshClient,
-    pub etcd: etcd::Cluster,
+    pub etcd: GroundEtcd,
     pub target: MiniServer,
     pub prom: Prometheus,
     pub slack: MiniServer,
@@ -33,26 +61,59 @@ pub struct Ground {
 pub const WORKER_ORDER: [&str; 4] = ["w4", "w3", "w2", "w1"];
 
 impl Ground {
-    /// A control plane `cp` and workers `w1..=workers`, all at `kubelet`.
+    /// A control plane `cp` with an external etcd member, and workers `w1..=workers`, all
+    /// at `kubelet`.
     pub async fn start(kubelet: &str, workers: usize) -> Self {
+        Self::build(kubelet, &["cp".to_owned()], workers, false).await
+    }
+
+    /// Control planes `cp-1..=control_planes`, each with its stacked etcd member, and
+    /// workers `w1..=workers`, all at `kubelet`.
+    pub async fn start_ha(kubelet: &str, control_planes: usize, workers: usize) -> Self {
+        let names: Vec<String> = (1..=control_planes).map(|i| format!("cp-{i}")).collect();
+        Self::build(kubelet, &names, workers, true).await
+    }
+
+    async fn build(
+        kubelet: &str,
+        control_planes: &[String],
+        workers: usize,
+        stacked: bool,
+    ) -> Self {
         let api = FakeKube::start().await;
         api.add_namespace("k8s-upgrade");
-        api.add_node("cp", true, kubelet, "1.7.20");
-        for i in 1..=workers {
-            api.add_node(&format!("w{i}"), false, kubelet, "1.7.20");
+        for cp in control_planes {
+            api.add_node(cp, true, kubelet, "1.7.20");
+            api.add_static_pods(cp, kubelet, stacked);
+        }
+        let worker_names: Vec<String> = (1..=workers).map(|i| format!("w{i}")).collect();
+        for w in &worker_names {
+            api.add_node(w, false, kubelet, "1.7.20");
         }
         let minor = kubelet
             .rsplit_once('.')
             .map(|(m, _)| m)
             .unwrap_or(kubelet)
             .to_owned();
+        let etcd = if stacked {
+            GroundEtcd::Stacked(StackedEtcd::start(control_planes).await)
+        } else {
+            GroundEtcd::External(etcd::Cluster::start(1).await)
+        };
         let client = SshClient::new();
         let mut nodes = Vec::new();
-        for name in std::iter::once("cp".to_owned()).chain((1..=workers).map(|i| format!("w{i}"))) {
-            api.add_node_agents(&name);
-            nodes.push(FakeNode::start(&name, &api, &client, &minor).await);
+        for name in control_planes.iter().chain(&worker_names) {
+            api.add_node_agents(name);
+            let node = FakeNode::start(name, &api, &client, &minor).await;
+            if control_planes.contains(name) {
+                let ctl = match &etcd {
+                    GroundEtcd::Stacked(e) => Some(e.member(name).ctl()),
+                    GroundEtcd::External(_) => None,
+                };
+                node.make_control_plane(ctl.as_deref());
+            }
+            nodes.push(node);
         }
-        let etcd = etcd::Cluster::start(1).await;
         let target = MiniServer::start().await;
         target.set_metrics(&quiet_metrics());
         let prom = Prometheus::start(&target.address()).await;
@@ -107,6 +168,10 @@ impl Ground {
             ),
             ("ROLLGATE__CLUSTER__SOAK", "1s".into()),
             ("ROLLGATE__CLUSTER__VERIFY_TIMEOUT", "20s".into()),
+            (
+                "ROLLGATE__CLUSTER__CONTROL_PLANE_HEALTH_TIMEOUT",
+                "20s".into(),
+            ),
             ("ROLLGATE__CLUSTER__DRAIN_TIMEOUT", "20s".into()),
             ("ROLLGATE__CLUSTER__EVICTION_RETRY", "200ms".into()),
             ("ROLLGATE__SSH__USER", user),
@@ -137,6 +202,96 @@ impl Ground {
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
         .collect()
+    }
+
+    /// `rollgate serve` on this ground, with `extra` settings on top.
+    pub async fn rollgate(&self, extra: &[(&str, String)]) -> Rollgate {
+        let mut env = self.env();
+        env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.clone())));
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        Rollgate::start(&env).await
+    }
+
+    /// `rollgate plan ARGS` against this ground: exit code, stdout, stderr.
+    pub fn rollgate_plan(&self, args: &[&str]) -> (Option<i32>, String, String) {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
+            .arg("plan")
+            .args(args)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .envs(self.env())
+            .output()
+            .expect("rollgate plan");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// Nodes in the order they were cordoned.
+    pub fn cordon_order(&self) -> Vec<String> {
+        self.api
+            .changes()
+            .iter()
+            .filter_map(|c| match c {
+                Change::Cordon(n) => Some(n.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Asserts that every node runs `target` (its kubelet reported, its package installed)
+    /// and is schedulable, without rollgate's cordon mark.
+    pub fn assert_all_at(&self, target: &str) {
+        for node in &self.nodes {
+            let n = self.api.node(&node.name);
+            assert_eq!(
+                n["status"]["nodeInfo"]["kubeletVersion"],
+                format!("v{target}"),
+                "{}",
+                node.name
+            );
+            assert!(
+                n["spec"]["unschedulable"].is_null(),
+                "{} left cordoned: {n}",
+                node.name
+            );
+            assert!(
+                n["metadata"]["annotations"]["rollgate.io/cordoned-by"].is_null(),
+                "{n}"
+            );
+            assert!(node.installed("kubelet").starts_with(&format!("{target}-")));
+        }
+    }
+
+    /// Asserts that no node was drained twice: each cordoned at most once, and nothing
+    /// cordoned or evicted on a node after its uncordon.
+    pub fn assert_drained_once(&self) {
+        let changes = self.api.changes();
+        let mut cordons: std::collections::BTreeMap<String, usize> = Default::default();
+        let mut uncordoned = std::collections::BTreeSet::new();
+        for c in &changes {
+            match c {
+                Change::Uncordon(n) => {
+                    uncordoned.insert(n.clone());
+                }
+                Change::Cordon(n) | Change::Evicted { node: n, .. } => {
+                    assert!(
+                        !uncordoned.contains(n),
+                        "{n} was drained again after its uncordon: {changes:?}"
+                    );
+                    if matches!(c, Change::Cordon(_)) {
+                        *cordons.entry(n.clone()).or_default() += 1;
+                    }
+                }
+                _ => {}
+            }
+        }
+        assert!(
+            cordons.values().all(|n| *n == 1),
+            "cordons per node: {cordons:?}"
+        );
     }
 
     /// The Slack messages received so far, as text.

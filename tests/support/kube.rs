@@ -1,7 +1,7 @@
 //! A fake Kubernetes API server: the one fake the tests allow, because no API server can
 //! be installed here. It behaves like the real one for what rollgate uses: nodes (get,
 //! list, merge and strategic-merge patch, status patch), pods (get, list with the
-//! `spec.nodeName` field selector), the Eviction subresource with PodDisruptionBudget
+//! `spec.nodeName` field selector, merge patch), the Eviction subresource with PodDisruptionBudget
 //! refusals (429, or 500 when several budgets match), namespaces with annotations, 409 on a
 //! stale resourceVersion, bearer-token auth, and Kubernetes `Status` error bodies.
 //!
@@ -126,10 +126,13 @@ impl State {
         for key in due {
             self.timers.remove(&key);
             if let Some(pod) = self.pods.remove(&key) {
-                let owned_by_rs = pod["metadata"]["ownerReferences"]
+                let owned_by_controller = pod["metadata"]["ownerReferences"]
                     .as_array()
-                    .is_some_and(|o| o.iter().any(|r| r["kind"] == "ReplicaSet"));
-                if owned_by_rs {
+                    .is_some_and(|o| {
+                        o.iter()
+                            .any(|r| r["kind"] == "ReplicaSet" || r["kind"] == "StatefulSet")
+                    });
+                if owned_by_controller {
                     self.replace(&pod);
                 }
             }
@@ -150,7 +153,8 @@ impl State {
         }
     }
 
-    /// A new pod in place of `old`, on the schedulable Ready node with the fewest pods.
+    /// A new pod in place of `old`, on the schedulable Ready worker with the fewest pods
+    /// (control planes are tainted); a StatefulSet's pod keeps its name.
     fn replace(&mut self, old: &Value) {
         let from = old["spec"]["nodeName"].as_str().unwrap_or("").to_owned();
         let mut best: Option<(usize, String)> = None;
@@ -183,7 +187,14 @@ impl State {
             .as_str()
             .unwrap_or("pod-")
             .to_owned();
-        let name = format!("{base}{}", self.serial);
+        let stateful = old["metadata"]["ownerReferences"]
+            .as_array()
+            .is_some_and(|o| o.iter().any(|r| r["kind"] == "StatefulSet"));
+        let name = if stateful {
+            old["metadata"]["name"].as_str().unwrap_or("").to_owned()
+        } else {
+            format!("{base}{}", self.serial)
+        };
         let mut pod = old.clone();
         pod["metadata"]["name"] = json!(name);
         pod["metadata"]["uid"] = json!(format!("uid-{}", self.serial));
@@ -462,6 +473,19 @@ async fn handle(req: HttpRequest, body: web::Bytes, shared: Shared) -> HttpRespo
                 Some(p) => HttpResponse::Ok().json(p),
                 None => status(404, "NotFound", &format!("pods \"{name}\" not found")),
             }
+        }
+        ("PATCH", ["api", "v1", "namespaces", ns, "pods", name]) => {
+            s.count("patch pod");
+            let rv = s.bump();
+            let key = (ns.to_string(), name.to_string());
+            let Some(mut pod) = s.pods.get(&key).cloned() else {
+                return status(404, "NotFound", &format!("pods \"{name}\" not found"));
+            };
+            if let Some(refused) = patch_object(&mut pod, &req, &body, rv) {
+                return refused;
+            }
+            s.pods.insert(key, pod.clone());
+            HttpResponse::Ok().json(pod)
         }
         ("POST", ["api", "v1", "namespaces", ns, "pods", name, "eviction"]) => {
             s.count("evict pod");
@@ -766,6 +790,62 @@ impl FakeKube {
         }
     }
 
+    /// The mirror pods of kubeadm's static control-plane pods on `node` at `version`
+    /// (kube-apiserver, kube-controller-manager, kube-scheduler, and etcd when `etcd`), as
+    /// the kubelet registers them: labelled by `component`, Ready.
+    pub fn add_static_pods(&self, node: &str, version: &str, etcd: bool) {
+        let mut s = self.state.lock().unwrap();
+        let components = [
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+        ];
+        for component in components.iter().chain(etcd.then_some(&"etcd")) {
+            s.serial += 1;
+            let rv = s.bump();
+            let image = if *component == "etcd" {
+                "registry.k8s.io/etcd:3.5.21-0".to_owned()
+            } else {
+                format!("registry.k8s.io/{component}:v{version}")
+            };
+            let name = format!("{component}-{node}");
+            let mut pod = json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {
+                    "name": name, "namespace": "kube-system", "uid": format!("uid-{}", s.serial),
+                    "resourceVersion": rv,
+                    "labels": {"component": component, "tier": "control-plane"},
+                    "annotations": {"kubernetes.io/config.mirror": "hash"},
+                    "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": format!("node-{node}"), "controller": true}],
+                },
+                "spec": {"nodeName": node, "containers": [{"name": component, "image": image}]},
+                "status": {"phase": "Running"},
+            });
+            set_ready(&mut pod, true);
+            s.pods.insert(("kube-system".into(), name), pod);
+        }
+    }
+
+    /// rollgate's own pod `namespace/name` on `node`, owned by its StatefulSet: evicted,
+    /// it comes back under the same name on another schedulable worker.
+    pub fn add_own_pod(&self, namespace: &str, name: &str, node: &str) {
+        let mut s = self.state.lock().unwrap();
+        s.serial += 1;
+        let rv = s.bump();
+        let mut pod = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {
+                "name": name, "namespace": namespace, "uid": format!("uid-{}", s.serial),
+                "resourceVersion": rv, "labels": {"app.kubernetes.io/name": "rollgate"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "rollgate", "uid": "sts-rollgate", "controller": true}],
+            },
+            "spec": {"nodeName": node, "containers": [{"name": "rollgate", "image": "rollgate"}]},
+            "status": {"phase": "Running"},
+        });
+        set_ready(&mut pod, true);
+        s.pods.insert((namespace.into(), name.into()), pod);
+    }
+
     /// A DaemonSet pod and a mirror pod on `node`: a drain leaves both.
     pub fn add_node_agents(&self, node: &str) {
         let mut s = self.state.lock().unwrap();
@@ -871,7 +951,17 @@ impl FakeKube {
     }
 
     pub fn pod(&self, name: &str) -> Value {
-        self.state.lock().unwrap().pods[&("default".to_owned(), name.to_owned())].clone()
+        self.pod_in("default", name)
+    }
+
+    /// Pod `namespace/name`, or null when there is none.
+    pub fn pod_in(&self, namespace: &str, name: &str) -> Value {
+        let mut s = self.state.lock().unwrap();
+        s.tick();
+        s.pods
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .cloned()
+            .unwrap_or(Value::Null)
     }
 
     pub fn set_pdb(&self, name: &str, app: &str, min_available: usize) {

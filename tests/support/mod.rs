@@ -12,6 +12,7 @@ pub mod openapi;
 pub mod rabbit;
 pub mod scripted;
 pub mod services;
+pub mod stacked;
 
 use serde_json::{Value, json};
 use std::future::Future;

@@ -3,6 +3,9 @@
 //! record every call; `apt-get install` records versions, `apt-cache madison` answers from
 //! the repository of the minor the node's apt source names, and `systemctl restart kubelet`
 //! reports the installed kubelet version to the fake API server, as a real kubelet would.
+//! On a control plane, `kubeadm upgrade apply|node` moves the node's static pods to the
+//! new version and restarts its stacked etcd member (once per version), as the kubelet
+//! does when kubeadm writes new static-pod manifests.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -72,10 +75,26 @@ tr -d '\n' < "$STUB_STATE/installed-$pkg"
 echo "kubeadm $*" >> "$STUB_LOG"
 if [ -f "$STUB_STATE/slow" ]; then sleep "$(cat "$STUB_STATE/slow")"; fi
 installed=$(cat "$STUB_STATE/installed-kubeadm")
+static_pods() {
+  [ -f "$STUB_STATE/control-plane" ] || return 0
+  local v=${installed%%-*} c
+  for c in kube-apiserver kube-controller-manager kube-scheduler; do
+    curl -sf -X PATCH -H 'Content-Type: application/merge-patch+json'       -H "Authorization: Bearer $FAKE_TOKEN"       --data "{\"spec\":{\"containers\":[{\"name\":\"$c\",\"image\":\"registry.k8s.io/$c:v$v\"}]}}"       "$FAKE_API/api/v1/namespaces/kube-system/pods/$c-$FAKE_NODE" > /dev/null \
+      || { echo "static pod $c-$FAKE_NODE not updated" >&2; exit 1; }
+  done
+  if [ -x "$STUB_STATE/etcd-ctl" ] && [ "$(cat "$STUB_STATE/etcd-at" 2>/dev/null)" != "$v" ]; then
+    echo "kubeadm: restarting etcd-$FAKE_NODE" >> "$STUB_LOG"
+    if [ -f "$STUB_STATE/etcd-broken" ]; then "$STUB_STATE/etcd-ctl" stop; else "$STUB_STATE/etcd-ctl" restart; fi
+    echo "$v" > "$STUB_STATE/etcd-at"
+  fi
+}
 case "$1 $2" in
   "upgrade apply")
     want=${!#}; want=${want#v}
-    [ "${installed%%-*}" = "$want" ] || { echo "kubeadm $installed cannot apply v$want" >&2; exit 1; } ;;
+    [ "${installed%%-*}" = "$want" ] || { echo "kubeadm $installed cannot apply v$want" >&2; exit 1; }
+    static_pods ;;
+  "upgrade node")
+    static_pods ;;
   "upgrade plan")
     echo "[upgrade] Running cluster health checks"
     echo "Upgrade to the latest version in the series: kubeadm upgrade apply v${installed%%-*}" ;;
@@ -267,6 +286,21 @@ impl FakeNode {
         keygen(&key);
         self.sshd.stop();
         self.sshd.start();
+    }
+
+    /// Makes this node a control plane for the stub kubeadm: its upgrade moves the static
+    /// pods, and restarts the stacked etcd member `etcd_ctl` drives, if any.
+    pub fn make_control_plane(&self, etcd_ctl: Option<&Path>) {
+        let state = self.dir.path().join("state");
+        std::fs::write(state.join("control-plane"), "").expect("marker");
+        if let Some(ctl) = etcd_ctl {
+            std::os::unix::fs::symlink(ctl, state.join("etcd-ctl")).expect("etcd-ctl");
+        }
+    }
+
+    /// Makes this node's etcd member not come back from its upgrade.
+    pub fn break_etcd(&self) {
+        std::fs::write(self.dir.path().join("state/etcd-broken"), "").expect("broken");
     }
 
     /// Makes every kubeadm call on this node take `secs` seconds.

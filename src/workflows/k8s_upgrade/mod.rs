@@ -3,6 +3,10 @@
 //! drained node evicts nothing; an uncordon of a node we no longer hold changes nothing;
 //! the node script checks what is installed before it installs).
 
+mod control_planes;
+
+pub use control_planes::{METRICS_TARGET, read_etcd};
+
 use chrono::Utc;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -18,12 +22,12 @@ use crate::domain::version::Version;
 use crate::error_chain;
 use crate::metrics::Metrics;
 use crate::ports::{
-    ClusterError, ClusterRead, Cordon, DrainError, DrainOptions, ExecError, ExecOutput, InFlight,
-    InFlightMarks, NodeDrain, NodeExec, NodeTarget, Snapshots, StepExecutor,
+    ClusterError, ClusterRead, Cordon, DrainError, DrainOptions, EtcdMembers, ExecError,
+    ExecOutput, InFlight, InFlightMarks, NodeDrain, NodeExec, NodeTarget, Snapshots, StepExecutor,
 };
 
 /// The script run on nodes, piped to `bash -s`.
-pub const NODE_SCRIPT: &str = include_str!("../../scripts/node-upgrade.sh");
+pub const NODE_SCRIPT: &str = include_str!("../../../scripts/node-upgrade.sh");
 
 /// Lines of script output kept in the run history.
 const TAIL_LINES: usize = 6;
@@ -35,8 +39,12 @@ pub struct UpgradeSettings {
     pub plan: PlanSettings,
     /// How to drain.
     pub drain: DrainOptions,
-    /// How long each worker soaks.
+    /// How long each upgraded node soaks before the next.
     pub soak: Duration,
+    /// How long the control planes may stay unhealthy before the run halts.
+    pub health_timeout: Duration,
+    /// How long an etcd leadership move may take to be confirmed by a majority.
+    pub transfer_timeout: Duration,
     /// How long a node may take to report the target after its script.
     pub verify_timeout: Duration,
     /// Lowest ratio of Ready pods post-flight accepts.
@@ -57,6 +65,8 @@ pub struct UpgradeSteps {
     pub exec: Arc<dyn NodeExec>,
     /// etcd snapshots; `None` when no etcd endpoint is configured.
     pub snapshots: Option<Arc<dyn Snapshots>>,
+    /// The cluster's etcd: health, leadership; `None` when no endpoint is configured.
+    pub etcd: Option<Arc<dyn EtcdMembers>>,
     /// Drain, soak, verify and snapshot settings from the configuration.
     pub settings: UpgradeSettings,
     /// Where it counts what it does.
@@ -115,6 +125,20 @@ impl UpgradeSteps {
             .map_err(exec_failure)
     }
 
+    /// The node script's upgrade of `node` as `role`, with `kubeadm upgrade <kubeadm>`.
+    async fn upgrade(&self, node: &str, role: &str, kubeadm: &str, target: Version) -> StepOutcome {
+        let args = vec![
+            "--role".into(),
+            role.into(),
+            "--kubeadm".into(),
+            kubeadm.into(),
+            "--release".into(),
+            target.to_string(),
+        ];
+        self.run_on(node, args, &format!("node-upgrade.sh on {node}"))
+            .await
+    }
+
     async fn run_on(&self, node: &str, args: Vec<String>, what: &str) -> StepOutcome {
         match self.script_on(node, &args).await {
             Ok(out) => script_result(what, out),
@@ -127,13 +151,18 @@ impl UpgradeSteps {
             Ok(f) => f,
             Err(e) => return StepOutcome::retry(error_chain(&e)),
         };
-        match plan::plan(request, &facts, &self.settings.plan) {
+        let etcd = match self.etcd_facts().await {
+            Ok(etcd) => etcd,
+            Err(e) => return StepOutcome::retry(e),
+        };
+        match plan::plan(request, &facts, etcd.as_ref(), &self.settings.plan) {
             Err(e) => StepOutcome::failed(error_chain(&e)),
             Ok(p) => {
                 let mut note = format!(
-                    "control plane {} runs {}; {} steps; workers in order: {}",
-                    p.control_plane,
+                    "control plane at {}, etcd {}: {}; {} steps; workers in order: {}",
                     p.current,
+                    p.layout,
+                    p.control_planes.join("; "),
                     p.steps.len(),
                     if p.workers.is_empty() {
                         "none".into()
@@ -479,24 +508,24 @@ impl StepExecutor for UpgradeSteps {
                     .await
             }
             S::Drain { node, .. } => self.drain(run, node).await,
+            S::Apply { node } => self.upgrade(node, "control-plane", "apply", target).await,
             S::Upgrade { stage, node } => {
                 let role = if *stage == Stage::ControlPlane {
                     "control-plane"
                 } else {
                     "worker"
                 };
-                let args = vec![
-                    "--role".into(),
-                    role.into(),
-                    "--release".into(),
-                    target.to_string(),
-                ];
-                self.run_on(node, args, &format!("node-upgrade.sh on {node}"))
-                    .await
+                self.upgrade(node, role, "node", target).await
             }
+            S::EtcdHealthy => self.etcd_healthy(step).await,
+            S::ControlPlaneNext => self.control_plane_next(run, step, target).await,
+            S::ControlPlaneHealthy { node, after } => {
+                self.control_plane_healthy(step, node, *after, target).await
+            }
+            S::MoveLeader { node } => self.move_leader(node, target).await,
             S::Verify { node, .. } => self.verify(step, node, target).await,
             S::Uncordon { node, .. } => self.uncordon(run, node).await,
-            S::Soak { node } => self.soak(step, node),
+            S::Soak { node, .. } => self.soak(step, node),
             S::NodesAtTarget => self.nodes_at_target(target).await,
             S::PodReady => self.pod_ready().await,
             S::ClearInFlight => self.clear().await,
@@ -559,7 +588,15 @@ mod tests {
                 },
                 5,
             ),
-            (UpgradeStep::Soak { node: node() }, 6),
+            (
+                UpgradeStep::Soak {
+                    stage: Stage::Workers,
+                    node: node(),
+                },
+                6,
+            ),
+            (UpgradeStep::ControlPlaneNext, 5),
+            (UpgradeStep::EtcdHealthy, 1),
             (
                 UpgradeStep::Gate {
                     stage: Stage::Postflight,

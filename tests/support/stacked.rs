@@ -1,0 +1,223 @@
+//! Stacked etcd for the HA test ground: one real etcd member (Debian's etcd 3.4) per
+//! control-plane node, named after the node as kubeadm names it. Each member is driven by
+//! its own `ctl` script (start, stop, restart by PID), so that the stub `kubeadm` on a
+//! node restarts that node's member as the kubelet restarts the etcd static pod during
+//! `kubeadm upgrade`. Dropping the ground kills every member by PID.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::etcd::member_args;
+use super::free_port;
+use rollgate::adapters::etcd::{Etcd, EtcdSettings};
+
+/// Starts, stops or restarts one member by the PID in its directory. `stop` waits (up to
+/// 10 s) for the process to exit after SIGTERM, as the kubelet waits for a static pod.
+const CTL: &str = r#"#!/bin/bash
+d="$(dirname "$(readlink -f "$0")")"
+start() {
+  mapfile -t args < "$d/args"
+  setsid etcd "${args[@]}" >> "$d/etcd.log" 2>&1 < /dev/null &
+  echo $! > "$d/pid"
+}
+stop() {
+  [ -f "$d/pid" ] || return 0
+  local pid state
+  pid=$(cat "$d/pid")
+  kill -TERM "$pid" 2>/dev/null || true
+  for _ in $(seq 100); do
+    state=$(ps -o stat= -p "$pid" 2>/dev/null || true)
+    case "$state" in ""|Z*) break ;; esac
+    sleep 0.1
+  done
+  kill -KILL "$pid" 2>/dev/null || true
+  rm -f "$d/pid"
+}
+case "$1" in
+  start) start ;;
+  stop) stop ;;
+  restart) stop; start ;;
+  *) echo "usage: ctl start|stop|restart" >&2; exit 2 ;;
+esac
+"#;
+
+pub struct StackedMember {
+    pub name: String,
+    pub client_port: u16,
+    /// Holds `ctl`, `args`, `pid`, `etcd.log` and the data dir.
+    pub dir: PathBuf,
+}
+
+impl StackedMember {
+    /// The script that starts, stops and restarts this member.
+    pub fn ctl(&self) -> PathBuf {
+        self.dir.join("ctl")
+    }
+
+    fn run(&self, action: &str) {
+        let ok = std::process::Command::new(self.ctl())
+            .arg(action)
+            .status()
+            .expect("ctl runs")
+            .success();
+        assert!(ok, "ctl {action} of {} failed", self.name);
+    }
+
+    pub fn stop(&self) {
+        self.run("stop");
+    }
+
+    pub fn start(&self) {
+        self.run("start");
+    }
+
+    fn kill(&self) {
+        if let Ok(pid) = std::fs::read_to_string(self.dir.join("pid")) {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", pid.trim()])
+                .status();
+        }
+    }
+}
+
+pub struct StackedEtcd {
+    pub members: Vec<StackedMember>,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for StackedEtcd {
+    fn drop(&mut self) {
+        for m in &self.members {
+            m.kill();
+        }
+    }
+}
+
+fn write_executable(path: &Path, text: &str) {
+    std::fs::write(path, text).expect("write");
+    let ok = std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(path)
+        .status()
+        .expect("chmod")
+        .success();
+    assert!(ok, "chmod {}", path.display());
+}
+
+impl StackedEtcd {
+    /// One member per name in `names`, started, with a leader elected.
+    pub async fn start(names: &[String]) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let token = format!("rg-{}", uuid::Uuid::now_v7().simple());
+        let ports: Vec<(u16, u16)> = names.iter().map(|_| (free_port(), free_port())).collect();
+        let initial: Vec<String> = names
+            .iter()
+            .zip(&ports)
+            .map(|(name, (_, peer))| format!("{name}=http://127.0.0.1:{peer}"))
+            .collect();
+        let members: Vec<StackedMember> = names
+            .iter()
+            .zip(&ports)
+            .map(|(name, (client, peer))| {
+                let d = dir.path().join(name);
+                std::fs::create_dir_all(&d).expect("member dir");
+                let args = member_args(
+                    name,
+                    &d.join("data"),
+                    ("http", *client, *peer),
+                    &initial,
+                    &token,
+                );
+                std::fs::write(d.join("args"), args.join("\n") + "\n").expect("args");
+                write_executable(&d.join("ctl"), CTL);
+                StackedMember {
+                    name: name.clone(),
+                    client_port: *client,
+                    dir: d,
+                }
+            })
+            .collect();
+        for m in &members {
+            m.start();
+        }
+        let etcd = Self { members, _dir: dir };
+        etcd.wait_for_leader().await;
+        etcd
+    }
+
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .map(|m| format!("http://127.0.0.1:{}", m.client_port))
+            .collect()
+    }
+
+    pub fn client(&self) -> Etcd {
+        Etcd::new(EtcdSettings {
+            endpoints: self.endpoints(),
+            timeout: Duration::from_secs(2),
+            tls: None,
+        })
+        .expect("client")
+    }
+
+    pub fn member(&self, name: &str) -> &StackedMember {
+        self.members
+            .iter()
+            .find(|m| m.name == name)
+            .unwrap_or_else(|| panic!("no member {name}"))
+    }
+
+    pub async fn wait_for_leader(&self) -> String {
+        let etcd = self.client();
+        let started = Instant::now();
+        loop {
+            if let Ok(leader) = etcd.leader().await {
+                return self.name_of(&etcd, leader.id).await;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the etcd cluster elected no leader"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn name_of(&self, etcd: &Etcd, id: u64) -> String {
+        etcd.members()
+            .await
+            .expect("member list")
+            .into_iter()
+            .find(|m| m.id == id)
+            .map(|m| m.name)
+            .expect("the leader is a member")
+    }
+
+    /// The highest raft term the members report, read from etcd itself.
+    pub async fn term(&self) -> u64 {
+        self.client()
+            .answering()
+            .await
+            .iter()
+            .map(|s| s.raft_term)
+            .max()
+            .expect("a member answers")
+    }
+
+    /// Moves leadership to `name` (before a run: the ground's starting leader).
+    pub async fn lead(&self, name: &str) {
+        let etcd = self.client();
+        let id = etcd
+            .members()
+            .await
+            .expect("member list")
+            .into_iter()
+            .find(|m| m.name == name)
+            .map(|m| m.id)
+            .expect("member");
+        etcd.move_leader(id, Duration::from_secs(10))
+            .await
+            .expect("move leader");
+        assert_eq!(self.wait_for_leader().await, name);
+    }
+}
