@@ -90,14 +90,17 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     let kube = kube_client(&settings).await?.map(Arc::new);
     let etcd_rolls = match &kube {
         Some(kube) => {
-            executors.etcd_roll = Some(Arc::new(build_etcd_roll_steps(
-                &settings,
+            let connect = etcd_roll_clients(&settings);
+            executors.etcd_roll = Some(Arc::new(EtcdRollSteps::new(
                 kube.clone(),
+                connect.clone(),
+                settings.etcd_roll.transfer_timeout,
                 metrics.clone(),
             )));
             EtcdRollIntake {
                 unavailable: None,
                 tls: settings.etcd_roll.ca_file.is_some(),
+                connect: Some(connect),
             }
         }
         None => EtcdRollIntake {
@@ -105,7 +108,20 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
                 "etcd rolls need the Kubernetes API (cluster.kubeconfig or cluster.in_cluster): the roll drives a StatefulSet's partition".into(),
             ),
             tls: false,
+            connect: None,
         },
+    };
+    let missing = settings.upgrade_keys_missing();
+    let upgrades_unavailable = (kube.is_some() && !missing.is_empty()).then(|| {
+        format!(
+            "Kubernetes upgrades need {} set; this rollgate runs etcd rolls only",
+            missing.join(", ")
+        )
+    });
+    let kube = if upgrades_unavailable.is_some() {
+        None
+    } else {
+        kube
     };
     let (cluster, etcd) = match build_upgrade_steps(&settings, kube, metrics.clone()).await? {
         Some((steps, cluster)) => {
@@ -114,9 +130,12 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             (Some(cluster), etcd)
         }
         None => {
-            warn!(
-                "no cluster configured (cluster.kubeconfig or cluster.in_cluster): upgrade runs wait at their plan step"
-            );
+            match &upgrades_unavailable {
+                Some(why) => warn!("{why}: detections are refused (422)"),
+                None => warn!(
+                    "no cluster configured (cluster.kubeconfig or cluster.in_cluster): upgrade runs wait at their plan step"
+                ),
+            }
             (None, None)
         }
     };
@@ -136,6 +155,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         intake: tokio::sync::Mutex::new(()),
         cluster,
         etcd,
+        upgrades_unavailable,
         plan_settings: plan_settings(&settings),
         on_failure: settings.worker.on_failure,
         etcd_rolls,
@@ -346,19 +366,13 @@ fn etcd_tls(
     })
 }
 
-/// The etcd roll steps over the Kubernetes API, with the `etcd_roll` TLS files.
-pub fn build_etcd_roll_steps(
-    settings: &Settings,
-    kube: Arc<Kube>,
-    metrics: Metrics,
-) -> EtcdRollSteps {
+/// Clients of the etcd clusters `serve` rolls, with the `etcd_roll` TLS files.
+pub fn etcd_roll_clients(settings: &Settings) -> Arc<EtcdClients> {
     let e = &settings.etcd_roll;
-    let tls = etcd_tls(&e.ca_file, &e.cert_file, &e.key_file);
-    let connect = Arc::new(EtcdClients {
-        tls,
+    Arc::new(EtcdClients {
+        tls: etcd_tls(&e.ca_file, &e.cert_file, &e.key_file),
         timeout: e.timeout,
-    });
-    EtcdRollSteps::new(kube, connect, e.transfer_timeout, metrics)
+    })
 }
 
 /// Evaluates the gate every poll interval, so that `GET /v1/gates` and the

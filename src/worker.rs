@@ -195,9 +195,19 @@ impl Worker {
     /// Commits, remembering that the outbox has messages to publish.
     async fn commit(&self, commit: Commit) -> Result<Committed, StoreError> {
         let has_outbox = !commit.outbox.is_empty();
+        let upgrade_ended = commit.runs.iter().any(|r| {
+            r.kind == RunKind::K8sUpgrade
+                && r.status.is_terminal()
+                && crate::workflows::k8s_upgrade::marked_in_flight(r)
+        });
         let committed = self.store.commit(commit).await?;
         if has_outbox {
             self.outbox_pending.store(true, Ordering::Release);
+        }
+        if upgrade_ended {
+            // However the run in flight ended (succeeded, failed, aborted), it no longer is;
+            // a halted run has not ended and stays so. Only one upgrade marks the cluster.
+            crate::workflows::k8s_upgrade::clear_gauges(&self.metrics);
         }
         Ok(committed)
     }

@@ -435,17 +435,22 @@ fn the_prometheus_rule_carries_rules_exactly() {
     );
 }
 
+/// The settings the `rollgate.toml` of config map `cm` (from `path`) loads to.
+fn config_map_settings(path: &Path, cm: &ConfigMap) -> rollgate::config::Settings {
+    let toml = &cm.data.as_ref().unwrap()["rollgate.toml"];
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rollgate.toml");
+    std::fs::write(&file, toml).unwrap();
+    rollgate::config::Settings::load(Some(&file))
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
 #[test]
 fn the_configuration_in_every_config_map_loads() {
     let m = manifests();
     assert!(m.config_maps.len() >= 2, "base and the example overlay");
     for (path, cm) in &m.config_maps {
-        let toml = &cm.data.as_ref().unwrap()["rollgate.toml"];
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("rollgate.toml");
-        std::fs::write(&file, toml).unwrap();
-        let settings = rollgate::config::Settings::load(Some(&file))
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let settings = config_map_settings(path, cm);
         assert_eq!(settings.cluster.namespace, "k8s-upgrade");
         // The namespace the marks go on is the one the role names.
         let names =
@@ -569,13 +574,10 @@ fn copy_tree(from: &Path, to: &Path) {
 /// so and checks nothing else than the other tests do.
 #[test]
 fn the_example_overlay_builds_with_kustomize() {
-    let Ok(version) = Command::new("kubectl")
+    let version = Command::new("kubectl")
         .args(["version", "--client"])
         .output()
-    else {
-        eprintln!("kubectl is not installed: the overlay was not built");
-        return;
-    };
+        .expect("kubectl (scripts/test.sh installs it: Debian's kubernetes-client)");
     assert!(version.status.success());
     let dir = tempfile::tempdir().unwrap();
     let deploy = dir.path().join("deploy");
@@ -665,5 +667,154 @@ fn the_example_overlay_builds_with_kustomize() {
         "the patch merged: {kinds:?}"
     );
     assert_eq!(kinds.get("Secret"), Some(&1), "{kinds:?}");
-    assert_eq!(kinds.values().sum::<usize>(), 14, "{kinds:?}");
+    assert_eq!(kinds.values().sum::<usize>(), 15, "{kinds:?}");
+    let namespaces: BTreeSet<&str> = docs
+        .iter()
+        .filter(|d| d["kind"] == "Namespace")
+        .filter_map(|d| d["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(namespaces, BTreeSet::from(["k8s-upgrade", "rollgate"]));
+}
+
+#[test]
+fn every_namespace_named_exists() {
+    let m = manifests();
+    let mut named = BTreeSet::new();
+    for path in yaml_files(&root().join("deploy/base")) {
+        for doc in documents(&path) {
+            if let Some(ns) = doc["metadata"]["namespace"].as_str() {
+                named.insert(ns.to_owned());
+            }
+        }
+    }
+    for (path, cm) in &m.config_maps {
+        let settings = config_map_settings(path, cm);
+        named.insert(settings.cluster.namespace);
+    }
+    let granted =
+        &grants(&cluster_role("rollgate"))[&("".into(), "namespaces".into(), "patch".into())];
+    named.extend(granted.iter().cloned());
+    let existing: BTreeSet<String> = yaml_files(&root().join("deploy/base"))
+        .iter()
+        .flat_map(|p| documents(p))
+        .filter(|d| d["kind"] == "Namespace")
+        .filter_map(|d| d["metadata"]["name"].as_str().map(str::to_owned))
+        .collect();
+    let missing: Vec<&String> = named.difference(&existing).collect();
+    assert!(
+        missing.is_empty(),
+        "named but never created: {missing:?} (created: {existing:?})"
+    );
+}
+
+/// Whether the kubelet's projection of one secret file lets the container's user read it:
+/// files are owned by root; with an fsGroup their group is it and the group read bit is
+/// added (read-only volume); the mode is the item's, else the volume's defaultMode, else 0644.
+fn secret_file_readable(
+    pod: &k8s_openapi::api::core::v1::PodSpec,
+    mode: i32,
+    user: i64,
+    group: i64,
+) -> bool {
+    let psc = pod.security_context.clone().unwrap_or_default();
+    let fs_group = psc.fs_group;
+    let (owner_group, mode) = match fs_group {
+        Some(g) => (g, mode | 0o440),
+        None => (0, mode),
+    };
+    let mut groups: BTreeSet<i64> = psc
+        .supplemental_groups
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
+    groups.insert(group);
+    groups.extend(fs_group);
+    (user == 0 && mode & 0o400 != 0)
+        || (groups.contains(&owner_group) && mode & 0o040 != 0)
+        || mode & 0o004 != 0
+}
+
+#[test]
+fn every_mounted_secret_file_is_readable_by_its_container() {
+    let m = manifests();
+    let pods = m
+        .statefulsets
+        .iter()
+        .map(|s| s.spec.as_ref().unwrap().template.spec.as_ref().unwrap())
+        .chain(m.cronjobs.iter().map(job_pod));
+    let mut checked = 0;
+    for pod in pods {
+        let psc = pod.security_context.clone().unwrap_or_default();
+        for c in &pod.containers {
+            let sc = c.security_context.clone().unwrap_or_default();
+            let user = sc.run_as_user.or(psc.run_as_user).unwrap_or(0);
+            let group = sc.run_as_group.or(psc.run_as_group).unwrap_or(0);
+            for mount in c.volume_mounts.iter().flatten() {
+                // A claim template's volume is not in the pod's list, and is no secret.
+                let volume = pod.volumes.iter().flatten().find(|v| v.name == mount.name);
+                let Some(secret) = volume.and_then(|v| v.secret.as_ref()) else {
+                    continue;
+                };
+                let default = secret.default_mode.unwrap_or(0o644);
+                let files: Vec<(String, i32)> = match &secret.items {
+                    Some(items) => items
+                        .iter()
+                        .map(|i| (i.path.clone(), i.mode.unwrap_or(default)))
+                        .collect(),
+                    None => vec![("(every key)".into(), default)],
+                };
+                for (file, mode) in files {
+                    checked += 1;
+                    assert!(
+                        secret_file_readable(pod, mode, user, group),
+                        "{}: {}/{file} (mode {mode:o}) is not readable by uid {user} gid {group}",
+                        c.name,
+                        mount.mount_path
+                    );
+                }
+            }
+        }
+    }
+    assert!(checked >= 2, "the secrets of serve and detect were checked");
+}
+
+/// GitHub's anchor of a heading: lower case, punctuation but hyphens dropped, spaces to
+/// hyphens.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+#[test]
+fn every_runbook_link_in_the_rules_is_a_readme_heading() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let anchors: BTreeSet<String> = readme
+        .lines()
+        .filter_map(|l| l.strip_prefix('#'))
+        .map(|l| anchor(l.trim_start_matches('#')))
+        .collect();
+    let mut links = 0;
+    for path in yaml_files(&root().join("rules"))
+        .into_iter()
+        .chain([root().join("deploy/base/prometheusrule.yaml")])
+    {
+        let text = std::fs::read_to_string(&path).unwrap();
+        for url in text.split_whitespace().filter(|w| w.contains("README.md#")) {
+            let (_, fragment) = url.split_once('#').unwrap();
+            let fragment = fragment.trim_end_matches(|c: char| !c.is_alphanumeric());
+            links += 1;
+            assert!(
+                anchors.contains(fragment),
+                "{}: {url} points at no README heading",
+                path.display()
+            );
+        }
+    }
+    assert!(links >= 10, "{links} runbook links");
 }

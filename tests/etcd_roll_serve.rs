@@ -28,10 +28,6 @@ impl Around {
         target.set_metrics(&support::ground::quiet_metrics());
         let prom = Prometheus::start(&target.address()).await;
         let dir = tempfile::tempdir().unwrap();
-        // The upgrade steps need SSH files to exist; etcd rolls never use them.
-        for f in ["ssh-key", "known_hosts"] {
-            std::fs::write(dir.path().join(f), "").unwrap();
-        }
         Self {
             _target: target,
             prom,
@@ -45,14 +41,7 @@ impl Around {
                 "ROLLGATE__CLUSTER__KUBECONFIG",
                 sts.kubeconfig.display().to_string(),
             ),
-            (
-                "ROLLGATE__SSH__KEY_FILE",
-                self.dir.path().join("ssh-key").display().to_string(),
-            ),
-            (
-                "ROLLGATE__SSH__KNOWN_HOSTS_FILE",
-                self.dir.path().join("known_hosts").display().to_string(),
-            ),
+            // No SSH and no etcd.endpoints: etcd rolls need neither.
             ("ROLLGATE__GATE__PROMETHEUS_URL", self.prom.url()),
             ("ROLLGATE__GATE__POLL_INTERVAL", "300ms".into()),
             ("ROLLGATE__ETCD_ROLL__TIMEOUT", "2s".into()),
@@ -153,6 +142,33 @@ async fn a_roll_asked_over_http_survives_kill_9_and_costs_one_leadership_move() 
     let around = Around::start().await;
     let mut rg = serve(around.env(&sts)).await;
     let term_before = term(&sts).await;
+
+    // An endpoint that reaches etcd-0 by another name than it advertises: that member
+    // could never be seen at the target, so the request is refused before anything runs.
+    let mut mismatched = request(&sts);
+    let first = mismatched["endpoints"][0]
+        .as_str()
+        .unwrap()
+        .replace("127.0.0.1", "localhost");
+    mismatched["endpoints"][0] = first.clone().into();
+    let (status, body) = rg.post("/v1/etcd-rolls", &mismatched).await;
+    assert_eq!(status, 422, "{body}");
+    let message = body["message"].as_str().unwrap_or_default();
+    for part in [
+        "do not match the members' advertised client URLs",
+        first.as_str(),
+        sts.cluster.endpoints[0].as_str(),
+        "advertised by no member",
+    ] {
+        assert!(message.contains(part), "{part:?} not in {message}");
+    }
+    let (_, runs) = rg.get("/v1/runs").await;
+    assert_eq!(
+        runs.as_array().map(Vec::len),
+        Some(0),
+        "nothing queued: {runs}"
+    );
+    assert!(sts.restarted().is_empty());
 
     let (status, body) = rg.post("/v1/etcd-rolls", &request(&sts)).await;
     assert_eq!(status, 202, "{body}");
@@ -329,20 +345,24 @@ async fn bad_roll_requests_are_refused_and_nothing_is_queued() {
     let around = Around::start().await;
     let kubeconfig = around.dir.path().join("kubeconfig");
     api.write_kubeconfig(&kubeconfig);
-    let mut env = vec![(
+    let env = vec![(
         "ROLLGATE__CLUSTER__KUBECONFIG".to_owned(),
         kubeconfig.display().to_string(),
     )];
-    for (k, f) in [
-        ("ROLLGATE__SSH__KEY_FILE", "ssh-key"),
-        ("ROLLGATE__SSH__KNOWN_HOSTS_FILE", "known_hosts"),
-    ] {
-        env.push((
-            k.to_owned(),
-            around.dir.path().join(f).display().to_string(),
-        ));
-    }
     let rg = serve(env).await;
+    // Upgrades need what etcd rolls do not: a detection is refused naming the keys.
+    let (status, body) = rg
+        .post(
+            "/v1/detections",
+            &json!({"target_version": "1.34.5", "kind": "patch"}),
+        )
+        .await;
+    assert_eq!(status, 422, "{body}");
+    let message = body["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("ssh.key_file, ssh.known_hosts_file, etcd.endpoints"),
+        "{body}"
+    );
     let with = |key: &str, value: Value| {
         let mut body = good.clone();
         body[key] = value;

@@ -576,6 +576,33 @@ async fn check_config_reports_every_bad_value_at_once() {
         "{}",
         String::from_utf8_lossy(&ok.stderr)
     );
+    assert!(
+        String::from_utf8_lossy(&ok.stdout).contains("upgrades    off: no cluster configured"),
+        "{}",
+        String::from_utf8_lossy(&ok.stdout)
+    );
+    // A cluster without what upgrades need: named, and still a valid configuration (etcd
+    // rolls need none of it).
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, "").unwrap();
+    let named = std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
+        .arg("check-config")
+        .env("ROLLGATE__CLUSTER__KUBECONFIG", &kubeconfig)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&named.stdout);
+    assert!(
+        named.status.success(),
+        "{}",
+        String::from_utf8_lossy(&named.stderr)
+    );
+    assert!(
+        text.contains(
+            "upgrades    off: set ssh.key_file, ssh.known_hosts_file, etcd.endpoints to upgrade"
+        ),
+        "{text}"
+    );
 }
 
 #[tokio::test]

@@ -28,6 +28,13 @@ async fn detect(rg: &Rollgate, target: &str, kind: &str) -> String {
     body["run_id"].as_str().expect("run id").to_owned()
 }
 
+/// No upgrade in flight: the gauges the Upgrade Gates rules read are back to rest.
+async fn assert_gauges_at_rest(rg: &Rollgate) {
+    assert_eq!(rg.metric("k8s_upgrade_in_flight").await, 0.0);
+    assert_eq!(rg.metric("k8s_upgrade_snapshot_taken").await, 0.0);
+    assert_eq!(rg.metric("k8s_upgrade_stage").await, -1.0);
+}
+
 async fn wait_status(rg: &Rollgate, id: &str, want: &str) -> Value {
     rg.wait_status(id, want, RUN_DEADLINE).await
 }
@@ -93,8 +100,7 @@ async fn assert_upgraded(ground: &Ground, rg: &Rollgate, run: &Value, target: &s
     let info: Value = serde_json::from_slice(&status.stdout).expect("json");
     assert!(info["totalKey"].as_u64() > Some(0), "{info}");
 
-    assert_eq!(rg.metric("k8s_upgrade_in_flight").await, 0.0);
-    assert_eq!(rg.metric("k8s_upgrade_snapshot_taken").await, 1.0);
+    assert_gauges_at_rest(rg).await;
 
     let history = run["history"].as_array().unwrap();
     if told == Told::TheEnd {
@@ -629,4 +635,61 @@ async fn rollgate_plan_prints_the_steps_and_gates_and_changes_nothing() {
     for node in &ground.nodes {
         assert!(node.calls().is_empty());
     }
+}
+
+#[tokio::test]
+async fn a_run_that_fails_or_is_aborted_at_any_stage_leaves_nothing_in_flight() {
+    let ground = Ground::start("1.34.2", 2).await;
+    ground.node("cp").slow_kubeadm(2);
+    ground.api.add_pods("w1", "db", 1, false);
+    ground.api.set_pdb("db-pdb", "db", 1);
+    let mut rg = start(
+        &ground,
+        &[
+            ("ROLLGATE__CLUSTER__SOAK", "30s".into()),
+            ("ROLLGATE__CLUSTER__DRAIN_TIMEOUT", "2s".into()),
+            ("ROLLGATE__WORKER__ON_FAILURE", "fail".into()),
+        ],
+    )
+    .await;
+    // Aborted in each stage, at a step that holds long enough to be caught: pre-flight
+    // (the slow kubeadm plan), the control plane (its slow kubeadm apply), the workers (a
+    // soak). What the aborted runs did stays done; the next run goes on from there.
+    for (stage, name) in [
+        ("preflight", "kubeadm-plan"),
+        ("control-plane", "apply"),
+        ("workers", "soak"),
+    ] {
+        let id = detect(&rg, "1.34.3", "patch").await;
+        eventually(&format!("{stage}/{name} in hand"), RUN_DEADLINE, || async {
+            let run = rg.run(&id).await;
+            let current = run["current_step"].as_u64()? as usize;
+            let step = &run["steps"][current];
+            (step["stage"] == stage && step["name"] == name).then_some(())
+        })
+        .await;
+        assert_eq!(rg.metric("k8s_upgrade_in_flight").await, 1.0, "{stage}");
+        let (status, body) = rg
+            .post(
+                &format!("/v1/runs/{id}/abort"),
+                &json!({"reason": format!("test: {stage}")}),
+            )
+            .await;
+        assert_eq!(status, 202, "{body}");
+        wait_status(&rg, &id, "aborted").await;
+        assert_gauges_at_rest(&rg).await;
+    }
+    // Failed: the PDB holds w1's drain past the timeout, and the policy is to fail.
+    let id = detect(&rg, "1.34.3", "patch").await;
+    let run = wait_status(&rg, &id, "failed").await;
+    assert!(
+        run["reason"].to_string().contains("drain of w1 timed out"),
+        "{}",
+        run["reason"]
+    );
+    assert_gauges_at_rest(&rg).await;
+    // And after a restart, nothing comes back in flight.
+    rg.kill9();
+    rg.restart().await;
+    assert_gauges_at_rest(&rg).await;
 }

@@ -258,6 +258,16 @@ pub fn run(cli: Cli) -> ExitCode {
                 (None, false) => "none (upgrade runs wait at their plan step)".into(),
             };
             println!("  cluster     {cluster}");
+            let missing = settings.upgrade_keys_missing();
+            let upgrades = match (settings.cluster_configured(), missing.is_empty()) {
+                (false, _) => "off: no cluster configured".to_owned(),
+                (true, true) => "on".to_owned(),
+                (true, false) => format!(
+                    "off: set {} to upgrade (detections are refused; etcd rolls work)",
+                    missing.join(", ")
+                ),
+            };
+            println!("  upgrades    {upgrades}");
             println!(
                 "  ssh         user {}, key {}, known_hosts {}",
                 settings.ssh.user,

@@ -737,6 +737,28 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// Whether a cluster is configured (`cluster.kubeconfig` or `cluster.in_cluster`).
+    pub fn cluster_configured(&self) -> bool {
+        self.cluster.kubeconfig.is_some() || self.cluster.in_cluster
+    }
+
+    /// The keys a Kubernetes upgrade needs that are not set: the node script runs over
+    /// SSH (`ssh.key_file`, `ssh.known_hosts_file`) and the snapshot, etcd's health and the
+    /// control planes' order need etcd (`etcd.endpoints`). Etcd rolls need none of them.
+    pub fn upgrade_keys_missing(&self) -> Vec<&'static str> {
+        let mut missing = Vec::new();
+        if self.ssh.key_file.is_none() {
+            missing.push("ssh.key_file");
+        }
+        if self.ssh.known_hosts_file.is_none() {
+            missing.push("ssh.known_hosts_file");
+        }
+        if self.etcd.endpoints.is_empty() {
+            missing.push("etcd.endpoints");
+        }
+        missing
+    }
+
     /// Fills in the defaults that depend on other keys, then checks every section;
     /// problems are keyed by their full key.
     pub(super) fn resolve_and_check(&mut self, problems: &mut Vec<super::Problem>) {

@@ -211,6 +211,56 @@ pub fn agreed_leader(followed: impl IntoIterator<Item = u64>, members: usize) ->
         .map(|(id, _)| id)
 }
 
+/// Why a roll's `endpoints` cannot be matched to the members, given each member's name and
+/// advertised client URLs: every member needs its own endpoint in the list (the roll asks
+/// each member at its own), and every endpoint must be a member's. `None`: they match.
+pub fn endpoint_mismatch(
+    endpoints: &[String],
+    members: &[(String, Vec<String>)],
+) -> Option<String> {
+    let same = |a: &str, b: &str| a.trim_end_matches('/') == b.trim_end_matches('/');
+    let unmatched_members: Vec<&str> = members
+        .iter()
+        .filter(|(_, urls)| !urls.iter().any(|u| endpoints.iter().any(|e| same(e, u))))
+        .map(|(name, _)| name.as_str())
+        .collect();
+    let strangers: Vec<&str> = endpoints
+        .iter()
+        .filter(|e| {
+            !members
+                .iter()
+                .any(|(_, urls)| urls.iter().any(|u| same(e, u)))
+        })
+        .map(String::as_str)
+        .collect();
+    if unmatched_members.is_empty() && strangers.is_empty() {
+        return None;
+    }
+    let advertised: Vec<String> = members
+        .iter()
+        .map(|(name, urls)| format!("{name}: {}", urls.join(" ")))
+        .collect();
+    let mut why = Vec::new();
+    if !unmatched_members.is_empty() {
+        why.push(format!(
+            "no endpoint for member(s) {}",
+            unmatched_members.join(", ")
+        ));
+    }
+    if !strangers.is_empty() {
+        why.push(format!(
+            "endpoint(s) {} advertised by no member",
+            strangers.join(", ")
+        ));
+    }
+    Some(format!(
+        "endpoints [{}] do not match the members' advertised client URLs [{}]: {}; list each member's advertised client URL",
+        endpoints.join(", "),
+        advertised.join("; "),
+        why.join("; ")
+    ))
+}
+
 /// The steps a new roll run starts with. The run is planned one action at a time: `next`
 /// reads the cluster and appends the steps of the next action, ending with another `next`,
 /// so each step is short and a restarted rollgate picks up from the cluster as it is.
@@ -276,6 +326,58 @@ pub fn tally<'a>(done_steps: impl IntoIterator<Item = &'a Step>) -> Tally {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn endpoints_must_be_the_members_advertised_client_urls() {
+        let members = |urls: &[&str]| -> Vec<(String, Vec<String>)> {
+            urls.iter()
+                .enumerate()
+                .map(|(i, u)| (format!("etcd-{i}"), vec![u.to_string()]))
+                .collect()
+        };
+        let list = |e: &[&str]| -> Vec<String> { e.iter().map(|s| s.to_string()).collect() };
+        let advertised = [
+            "http://10.0.0.1:2379",
+            "http://10.0.0.2:2379",
+            "http://10.0.0.3:2379",
+        ];
+        let cases: &[(&[&str], Option<&str>)] = &[
+            (&advertised, None),
+            (
+                &[
+                    "http://10.0.0.1:2379/",
+                    "http://10.0.0.2:2379",
+                    "http://10.0.0.3:2379",
+                ],
+                None,
+            ),
+            (
+                &["http://10.0.0.1:2379", "http://10.0.0.2:2379"],
+                Some("no endpoint for member(s) etcd-2"),
+            ),
+            (
+                &[
+                    "http://etcd-0.etcd:2379",
+                    "http://10.0.0.2:2379",
+                    "http://10.0.0.3:2379",
+                ],
+                Some(
+                    "no endpoint for member(s) etcd-0; endpoint(s) http://etcd-0.etcd:2379 advertised by no member",
+                ),
+            ),
+        ];
+        for (endpoints, want) in cases {
+            let got = endpoint_mismatch(&list(endpoints), &members(&advertised));
+            match (want, &got) {
+                (None, None) => {}
+                (Some(needle), Some(why)) => {
+                    assert!(why.contains(needle), "{why}");
+                    assert!(why.contains("etcd-0: http://10.0.0.1:2379"), "{why}");
+                }
+                _ => panic!("{endpoints:?}: want {want:?}, got {got:?}"),
+            }
+        }
+    }
 
     #[test]
     fn only_passing_refusals_are_waited_out() {

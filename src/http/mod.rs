@@ -35,6 +35,9 @@ pub struct AppState {
     /// The cluster, when configured: detections are planned against it before they are
     /// accepted.
     pub cluster: Option<Arc<dyn crate::ports::ClusterRead>>,
+    /// Why Kubernetes upgrades cannot be carried out though a cluster is configured (the
+    /// keys they need that are not set); detections are refused with it.
+    pub upgrades_unavailable: Option<String>,
     /// The cluster's etcd, when configured: how the control planes are planned.
     pub etcd: Option<Arc<dyn crate::ports::EtcdMembers>>,
     /// Planning choices.
@@ -46,12 +49,14 @@ pub struct AppState {
 }
 
 /// What the intake checks an etcd roll request against.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct EtcdRollIntake {
     /// Why etcd rolls cannot run here (no Kubernetes API configured), if they cannot.
     pub unavailable: Option<String>,
     /// Whether `etcd_roll.ca_file` is set, so `https://` members can be reached.
     pub tls: bool,
+    /// Reaches the members a request names, to check them before the roll is queued.
+    pub connect: Option<Arc<dyn crate::ports::EtcdConnect>>,
 }
 
 /// Registers every route on an actix `App`.

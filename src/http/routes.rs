@@ -280,17 +280,48 @@ pub async fn post_etcd_rolls(
     }
     let run_id = uuid::Uuid::now_v7().to_string();
     let run = Run::etcd_roll(run_id.clone(), &request, state.on_failure, Utc::now());
+    let check = check_members(&state, request.endpoints.clone());
     let event = EventData::EtcdRoll {
         run_id: Some(run_id),
         request,
     };
-    take_run_request(&state, run, event, async { Ok(()) }).await
+    take_run_request(&state, run, event, check).await
+}
+
+/// The members a roll names must be reachable and answer at the endpoints given: a member
+/// whose advertised client URL is not in the list could never be seen at the target, so
+/// the roll would restart it and then fail. Unreachable members are a 503.
+async fn check_members(state: &AppState, endpoints: Vec<String>) -> Result<(), ApiError> {
+    let Some(connect) = &state.etcd_rolls.connect else {
+        return Ok(());
+    };
+    let unreachable = |e: &dyn std::fmt::Display| {
+        ApiError::unavailable(format!(
+            "cannot read the member list at {} to check the request; retry later ({e})",
+            endpoints.join(", ")
+        ))
+    };
+    let etcd = connect
+        .connect(&endpoints)
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
+    let members = etcd.members().await.map_err(|e| unreachable(&e))?;
+    let advertised: Vec<(String, Vec<String>)> = members
+        .into_iter()
+        .map(|m| (m.name, m.client_urls))
+        .collect();
+    match crate::domain::etcd_roll::endpoint_mismatch(&endpoints, &advertised) {
+        None => Ok(()),
+        Some(why) => Err(ApiError::invalid(why)),
+    }
 }
 
 /// With a cluster configured, plans the request against the cluster as it is now: a
 /// request the version or stage rules refuse is a 422 and nothing is queued. A cluster
 /// that cannot be read is a 503: the request cannot be checked, so it is not taken.
 async fn check_plan(state: &AppState, request: &DetectionRequest) -> Result<(), ApiError> {
+    if let Some(why) = &state.upgrades_unavailable {
+        return Err(ApiError::invalid(why.clone()));
+    }
     let Some(cluster) = &state.cluster else {
         return Ok(());
     };

@@ -431,6 +431,21 @@ pub async fn roll(
     result.map(|()| report)
 }
 
+/// Refuses a roll whose endpoints are not the members' advertised client URLs: a member
+/// not asked at its own URL could never be seen at the target.
+pub(crate) async fn check_endpoints(etcd: &dyn EtcdMembers) -> Result<(), RollError> {
+    let members: Vec<(String, Vec<String>)> = etcd
+        .members()
+        .await?
+        .into_iter()
+        .map(|m| (m.name, m.client_urls))
+        .collect();
+    match crate::domain::etcd_roll::endpoint_mismatch(etcd.endpoints(), &members) {
+        None => Ok(()),
+        Some(why) => Err(RollError::Refused(why)),
+    }
+}
+
 async fn steps(
     etcd: &dyn EtcdMembers,
     driver: &dyn Driver,
@@ -439,6 +454,7 @@ async fn steps(
     report: &mut RollReport,
     progress: &mut impl FnMut(&str),
 ) -> Result<(), RollError> {
+    check_endpoints(etcd).await?;
     let mut unsafe_since: Option<(Instant, String)> = None;
     loop {
         let (current, endpoints) = view(etcd, driver).await?;

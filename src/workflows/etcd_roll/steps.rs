@@ -22,7 +22,8 @@ use crate::domain::step::{EtcdRollStep, StepKind};
 use crate::metrics::Metrics;
 use crate::ports::{EtcdConnect, EtcdError, EtcdMembers, StatefulSets, StepExecutor};
 use crate::workflows::etcd_roll::{
-    Driver, Endpoints, RollError, RollReport, StatefulSetDriver, Watch, not_ready, sample, view,
+    Driver, Endpoints, RollError, RollReport, StatefulSetDriver, Watch, check_endpoints, not_ready,
+    sample, view,
 };
 
 /// How long a `ready` step polls before it yields to the queue.
@@ -147,6 +148,15 @@ impl EtcdRollSteps {
         driver: &StatefulSetDriver,
         max_lag: u64,
     ) -> StepOutcome {
+        match check_endpoints(etcd).await {
+            Err(RollError::Refused(why)) => {
+                return StepOutcome::failed(format!(
+                    "refusing to start the roll: {why}; nothing was restarted"
+                ));
+            }
+            Err(e) => return retry(e),
+            Ok(()) => {}
+        }
         if let Err(e) = driver.begin().await {
             return retry(e);
         }

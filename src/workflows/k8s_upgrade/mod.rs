@@ -451,8 +451,7 @@ impl UpgradeSteps {
     async fn clear(&self) -> StepOutcome {
         match self.marks.set_in_flight(None).await {
             Ok(()) => {
-                self.metrics.upgrade_in_flight.set(0);
-                self.metrics.upgrade_stage.set(-1);
+                clear_gauges(&self.metrics);
                 StepOutcome::done("in-flight annotations cleared")
             }
             Err(e) => StepOutcome::retry(error_chain(&e)),
@@ -546,23 +545,38 @@ impl StepExecutor for UpgradeSteps {
     }
 }
 
+/// No upgrade in flight: the gauges the Upgrade Gates rules read go back to rest.
+pub fn clear_gauges(metrics: &Metrics) {
+    metrics.upgrade_in_flight.set(0);
+    metrics.upgrade_snapshot_taken.set(0);
+    metrics.upgrade_stage.set(-1);
+}
+
+/// Whether `run` has done its step `kind`.
+fn has_done(run: &Run, kind: UpgradeStep) -> bool {
+    let kind = StepKind::K8sUpgrade(kind);
+    run.steps
+        .iter()
+        .any(|s| s.kind == kind && s.status == crate::domain::run::StepStatus::Done)
+}
+
+/// Whether `run` set the in-flight marks (and the gauges with them); a run refused before
+/// its `mark-in-flight` (another upgrade holds the cluster) never did.
+pub fn marked_in_flight(run: &Run) -> bool {
+    has_done(run, UpgradeStep::MarkInFlight)
+}
+
 /// Restores the upgrade gauges after a restart from the runs in progress (a halted run is
 /// still in flight: its marks are on the cluster).
 pub fn restore_gauges(metrics: &Metrics, runs: &[Run]) {
-    let done = |run: &Run, kind: UpgradeStep| {
-        let kind = StepKind::K8sUpgrade(kind);
-        run.steps
-            .iter()
-            .any(|s| s.kind == kind && s.status == crate::domain::run::StepStatus::Done)
-    };
     let in_flight = runs
         .iter()
-        .find(|r| done(r, UpgradeStep::MarkInFlight) && !done(r, UpgradeStep::ClearInFlight));
+        .find(|r| marked_in_flight(r) && !has_done(r, UpgradeStep::ClearInFlight));
     metrics
         .upgrade_in_flight
         .set(i64::from(in_flight.is_some()));
     metrics.upgrade_snapshot_taken.set(i64::from(
-        in_flight.is_some_and(|r| done(r, UpgradeStep::EtcdSnapshot)),
+        in_flight.is_some_and(|r| has_done(r, UpgradeStep::EtcdSnapshot)),
     ));
 }
 
