@@ -363,6 +363,41 @@ impl Kube {
         }
     }
 
+    /// Evicts `pods` of `node` and waits until they are gone, by `deadline`. In parallel,
+    /// as kubectl drain does: one pod blocked by its budget does not hold the others.
+    async fn evict_all(
+        &self,
+        node: &str,
+        pods: &[&Pod],
+        options: &DrainOptions,
+        deadline: Instant,
+        refusals: &std::sync::atomic::AtomicUsize,
+    ) -> Result<(), DrainError> {
+        let results = join_all(
+            pods.iter()
+                .map(|pod| self.evict(pod, options, deadline, refusals)),
+        )
+        .await;
+        let blocked: Vec<String> = results.into_iter().filter_map(Result::err).collect();
+        if !blocked.is_empty() {
+            return Err(DrainError::Blocked {
+                node: node.to_owned(),
+                secs: options.timeout.as_secs(),
+                blocked: blocked.join("; "),
+            });
+        }
+        let keys: Vec<_> = pods.iter().map(|p| pod_key(p)).collect();
+        let left = self.wait_gone(node, &keys, deadline).await?;
+        if !left.is_empty() {
+            return Err(DrainError::Terminating {
+                node: node.to_owned(),
+                secs: options.timeout.as_secs(),
+                pods: left.join(", "),
+            });
+        }
+        Ok(())
+    }
+
     /// Waits until none of `pods` (by uid) is left on `node`, or `deadline`; one list call
     /// per round, however many pods. Returns those left.
     async fn wait_gone(
@@ -484,55 +519,19 @@ impl NodeDrain for Kube {
             }
         }
         let refusals = std::sync::atomic::AtomicUsize::new(0);
-        // In parallel, as kubectl drain does: one pod blocked by its budget does not hold
-        // the others.
-        let results = join_all(
-            evict
-                .iter()
-                .map(|pod| self.evict(pod, options, deadline, &refusals)),
-        )
-        .await;
-        report.refusals = refusals.load(std::sync::atomic::Ordering::Relaxed);
-        let blocked: Vec<String> = results.into_iter().filter_map(Result::err).collect();
-        if !blocked.is_empty() {
-            return Err(DrainError::Blocked {
-                node: node.to_owned(),
-                secs: options.timeout.as_secs(),
-                blocked: blocked.join("; "),
-            });
-        }
-        let keys: Vec<_> = evict.iter().map(|p| pod_key(p)).collect();
-        let left = self.wait_gone(node, &keys, deadline).await?;
-        if !left.is_empty() {
-            return Err(DrainError::Terminating {
-                node: node.to_owned(),
-                secs: options.timeout.as_secs(),
-                pods: left.join(", "),
-            });
-        }
-        report.evicted = keys.len();
+        self.evict_all(node, &evict, options, deadline, &refusals)
+            .await?;
+        report.evicted = evict.len();
         if let Some(pod) = own_pod {
             // Last, once every other pod is gone: this process is asked to stop, and the
             // run carries on where its pod is rescheduled (the drain step runs again and
             // finds the node empty).
             info!(node, pod = ?pod.metadata.name, "evicting rollgate's own pod last");
-            self.evict(pod, options, deadline, &refusals)
-                .await
-                .map_err(|blocked| DrainError::Blocked {
-                    node: node.to_owned(),
-                    secs: options.timeout.as_secs(),
-                    blocked,
-                })?;
-            let left = self.wait_gone(node, &[pod_key(pod)], deadline).await?;
-            if !left.is_empty() {
-                return Err(DrainError::Terminating {
-                    node: node.to_owned(),
-                    secs: options.timeout.as_secs(),
-                    pods: left.join(", "),
-                });
-            }
+            self.evict_all(node, &[pod], options, deadline, &refusals)
+                .await?;
             report.evicted += 1;
         }
+        report.refusals = refusals.load(std::sync::atomic::Ordering::Relaxed);
         info!(
             node,
             evicted = report.evicted,

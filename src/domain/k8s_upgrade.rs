@@ -285,10 +285,16 @@ fn worker_order(facts: &ClusterFacts, settings: &PlanSettings) -> Result<Vec<Str
     Ok(order)
 }
 
-/// Gate, drain, upgrade (by `upgrade`), verify, uncordon and soak of `node` in `stage`.
-fn node_steps(stage: Stage, node: &str, upgrade: UpgradeStep) -> Vec<UpgradeStep> {
+/// Gate, drain, upgrade (by `upgrade`), verify, uncordon, then `checked` (if any), and
+/// soak of `node` in `stage`.
+fn node_steps(
+    stage: Stage,
+    node: &str,
+    upgrade: UpgradeStep,
+    checked: Option<UpgradeStep>,
+) -> Vec<UpgradeStep> {
     let node = || node.to_owned();
-    vec![
+    let mut steps = vec![
         UpgradeStep::Gate {
             stage,
             node: Some(node()),
@@ -306,11 +312,13 @@ fn node_steps(stage: Stage, node: &str, upgrade: UpgradeStep) -> Vec<UpgradeStep
             stage,
             node: node(),
         },
-        UpgradeStep::Soak {
-            stage,
-            node: node(),
-        },
-    ]
+    ];
+    steps.extend(checked);
+    steps.push(UpgradeStep::Soak {
+        stage,
+        node: node(),
+    });
+    steps
 }
 
 /// The steps that carry out a control-plane action, ending with the `next` that decides
@@ -332,20 +340,12 @@ pub fn control_plane_steps(action: &ControlPlaneAction) -> Vec<Step> {
                     node: node.clone(),
                 },
             };
-            let mut steps = vec![UpgradeStep::ControlPlaneHealthy {
+            let healthy = |after| UpgradeStep::ControlPlaneHealthy {
                 node: node.clone(),
-                after: false,
-            }];
-            let mut rest = node_steps(stage, node, upgrade);
-            // Healthy after the uncordon, before the soak.
-            rest.insert(
-                5,
-                UpgradeStep::ControlPlaneHealthy {
-                    node: node.clone(),
-                    after: true,
-                },
-            );
-            steps.extend(rest);
+                after,
+            };
+            let mut steps = vec![healthy(false)];
+            steps.extend(node_steps(stage, node, upgrade, Some(healthy(true))));
             steps.push(UpgradeStep::ControlPlaneNext);
             steps
         }
@@ -490,7 +490,7 @@ pub fn plan(
                 node: worker.clone(),
             };
             out.extend(
-                node_steps(Stage::Workers, worker, upgrade)
+                node_steps(Stage::Workers, worker, upgrade, None)
                     .into_iter()
                     .map(Step::new),
             );

@@ -304,14 +304,10 @@ async fn check_members(state: &AppState, endpoints: Vec<String>) -> Result<(), A
     let etcd = connect
         .connect(&endpoints)
         .map_err(|e| ApiError::invalid(e.to_string()))?;
-    let members = etcd.members().await.map_err(|e| unreachable(&e))?;
-    let advertised: Vec<(String, Vec<String>)> = members
-        .into_iter()
-        .map(|m| (m.name, m.client_urls))
-        .collect();
-    match crate::domain::etcd_roll::endpoint_mismatch(&endpoints, &advertised) {
-        None => Ok(()),
-        Some(why) => Err(ApiError::invalid(why)),
+    match crate::workflows::etcd_roll::check_endpoints(&*etcd).await {
+        Ok(()) => Ok(()),
+        Err(crate::workflows::etcd_roll::RollError::Refused(why)) => Err(ApiError::invalid(why)),
+        Err(e) => Err(unreachable(&e)),
     }
 }
 

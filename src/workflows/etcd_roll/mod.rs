@@ -433,7 +433,7 @@ pub async fn roll(
 
 /// Refuses a roll whose endpoints are not the members' advertised client URLs: a member
 /// not asked at its own URL could never be seen at the target.
-pub(crate) async fn check_endpoints(etcd: &dyn EtcdMembers) -> Result<(), RollError> {
+pub async fn check_endpoints(etcd: &dyn EtcdMembers) -> Result<(), RollError> {
     let members: Vec<(String, Vec<String>)> = etcd
         .members()
         .await?

@@ -6,7 +6,7 @@
 //! step run twice after a crash does no harm: a member already at the target is not
 //! restarted again, and nothing is restarted while any member is down.
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -62,13 +62,6 @@ fn wait(reason: String) -> StepOutcome {
         until: Utc::now() + chrono::Duration::from_std(RECHECK).unwrap_or_default(),
         reason,
     }
-}
-
-/// Whether `step` has been going on for longer than `limit` (from its first start, which
-/// is persisted, so a restart of rollgate does not reset the clock).
-fn over(step: &Step, limit: Duration, now: DateTime<Utc>) -> bool {
-    let started = step.started_at.unwrap_or(now);
-    (now - started).to_std().unwrap_or_default() > limit
 }
 
 impl EtcdRollSteps {
@@ -208,11 +201,7 @@ impl EtcdRollSteps {
             },
             Err(refusal)
                 if refusal.may_pass()
-                    && !over(
-                        step,
-                        Duration::from_secs(request.ready_timeout_secs),
-                        Utc::now(),
-                    ) =>
+                    && !step.over(Duration::from_secs(request.ready_timeout_secs), Utc::now()) =>
             {
                 wait(format!("waiting: {refusal}"))
             }
@@ -297,7 +286,7 @@ impl EtcdRollSteps {
         }
         let state = state.unwrap_or_default();
         let limit = Duration::from_secs(request.ready_timeout_secs);
-        if over(step, limit, Utc::now()) {
+        if step.over(limit, Utc::now()) {
             return StepOutcome::failed(format!(
                 "{}: {state}",
                 RollError::NotReady {
@@ -504,22 +493,5 @@ impl StepExecutor for EtcdRollSteps {
             warn!(run_id = %run.id, step = %step.label(), %error, "etcd roll step did not succeed");
         }
         outcome
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_step_is_over_its_limit_from_its_first_start() {
-        let now = Utc::now();
-        let mut step = Step::new(EtcdRollStep::Ready {
-            member: "etcd-1".into(),
-        });
-        assert!(!over(&step, Duration::from_secs(1), now));
-        step.started_at = Some(now - chrono::Duration::seconds(5));
-        assert!(over(&step, Duration::from_secs(1), now));
-        assert!(!over(&step, Duration::from_secs(10), now));
     }
 }

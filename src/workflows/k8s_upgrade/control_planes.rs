@@ -11,7 +11,7 @@ use crate::domain::control_planes::{
     self as cps, ControlPlaneAction, EtcdFacts, EtcdLayout, EtcdMemberFacts, Unhealthy,
 };
 use crate::domain::engine::StepOutcome;
-use crate::domain::etcd_roll::agreed_leader;
+use crate::domain::etcd_roll::{Refusal, agreed_leader};
 use crate::domain::k8s_upgrade::{ClusterFacts, control_plane_steps};
 use crate::domain::run::{Learned, Run, Step, StepStatus};
 use crate::domain::step::{StepKind, UpgradeStep};
@@ -29,20 +29,20 @@ struct Now {
     layout: EtcdLayout,
 }
 
+impl Now {
+    /// The next control-plane action for the cluster as it is now.
+    fn next_action(&self, target: Version, max_lag: u64) -> Result<ControlPlaneAction, Refusal> {
+        let cps = cps::control_planes(&self.facts.nodes);
+        cps::next_action(&cps, self.layout, self.etcd.as_ref(), target, max_lag)
+    }
+}
+
 fn lines(problems: &[Unhealthy]) -> String {
     problems
         .iter()
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join("; ")
-}
-
-/// Whether `step` has waited longer than `limit` since its first start (persisted, so a
-/// restart of rollgate does not reset the clock).
-fn over(step: &Step, limit: Duration) -> bool {
-    let now = Utc::now();
-    let started = step.started_at.unwrap_or(now);
-    (now - started).to_std().unwrap_or_default() > limit
 }
 
 /// Replans the rest of the control-plane stage from `next`.
@@ -119,7 +119,7 @@ impl UpgradeSteps {
     /// those that will not pass, fails with `what` and the problems.
     fn unhealthy(&self, step: &Step, problems: &[Unhealthy], what: &str) -> StepOutcome {
         let timeout = self.settings.health_timeout;
-        if problems.iter().all(Unhealthy::may_pass) && !over(step, timeout) {
+        if problems.iter().all(Unhealthy::may_pass) && !step.over(timeout, Utc::now()) {
             return StepOutcome::Wait {
                 until: Utc::now() + self.poll(),
                 reason: format!("waiting: {}", lines(problems)),
@@ -166,9 +166,7 @@ impl UpgradeSteps {
             Ok(now) => now,
             Err(outcome) => return outcome,
         };
-        let cps = cps::control_planes(&now.facts.nodes);
-        let max_lag = self.settings.plan.etcd_max_lag;
-        match cps::next_action(&cps, now.layout, now.etcd.as_ref(), target, max_lag) {
+        match now.next_action(target, self.settings.plan.etcd_max_lag) {
             Ok(ControlPlaneAction::Done) => StepOutcome::Replanned {
                 note: self.report(run, now.layout, now.etcd.as_ref()),
                 steps: Vec::new(),
@@ -180,7 +178,9 @@ impl UpgradeSteps {
                     steps: control_plane_steps(&action),
                 }
             }
-            Err(refusal) if refusal.may_pass() && !over(step, self.settings.health_timeout) => {
+            Err(refusal)
+                if refusal.may_pass() && !step.over(self.settings.health_timeout, Utc::now()) =>
+            {
                 StepOutcome::Wait {
                     until: Utc::now() + self.poll(),
                     reason: format!("waiting: {refusal}"),
@@ -315,9 +315,7 @@ impl UpgradeSteps {
                 Learned::LeaderMoved(format!("-> {node} (found done after a restart)")),
             );
         }
-        let cps = cps::control_planes(&now.facts.nodes);
-        let max_lag = self.settings.plan.etcd_max_lag;
-        match cps::next_action(&cps, now.layout, Some(etcd), target, max_lag) {
+        match now.next_action(target, self.settings.plan.etcd_max_lag) {
             Ok(ControlPlaneAction::MoveLeader { to, .. }) if to == node => {
                 match client
                     .move_leader(member.id, self.settings.transfer_timeout)
