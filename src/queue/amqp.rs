@@ -30,6 +30,9 @@ use super::{Delivery, Handle, Outgoing, Queue, QueueError};
 use crate::config::QueueSettings;
 use crate::domain::backoff::Backoff;
 
+/// Added to every delay before it becomes a queue's TTL: RabbitMQ may expire a message a
+/// few milliseconds before its TTL, and a wake must never come early.
+const TTL_SLACK: Duration = Duration::from_millis(50);
 /// The pause between attempts to reach the broker again.
 const RECONNECT: Backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
 
@@ -339,14 +342,15 @@ impl AmqpQueue {
         key: &str,
         delay: Duration,
     ) -> Result<String, QueueError> {
-        // Coarser steps for long delays bound the number of queues; rounding up keeps
-        // "no earlier than".
+        // Coarser steps for long delays bound the number of queues; rounding up, with the
+        // broker's own slack on top, keeps "no earlier than" (RabbitMQ has been seen to
+        // expire a message ~10 ms before its TTL).
         let step = if delay < Duration::from_secs(10) {
             100
         } else {
             1000
         };
-        let ms = (delay.as_millis() as u64).div_ceil(step) * step;
+        let ms = ((delay + TTL_SLACK).as_millis() as u64).div_ceil(step) * step;
         let name = format!("{}.wait.{key}.{ms}", self.settings.exchange);
         if link
             .delay_queues
