@@ -45,6 +45,9 @@ pub struct Metrics {
     pub upgrade_snapshot_taken: IntGauge,
     /// The stage number (0–7) of the upgrade step in hand; -1 when none is.
     pub upgrade_stage: IntGauge,
+    /// 1 for the node the upgrade has in hand, from its drain to its uncordon (alerts that
+    /// rollgate's own work causes there may be inhibited by it); no series when none.
+    pub upgrade_node_in_hand: IntGaugeVec,
     /// Durations of node steps by step and node.
     pub node_step_duration: HistogramVec,
     /// What finished etcd rolls did, by roll target (`namespace/statefulset`).
@@ -199,6 +202,17 @@ impl Metrics {
             "Stage number (0-7) of the upgrade step in hand; -1 when none.",
         );
         upgrade_stage.set(-1);
+        let upgrade_node_in_hand = IntGaugeVec::new(
+            Opts::new(
+                "k8s_upgrade_node_in_hand",
+                "1 for the node an upgrade has in hand, from its drain to its uncordon.",
+            ),
+            &["node"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(upgrade_node_in_hand.clone()))
+            .expect("unique metric");
         let node_step_duration = HistogramVec::new(
             HistogramOpts::new(
                 "rollgate_node_step_duration_seconds",
@@ -257,6 +271,7 @@ impl Metrics {
             upgrade_in_flight,
             upgrade_snapshot_taken,
             upgrade_stage,
+            upgrade_node_in_hand,
             node_step_duration,
             registry,
             http_requests,

@@ -507,6 +507,22 @@ fn the_alertmanager_example_is_valid_and_sends_the_token_as_a_bearer() {
     assert_eq!(hook["send_resolved"], true);
     assert_eq!(hook["http_config"]["authorization"]["type"], "Bearer");
     assert!(hook["http_config"]["authorization"]["credentials_file"].is_string());
+    // The inhibition's source is a shipped rule without the gate label, matched by node.
+    let inhibit = &doc["inhibit_rules"][0];
+    assert_eq!(inhibit["equal"], serde_json::json!(["node"]), "{inhibit}");
+    let source = inhibit["source_matchers"][0].as_str().unwrap_or_default();
+    let rules = std::fs::read_to_string(root().join("rules/upgrade-gates.yml")).unwrap();
+    let name = source
+        .strip_prefix("alertname=\"")
+        .and_then(|s| s.strip_suffix('"'))
+        .unwrap_or_else(|| panic!("source matcher {source:?}"));
+    let rule_at = rules
+        .find(&format!("- alert: {name}\n"))
+        .unwrap_or_else(|| panic!("no rule {name} in rules/"));
+    assert!(
+        rules[..rule_at].contains("- name: Rollgate"),
+        "{name} is in the Rollgate group, never a gate"
+    );
     // amtool (Debian's prometheus-alertmanager) accepts it once the token file exists.
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("api-token");

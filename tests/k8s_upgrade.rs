@@ -9,7 +9,7 @@ use std::time::Duration;
 use support::ground::{Ground, WORKER_ORDER};
 use support::kube::Change;
 use support::rabbit::{self, Names};
-use support::{Rollgate, eventually, webhook};
+use support::{Rollgate, eventually, find_step, webhook};
 
 const RUN_DEADLINE: Duration = Duration::from_secs(180);
 
@@ -41,13 +41,6 @@ async fn wait_status(rg: &Rollgate, id: &str, want: &str) -> Value {
 
 fn step<'a>(run: &'a Value, label: &str) -> &'a Value {
     find_step(run, label).unwrap_or_else(|| panic!("no step {label} in {run}"))
-}
-
-fn find_step<'a>(run: &'a Value, label: &str) -> Option<&'a Value> {
-    run["steps"].as_array()?.iter().find(|s| {
-        serde_json::from_value::<rollgate::domain::run::Step>((*s).clone())
-            .is_ok_and(|step| step.label() == label)
-    })
 }
 
 /// Whether every transition must have reached Slack: notices are sent after the commit,

@@ -139,6 +139,33 @@ pub struct Policy {
     pub exclude_alerts: BTreeSet<String>,
     /// Whether Prometheus alerts in state `pending` block too.
     pub count_pending: bool,
+    /// The kind of run asking (`k8s-upgrade`, `etcd-roll`), if a run asks. An alert whose
+    /// `remedy` label names that kind is what such a run exists to clear (a version skew
+    /// left behind is cleared by an upgrade), so it does not hold it.
+    pub asked_by: Option<String>,
+}
+
+/// The label that names the kind of run an alert is cleared by.
+pub const REMEDY_LABEL: &str = "remedy";
+
+impl Policy {
+    /// The same policy, asked by a run of kind `kind`.
+    pub fn asked_by(&self, kind: &str) -> Self {
+        Self {
+            asked_by: Some(kind.to_owned()),
+            ..self.clone()
+        }
+    }
+
+    /// Whether an alert called `name` with `labels` may block at all: not excluded by
+    /// name, and not one the asking run is the remedy for.
+    fn may_block(&self, name: &str, labels: &BTreeMap<String, String>) -> bool {
+        let remedied = self
+            .asked_by
+            .as_deref()
+            .is_some_and(|kind| labels.get(REMEDY_LABEL).is_some_and(|r| r == kind));
+        !self.exclude_alerts.contains(name) && !remedied
+    }
 }
 
 /// One series the Prometheus query returned.
@@ -171,7 +198,7 @@ pub fn evaluate(
     for alert in board {
         let live = alert.status == AlertStatus::Firing && alert.ends_at.is_none_or(|end| end > now);
         if live
-            && !policy.exclude_alerts.contains(alert.name())
+            && policy.may_block(alert.name(), &alert.labels)
             && policy
                 .board_matchers
                 .iter()
@@ -230,7 +257,7 @@ fn prom_blockers<'a>(
                 .unwrap_or_else(|| "unnamed series".into())
         });
         let pending = s.labels.get("alertstate").is_some_and(|st| st == "pending");
-        if policy.exclude_alerts.contains(&name) || (pending && !policy.count_pending) {
+        if !policy.may_block(&name, &s.labels) || (pending && !policy.count_pending) {
             return None;
         }
         Some(Blocker {
@@ -284,6 +311,7 @@ mod tests {
             board_matchers: vec![Matcher::parse("upgrade_gate=true").unwrap()],
             exclude_alerts: ["KubePodNotReadyDuringDrain".to_owned()].into(),
             count_pending: false,
+            asked_by: None,
         }
     }
 
@@ -422,6 +450,47 @@ mod tests {
             &policy,
         );
         assert!(!v.is_open());
+    }
+
+    #[test]
+    fn an_alert_does_not_hold_the_run_that_is_its_remedy() {
+        let skew = || {
+            let mut s = series("K8sVersionSkew", "firing");
+            s.labels.insert(REMEDY_LABEL.into(), "k8s-upgrade".into());
+            s
+        };
+        let mut board_skew = board_alert("K8sVersionSkew", AlertStatus::Firing, None, "true");
+        board_skew
+            .labels
+            .insert(REMEDY_LABEL.into(), "k8s-upgrade".into());
+        // (asked by, Prometheus series, board, blocks)
+        let cases = [
+            (None, vec![skew()], vec![], true),
+            (Some("k8s-upgrade"), vec![skew()], vec![], false),
+            (Some("etcd-roll"), vec![skew()], vec![], true),
+            (Some("k8s-upgrade"), vec![], vec![board_skew.clone()], false),
+            (Some("etcd-roll"), vec![], vec![board_skew.clone()], true),
+            (
+                Some("k8s-upgrade"),
+                vec![skew(), series("EtcdNoLeader", "firing")],
+                vec![],
+                true,
+            ),
+        ];
+        for (asked, prom, board, blocks) in cases {
+            let policy = match asked {
+                Some(kind) => policy().asked_by(kind),
+                None => policy(),
+            };
+            let prom = PromReading::Series(prom);
+            let v = evaluate(&prom, &board, t(0), &policy);
+            assert_eq!(!v.is_open(), blocks, "{asked:?}: {v:?}");
+            assert_eq!(
+                !quiet_period(&prom, &policy).is_open(),
+                blocks && board.is_empty(),
+                "quiet period, {asked:?}"
+            );
+        }
     }
 
     #[test]

@@ -10,7 +10,7 @@ use crate::config::GateSettings;
 use crate::domain::alert::AlertStatus;
 use crate::domain::engine::StepOutcome;
 use crate::domain::gate::{self, Policy, PromReading, PromSeries, Verdict};
-use crate::domain::run::Run;
+use crate::domain::run::{Run, RunKind};
 use crate::metrics::Metrics;
 use crate::ports::{MetricsSource, StepExecutor};
 use crate::store::Store;
@@ -70,6 +70,7 @@ impl Gate {
             board_matchers: settings.board_matchers.clone(),
             exclude_alerts: settings.exclude_alerts.iter().cloned().collect(),
             count_pending: settings.count_pending,
+            asked_by: None,
         };
         Self {
             prometheus,
@@ -129,15 +130,25 @@ impl Gate {
         }
     }
 
-    /// Evaluates both sources now.
+    /// Evaluates both sources now, for no run in particular (`GET /v1/gates`).
     pub async fn evaluate(&self) -> GateReport {
+        self.evaluate_with(&self.policy).await
+    }
+
+    /// Evaluates both sources now for a run of `kind`: alerts it is the remedy for do not
+    /// hold it.
+    pub async fn evaluate_for(&self, kind: RunKind) -> GateReport {
+        self.evaluate_with(&self.policy.asked_by(kind.name())).await
+    }
+
+    async fn evaluate_with(&self, policy: &Policy) -> GateReport {
         let now = Utc::now();
         let prom = self.read_prometheus(&self.settings.query, true).await;
         let (board, board_error) = match self.store.board(now).await {
             Ok(board) => (board.into_iter().map(|e| e.alert).collect::<Vec<_>>(), None),
             Err(e) => (Vec::new(), Some(crate::error_chain(&e))),
         };
-        let mut verdict = gate::evaluate(&prom, &board, now, &self.policy);
+        let mut verdict = gate::evaluate(&prom, &board, now, policy);
         if let Some(error) = &board_error
             && verdict.is_open()
         {
@@ -198,12 +209,13 @@ impl Gate {
         self.last.lock().ok().and_then(|l| l.clone())
     }
 
-    /// The pre-flight quiet period: no gate alert fired within it.
-    pub async fn quiet_period(&self) -> Verdict {
+    /// The pre-flight quiet period of a run of `kind`: no gate alert fired within it,
+    /// other than those the run is the remedy for.
+    pub async fn quiet_period(&self, kind: RunKind) -> Verdict {
         let prom = self
             .read_prometheus(&self.settings.quiet_query, false)
             .await;
-        gate::quiet_period(&prom, &self.policy)
+        gate::quiet_period(&prom, &self.policy.asked_by(kind.name()))
     }
 
     fn held(&self, verdict: &Verdict) -> StepOutcome {
@@ -225,8 +237,8 @@ pub struct GateStep(pub Arc<Gate>);
 
 #[async_trait::async_trait]
 impl StepExecutor for GateStep {
-    async fn execute(&self, _run: &Run, _index: usize) -> StepOutcome {
-        let report = self.0.evaluate().await;
+    async fn execute(&self, run: &Run, _index: usize) -> StepOutcome {
+        let report = self.0.evaluate_for(run.kind).await;
         match report.verdict {
             Verdict::Open => StepOutcome::done("gate open"),
             verdict => self.0.held(&verdict),
@@ -239,8 +251,8 @@ pub struct QuietPeriodStep(pub Arc<Gate>);
 
 #[async_trait::async_trait]
 impl StepExecutor for QuietPeriodStep {
-    async fn execute(&self, _run: &Run, _index: usize) -> StepOutcome {
-        match self.0.quiet_period().await {
+    async fn execute(&self, run: &Run, _index: usize) -> StepOutcome {
+        match self.0.quiet_period(run.kind).await {
             Verdict::Open => StepOutcome::done("no gate alert fired in the quiet period"),
             verdict => self.0.held(&verdict),
         }

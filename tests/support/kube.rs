@@ -5,6 +5,12 @@
 //! refusals (429, or 500 when several budgets match), namespaces with annotations, 409 on a
 //! stale resourceVersion, bearer-token auth, and Kubernetes `Status` error bodies.
 //!
+//! It also serves, as Prometheus targets, what a real cluster's exporters would say about
+//! it: `/metrics` the API servers' `kubernetes_build_info` (one series per control plane,
+//! from its kube-apiserver mirror pod's image), `/metrics/kubelet` every kubelet's, and
+//! `/metrics/kube-state` kube-state-metrics' node conditions, unschedulable flags and
+//! container waiting reasons, with node-exporter's boot times.
+//!
 //! Evicted pods terminate after `terminate_after`; pods owned by a ReplicaSet come back
 //! under a new name on a schedulable node and turn Ready after `ready_after`, as a
 //! Deployment's would. Time-driven changes are applied lazily on every request.
@@ -60,6 +66,8 @@ pub struct State {
     pub terminate_after: Duration,
     pub ready_after: Duration,
     serial: u64,
+    /// What node-exporter reports as every node's boot time (seconds since the epoch).
+    pub booted_at: i64,
 }
 
 fn status(code: u16, reason: &str, message: &str) -> HttpResponse {
@@ -363,6 +371,99 @@ fn patch_object(
     None
 }
 
+/// The Prometheus text of the exporter at `/metrics/<path>` (see the module doc).
+fn exposition(s: &State, path: &[&str]) -> Option<String> {
+    let mut out = String::new();
+    let mut line = |metric: &str, labels: &[(&str, &str)], value: f64| {
+        let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+        out.push_str(&format!("{metric}{{{}}} {value}\n", labels.join(",")));
+    };
+    match path {
+        [] => {
+            for ((ns, name), pod) in &s.pods {
+                let Some(node) = name.strip_prefix("kube-apiserver-") else {
+                    continue;
+                };
+                let image = pod["spec"]["containers"][0]["image"].as_str().unwrap_or("");
+                let version = image.rsplit_once(':').map_or("", |(_, v)| v);
+                if ns == "kube-system" {
+                    line(
+                        "kubernetes_build_info",
+                        &[("git_version", version), ("node", node)],
+                        1.0,
+                    );
+                }
+            }
+        }
+        ["kubelet"] => {
+            for (name, node) in &s.nodes {
+                let version = node["status"]["nodeInfo"]["kubeletVersion"]
+                    .as_str()
+                    .unwrap_or("");
+                line(
+                    "kubernetes_build_info",
+                    &[("git_version", version), ("node", name)],
+                    1.0,
+                );
+            }
+        }
+        ["kube-state"] => {
+            for (name, node) in &s.nodes {
+                let ready = node["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|c| c["type"] == "Ready")
+                    .and_then(|c| c["status"].as_str())
+                    .unwrap_or("Unknown")
+                    .to_lowercase();
+                for status in ["true", "false", "unknown"] {
+                    let value = f64::from(u8::from(ready == status));
+                    line(
+                        "kube_node_status_condition",
+                        &[("node", name), ("condition", "Ready"), ("status", status)],
+                        value,
+                    );
+                }
+                let cordoned = node["spec"]["unschedulable"] == json!(true);
+                line(
+                    "kube_node_spec_unschedulable",
+                    &[("node", name)],
+                    f64::from(u8::from(cordoned)),
+                );
+                line(
+                    "node_boot_time_seconds",
+                    &[("node", name)],
+                    s.booted_at as f64,
+                );
+            }
+            for ((ns, name), pod) in &s.pods {
+                for c in pod["status"]["containerStatuses"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                {
+                    if let Some(reason) = c["state"]["waiting"]["reason"].as_str() {
+                        let container = c["name"].as_str().unwrap_or("");
+                        line(
+                            "kube_pod_container_status_waiting_reason",
+                            &[
+                                ("namespace", ns),
+                                ("pod", name),
+                                ("container", container),
+                                ("reason", reason),
+                            ],
+                            1.0,
+                        );
+                    }
+                }
+            }
+        }
+        _ => return None,
+    }
+    Some(out)
+}
+
 async fn handle(req: HttpRequest, body: web::Bytes, shared: Shared) -> HttpResponse {
     let (state, token) = (&shared.0, &shared.1);
     if !authorized(&req, token) {
@@ -380,6 +481,12 @@ async fn handle(req: HttpRequest, body: web::Bytes, shared: Shared) -> HttpRespo
         .map(|q| q.into_inner())
         .unwrap_or_default();
     match (method.as_str(), parts.as_slice()) {
+        ("GET", ["metrics", rest @ ..]) => match exposition(&s, rest) {
+            Some(text) => HttpResponse::Ok()
+                .content_type("text/plain; version=0.0.4")
+                .body(text),
+            None => status(404, "NotFound", "the page cannot be found"),
+        },
         ("GET", ["version"]) => {
             let git = s.server_version.clone().unwrap_or_default();
             let (major, minor) = {
@@ -678,6 +785,7 @@ impl FakeKube {
             terminate_after: Duration::from_millis(100),
             ready_after: Duration::from_millis(100),
             serial: 0,
+            booted_at: chrono::Utc::now().timestamp() - 86_400,
         }));
         let shared = web::Data::new((state.clone(), token.clone()));
         let server = HttpServer::new(move || {
@@ -869,6 +977,25 @@ impl FakeKube {
             set_ready(&mut pod, true);
             s.pods.insert(("kube-system".into(), name), pod);
         }
+    }
+
+    /// Puts the container of pod `namespace/name` in CrashLoopBackOff, or takes it out.
+    pub fn set_crash_looping(&self, namespace: &str, name: &str, looping: bool) {
+        let mut s = self.state.lock().unwrap();
+        let rv = s.bump();
+        let pod = s
+            .pods
+            .get_mut(&(namespace.to_owned(), name.to_owned()))
+            .expect("pod");
+        let container = pod["spec"]["containers"][0]["name"].clone();
+        let state = if looping {
+            json!({"waiting": {"reason": "CrashLoopBackOff"}})
+        } else {
+            json!({"running": {}})
+        };
+        pod["status"]["containerStatuses"] =
+            json!([{"name": container, "state": state, "ready": !looping, "restartCount": 5}]);
+        pod["metadata"]["resourceVersion"] = json!(rv);
     }
 
     /// A StatefulSet `name` with `replicas` Ready pods `name-0..` at revision `current`,

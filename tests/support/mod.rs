@@ -10,6 +10,7 @@ pub mod manifests;
 pub mod nodes;
 pub mod openapi;
 pub mod rabbit;
+pub mod rehearsal;
 pub mod scripted;
 pub mod services;
 pub mod stacked;
@@ -74,8 +75,13 @@ pub struct Rollgate {
 impl Rollgate {
     /// Starts `rollgate serve` with `env` on top of a fresh data dir and port.
     pub async fn start(env: &[(&str, &str)]) -> Self {
+        Self::start_on(free_port(), env).await
+    }
+
+    /// Starts `rollgate serve` on loopback `port` (one a Prometheus is already told to
+    /// scrape, say).
+    pub async fn start_on(port: u16, env: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
-        let port = free_port();
         let mut rg = Self {
             dir,
             port,
@@ -243,16 +249,20 @@ impl Rollgate {
     }
 
     /// The value of one metric sample (`name{labels}` exactly as exposed), 0 if absent.
-    pub async fn metric(&self, sample: &str) -> f64 {
-        let text = self
-            .http
+    /// The whole `/metrics` page.
+    pub async fn metrics_text(&self) -> String {
+        self.http
             .get(format!("{}/metrics", self.base()))
             .send()
             .await
             .expect("metrics")
             .text()
             .await
-            .expect("metrics text");
+            .expect("metrics text")
+    }
+
+    pub async fn metric(&self, sample: &str) -> f64 {
+        let text = self.metrics_text().await;
         text.lines()
             .find_map(|l| {
                 l.strip_prefix(sample)
@@ -290,7 +300,19 @@ impl Rollgate {
 
     /// Waits until run `id` satisfies `pred`.
     pub async fn wait_run(&self, id: &str, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-        eventually(what, Duration::from_secs(20), || async {
+        self.wait_run_until(id, what, Duration::from_secs(20), pred)
+            .await
+    }
+
+    /// Waits up to `deadline` for run `id` to meet `pred`; returns it then.
+    pub async fn wait_run_until(
+        &self,
+        id: &str,
+        what: &str,
+        deadline: Duration,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Value {
+        eventually(what, deadline, || async {
             let (status, run) = self.get(&format!("/v1/runs/{id}")).await;
             (status == 200 && pred(&run)).then_some(run)
         })
@@ -317,6 +339,14 @@ pub fn resolved(fingerprint: &str) -> Value {
 }
 
 /// Whether a history entry of `run` has `text` in its reason.
+/// The step of `run` (as the API shows it) labelled `label`, e.g. `workers/gate@w2`.
+pub fn find_step<'a>(run: &'a Value, label: &str) -> Option<&'a Value> {
+    run["steps"].as_array()?.iter().find(|s| {
+        serde_json::from_value::<rollgate::domain::run::Step>((*s).clone())
+            .is_ok_and(|step| step.label() == label)
+    })
+}
+
 pub fn history_has(run: &Value, text: &str) -> bool {
     run["history"].as_array().is_some_and(|h| {
         h.iter()

@@ -112,7 +112,9 @@ patch() {
 }
 case "$1 $2" in
   "restart kubelet")
-    v=$(cat "$STUB_STATE/installed-kubelet"); patch "{\"status\":{\"nodeInfo\":{\"kubeletVersion\":\"v${v%%-*}\"}}}" ;;
+    v=$(cat "$STUB_STATE/installed-kubelet"); ready=True
+    [ -f "$STUB_STATE/stay-not-ready" ] && ready=False
+    patch "{\"status\":{\"nodeInfo\":{\"kubeletVersion\":\"v${v%%-*}\"},\"conditions\":[{\"type\":\"Ready\",\"status\":\"$ready\"}]}}" ;;
   "restart containerd")
     v=$(cat "$STUB_STATE/installed-containerd.io"); patch "{\"status\":{\"nodeInfo\":{\"containerRuntimeVersion\":\"containerd://${v%%-*}\"}}}" ;;
 esac
@@ -301,6 +303,11 @@ impl FakeNode {
     /// Makes this node's etcd member not come back from its upgrade.
     pub fn break_etcd(&self) {
         std::fs::write(self.dir.path().join("state/etcd-broken"), "").expect("broken");
+    }
+
+    /// Makes this node's kubelet come back NotReady from its restart.
+    pub fn stay_not_ready(&self) {
+        std::fs::write(self.dir.path().join("state/stay-not-ready"), "").expect("marker");
     }
 
     /// Makes every kubeadm call on this node take `secs` seconds.

@@ -92,7 +92,7 @@ impl Drop for Process {
     }
 }
 
-async fn wait_http_ok(url: &str, what: &str, proc: &Process) {
+pub async fn wait_http_ok(url: &str, what: &str, proc: &Process) {
     let http = reqwest::Client::new();
     let start = Instant::now();
     loop {
@@ -180,19 +180,23 @@ pub struct Alertmanager {
 
 impl Alertmanager {
     pub async fn start(webhook_url: &str, token_file: &Path) -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let port = free_port();
-        let config = dir.path().join("alertmanager.yml");
-        std::fs::write(
-            &config,
-            format!(
+        Self::with_config(
+            &format!(
                 "route:\n  receiver: rollgate\n  group_by: ['...']\n  group_wait: 0s\n  group_interval: 1s\n  repeat_interval: 1h\nreceivers:\n  - name: rollgate\n    webhook_configs:\n      - url: {webhook_url}\n        send_resolved: true\n        http_config:\n          authorization:\n            type: Bearer\n            credentials_file: {}\n",
                 token_file.display()
             ),
+            free_port(),
         )
-        .expect("config");
+        .await
+    }
+
+    /// Alertmanager on loopback `port` with `config` (alertmanager.yml), once ready.
+    pub async fn with_config(config: &str, port: u16) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("alertmanager.yml");
+        std::fs::write(&file, config).expect("config");
         let args = vec![
-            format!("--config.file={}", config.display()),
+            format!("--config.file={}", file.display()),
             format!("--storage.path={}", dir.path().join("data").display()),
             format!("--web.listen-address=127.0.0.1:{port}"),
             "--cluster.listen-address=".into(),

@@ -374,7 +374,11 @@ impl RestartGate {
         let started = Instant::now();
         let mut last = Vec::new();
         loop {
-            let verdict = self.gate.evaluate().await.verdict;
+            let verdict = self
+                .gate
+                .evaluate_for(crate::domain::run::RunKind::EtcdRoll)
+                .await
+                .verdict;
             tracing::debug!(?verdict, "gate before a restart");
             if verdict.is_open() {
                 return Ok(());

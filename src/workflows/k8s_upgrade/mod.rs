@@ -476,6 +476,9 @@ impl StepExecutor for UpgradeSteps {
             return StepOutcome::failed(format!("{} is not a step of an upgrade", step.label()));
         };
         self.metrics.upgrade_stage.set(stage_number(kind));
+        if let UpgradeStep::Drain { node, .. } = kind {
+            show_node_in_hand(&self.metrics, Some(node));
+        }
         let request = match DetectionRequest::from_json(&run.request) {
             Ok(r) => r,
             Err(e) => {
@@ -532,6 +535,9 @@ impl StepExecutor for UpgradeSteps {
                 StepOutcome::failed(format!("{} is the gate's step", step.label()))
             }
         };
+        if matches!(kind, S::Uncordon { .. }) && matches!(outcome, StepOutcome::Done { .. }) {
+            show_node_in_hand(&self.metrics, None);
+        }
         if let Some(node) = kind.node() {
             self.metrics
                 .node_step_duration
@@ -550,6 +556,38 @@ pub fn clear_gauges(metrics: &Metrics) {
     metrics.upgrade_in_flight.set(0);
     metrics.upgrade_snapshot_taken.set(0);
     metrics.upgrade_stage.set(-1);
+    show_node_in_hand(metrics, None);
+}
+
+/// Sets `k8s_upgrade_node_in_hand` to 1 for `node` alone, or to no series.
+fn show_node_in_hand(metrics: &Metrics, node: Option<&str>) {
+    metrics.upgrade_node_in_hand.reset();
+    if let Some(node) = node {
+        metrics
+            .upgrade_node_in_hand
+            .with_label_values(&[node])
+            .set(1);
+    }
+}
+
+/// The node `run` has in hand: drained (or being drained) and not yet uncordoned.
+pub fn node_in_hand(run: &Run) -> Option<&str> {
+    use crate::domain::run::StepStatus;
+    let started = |s: &&crate::domain::run::Step| s.status != StepStatus::Pending;
+    let uncordoned = |node: &str| {
+        run.steps.iter().any(|s| {
+            s.status == StepStatus::Done
+                && matches!(&s.kind, StepKind::K8sUpgrade(UpgradeStep::Uncordon { node: n, .. }) if n == node)
+        })
+    };
+    run.steps
+        .iter()
+        .filter(started)
+        .filter_map(|s| match &s.kind {
+            StepKind::K8sUpgrade(UpgradeStep::Drain { node, .. }) => Some(node.as_str()),
+            _ => None,
+        })
+        .rfind(|node| !uncordoned(node))
 }
 
 /// Whether `run` has done its step `kind`.
@@ -578,6 +616,7 @@ pub fn restore_gauges(metrics: &Metrics, runs: &[Run]) {
     metrics.upgrade_snapshot_taken.set(i64::from(
         in_flight.is_some_and(|r| has_done(r, UpgradeStep::EtcdSnapshot)),
     ));
+    show_node_in_hand(metrics, in_flight.and_then(node_in_hand));
 }
 
 #[cfg(test)]
@@ -622,6 +661,68 @@ mod tests {
         ];
         for (step, n) in cases {
             assert_eq!(stage_number(&step), n, "{step:?}");
+        }
+    }
+
+    #[test]
+    fn the_node_in_hand_runs_from_its_drain_to_its_uncordon() {
+        use crate::domain::run::{RunKind, Step, StepStatus};
+        let w = |n: &str| n.to_owned();
+        let stage = Stage::Workers;
+        let steps = |statuses: &[StepStatus]| -> Run {
+            let kinds = [
+                UpgradeStep::Drain {
+                    stage,
+                    node: w("w1"),
+                },
+                UpgradeStep::Uncordon {
+                    stage,
+                    node: w("w1"),
+                },
+                UpgradeStep::Soak {
+                    stage,
+                    node: w("w1"),
+                },
+                UpgradeStep::Drain {
+                    stage,
+                    node: w("w2"),
+                },
+                UpgradeStep::Uncordon {
+                    stage,
+                    node: w("w2"),
+                },
+            ];
+            let steps = kinds
+                .into_iter()
+                .zip(statuses)
+                .map(|(k, status)| Step {
+                    status: *status,
+                    ..Step::new(k)
+                })
+                .collect();
+            Run::new(
+                "r".into(),
+                RunKind::K8sUpgrade,
+                serde_json::Value::Null,
+                None,
+                steps,
+                chrono::Utc::now(),
+                "t",
+            )
+        };
+        use StepStatus::{Done, Failed, Pending, Running, Waiting};
+        let cases: [(&[StepStatus], Option<&str>); 7] = [
+            (&[Pending, Pending, Pending, Pending, Pending], None),
+            (&[Running, Pending, Pending, Pending, Pending], Some("w1")),
+            (&[Failed, Pending, Pending, Pending, Pending], Some("w1")),
+            (&[Done, Waiting, Pending, Pending, Pending], Some("w1")),
+            (&[Done, Done, Waiting, Pending, Pending], None),
+            (&[Done, Done, Done, Running, Pending], Some("w2")),
+            (&[Done, Done, Done, Done, Done], None),
+        ];
+        for (statuses, want) in cases {
+            let run = steps(statuses);
+            assert_eq!(node_in_hand(&run), want, "{statuses:?}");
         }
     }
 

@@ -1,0 +1,398 @@
+//! A time-scaled rehearsal of a whole upgrade: the test ground's fake cluster (whose API
+//! server also serves the exporters' metrics), `rollgate serve`, a real Prometheus that
+//! scrapes both, the etcd member and loads the shipped rules, and a real Alertmanager with
+//! the shipped receiver and inhibition routing to rollgate. Every duration that shapes
+//! the timeline is the real one times [`SCALE`]: rollgate's defaults (soak, timeouts,
+//! gate poll and halt, the quiet period, lease), the rules' `for:`, ranges and time
+//! constants, Prometheus's scrape and evaluation intervals and lookback, Alertmanager's
+//! group timings. Network bounds on one request (connect and request timeouts) are not
+//! timeline durations and stay as they are.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::Rollgate;
+use super::free_port;
+use super::ground::Ground;
+use super::services::{Alertmanager, Process, rules_dir, wait_http_ok};
+
+/// Rehearsal time over real time: 10 minutes of soak take 5 seconds.
+pub const SCALE: f64 = 1.0 / 120.0;
+
+/// `real`, scaled, as a duration Prometheus, Alertmanager and rollgate all read.
+pub fn scaled(real: Duration) -> String {
+    format!(
+        "{}ms",
+        ((real.as_secs_f64() * SCALE) * 1000.0).round().max(1.0) as u64
+    )
+}
+
+/// `real`, scaled, as a Duration.
+pub fn scaled_duration(real: Duration) -> Duration {
+    real.mul_f64(SCALE)
+}
+
+/// A Prometheus duration (`30m`, `1h`, `90s`, `2d`) in seconds.
+fn prometheus_seconds(text: &str) -> u64 {
+    let (number, unit) = text.split_at(text.len() - 1);
+    let n: u64 = number
+        .parse()
+        .unwrap_or_else(|_| panic!("{text:?} is not a duration this rehearsal scales"));
+    n * match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => panic!("{text:?}: unit {unit:?}"),
+    }
+}
+
+/// `expr` with every range selector `[D]` scaled.
+pub fn scale_ranges(expr: &str) -> String {
+    let mut out = String::new();
+    let mut rest = expr;
+    while let Some(open) = rest.find('[') {
+        let close = rest[open..].find(']').expect("a closed range") + open;
+        out.push_str(&rest[..open]);
+        let seconds = prometheus_seconds(&rest[open + 1..close]);
+        out.push('[');
+        out.push_str(&scaled(Duration::from_secs(seconds)));
+        out.push(']');
+        rest = &rest[close + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `expr` with the number every `time() - X` is compared with (`> 3 * 3600`, `< 600`)
+/// scaled; panics unless each `time()` had one, so a new form fails here, loudly.
+pub fn scale_time_constants(expr: &str) -> String {
+    let mut out = String::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find("time()") {
+        let cmp = rest[at..]
+            .find(['<', '>'])
+            .unwrap_or_else(|| panic!("time() without a comparison in {expr:?}"))
+            + at
+            + 1;
+        let tail = &rest[cmp..];
+        let digits = tail.trim_start();
+        let len = digits
+            .find(|c: char| !(c.is_ascii_digit() || c == ' ' || c == '*'))
+            .unwrap_or(digits.len());
+        let constant = digits[..len].trim();
+        let seconds: u64 = constant
+            .split('*')
+            .map(|f| {
+                f.trim()
+                    .parse::<u64>()
+                    .unwrap_or_else(|_| panic!("{constant:?} in {expr:?}"))
+            })
+            .product();
+        out.push_str(&rest[..cmp]);
+        out.push_str(&format!(" {} ", seconds as f64 * SCALE));
+        rest = &digits[constant.len()..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The shipped rules (`rules/upgrade-gates.yml`) with every `for:`, range and time
+/// constant scaled, as YAML.
+pub fn scaled_rules() -> String {
+    let text = std::fs::read_to_string(rules_dir().join("upgrade-gates.yml")).expect("rules");
+    let mut doc: Value = serde_norway::from_str(&text).expect("rules parse");
+    for group in doc["groups"].as_array_mut().expect("groups") {
+        for rule in group["rules"].as_array_mut().expect("rules") {
+            if let Some(f) = rule["for"].as_str() {
+                rule["for"] = scaled(Duration::from_secs(prometheus_seconds(f))).into();
+            }
+            let expr = rule["expr"].as_str().expect("expr");
+            rule["expr"] = scale_time_constants(&scale_ranges(expr)).into();
+        }
+    }
+    serde_norway::to_string(&doc).expect("yaml")
+}
+
+/// What rollgate's configuration would be in production, scaled: every timeline duration
+/// at its default times [`SCALE`].
+pub fn scaled_rollgate_env() -> Vec<(&'static str, String)> {
+    let cluster = rollgate::config::ClusterSettings::default();
+    let gate = rollgate::config::GateSettings::default();
+    let ssh = rollgate::config::SshConfig::default();
+    let etcd = rollgate::config::EtcdConfig::default();
+    let queue = rollgate::config::QueueSettings::default();
+    vec![
+        ("ROLLGATE__CLUSTER__SOAK", scaled(cluster.soak)),
+        (
+            "ROLLGATE__CLUSTER__VERIFY_TIMEOUT",
+            scaled(cluster.verify_timeout),
+        ),
+        (
+            "ROLLGATE__CLUSTER__CONTROL_PLANE_HEALTH_TIMEOUT",
+            scaled(cluster.control_plane_health_timeout),
+        ),
+        (
+            "ROLLGATE__CLUSTER__DRAIN_TIMEOUT",
+            scaled(cluster.drain_timeout),
+        ),
+        (
+            "ROLLGATE__CLUSTER__EVICTION_RETRY",
+            scaled(cluster.eviction_retry),
+        ),
+        ("ROLLGATE__GATE__POLL_INTERVAL", scaled(gate.poll_interval)),
+        ("ROLLGATE__GATE__HALT_AFTER", scaled(gate.halt_after)),
+        (
+            "ROLLGATE__GATE__QUIET_QUERY",
+            scale_ranges(&gate.quiet_query),
+        ),
+        (
+            "ROLLGATE__SSH__COMMAND_TIMEOUT",
+            scaled(ssh.command_timeout),
+        ),
+        (
+            "ROLLGATE__ETCD__TRANSFER_TIMEOUT",
+            scaled(etcd.transfer_timeout),
+        ),
+        ("ROLLGATE__QUEUE__LEASE", scaled(queue.lease)),
+    ]
+}
+
+/// The ground, rollgate, and the Prometheus and Alertmanager that watch them.
+pub struct Rehearsal {
+    pub ground: Ground,
+    pub rg: Rollgate,
+    pub prometheus: Process,
+    pub prometheus_port: u16,
+    pub alertmanager: Alertmanager,
+    _dir: tempfile::TempDir,
+}
+
+fn host_port(url: &str) -> String {
+    url.trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned()
+}
+
+impl Rehearsal {
+    /// A control plane and `workers` workers at `kubelet`, and everything watching them.
+    pub async fn start(kubelet: &str, workers: usize) -> Self {
+        let ground = Ground::start(kubelet, workers).await;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let d = dir.path();
+        let (rg_port, prometheus_port, alertmanager_port) = (free_port(), free_port(), free_port());
+
+        std::fs::write(d.join("rules.yml"), scaled_rules()).expect("rules");
+        std::fs::write(d.join("kube-token"), &ground.api.token).expect("token");
+        let prometheus =
+            start_prometheus(d, &ground, rg_port, prometheus_port, alertmanager_port).await;
+
+        let mut env = ground.env();
+        env.extend(
+            scaled_rollgate_env()
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v)),
+        );
+        env.push((
+            "ROLLGATE__GATE__PROMETHEUS_URL".into(),
+            format!("http://127.0.0.1:{prometheus_port}"),
+        ));
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let rg = Rollgate::start_on(rg_port, &env).await;
+
+        let alertmanager = Alertmanager::with_config(
+            &alertmanager_config(
+                &format!("{}/v1/alerts", rg.base()),
+                &rg.data_dir().join("api-token"),
+            ),
+            alertmanager_port,
+        )
+        .await;
+        let r = Self {
+            ground,
+            rg,
+            prometheus,
+            prometheus_port,
+            alertmanager,
+            _dir: dir,
+        };
+        r.load_rules_once_scraped().await;
+        r
+    }
+
+    /// Loads the rules once every target is up. Prometheus applies discovered targets
+    /// only every 5 s, a delay no setting scales: before the first scrape `up` is absent,
+    /// which a real `for: 2m` outlasts but a scaled one does not.
+    async fn load_rules_once_scraped(&self) {
+        let d = self._dir.path();
+        super::eventually(
+            "every target scraped and up",
+            Duration::from_secs(30),
+            || async {
+                let up = self.query("up").await;
+                (up.len() == 5 && up.iter().all(|s| s["value"][1] == "1")).then_some(())
+            },
+        )
+        .await;
+        let file = d.join("prometheus.yml");
+        let config = std::fs::read_to_string(&file).expect("prometheus.yml");
+        let with_rules = config.replacen(
+            "scrape_configs:",
+            &format!(
+                "rule_files:\n  - {}\nscrape_configs:",
+                d.join("rules.yml").display()
+            ),
+            1,
+        );
+        std::fs::write(&file, with_rules).expect("prometheus.yml");
+        let http = reqwest::Client::new();
+        let base = format!("http://127.0.0.1:{}", self.prometheus_port);
+        let reload = http
+            .post(format!("{base}/-/reload"))
+            .send()
+            .await
+            .expect("prometheus reloads");
+        assert!(reload.status().is_success(), "reload: {}", reload.status());
+        super::eventually("the rules to load", Duration::from_secs(30), || async {
+            let rules: Value = http
+                .get(format!("{base}/api/v1/rules"))
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            (rules["data"]["groups"].as_array()?.len() == 2).then_some(())
+        })
+        .await;
+    }
+
+    /// The instant query `promql` now: its result vector.
+    pub async fn query(&self, promql: &str) -> Vec<Value> {
+        let body: Value = reqwest::Client::new()
+            .get(format!(
+                "http://127.0.0.1:{}/api/v1/query",
+                self.prometheus_port
+            ))
+            .query(&[("query", promql)])
+            .send()
+            .await
+            .expect("prometheus answers")
+            .json()
+            .await
+            .expect("json");
+        assert_eq!(body["status"], "success", "{promql}: {body}");
+        body["data"]["result"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The alerts firing in Prometheus now, as `name{node}` (node when labelled).
+    pub async fn firing(&self) -> Vec<String> {
+        self.query(r#"ALERTS{alertstate="firing"}"#)
+            .await
+            .iter()
+            .map(|s| {
+                let m = &s["metric"];
+                match m["node"].as_str() {
+                    Some(node) => format!("{}{{{node}}}", m["alertname"].as_str().unwrap_or("")),
+                    None => m["alertname"].as_str().unwrap_or("").to_owned(),
+                }
+            })
+            .collect()
+    }
+}
+
+async fn start_prometheus(
+    d: &Path,
+    ground: &Ground,
+    rg_port: u16,
+    port: u16,
+    alertmanager_port: u16,
+) -> Process {
+    let api = host_port(&ground.api.url());
+    let etcd = host_port(&ground.etcd.endpoints()[0]);
+    let kube = |job: &str, path: &str| {
+        format!(
+            "  - job_name: {job}\n    metrics_path: {path}\n    authorization:\n      credentials_file: {}\n    static_configs:\n      - targets: ['{api}']\n",
+            d.join("kube-token").display()
+        )
+    };
+    let plain = |job: &str, target: &str| {
+        format!("  - job_name: {job}\n    static_configs:\n      - targets: ['{target}']\n")
+    };
+    let config = format!(
+        "global:\n  scrape_interval: {scrape}\n  evaluation_interval: {eval}\n\
+         alerting:\n  alertmanagers:\n    - static_configs:\n        - targets: ['127.0.0.1:{alertmanager_port}']\n\
+         scrape_configs:\n{apiserver}{kubelet}{ksm}{rollgate}{etcd}",
+        scrape = scaled(Duration::from_secs(30)),
+        eval = scaled(Duration::from_secs(60)),
+        apiserver = kube("apiserver", "/metrics"),
+        kubelet = kube("kubelet", "/metrics/kubelet"),
+        ksm = kube("kube-state-metrics", "/metrics/kube-state"),
+        rollgate = plain("rollgate", &format!("127.0.0.1:{rg_port}")),
+        etcd = plain("etcd", &etcd),
+    );
+    let file = d.join("prometheus.yml");
+    std::fs::write(&file, config).expect("prometheus.yml");
+    let args = vec![
+        format!("--config.file={}", file.display()),
+        format!("--storage.tsdb.path={}", d.join("tsdb").display()),
+        format!("--web.listen-address=127.0.0.1:{port}"),
+        format!(
+            "--query.lookback-delta={}",
+            scaled(Duration::from_secs(300))
+        ),
+        "--web.enable-lifecycle".into(),
+        format!(
+            "--rules.alert.resend-delay={}",
+            scaled(Duration::from_secs(60))
+        ),
+    ];
+    let process = Process::spawn("prometheus", "prometheus", args, d.join("prometheus.log"));
+    wait_http_ok(
+        &format!("http://127.0.0.1:{port}/-/ready"),
+        "prometheus",
+        &process,
+    )
+    .await;
+    process
+}
+
+/// The shipped Alertmanager example (`deploy/examples/alertmanager-receiver.yaml`), its
+/// receiver pointed at `webhook` with `token_file`, its timings scaled.
+fn alertmanager_config(webhook: &str, token_file: &Path) -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy/examples/alertmanager-receiver.yaml");
+    let text = std::fs::read_to_string(path).expect("example");
+    let mut doc: Value = serde_norway::from_str(&text).expect("example parses");
+    let scale = |v: &mut Value, default: u64| {
+        let seconds = v.as_str().map_or(default, prometheus_seconds);
+        *v = scaled(Duration::from_secs(seconds)).into();
+    };
+    doc["global"] = serde_json::json!({"resolve_timeout": scaled(Duration::from_secs(300))});
+    // Alertmanager's defaults where the example leaves them.
+    let route = &mut doc["route"];
+    scale(&mut route["group_wait"], 30);
+    scale(&mut route["group_interval"], 300);
+    scale(&mut route["repeat_interval"], 4 * 3600);
+    for sub in route["routes"].as_array_mut().expect("routes") {
+        scale(&mut sub["group_wait"], 30);
+        scale(&mut sub["group_interval"], 300);
+        scale(&mut sub["repeat_interval"], 4 * 3600);
+    }
+    for receiver in doc["receivers"].as_array_mut().expect("receivers") {
+        for hook in receiver["webhook_configs"]
+            .as_array_mut()
+            .into_iter()
+            .flatten()
+        {
+            hook["url"] = webhook.into();
+            hook["http_config"]["authorization"]["credentials_file"] =
+                token_file.display().to_string().into();
+        }
+    }
+    serde_norway::to_string(&doc).expect("yaml")
+}
