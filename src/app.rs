@@ -21,6 +21,7 @@ use crate::adapters::snapshot::EtcdSnapshots;
 use crate::adapters::ssh::{Ssh, SshSettings};
 use crate::config::{QueueBackend, Settings};
 use crate::domain::k8s_upgrade::PlanSettings;
+use crate::domain::roll_watch::{WatchTarget, WatchedRoll};
 use crate::http::{self, AppState, EtcdRollIntake};
 use crate::metrics::Metrics;
 use crate::ports::{
@@ -32,6 +33,7 @@ use crate::queue::embedded::EmbeddedQueue;
 use crate::store::Store;
 use crate::worker::{Worker, WorkerPolicy};
 use crate::workflows::etcd_roll::steps::EtcdRollSteps;
+use crate::workflows::etcd_roll::watch::{RollStarter, RollWatch};
 use crate::workflows::gate::{Gate, GateStep, QuietPeriodStep};
 use crate::workflows::k8s_upgrade::{UpgradeSettings, UpgradeSteps};
 
@@ -88,6 +90,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         ..Executors::default()
     };
     let kube = kube_client(&settings).await?.map(Arc::new);
+    let watch_kube = kube.clone();
     let etcd_rolls = match &kube {
         Some(kube) => {
             let connect = etcd_roll_clients(&settings);
@@ -160,9 +163,10 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         on_failure: settings.worker.on_failure,
         etcd_rolls,
     });
+    let served = state.clone();
     let server = HttpServer::new(move || {
         App::new()
-            .app_data(state.clone())
+            .app_data(served.clone())
             .wrap(from_fn(http::observe))
             .configure(http::configure)
     })
@@ -183,6 +187,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(watch_gate(gate.clone(), stop_rx.clone()));
+    spawn_roll_watches(&settings, watch_kube, state.clone(), &stop_rx);
     let mut worker_task = if settings.worker.paused {
         warn!("worker.paused is true: events are queued but not processed");
         None
@@ -377,6 +382,54 @@ pub fn etcd_roll_clients(settings: &Settings) -> Arc<EtcdClients> {
 
 /// Evaluates the gate every poll interval, so that `GET /v1/gates` and the
 /// `rollgate_gate_verdict` metric stay current even when no run waits at a gate.
+/// Starts the watch of every `etcd_roll.watch` StatefulSet (with a cluster configured).
+fn spawn_roll_watches(
+    settings: &Settings,
+    kube: Option<Arc<Kube>>,
+    state: web::Data<AppState>,
+    stop: &tokio::sync::watch::Receiver<bool>,
+) {
+    let targets = settings.etcd_roll.watch_targets();
+    if targets.is_empty() {
+        return;
+    }
+    let Some(kube) = kube else {
+        warn!(
+            "etcd_roll.watch is set but no cluster is configured (cluster.kubeconfig or cluster.in_cluster): nothing is watched"
+        );
+        return;
+    };
+    let watch = Arc::new(RollWatch {
+        statefulsets: kube,
+        starter: Arc::new(IntakeStarter(state)),
+        tls: settings.etcd_roll.ca_file.is_some(),
+        retry: ROLL_WATCH_RETRY,
+    });
+    for target in targets {
+        tokio::spawn(watch.clone().run(target, stop.clone()));
+    }
+}
+
+/// Pause of a roll watch after a failure (API or members unreachable).
+const ROLL_WATCH_RETRY: Duration = Duration::from_secs(10);
+
+/// Starts watched rolls through the API's intake.
+struct IntakeStarter(web::Data<AppState>);
+
+#[async_trait::async_trait]
+impl RollStarter for IntakeStarter {
+    async fn start(
+        &self,
+        target: &WatchTarget,
+        revision: &str,
+        seed: &str,
+    ) -> Result<WatchedRoll, String> {
+        http::routes::start_watched_roll(&self.0, target, revision, seed)
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
 async fn watch_gate(gate: Arc<Gate>, mut stop: tokio::sync::watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(gate.poll_interval());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

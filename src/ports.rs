@@ -455,6 +455,16 @@ pub trait StatefulSets: Send + Sync {
     /// A pod's revision (`controller-revision-hash`) and readiness; `None` when it does not exist.
     async fn pod_state(&self, namespace: &str, pod: &str)
     -> Result<Option<PodState>, ClusterError>;
+    /// Watches `namespace/name` from `resource_version` and returns once it changed (or
+    /// was deleted), or after `timeout` without a change, whichever comes first. The
+    /// caller reads it again either way.
+    async fn wait_for_change(
+        &self,
+        namespace: &str,
+        name: &str,
+        resource_version: &str,
+        timeout: std::time::Duration,
+    ) -> Result<(), ClusterError>;
 }
 
 /// A StatefulSet's rolling-update state.
@@ -466,6 +476,12 @@ pub struct StatefulSetState {
     pub partition: u32,
     /// `status.updateRevision`: the revision pods move to.
     pub update_revision: String,
+    /// `status.currentRevision`: the revision the pods were made from before the update.
+    pub current_revision: String,
+    /// `metadata.resourceVersion`, where a watch for the next change starts.
+    pub resource_version: String,
+    /// `spec.serviceName`: the governing Service that names the pods in DNS.
+    pub service_name: String,
 }
 
 /// A pod as a roll sees it.

@@ -396,9 +396,18 @@ async fn the_cluster_role_grants_every_api_use_of_the_adapters_and_nothing_more(
     .await
     .unwrap();
     kube.set_in_flight(None).await.unwrap();
-    kube.statefulset("default", "etcd").await.unwrap();
+    let before = kube.statefulset("default", "etcd").await.unwrap();
     kube.set_partition("default", "etcd", 2).await.unwrap();
     kube.pod_state("default", "etcd-2").await.unwrap();
+    // The partition moved on since `before`: the watch returns at once.
+    kube.wait_for_change(
+        "default",
+        "etcd",
+        &before.resource_version,
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
 
     let used = api.access();
     let used_keys: BTreeSet<(String, String, String)> = used

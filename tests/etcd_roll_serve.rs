@@ -399,3 +399,106 @@ async fn bad_roll_requests_are_refused_and_nothing_is_queued() {
     assert_eq!(runs, json!([]), "no run was created");
     assert!(api.changes().is_empty(), "nothing changed in the cluster");
 }
+
+/// The runs `serve` holds, newest first.
+async fn runs(rg: &Rollgate) -> Vec<Value> {
+    let (_, runs) = rg.get("/v1/runs").await;
+    runs.as_array().cloned().unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watched_statefulset_gets_one_roll_per_new_revision_and_none_while_one_is_in_flight() {
+    let sts = EtcdStatefulSet::start(3, 0).await;
+    let around = Around::start().await;
+    let mut env = around.env(&sts);
+    // Reached at one member; the roll's endpoints are what the members advertise.
+    let seed = sts.cluster.endpoints[0].clone();
+    env.push((
+        "ROLLGATE__ETCD_ROLL__WATCH".into(),
+        format!("default/etcd={seed}"),
+    ));
+    let mut rg = serve(env).await;
+
+    // The template is at rev-2, the pods at rev-1: a roll starts by itself.
+    let first = "watch-default-etcd-rev-2";
+    eventually(
+        "the watch to start the rev-2 roll",
+        RUN_DEADLINE,
+        || async {
+            let run = rg.get(&format!("/v1/runs/{first}")).await;
+            (run.0 == 200).then_some(())
+        },
+    )
+    .await;
+    let run = rg.run(first).await;
+    let mut want = sts.cluster.endpoints.clone();
+    want.sort();
+    let mut got: Vec<String> = serde_json::from_value(run["request"]["endpoints"].clone()).unwrap();
+    got.sort();
+    assert_eq!(got, want, "the members' advertised client URLs");
+    // Restarted mid-roll: the same run goes on, no second one.
+    eventually("etcd-2 restarted", RUN_DEADLINE, || async {
+        let run = rg.run(first).await;
+        run["steps"]
+            .as_array()?
+            .iter()
+            .any(|s| s["name"] == "etcd-restart" && s["node"] == "etcd-2" && s["status"] == "done")
+            .then_some(())
+    })
+    .await;
+    rg.kill9();
+    rg.restart().await;
+    wait_status(&rg, first, "succeeded").await;
+    assert!(sts.all_at_update_revision());
+    assert_eq!(runs(&rg).await.len(), 1, "one roll for rev-2");
+    assert_eq!(sts.restarted(), ["etcd-2", "etcd-1", "etcd-0"]);
+
+    // A new revision while an incident holds every gate: its roll starts and holds
+    // before any restart; a further revision meanwhile waits for it.
+    let (status, _) = rg.post("/v1/alerts", &support::webhook("w1c0")).await;
+    assert_eq!(status, 202);
+    sts.api.change_template("etcd", "rev-3");
+    let second = "watch-default-etcd-rev-3";
+    rg.wait_run_until(
+        second,
+        "the rev-3 roll held at its gate",
+        RUN_DEADLINE,
+        |r| r["status"] == "waiting" && !r["blockers"].as_array().is_none_or(Vec::is_empty),
+    )
+    .await;
+    sts.api.change_template("etcd", "rev-4");
+    eventually("the watch to see rev-4 wait", RUN_DEADLINE, || async {
+        rg.logs()
+            .contains("new revision waits for the roll in flight")
+            .then_some(())
+    })
+    .await;
+    assert_eq!(
+        runs(&rg).await.len(),
+        2,
+        "no roll for rev-4 while rev-3's is in flight"
+    );
+    assert_eq!(sts.restarted().len(), 3, "nothing restarts behind the gate");
+
+    // The incident ends: the roll in flight takes the pods to the newest revision, which
+    // leaves rev-4 nothing to do.
+    let (status, _) = rg.post("/v1/alerts", &support::resolved("w1c0")).await;
+    assert_eq!(status, 202);
+    wait_status(&rg, second, "succeeded").await;
+    assert!(sts.all_at_update_revision());
+    eventually("rev-4 to be the current revision", RUN_DEADLINE, || async {
+        (sts.api.statefulset("etcd")["status"]["currentRevision"] == "rev-4").then_some(())
+    })
+    .await;
+    let all = runs(&rg).await;
+    assert_eq!(all.len(), 2, "{all:?}");
+    assert!(all.iter().all(|r| r["status"] == "succeeded"), "{all:?}");
+    assert_eq!(sts.partition(), 3, "the partition lock is restored");
+    assert!(
+        sts.api
+            .access()
+            .iter()
+            .any(|a| a.resource == "statefulsets" && a.verb == "watch"),
+        "the watch used the watch verb"
+    );
+}

@@ -7,7 +7,9 @@
 use futures_util::future::join_all;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
-use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams};
+use kube::api::{
+    Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, WatchEvent, WatchParams,
+};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use serde_json::{Value, json};
@@ -35,6 +37,7 @@ pub const API_USE: &[(&str, &str, &str)] = &[
     ("", "pods", "get"),
     ("apps", "statefulsets", "get"),
     ("apps", "statefulsets", "patch"),
+    ("apps", "statefulsets", "watch"),
     ("", "namespaces", "patch"),
 ];
 
@@ -625,7 +628,44 @@ impl StatefulSets for Kube {
             replicas: u32::try_from(spec.replicas.unwrap_or(1)).unwrap_or(0),
             partition: u32::try_from(partition).unwrap_or(0),
             update_revision: status.update_revision.unwrap_or_default(),
+            current_revision: status.current_revision.unwrap_or_default(),
+            resource_version: sts.metadata.resource_version.unwrap_or_default(),
+            service_name: spec.service_name.unwrap_or_default(),
         })
+    }
+
+    async fn wait_for_change(
+        &self,
+        namespace: &str,
+        name: &str,
+        resource_version: &str,
+        timeout: Duration,
+    ) -> Result<(), ClusterError> {
+        use futures_util::StreamExt;
+        let api: Api<StatefulSet> = Api::namespaced(self.client.clone(), namespace);
+        // The client's read timeout is the request timeout: the server must end a quiet
+        // watch before it, or the read fails.
+        let timeout = timeout.min(self.settings.request_timeout / 2);
+        let seconds = u32::try_from(timeout.as_secs().max(1)).unwrap_or(u32::MAX);
+        let params = WatchParams::default()
+            .fields(&format!("metadata.name={name}"))
+            .timeout(seconds);
+        let what = format!("watch statefulset {namespace}/{name}");
+        let events = api
+            .watch(&params, resource_version)
+            .await
+            .map_err(|e| api_error(&what, e))?;
+        let mut events = std::pin::pin!(events);
+        // The server ends the watch at its timeout; this bound covers one that does not.
+        let first = tokio::time::timeout(timeout + Duration::from_secs(5), events.next()).await;
+        match first {
+            Ok(Some(Err(e))) => Err(api_error(&what, e)),
+            Ok(Some(Ok(WatchEvent::Error(status)))) => Err(ClusterError::new(format!(
+                "{what}: {} ({})",
+                status.message, status.code
+            ))),
+            _ => Ok(()),
+        }
     }
 
     async fn set_partition(

@@ -268,6 +268,20 @@ pub fn run(cli: Cli) -> ExitCode {
                 ),
             };
             println!("  upgrades    {upgrades}");
+            let watched = settings.etcd_roll.watch_targets();
+            let watch = match (watched.is_empty(), settings.cluster_configured()) {
+                (true, _) => "none".to_owned(),
+                (false, true) => watched
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                (false, false) => format!(
+                    "{} StatefulSet(s) named, but nothing is watched: set cluster.kubeconfig or cluster.in_cluster",
+                    watched.len()
+                ),
+            };
+            println!("  etcd watch  {watch}");
             println!(
                 "  ssh         user {}, key {}, known_hosts {}",
                 settings.ssh.user,

@@ -606,6 +606,12 @@ pub struct EtcdRollConfig {
     /// How long a leadership transfer may take to be confirmed by a majority.
     #[serde(with = "humantime_serde")]
     pub transfer_timeout: Duration,
+    /// StatefulSets `serve` rolls by itself, one roll per new revision of their template:
+    /// `namespace/name`, or `namespace/name=http(s)://host:port` where the members answer
+    /// (default: the StatefulSet's governing Service on port 2379). The roll's endpoints
+    /// are the members' advertised client URLs (default: none watched).
+    #[serde(deserialize_with = "string_list")]
+    pub watch: Vec<String>,
 }
 
 impl Default for EtcdRollConfig {
@@ -616,12 +622,26 @@ impl Default for EtcdRollConfig {
             key_file: None,
             timeout: Duration::from_secs(5),
             transfer_timeout: Duration::from_secs(15),
+            watch: Vec::new(),
         }
     }
 }
 
 impl EtcdRollConfig {
+    /// The watched StatefulSets, parsed (`check` has refused any that does not parse).
+    pub fn watch_targets(&self) -> Vec<crate::domain::roll_watch::WatchTarget> {
+        self.watch
+            .iter()
+            .filter_map(|raw| crate::domain::roll_watch::WatchTarget::parse(raw).ok())
+            .collect()
+    }
+
     fn check(&self, p: &mut Problems) {
+        for raw in &self.watch {
+            if let Err(e) = crate::domain::roll_watch::WatchTarget::parse(raw) {
+                p.add("watch", e);
+            }
+        }
         p.tls_files(&self.ca_file, &self.cert_file, &self.key_file);
         p.duration("timeout", self.timeout, 100, 300_000);
         p.duration("transfer_timeout", self.transfer_timeout, 1000, 300_000);

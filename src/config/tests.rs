@@ -111,6 +111,7 @@ fn every_bad_value_is_reported_at_once() {
         ("ROLLGATE__CLUSTER__SOAK", "7"),
         ("ROLLGATE__DETECT__STAGES", "preflight,bogus"),
         ("ROLLGATE__SCHEDULE__WINDOWS", "x"),
+        ("ROLLGATE__ETCD_ROLL__WATCH", "etcd/etcd,etcd;rm -rf /"),
     ]);
     let keys: BTreeSet<_> = err.0.iter().map(|p| p.key.as_str()).collect();
     for key in [
@@ -128,6 +129,7 @@ fn every_bad_value_is_reported_at_once() {
         "cluster.soak",
         "detect.stages",
         "schedule",
+        "etcd_roll.watch",
     ] {
         assert!(keys.contains(key), "{key} not reported in {err}");
     }

@@ -9,6 +9,7 @@ pub mod etcd_roll;
 pub mod event;
 pub mod gate;
 pub mod k8s_upgrade;
+pub mod roll_watch;
 pub mod run;
 pub mod step;
 pub mod version;

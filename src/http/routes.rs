@@ -16,6 +16,7 @@ use crate::domain::event::{
     CloudEvent, ControlAction, ControlRequest, DetectionBody, DetectionRequest, EtcdRollBody,
     EtcdRollRequest, EventData, ROLLGATE_SOURCE,
 };
+use crate::domain::roll_watch::WatchedRoll;
 use crate::domain::run::{Run, RunKind, RunStatus};
 use crate::queue::Outgoing;
 
@@ -234,6 +235,38 @@ async fn take_run_request(
     event: EventData,
     check: impl std::future::Future<Output = Result<(), ApiError>>,
 ) -> Result<HttpResponse, ApiError> {
+    Ok(match take_run(state, run, event, check).await? {
+        Taken::New(run_id) => HttpResponse::Accepted().json(DetectionAccepted {
+            run_id,
+            status: RunStatus::Queued,
+        }),
+        Taken::InFlight { run_id, status } => {
+            HttpResponse::Ok().json(DetectionAccepted { run_id, status })
+        }
+    })
+}
+
+/// What became of a run request.
+enum Taken {
+    /// Queued as a new run with this id.
+    New(String),
+    /// A run of the same kind and target is in flight: nothing was queued.
+    InFlight {
+        /// That run.
+        run_id: String,
+        /// Its status.
+        status: RunStatus,
+    },
+}
+
+/// Queues `event` for the new `run` unless one of its kind and target is in flight;
+/// `check` runs (and may refuse) only when a new run would be queued.
+async fn take_run(
+    state: &AppState,
+    run: Run,
+    event: EventData,
+    check: impl std::future::Future<Output = Result<(), ApiError>>,
+) -> Result<Taken, ApiError> {
     let _intake = state.intake.lock().await;
     let target = run.target.clone().unwrap_or_default();
     if let Some(existing) = state
@@ -242,20 +275,63 @@ async fn take_run_request(
         .await
         .map_err(store_down)?
     {
-        return Ok(HttpResponse::Ok().json(DetectionAccepted {
+        return Ok(Taken::InFlight {
             run_id: existing.id,
             status: existing.status,
-        }));
+        });
     }
     check.await?;
     enqueue(state, &event).await?;
     if let Err(e) = state.store.insert_run_if_absent(&run).await {
         tracing::warn!(error = %crate::error_chain(&e), run_id = %run.id, "run record not written at intake; the worker will write it");
     }
-    Ok(HttpResponse::Accepted().json(DetectionAccepted {
-        run_id: run.id,
-        status: RunStatus::Queued,
-    }))
+    Ok(Taken::New(run.id))
+}
+
+/// Starts the roll of `target` to `revision` through the same checks and queue as
+/// `POST /v1/etcd-rolls`: the endpoints are the members' advertised client URLs, read
+/// at `seed`. One run per revision: its id comes from the revision.
+pub async fn start_watched_roll(
+    state: &AppState,
+    target: &crate::domain::roll_watch::WatchTarget,
+    revision: &str,
+    seed: &str,
+) -> Result<WatchedRoll, ApiError> {
+    let run_id = target.run_id(revision);
+    if let Some(run) = state.store.get_run(&run_id).await.map_err(store_down)? {
+        return Ok(WatchedRoll::AlreadyRolled(run.id));
+    }
+    if let Some(why) = &state.etcd_rolls.unavailable {
+        return Err(ApiError::invalid(why.clone()));
+    }
+    let Some(connect) = &state.etcd_rolls.connect else {
+        return Err(ApiError::invalid("no etcd client is configured for rolls"));
+    };
+    let seeded = connect
+        .connect(&[seed.to_owned()])
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
+    let members = seeded.members().await.map_err(|e| {
+        ApiError::unavailable(format!("cannot read the member list at {seed}: {e}"))
+    })?;
+    let endpoints: Vec<String> = members.into_iter().flat_map(|m| m.client_urls).collect();
+    let body = serde_json::json!({
+        "statefulset": target.name, "namespace": target.namespace, "endpoints": endpoints,
+    });
+    let request = EtcdRollRequest::from_json(&body).map_err(|e| {
+        ApiError::invalid(format!(
+            "the members at {seed} do not make a roll request: {e}"
+        ))
+    })?;
+    let run = Run::etcd_roll(run_id.clone(), &request, state.on_failure, Utc::now());
+    let check = check_members(state, request.endpoints.clone());
+    let event = EventData::EtcdRoll {
+        run_id: Some(run_id),
+        request,
+    };
+    Ok(match take_run(state, run, event, check).await? {
+        Taken::New(id) => WatchedRoll::Started(id),
+        Taken::InFlight { run_id, .. } => WatchedRoll::Waiting(run_id),
+    })
 }
 
 /// `POST /v1/etcd-rolls`: roll the etcd cluster that is a StatefulSet's pods.

@@ -95,9 +95,10 @@ impl EtcdStatefulSet {
 
     /// Every pod runs the update revision.
     pub fn all_at_update_revision(&self) -> bool {
+        let update = self.api.statefulset("etcd")["status"]["updateRevision"].clone();
         (0..self.cluster.names.len()).all(|i| {
             self.api.pod(&format!("etcd-{i}"))["metadata"]["labels"]["controller-revision-hash"]
-                == "rev-2"
+                == update
         })
     }
 }

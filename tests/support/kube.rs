@@ -464,6 +464,56 @@ fn exposition(s: &State, path: &[&str]) -> Option<String> {
     Some(out)
 }
 
+/// A watch of the StatefulSet `key` from resourceVersion `from` (0: from now, with an
+/// ADDED event for it as it is), one JSON event per line, until `until`: MODIFIED each
+/// time its resourceVersion moves on, DELETED when it goes.
+fn watch_events(
+    state: std::sync::Weak<Mutex<State>>,
+    key: (String, String),
+    from: u64,
+    until: Instant,
+) -> impl futures_util::Stream<Item = Result<web::Bytes, actix_web::Error>> {
+    let seen = (from > 0).then_some(from);
+    futures_util::stream::unfold((state, seen), move |(state, seen)| {
+        let key = key.clone();
+        async move {
+            loop {
+                if Instant::now() >= until {
+                    return None;
+                }
+                let event = {
+                    let s = state.upgrade()?;
+                    let s = s.lock().unwrap();
+                    match s.statefulsets.get(&key) {
+                        None if seen.is_some() => Some((
+                            "DELETED",
+                            json!({"metadata": {"name": key.1, "namespace": key.0}}),
+                            u64::MAX,
+                        )),
+                        None => None,
+                        Some(sts) => {
+                            let rv = sts["metadata"]["resourceVersion"]
+                                .as_str()
+                                .and_then(|v| v.parse::<u64>().ok())
+                                .unwrap_or(0);
+                            match seen {
+                                None => Some(("ADDED", sts.clone(), rv)),
+                                Some(last) if rv > last => Some(("MODIFIED", sts.clone(), rv)),
+                                Some(_) => None,
+                            }
+                        }
+                    }
+                };
+                if let Some((kind, object, rv)) = event {
+                    let line = format!("{}\n", json!({"type": kind, "object": object}));
+                    return Some((Ok(web::Bytes::from(line)), (state, Some(rv))));
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    })
+}
+
 async fn handle(req: HttpRequest, body: web::Bytes, shared: Shared) -> HttpResponse {
     let (state, token) = (&shared.0, &shared.1);
     if !authorized(&req, token) {
@@ -617,6 +667,38 @@ async fn handle(req: HttpRequest, body: web::Bytes, shared: Shared) -> HttpRespo
             s.namespaces.insert(name.to_string(), ns.clone());
             HttpResponse::Ok().json(ns)
         }
+        ("GET", ["apis", "apps", "v1", "namespaces", ns, "statefulsets"])
+            if query.get("watch").is_some_and(|w| w == "true" || w == "1") =>
+        {
+            s.count("watch statefulsets");
+            let Some(name) = query
+                .get("fieldSelector")
+                .and_then(|f| f.strip_prefix("metadata.name="))
+            else {
+                return status(
+                    400,
+                    "BadRequest",
+                    "this fake watches one StatefulSet by metadata.name",
+                );
+            };
+            let from = query
+                .get("resourceVersion")
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+            let timeout = query
+                .get("timeoutSeconds")
+                .and_then(|t| t.parse::<u64>().ok())
+                .unwrap_or(1800);
+            let events = watch_events(
+                Arc::downgrade(state),
+                (ns.to_string(), name.to_owned()),
+                from,
+                Instant::now() + Duration::from_secs(timeout),
+            );
+            HttpResponse::Ok()
+                .content_type("application/json")
+                .streaming(events)
+        }
         ("GET", ["apis", "apps", "v1", "namespaces", ns, "statefulsets", name]) => {
             s.count("get statefulset");
             match s.statefulsets.get(&(ns.to_string(), name.to_string())) {
@@ -735,6 +817,31 @@ fn evict(s: &mut State, ns: &str, name: &str) -> HttpResponse {
 /// The pod a StatefulSet controller replaces next, marked as being replaced: none while
 /// one is (one at a time), else the highest ordinal at or above the partition that is not
 /// at the update revision.
+/// As the StatefulSet controller does: once every pod runs the update revision, it is
+/// the current revision too.
+fn settle_current_revision(s: &mut State) {
+    let keys: Vec<(String, String)> = s.statefulsets.keys().cloned().collect();
+    for (ns, name) in keys {
+        let sts = &s.statefulsets[&(ns.clone(), name.clone())];
+        let replicas = sts["spec"]["replicas"].as_u64().unwrap_or(0);
+        let update = sts["status"]["updateRevision"].clone();
+        if sts["status"]["currentRevision"] == update {
+            continue;
+        }
+        let all = (0..replicas).all(|o| {
+            s.pods
+                .get(&(ns.clone(), format!("{name}-{o}")))
+                .is_some_and(|p| p["metadata"]["labels"]["controller-revision-hash"] == update)
+        });
+        if all {
+            let rv = s.bump();
+            let sts = s.statefulsets.get_mut(&(ns, name)).expect("statefulset");
+            sts["status"]["currentRevision"] = update;
+            sts["metadata"]["resourceVersion"] = json!(rv);
+        }
+    }
+}
+
 fn next_pod_to_replace(s: &mut State) -> Option<((String, String), String)> {
     if !s.restarting.is_empty() {
         return None;
@@ -1069,8 +1176,23 @@ impl FakeKube {
                     set_ready(pod, true);
                 }
                 s.restarting.remove(&key);
+                settle_current_revision(&mut s);
             }
         });
+    }
+
+    /// Moves the template of StatefulSet `default/name` on to `revision`, as an edit of its
+    /// pod template would: a new update revision; the pods stay where the partition holds
+    /// them.
+    pub fn change_template(&self, name: &str, revision: &str) {
+        let mut s = self.state.lock().unwrap();
+        let rv = s.bump();
+        let sts = s
+            .statefulsets
+            .get_mut(&("default".to_owned(), name.to_owned()))
+            .expect("statefulset");
+        sts["status"]["updateRevision"] = json!(revision);
+        sts["metadata"]["resourceVersion"] = json!(rv);
     }
 
     pub fn statefulset(&self, name: &str) -> Value {

@@ -6,6 +6,7 @@
 //! crashed roll resumes by itself; a sampler records every leadership change meanwhile.
 
 pub mod steps;
+pub mod watch;
 
 use serde::Serialize;
 use std::collections::HashMap;
