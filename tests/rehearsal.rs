@@ -73,10 +73,48 @@ fn the_rules_scale_by_one_factor() {
 #[tokio::test]
 async fn a_healthy_upgrade_of_one_control_plane_and_six_workers_closes_no_gate_of_its_own() {
     let r = Rehearsal::start("1.34.2", 6).await;
+    // w3's node script takes a while (a slow mirror), as a real one does: rollgate has
+    // the node in hand long enough to see what the inhibition does there.
+    r.ground.node("w3").slow_kubeadm(4);
     let started = Instant::now();
     let id = detect(&r, "1.34.5", "all").await;
+    r.rg.wait_run_until(&id, "w3's upgrade in hand", RUN_DEADLINE, |run| {
+        find_step(run, "workers/upgrade@w3").is_some_and(|s| s["status"] == "running")
+    })
+    .await;
+    // What the drain causes there (kube-prometheus' KubeNodeUnschedulable) is inhibited by
+    // the shipped example while w3 is in hand, and pages again once it is not.
+    let unschedulable =
+        json!({"alertname": "KubeNodeUnschedulable", "node": "w3", "severity": "warning"});
+    r.alertmanager
+        .post_labelled(unschedulable.clone(), false)
+        .await;
+    let inhibited = |alerts: Vec<Value>| {
+        alerts.first().is_some_and(|a| {
+            !a["status"]["inhibitedBy"]
+                .as_array()
+                .is_none_or(Vec::is_empty)
+        })
+    };
+    eventually(
+        "KubeNodeUnschedulable{w3} inhibited",
+        Duration::from_secs(10),
+        || async {
+            inhibited(r.alertmanager.alerts_named("KubeNodeUnschedulable").await).then_some(())
+        },
+    )
+    .await;
     let run = r.rg.wait_status(&id, "succeeded", RUN_DEADLINE).await;
     let window = started.elapsed().as_secs() + 1;
+    eventually(
+        "KubeNodeUnschedulable{w3} no longer inhibited",
+        Duration::from_secs(20),
+        || async {
+            (!inhibited(r.alertmanager.alerts_named("KubeNodeUnschedulable").await)).then_some(())
+        },
+    )
+    .await;
+    r.alertmanager.post_labelled(unschedulable, true).await;
 
     r.ground.assert_all_at("1.34.5");
     r.ground.assert_drained_once();

@@ -221,11 +221,19 @@ impl Alertmanager {
         am
     }
 
-    /// Posts an alert to Alertmanager's API; `resolved` sets endsAt in the past.
+    /// Posts a gate alert to Alertmanager's API; `resolved` sets endsAt in the past.
     pub async fn post_alert(&self, name: &str, resolved: bool) {
+        let labels =
+            serde_json::json!({"alertname": name, "upgrade_gate": "true", "severity": "critical"});
+        self.post_labelled(labels, resolved).await;
+    }
+
+    /// Posts an alert with `labels` to Alertmanager's API; `resolved` sets endsAt in the
+    /// past.
+    pub async fn post_labelled(&self, labels: Value, resolved: bool) {
         let now = chrono::Utc::now();
         let mut alert = serde_json::json!({
-            "labels": {"alertname": name, "upgrade_gate": "true", "severity": "critical"},
+            "labels": labels,
             "annotations": {"summary": "test alert"},
             "startsAt": (now - chrono::Duration::minutes(1)).to_rfc3339(),
         });
@@ -243,6 +251,24 @@ impl Alertmanager {
             "alertmanager refused the alert: {}",
             r.status()
         );
+    }
+
+    /// The alerts Alertmanager holds named `name`, with their status.
+    pub async fn alerts_named(&self, name: &str) -> Vec<Value> {
+        let all: Value = reqwest::Client::new()
+            .get(format!("http://127.0.0.1:{}/api/v2/alerts", self.port))
+            .send()
+            .await
+            .expect("alertmanager answers")
+            .json()
+            .await
+            .expect("json");
+        all.as_array()
+            .into_iter()
+            .flatten()
+            .filter(|a| a["labels"]["alertname"] == name)
+            .cloned()
+            .collect()
     }
 }
 
