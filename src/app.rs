@@ -114,13 +114,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             connect: None,
         },
     };
-    let missing = settings.upgrade_keys_missing();
-    let upgrades_unavailable = (kube.is_some() && !missing.is_empty()).then(|| {
-        format!(
-            "Kubernetes upgrades need {} set; this rollgate runs etcd rolls only",
-            missing.join(", ")
-        )
-    });
+    let upgrades_unavailable = upgrades_unavailable(&settings);
     let kube = if upgrades_unavailable.is_some() {
         None
     } else {
@@ -133,11 +127,8 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             (Some(cluster), etcd)
         }
         None => {
-            match &upgrades_unavailable {
-                Some(why) => warn!("{why}: detections are refused (422)"),
-                None => warn!(
-                    "no cluster configured (cluster.kubeconfig or cluster.in_cluster): upgrade runs wait at their plan step"
-                ),
+            if let Some(why) = &upgrades_unavailable {
+                warn!("{why}: detections are refused (422 over HTTP, dead-lettered over AMQP)");
             }
             (None, None)
         }
@@ -158,7 +149,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         intake: tokio::sync::Mutex::new(()),
         cluster,
         etcd,
-        upgrades_unavailable,
+        upgrades_unavailable: upgrades_unavailable.clone(),
         plan_settings: plan_settings(&settings),
         on_failure: settings.worker.on_failure,
         etcd_rolls,
@@ -197,7 +188,8 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             halt_after: settings.gate.halt_after,
             on_failure: settings.worker.on_failure,
         };
-        let worker = Worker::new(queue, store, metrics, executors, policy, notifier);
+        let worker = Worker::new(queue, store, metrics, executors, policy, notifier)
+            .refusing_detections(upgrades_unavailable);
         Some(tokio::spawn(worker.run(stop_rx)))
     };
 
@@ -382,6 +374,26 @@ pub fn etcd_roll_clients(settings: &Settings) -> Arc<EtcdClients> {
 
 /// Evaluates the gate every poll interval, so that `GET /v1/gates` and the
 /// `rollgate_gate_verdict` metric stay current even when no run waits at a gate.
+/// Why this rollgate cannot upgrade Kubernetes, naming every key to set; `None` when it can.
+pub fn upgrades_unavailable(settings: &Settings) -> Option<String> {
+    let mut missing = Vec::new();
+    if !settings.cluster_configured() {
+        missing.push("cluster.kubeconfig (or cluster.in_cluster)");
+    }
+    missing.extend(settings.upgrade_keys_missing());
+    (!missing.is_empty()).then(|| {
+        let rolls = if settings.cluster_configured() {
+            "this rollgate runs etcd rolls only"
+        } else {
+            "this rollgate has no cluster configured"
+        };
+        format!(
+            "Kubernetes upgrades need {} set; {rolls}",
+            missing.join(", ")
+        )
+    })
+}
+
 /// Starts the watch of every `etcd_roll.watch` StatefulSet (with a cluster configured).
 fn spawn_roll_watches(
     settings: &Settings,

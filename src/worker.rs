@@ -38,6 +38,9 @@ pub struct Worker {
     pub outbox_pending: AtomicBool,
     /// Events that failed in a row for a transient reason; sets the back-off.
     pub consecutive_failures: AtomicU32,
+    /// Why new detections (from AMQP) cannot become runs here, when they cannot: they are
+    /// dead-lettered with this reason, as the API refuses them with a 422.
+    pub detections_refused: Option<String>,
 }
 
 /// Limits the engine applies to every run.
@@ -91,6 +94,34 @@ impl Worker {
             // A crash may have left messages in the outbox.
             outbox_pending: AtomicBool::new(true),
             consecutive_failures: AtomicU32::new(0),
+            detections_refused: None,
+        }
+    }
+
+    /// The same worker, dead-lettering new detections for `why` (upgrades are not
+    /// configured here).
+    pub fn refusing_detections(mut self, why: Option<String>) -> Self {
+        self.detections_refused = why;
+        self
+    }
+
+    /// Moves `delivery` to the dead letters for `reason`, counted under `label`; releases
+    /// it for a later try if even that fails.
+    async fn dead_letter(&self, delivery: &Delivery, label: &str, reason: &str) {
+        match self.queue.dead_letter(delivery, reason).await {
+            Ok(()) => self
+                .metrics
+                .events_dead_lettered
+                .with_label_values(&[label])
+                .inc(),
+            Err(qe) => {
+                self.metrics
+                    .queue_errors
+                    .with_label_values(&["dead_letter"])
+                    .inc();
+                warn!(error = %qe, "cannot dead-letter; releasing for a later try");
+                let _ = self.queue.release(delivery).await;
+            }
         }
     }
 
@@ -218,25 +249,18 @@ impl Worker {
             Err(e) => {
                 let label = delivery.routing_key.clone();
                 warn!(routing_key = %label, error = %crate::error_chain(&e), "undecodable message; dead-lettering");
-                match self.queue.dead_letter(&delivery, &e.to_string()).await {
-                    Ok(()) => self
-                        .metrics
-                        .events_dead_lettered
-                        .with_label_values(&["unknown"])
-                        .inc(),
-                    Err(qe) => {
-                        self.metrics
-                            .queue_errors
-                            .with_label_values(&["dead_letter"])
-                            .inc();
-                        warn!(error = %qe, "cannot dead-letter; releasing for a later try");
-                        let _ = self.queue.release(&delivery).await;
-                    }
-                }
+                self.dead_letter(&delivery, "unknown", &e.to_string()).await;
                 return;
             }
         };
         let kind = data.event_type();
+        if let (EventData::Detection { run_id: None, .. }, Some(why)) =
+            (&data, &self.detections_refused)
+        {
+            warn!(event_id = %event.id, %why, "a detection, and no upgrades here; dead-lettering");
+            self.dead_letter(&delivery, kind.label(), why).await;
+            return;
+        }
         let span = info_span!("event", event_id = %event.id, event_type = kind.label(), run_id = tracing::field::Empty);
         if let Some(run_id) = &event.runid {
             span.record("run_id", run_id.as_str());

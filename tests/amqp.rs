@@ -8,6 +8,7 @@ use rollgate::queue::Queue;
 use rollgate::queue::amqp::AmqpQueue;
 use serde_json::json;
 use std::time::Duration;
+use support::cluster::IntakeCluster;
 use support::rabbit::{self, Names};
 use support::{Rollgate, board, eventually, receive_on_time, wake_message, webhook};
 
@@ -25,15 +26,23 @@ async fn start(names: &Names) -> Rollgate {
     Rollgate::start(&env).await
 }
 
+/// `serve` on RabbitMQ with a cluster to upgrade.
+async fn start_with_cluster(names: &Names, cluster: &IntakeCluster) -> Rollgate {
+    let env = names.env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    cluster.rollgate(&env).await
+}
+
 #[tokio::test]
 async fn external_publishers_are_handled_like_http_and_ids_deduplicate() {
     let names = Names::unique();
-    let rg = start(&names).await;
+    let cluster = IntakeCluster::start().await;
+    let rg = start_with_cluster(&names, &cluster).await;
 
     let detection = envelope(
         "ext-det-1",
         "rollgate.detection.v1",
-        json!({"target_version": "1.50.2", "kind": "patch", "stages": "snapshot,workers"}),
+        json!({"target_version": "1.34.5", "kind": "patch", "stages": "all"}),
     );
     rabbit::publish(&names.exchange, "detections", &detection, "ext-det-1").await;
     let run = eventually(
@@ -43,22 +52,27 @@ async fn external_publishers_are_handled_like_http_and_ids_deduplicate() {
             let (_, runs) = rg.get("/v1/runs").await;
             runs.as_array()?
                 .iter()
-                .find(|r| r["target"] == "1.50.2")
+                .find(|r| r["target"] == "1.34.5")
                 .cloned()
         },
     )
     .await;
     let run = rg
-        .wait_run(run["id"].as_str().unwrap(), "planned", |r| {
-            support::parked(r)
+        .wait_run(run["id"].as_str().unwrap(), "held at its gate", |r| {
+            support::held_at_preflight_gate(r)
         })
         .await;
-    // Without a cluster the run waits at `plan`, which would add the stages' steps.
-    assert_eq!(run["steps"][0]["name"], "plan");
-    assert_eq!(run["steps"].as_array().unwrap().len(), 1);
+    // With no Prometheus the gate is unknown: the run holds before `plan`.
+    let names_of: Vec<&str> = run["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["name"].as_str())
+        .collect();
+    assert_eq!(names_of, ["gate", "quiet-period", "plan"]);
     // The HTTP intake sees it as in flight.
     let (status, body) = rg
-        .post("/v1/detections", &support::detection("1.50.2"))
+        .post("/v1/detections", &support::detection("1.34.5"))
         .await;
     assert_eq!((status, &body["run_id"]), (200, &run["id"]));
 
@@ -106,6 +120,13 @@ async fn poison_messages_go_to_the_dead_queue_with_a_reason_and_the_consumer_goe
     rabbit::publish(&names.exchange, "detections", &bad_version, "poison-2").await;
     let unknown_type = envelope("poison-3", "com.example.other", json!({}));
     rabbit::publish(&names.exchange, "alerts", &unknown_type, "poison-3").await;
+    // Well formed, but this rollgate has no cluster to upgrade.
+    let no_cluster = envelope(
+        "poison-4",
+        "rollgate.detection.v1",
+        json!({"target_version": "1.34.5", "kind": "patch"}),
+    );
+    rabbit::publish(&names.exchange, "detections", &no_cluster, "poison-4").await;
     let good = envelope("good-1", "rollgate.alerts.v1", webhook("ff01"));
     rabbit::publish(&names.exchange, "alerts", &good, "good-1").await;
 
@@ -115,15 +136,18 @@ async fn poison_messages_go_to_the_dead_queue_with_a_reason_and_the_consumer_goe
         || async { board(&rg).await.contains_key("ff01").then_some(()) },
     )
     .await;
-    eventually("three dead letters", Duration::from_secs(20), || async {
-        let n = rg
+    eventually("four dead letters", Duration::from_secs(20), || async {
+        let unknown = rg
             .metric("rollgate_events_dead_lettered_total{type=\"unknown\"}")
             .await;
-        (n >= 3.0).then_some(())
+        let detection = rg
+            .metric("rollgate_events_dead_lettered_total{type=\"detection\"}")
+            .await;
+        (unknown >= 3.0 && detection >= 1.0).then_some(())
     })
     .await;
     let dead = rabbit::drain(&names.dead).await;
-    assert_eq!(dead.len(), 3, "dead letters: {dead:?}");
+    assert_eq!(dead.len(), 4, "dead letters: {dead:?}");
     let reasons: Vec<String> = dead
         .iter()
         .map(|(_, r)| r.clone().unwrap_or_default())
@@ -131,6 +155,12 @@ async fn poison_messages_go_to_the_dead_queue_with_a_reason_and_the_consumer_goe
     assert!(reasons[0].contains("not a CloudEvents"), "{reasons:?}");
     assert!(reasons[1].contains("target_version"), "{reasons:?}");
     assert!(reasons[2].contains("com.example.other"), "{reasons:?}");
+    assert!(
+        reasons[3].contains("Kubernetes upgrades need cluster.kubeconfig"),
+        "{reasons:?}"
+    );
+    let (_, runs) = rg.get("/v1/runs").await;
+    assert_eq!(runs, json!([]), "no run without a cluster");
     assert_eq!(
         dead[0].0, b"\x00not json at all",
         "the body is kept as published"

@@ -4,8 +4,9 @@ mod support;
 
 use serde_json::{Value, json};
 use std::time::Duration;
+use support::cluster::IntakeCluster;
 use support::services::{Alertmanager, MiniServer, Prometheus};
-use support::{Rollgate, eventually, parked, webhook};
+use support::{Rollgate, eventually, webhook};
 
 /// Metrics for the scrape target: a node that booted `ago` seconds ago.
 fn booted(ago: i64) -> String {
@@ -33,15 +34,40 @@ async fn wait_verdict(rg: &Rollgate, want: &str) -> Value {
     .await
 }
 
+fn gate_env(prom: &Prometheus, extra: &[(&str, &str)]) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = [
+        ("ROLLGATE__GATE__PROMETHEUS_URL", prom.url()),
+        ("ROLLGATE__GATE__POLL_INTERVAL", "300ms".into()),
+        ("ROLLGATE__GATE__TIMEOUT", "1s".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    env
+}
+
 async fn start_rollgate(prom: &Prometheus, extra: &[(&str, &str)]) -> Rollgate {
-    let url = prom.url();
-    let mut env = vec![
-        ("ROLLGATE__GATE__PROMETHEUS_URL", url.as_str()),
-        ("ROLLGATE__GATE__POLL_INTERVAL", "300ms"),
-        ("ROLLGATE__GATE__TIMEOUT", "1s"),
-    ];
-    env.extend_from_slice(extra);
+    let env = gate_env(prom, extra);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     Rollgate::start(&env).await
+}
+
+/// As [`start_rollgate`], with `cluster` to upgrade (its nodes never answer SSH: a run
+/// goes no further than its pre-flight checks, which is all these tests look at).
+async fn start_upgrading(
+    cluster: &IntakeCluster,
+    prom: &Prometheus,
+    extra: &[(&str, &str)],
+) -> Rollgate {
+    let env = gate_env(prom, extra);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    cluster.rollgate(&env).await
+}
+
+/// The run is past its pre-flight gate and quiet period.
+fn past_the_gate(run: &Value) -> bool {
+    run["steps"][0]["status"] == "done" && run["steps"][1]["status"] == "done"
 }
 
 fn blocker_names(report: &Value) -> Vec<(String, String)> {
@@ -130,7 +156,8 @@ async fn with_prometheus_down_the_gate_is_unknown_and_a_waiting_run_does_not_mov
     let target = MiniServer::start().await;
     target.set_metrics(&booted(86_400));
     let mut prom = Prometheus::start(&target.address()).await;
-    let rg = start_rollgate(&prom, &[]).await;
+    let cluster = IntakeCluster::start().await;
+    let rg = start_upgrading(&cluster, &prom, &[]).await;
     wait_verdict(&rg, "open").await;
 
     prom.process.stop();
@@ -160,7 +187,9 @@ async fn with_prometheus_down_the_gate_is_unknown_and_a_waiting_run_does_not_mov
 
     prom.process.start();
     prom.wait_ready().await;
-    let run = rg.wait_run(&id, "the run past the gate", parked).await;
+    let run = rg
+        .wait_run(&id, "the run past the gate", past_the_gate)
+        .await;
     assert_eq!(run["steps"][0]["status"], "done", "{run}");
     assert_eq!(run["steps"][1]["name"], "quiet-period");
     assert_eq!(run["steps"][1]["status"], "done", "{run}");
@@ -181,7 +210,9 @@ async fn a_gate_closed_past_halt_after_halts_the_run_tells_slack_and_resume_cont
     )
     .unwrap();
     let slack_file = slack_file.display().to_string();
-    let rg = start_rollgate(
+    let cluster = IntakeCluster::start().await;
+    let rg = start_upgrading(
+        &cluster,
         &prom,
         &[
             ("ROLLGATE__GATE__HALT_AFTER", "2s"),
@@ -249,7 +280,7 @@ async fn a_gate_closed_past_halt_after_halts_the_run_tells_slack_and_resume_cont
     // The alert resolves: the held run re-checks at once and goes on.
     let (status, _) = rg.post("/v1/alerts", &support::resolved("dd01")).await;
     assert_eq!(status, 202);
-    let run = rg.wait_run(&id, "past the gate", parked).await;
+    let run = rg.wait_run(&id, "past the gate", past_the_gate).await;
     assert_eq!(run["steps"][0]["status"], "done");
     assert!(run["blockers"].as_array().unwrap().is_empty());
     eventually(
@@ -289,7 +320,9 @@ async fn a_slack_outage_does_not_touch_the_run_and_shows_in_metrics() {
     )
     .unwrap();
     let slack_file = slack_file.display().to_string();
-    let rg = start_rollgate(
+    let cluster = IntakeCluster::start().await;
+    let rg = start_upgrading(
+        &cluster,
         &prom,
         &[
             ("ROLLGATE__NOTIFY__SLACK_WEBHOOK_FILE", &slack_file),
@@ -304,7 +337,9 @@ async fn a_slack_outage_does_not_touch_the_run_and_shows_in_metrics() {
         )
         .await;
     let id = accepted["run_id"].as_str().unwrap().to_owned();
-    let run = rg.wait_run(&id, "the run past the gate", parked).await;
+    let run = rg
+        .wait_run(&id, "the run past the gate", past_the_gate)
+        .await;
     assert_eq!(run["steps"][0]["status"], "done");
     eventually(
         "failed notifications counted",

@@ -4,6 +4,7 @@ mod support;
 
 use serde_json::{Value, json};
 use std::os::unix::fs::PermissionsExt;
+use support::cluster::IntakeCluster;
 use support::{Rollgate, detection, webhook};
 
 const PAUSED: (&str, &str) = ("ROLLGATE__WORKER__PAUSED", "true");
@@ -224,21 +225,14 @@ async fn every_bad_input_class_gets_its_code_and_queues_nothing() {
 
 #[tokio::test]
 async fn a_second_detection_for_an_in_flight_target_returns_the_same_run() {
-    let rg = Rollgate::start(&[]).await;
+    let cluster = IntakeCluster::start().await;
+    let rg = cluster.rollgate(&[]).await;
     let all = json!({"target_version": "1.34.5", "kind": "patch"});
     let (status, first) = rg.post("/v1/detections", &all).await;
     assert_eq!(status, 202, "{first}");
     let (status, second) = rg.post("/v1/detections", &all).await;
     assert_eq!(status, 200, "{second}");
     assert_eq!(first["run_id"], second["run_id"]);
-    let (status, other) = rg
-        .post(
-            "/v1/detections",
-            &json!({"target_version": "1.35.0", "kind": "minor"}),
-        )
-        .await;
-    assert_eq!(status, 202, "{other}");
-    assert_ne!(other["run_id"], first["run_id"]);
     let run_id = first["run_id"].as_str().unwrap();
     let run = rg
         .wait_run(run_id, "the worker to take the run", |r| {
@@ -262,23 +256,43 @@ async fn a_second_detection_for_an_in_flight_target_returns_the_same_run() {
         .map(|s| s["name"].as_str().unwrap())
         .collect();
     assert_eq!(steps, ["gate", "quiet-period", "plan"]);
-    let (_, runs) = rg.get("/v1/runs").await;
-    assert_eq!(runs.as_array().unwrap().len(), 2);
-    // The first run holds the cluster (waiting at its gate): the second may not start.
-    let other = rg
-        .wait_run(
-            other["run_id"].as_str().unwrap(),
-            "the second run refused",
-            |r| r["status"] == "failed",
+    // The first run holds the cluster (waiting at its gate): another target is refused
+    // at intake, naming it, and nothing is queued.
+    let (status, other) = rg
+        .post(
+            "/v1/detections",
+            &json!({"target_version": "1.35.0", "kind": "minor"}),
         )
         .await;
+    assert_eq!(status, 409, "{other}");
     assert!(
-        other["reason"]
+        other["message"]
             .as_str()
-            .unwrap()
-            .starts_with(&format!("another upgrade run holds the cluster: {run_id}")),
+            .unwrap_or_default()
+            .starts_with(&format!("run {run_id} (target 1.34.5) is waiting")),
         "{other}"
     );
+    let (_, runs) = rg.get("/v1/runs").await;
+    assert_eq!(runs.as_array().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn with_no_cluster_configured_a_detection_is_refused_naming_the_keys() {
+    let rg = Rollgate::start(&[]).await;
+    let (status, body) = rg.post("/v1/detections", &detection("1.34.5")).await;
+    assert_eq!(status, 422, "{body}");
+    let message = body["message"].as_str().unwrap_or_default();
+    for key in [
+        "cluster.kubeconfig (or cluster.in_cluster)",
+        "ssh.key_file",
+        "ssh.known_hosts_file",
+        "etcd.endpoints",
+    ] {
+        assert!(message.contains(key), "{key} not named: {message}");
+    }
+    let (_, runs) = rg.get("/v1/runs").await;
+    assert_eq!(runs, json!([]), "nothing half-written");
+    assert_eq!(depth(&rg).await, 0.0, "nothing queued");
 }
 
 fn path(run: &Value) -> Vec<(String, String)> {
@@ -297,18 +311,20 @@ fn path(run: &Value) -> Vec<(String, String)> {
 
 #[tokio::test]
 async fn halt_resume_abort_move_a_run_through_its_statuses_with_history() {
-    let rg = Rollgate::start(&[]).await;
+    let cluster = IntakeCluster::start().await;
+    let rg = cluster.rollgate(&[]).await;
     let (_, accepted) = rg
         .post(
             "/v1/detections",
-            &json!({"target_version": "1.34.6", "kind": "patch", "stages": "snapshot,workers"}),
+            &json!({"target_version": "1.34.6", "kind": "patch"}),
         )
         .await;
     let id = accepted["run_id"].as_str().unwrap().to_owned();
-    rg.wait_run(&id, "planned", support::parked).await;
+    rg.wait_run(&id, "held at its gate", support::held_at_preflight_gate)
+        .await;
 
     let (status, body) = rg.post(&format!("/v1/runs/{id}/resume"), &json!({})).await;
-    assert_eq!(status, 409, "resume of a queued run: {body}");
+    assert_eq!(status, 409, "resume of a waiting run: {body}");
     let (status, body) = rg
         .post(
             &format!("/v1/runs/{id}/halt"),
@@ -331,11 +347,11 @@ async fn halt_resume_abort_move_a_run_through_its_statuses_with_history() {
         .await;
     assert_eq!(status, 202);
     let run = rg
-        .wait_run(&id, "resumed", |r| {
-            r["status"] == "queued" && r["history"].as_array().unwrap().len() >= 5
+        .wait_run(&id, "resumed and held again", |r| {
+            support::held_at_preflight_gate(r) && r["history"].as_array().unwrap().len() >= 6
         })
         .await;
-    assert!(support::parked(&run), "{run}");
+    assert!(support::held_at_preflight_gate(&run), "{run}");
 
     let (status, _) = rg
         .post(
@@ -349,11 +365,13 @@ async fn halt_resume_abort_move_a_run_through_its_statuses_with_history() {
         .await;
     let expected: Vec<(String, String)> = [
         ("-", "queued"),
-        ("queued", "queued"),
-        ("queued", "halted"),
+        ("queued", "running"),
+        ("running", "waiting"),
+        ("waiting", "halted"),
         ("halted", "queued"),
-        ("queued", "queued"),
-        ("queued", "aborted"),
+        ("queued", "running"),
+        ("running", "waiting"),
+        ("waiting", "aborted"),
     ]
     .iter()
     .map(|(a, b)| (a.to_string(), b.to_string()))
@@ -452,14 +470,14 @@ async fn the_api_description_matches_what_the_service_takes() {
             "{path}"
         );
         let (status, body) = rg.post(path, example).await;
-        // Without a cluster an etcd roll is refused for want of the Kubernetes API, after
-        // its body was read and found good.
+        // Without a cluster an etcd roll and an upgrade are refused for want of one, after
+        // the body was read and found good.
+        let refused_for = |why: &str| {
+            status == 422 && body["message"].as_str().is_some_and(|m| m.starts_with(why))
+        };
         let taken = matches!(status, 200 | 202)
-            || (path == "/v1/etcd-rolls"
-                && status == 422
-                && body["message"]
-                    .as_str()
-                    .is_some_and(|m| m.starts_with("etcd rolls need the Kubernetes API")));
+            || (path == "/v1/etcd-rolls" && refused_for("etcd rolls need the Kubernetes API"))
+            || (path == "/v1/detections" && refused_for("Kubernetes upgrades need"));
         assert!(taken, "the documented example of {path}: {status} {body}");
     }
     assert!(examples >= 3, "documented examples: {examples}");
@@ -521,7 +539,7 @@ async fn token_is_generated_private_and_never_logged_and_sigterm_exits_zero() {
     assert_eq!(mode, 0o600);
     assert!(rg.token.len() >= 32);
     // A request in flight while SIGTERM arrives is still answered.
-    let (status, _) = rg.post("/v1/detections", &detection("1.34.7")).await;
+    let (status, _) = rg.post("/v1/alerts", &webhook("t001")).await;
     assert_eq!(status, 202);
     let status = rg.terminate();
     assert!(status.success(), "exit after SIGTERM: {status}");
@@ -577,7 +595,9 @@ async fn check_config_reports_every_bad_value_at_once() {
         String::from_utf8_lossy(&ok.stderr)
     );
     assert!(
-        String::from_utf8_lossy(&ok.stdout).contains("upgrades    off: no cluster configured"),
+        String::from_utf8_lossy(&ok.stdout).contains(
+            "upgrades    off: Kubernetes upgrades need cluster.kubeconfig (or cluster.in_cluster), ssh.key_file, ssh.known_hosts_file, etcd.endpoints set; this rollgate has no cluster configured"
+        ),
         "{}",
         String::from_utf8_lossy(&ok.stdout)
     );
@@ -599,7 +619,7 @@ async fn check_config_reports_every_bad_value_at_once() {
     );
     assert!(
         text.contains(
-            "upgrades    off: set ssh.key_file, ssh.known_hosts_file, etcd.endpoints to upgrade"
+            "upgrades    off: Kubernetes upgrades need ssh.key_file, ssh.known_hosts_file, etcd.endpoints set; this rollgate runs etcd rolls only"
         ),
         "{text}"
     );
@@ -607,10 +627,12 @@ async fn check_config_reports_every_bad_value_at_once() {
 
 #[tokio::test]
 async fn the_cli_lists_shows_and_controls_runs() {
-    let rg = Rollgate::start(&[]).await;
+    let cluster = IntakeCluster::start().await;
+    let rg = cluster.rollgate(&[]).await;
     let (_, accepted) = rg.post("/v1/detections", &detection("1.34.8")).await;
     let id = accepted["run_id"].as_str().unwrap().to_owned();
-    rg.wait_run(&id, "planned", support::parked).await;
+    rg.wait_run(&id, "held at its gate", support::held_at_preflight_gate)
+        .await;
     let cli = |args: &[&str]| {
         std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
             .args(args)

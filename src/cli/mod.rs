@@ -255,17 +255,12 @@ pub fn run(cli: Cli) -> ExitCode {
             let cluster = match (&settings.cluster.kubeconfig, settings.cluster.in_cluster) {
                 (Some(path), _) => format!("kubeconfig {}", path.display()),
                 (None, true) => "in-cluster service account".into(),
-                (None, false) => "none (upgrade runs wait at their plan step)".into(),
+                (None, false) => "none".into(),
             };
             println!("  cluster     {cluster}");
-            let missing = settings.upgrade_keys_missing();
-            let upgrades = match (settings.cluster_configured(), missing.is_empty()) {
-                (false, _) => "off: no cluster configured".to_owned(),
-                (true, true) => "on".to_owned(),
-                (true, false) => format!(
-                    "off: set {} to upgrade (detections are refused; etcd rolls work)",
-                    missing.join(", ")
-                ),
+            let upgrades = match crate::app::upgrades_unavailable(&settings) {
+                None => "on".to_owned(),
+                Some(why) => format!("off: {why} (detections are refused)"),
             };
             println!("  upgrades    {upgrades}");
             let watched = settings.etcd_roll.watch_targets();

@@ -368,7 +368,7 @@ impl LogSettings {
 }
 
 /// The Kubernetes cluster rollgate upgrades (section `cluster`). Without `kubeconfig` or
-/// `in_cluster`, no cluster is configured and upgrade runs wait at their first step.
+/// `in_cluster`, no cluster is configured: detections are refused, naming the keys to set.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClusterSettings {

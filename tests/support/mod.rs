@@ -2,6 +2,7 @@
 //! RabbitMQ on 127.0.0.1:5672 with names unique to each test.
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod etcd;
 pub mod etcd_pods;
 pub mod ground;
@@ -411,20 +412,24 @@ pub async fn receive_on_time(queue: &dyn rollgate::queue::Queue, msg: &rollgate:
     queue.ack(&got).await.expect("ack");
 }
 
-/// A detection body for `version` whose plan parks at once with no executor
-/// ("no executor for this run kind yet"): a stable sign that the worker processed it.
+/// A detection body for a patch upgrade to `version`, every stage.
 pub fn detection(version: &str) -> Value {
-    json!({"target_version": version, "kind": "patch", "stages": "snapshot,workers"})
+    json!({"target_version": version, "kind": "patch", "stages": "all"})
 }
 
-/// The reason of a run parked at a step nothing can execute yet.
-pub const NO_EXECUTOR: &str = "no executor for this run kind yet";
-
-/// Whether `run` is parked for want of an executor.
-pub fn parked(run: &Value) -> bool {
-    run["reason"]
-        .as_str()
-        .is_some_and(|r| r.starts_with(NO_EXECUTOR))
+/// Whether `run` holds at its pre-flight gate because the gate cannot be evaluated (no
+/// Prometheus configured: unknown is closed), as every run on an [`cluster::IntakeCluster`]
+/// does.
+pub fn held_at_preflight_gate(run: &Value) -> bool {
+    let at_gate = run["current_step"]
+        .as_u64()
+        .and_then(|i| run["steps"].get(i as usize))
+        .is_some_and(|s| s["stage"] == "preflight" && s["name"] == "gate");
+    at_gate
+        && run["status"] == "waiting"
+        && run["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("gate unknown"))
 }
 
 /// The alert board as fingerprint → times received.
