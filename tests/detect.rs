@@ -1,6 +1,7 @@
 //! `rollgate detect` against the fake API server, a real sshd standing in for the control
 //! plane (stub `apt-cache madison` answering from its apt source's minor), a local HTTP
-//! server laid out like pkgs.k8s.io, Debian's Pushgateway and a running rollgate: every
+//! server laid out like pkgs.k8s.io, Debian's Pushgateway and a running rollgate (on an
+//! `IntakeCluster` of its own, so the site's API server sees only what detect does): every
 //! decision branch, the metrics it leaves, the run it asks for, its exit codes, and that
 //! it uses nothing of the API its ClusterRole does not grant.
 
@@ -8,6 +9,7 @@ mod support;
 
 use serde_json::{Value, json};
 use std::process::Command;
+use support::cluster::IntakeCluster;
 use support::kube::FakeKube;
 use support::manifests::{assert_granted, cluster_role};
 use support::nodes::{FakeNode, SshClient};
@@ -110,7 +112,8 @@ async fn behind_on_patch_asks_rollgate_for_the_patch_and_pushes_the_availability
     let site = Site::start("1.34.2", &["1.34.2", "1.34.2"]).await;
     // The next minor is out, but the patch comes first.
     site.repo.publish("1.35", &["1.35.0-1.1", "1.35.1-1.1"]);
-    let rg = Rollgate::start(&[]).await;
+    let upgrades = IntakeCluster::start().await;
+    let rg = upgrades.rollgate(&[]).await;
     let (code, report, stderr) = site.detect(&[], &Site::to(&rg));
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(report["findings"]["running"], "1.34.2");
@@ -162,7 +165,8 @@ async fn on_the_newest_patch_with_the_next_minor_released_asks_for_the_minor_ove
     let names = Names::unique();
     let env = names.env();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let rg = Rollgate::start(&env).await;
+    let upgrades = IntakeCluster::start().await;
+    let rg = upgrades.rollgate(&env).await;
 
     // A dry run decides and pushes, and asks for nothing.
     let (code, report, stderr) = site.detect(&["--dry-run"], &[]);
@@ -205,7 +209,8 @@ async fn on_the_newest_patch_with_the_next_minor_released_asks_for_the_minor_ove
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_to_do_when_the_next_minor_is_unpublished_or_holds_no_release() {
     let site = Site::start("1.34.5", &["1.34.5", "1.34.5"]).await;
-    let rg = Rollgate::start(&[]).await;
+    let upgrades = IntakeCluster::start().await;
+    let rg = upgrades.rollgate(&[]).await;
     // An availability left from an earlier week must go.
     let (code, report, stderr) = {
         site.repo.publish("1.35", &["1.35.0-1.1"]);
@@ -284,7 +289,8 @@ async fn a_part_done_rollout_is_finished_first() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_have_their_exit_codes_and_ask_for_nothing() {
     let site = Site::start("1.34.5", &["1.34.5"]).await;
-    let rg = Rollgate::start(&[]).await;
+    let upgrades = IntakeCluster::start().await;
+    let rg = upgrades.rollgate(&[]).await;
     // The package repository is down: the facts are incomplete, nothing is pushed.
     site.repo.stop().await;
     let (code, report, stderr) = site.detect(&[], &Site::to(&rg));
