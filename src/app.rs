@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::{info, warn};
 
+use crate::adapters::alertmanager::AlertmanagerApi;
 use crate::adapters::etcd::{Etcd, EtcdClients, EtcdSettings, EtcdTls};
 use crate::adapters::kube::{Kube, KubeSettings, Source};
 use crate::adapters::notify::{Fanout, LogNotifier, SlackNotifier};
@@ -25,7 +26,8 @@ use crate::domain::roll_watch::{WatchTarget, WatchedRoll};
 use crate::http::{self, AppState, EtcdRollIntake};
 use crate::metrics::Metrics;
 use crate::ports::{
-    ClusterRead, DrainOptions, EtcdMembers, Executors, MetricsSource, Notifier, PodRef, Snapshots,
+    AlertSource, ClusterRead, DrainOptions, EtcdMembers, Executors, MetricsSource, Notifier,
+    PodRef, Snapshots,
 };
 use crate::queue::Queue;
 use crate::queue::amqp::AmqpQueue;
@@ -73,12 +75,19 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             None
         }
     };
-    let gate = Arc::new(Gate::new(
-        prometheus,
-        store.clone(),
-        metrics.clone(),
-        settings.gate.clone(),
-    ));
+    let alertmanager: Option<Arc<dyn AlertSource>> = match &settings.gate.alertmanager_url {
+        Some(url) => Some(Arc::new(AlertmanagerApi::new(url, &settings.gate)?)),
+        None => None,
+    };
+    let gate = Arc::new(
+        Gate::new(
+            prometheus,
+            store.clone(),
+            metrics.clone(),
+            settings.gate.clone(),
+        )
+        .asking(alertmanager),
+    );
     let mut sinks: Vec<Arc<dyn Notifier>> = vec![Arc::new(LogNotifier)];
     if let Some(slack) = SlackNotifier::new(&settings.notify, metrics.clone())? {
         sinks.push(Arc::new(slack));

@@ -59,6 +59,16 @@ pub trait MetricsSource: Send + Sync {
     async fn query(&self, promql: &str) -> PromReading;
 }
 
+/// Alertmanager's own view of the alerts, pulled at every gate evaluation.
+#[async_trait::async_trait]
+pub trait AlertSource: Send + Sync {
+    /// The alerts active now, neither silenced nor inhibited, that meet the board's
+    /// matchers; or why they cannot be read.
+    async fn active(&self) -> Result<Vec<crate::domain::alert::Alert>, String>;
+    /// What it reads, for `GET /v1/gates` (never a credential).
+    fn describe(&self) -> String;
+}
+
 /// One transition of one run, as people are told about it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Notice {

@@ -358,3 +358,153 @@ async fn a_slack_outage_does_not_touch_the_run_and_shows_in_metrics() {
             >= 1.0
     );
 }
+
+/// Alertmanager on `port`, routing every alert to `rg`'s board, where `Maintenance` on a
+/// node inhibits `NodeNotReady` on the same node.
+async fn alertmanager_for(rg: &Rollgate, port: u16) -> Alertmanager {
+    let config = format!(
+        "route:\n  receiver: rollgate\n  group_by: ['...']\n  group_wait: 0s\n  group_interval: 1s\n  repeat_interval: 1h\n\
+         receivers:\n  - name: rollgate\n    webhook_configs:\n      - url: {}/v1/alerts\n        send_resolved: true\n        http_config:\n          authorization:\n            type: Bearer\n            credentials_file: {}\n\
+         inhibit_rules:\n  - source_matchers: ['alertname=\"Maintenance\"']\n    target_matchers: ['alertname=\"NodeNotReady\"']\n    equal: [node]\n",
+        rg.base(),
+        rg.data_dir().join("api-token").display()
+    );
+    Alertmanager::with_config(&config, port).await
+}
+
+fn node_not_ready(node: &str) -> Value {
+    json!({"alertname": "NodeNotReady", "node": node, "upgrade_gate": "true", "severity": "critical"})
+}
+
+#[tokio::test]
+async fn alertmanager_silences_inhibitions_and_lost_resolutions_count_at_the_next_evaluation() {
+    let target = MiniServer::start().await;
+    target.set_metrics(&booted(86_400));
+    let prom = Prometheus::start(&target.address()).await;
+    let am_port = support::free_port();
+    let am_url = format!("http://127.0.0.1:{am_port}");
+    let rg = start_rollgate(&prom, &[("ROLLGATE__GATE__ALERTMANAGER_URL", &am_url)]).await;
+    let mut am = alertmanager_for(&rg, am_port).await;
+    wait_verdict(&rg, "open").await;
+
+    // Firing in Alertmanager: closed, seen there.
+    am.post_labelled(node_not_ready("w2"), false).await;
+    let report = wait_verdict(&rg, "closed").await;
+    assert_eq!(
+        blocker_names(&report),
+        [("NodeNotReady".to_owned(), "alertmanager".to_owned())]
+    );
+    assert!(
+        report["alertmanager"]["query"]
+            .as_str()
+            .is_some_and(|q| q.contains("upgrade_gate=\"true\"")),
+        "{report}"
+    );
+
+    // On-call silences it: open at the next evaluation, no webhook needed; the board still
+    // has it firing (alone it would have kept the gate closed).
+    let silence = am.silence(&[("alertname", "NodeNotReady")]).await;
+    wait_verdict(&rg, "open").await;
+    let on_board = board_entry(&rg, "NodeNotReady").await;
+    assert_eq!(on_board["alert"]["status"], "firing", "{on_board}");
+
+    // The silence ends: closed again.
+    am.expire(&silence).await;
+    wait_verdict(&rg, "closed").await;
+
+    // Maintenance on w2 inhibits it: open again.
+    am.post_labelled(
+        json!({"alertname": "Maintenance", "node": "w2", "severity": "none"}),
+        false,
+    )
+    .await;
+    wait_verdict(&rg, "open").await;
+
+    // An alert on the board whose resolution never arrived (Alertmanager no longer has
+    // it): it does not hold the gate.
+    let (status, _) = rg.post("/v1/alerts", &webhook("lost01")).await;
+    assert_eq!(status, 202);
+    eventually(
+        "the lost alert on the board",
+        Duration::from_secs(10),
+        || async {
+            support::board(&rg)
+                .await
+                .contains_key("lost01")
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(verdict(&rg).await["verdict"]["verdict"], "open");
+
+    // Alertmanager stops: the board's own alerts hold the gate, named.
+    am.process.stop();
+    let report = wait_verdict(&rg, "closed").await;
+    assert_eq!(report["alertmanager"]["state"], "error", "{report}");
+    assert!(
+        report["alertmanager"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains(&am_url)),
+        "{report}"
+    );
+}
+
+/// The board entry of the alert called `name`.
+async fn board_entry(rg: &Rollgate, name: &str) -> Value {
+    let (_, board) = rg.get("/v1/alerts").await;
+    board
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["alert"]["labels"]["alertname"] == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("no {name} on the board: {board}"))
+}
+
+#[tokio::test]
+async fn with_alertmanager_down_the_gate_is_unknown_names_it_and_nothing_goes_past() {
+    let target = MiniServer::start().await;
+    target.set_metrics(&booted(86_400));
+    let prom = Prometheus::start(&target.address()).await;
+    let am_port = support::free_port();
+    let am_url = format!("http://127.0.0.1:{am_port}");
+    let cluster = IntakeCluster::start().await;
+    let rg = start_upgrading(
+        &cluster,
+        &prom,
+        &[("ROLLGATE__GATE__ALERTMANAGER_URL", &am_url)],
+    )
+    .await;
+    // Not started yet: nothing answers at the URL.
+    let report = wait_verdict(&rg, "unknown").await;
+    let reason = report["verdict"]["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains(&format!("Alertmanager at {am_url}")),
+        "{reason}"
+    );
+
+    let (status, accepted) = rg
+        .post("/v1/detections", &support::detection("1.34.5"))
+        .await;
+    assert_eq!(status, 202, "{accepted}");
+    let id = accepted["run_id"].as_str().unwrap().to_owned();
+    let run = rg
+        .wait_run(&id, "held at its gate", |r| {
+            r["status"] == "waiting" && r["steps"][0]["attempts"].as_u64() >= Some(2)
+        })
+        .await;
+    assert!(
+        run["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("Alertmanager at")),
+        "{run}"
+    );
+    assert_eq!(
+        run["steps"][1]["status"], "pending",
+        "nothing past the gate"
+    );
+
+    // Alertmanager comes up: the run goes past its gate.
+    let _am = alertmanager_for(&rg, am_port).await;
+    rg.wait_run(&id, "past the gate", past_the_gate).await;
+}

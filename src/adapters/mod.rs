@@ -1,6 +1,8 @@
 //! Adapters: the ports implemented against real systems.
 
+pub mod alertmanager;
 pub mod etcd;
+pub mod http_client;
 pub mod kube;
 pub mod notify;
 pub mod prometheus;

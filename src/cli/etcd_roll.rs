@@ -19,16 +19,26 @@ pub(super) async fn etcd_roll(config: &Settings, args: EtcdRollArgs) -> anyhow::
             Some(url) => Some(Arc::new(Prometheus::new(url, &config.gate)?)),
             None => None,
         };
-        // No board in a one-shot roll: an empty store in memory.
+        let alertmanager: Option<Arc<dyn crate::ports::AlertSource>> =
+            match &config.gate.alertmanager_url {
+                Some(url) => Some(Arc::new(
+                    crate::adapters::alertmanager::AlertmanagerApi::new(url, &config.gate)?,
+                )),
+                None => None,
+            };
+        // No webhook board in a one-shot roll: an empty store in memory.
         let store = crate::store::Store::open(std::path::Path::new(":memory:"))
             .context("cannot open an in-memory store for the gate")?;
         Some(crate::workflows::etcd_roll::RestartGate {
-            gate: Arc::new(crate::workflows::gate::Gate::new(
-                prometheus,
-                store,
-                crate::metrics::Metrics::new(),
-                config.gate.clone(),
-            )),
+            gate: Arc::new(
+                crate::workflows::gate::Gate::new(
+                    prometheus,
+                    store,
+                    crate::metrics::Metrics::new(),
+                    config.gate.clone(),
+                )
+                .asking(alertmanager),
+            ),
             halt_after: args.gate_timeout.unwrap_or(config.gate.halt_after),
         })
     };

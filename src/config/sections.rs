@@ -226,6 +226,18 @@ pub struct GateSettings {
     pub basic_auth_password_file: Option<PathBuf>,
     /// PEM CA bundle to trust for Prometheus over HTTPS.
     pub ca_file: Option<PathBuf>,
+    /// Alertmanager base URL. Set: every evaluation reads its active, unsilenced,
+    /// uninhibited alerts that meet `board_matchers`, which supersede the webhook board;
+    /// unreachable, the gate is unknown (closed). None (default): the webhook board alone.
+    pub alertmanager_url: Option<String>,
+    /// File with a bearer token for Alertmanager.
+    pub alertmanager_bearer_token_file: Option<PathBuf>,
+    /// Basic-auth user for Alertmanager.
+    pub alertmanager_basic_auth_user: Option<String>,
+    /// File with the basic-auth password for Alertmanager.
+    pub alertmanager_basic_auth_password_file: Option<PathBuf>,
+    /// PEM CA bundle to trust for Alertmanager over HTTPS.
+    pub alertmanager_ca_file: Option<PathBuf>,
 }
 
 impl Default for GateSettings {
@@ -246,6 +258,11 @@ impl Default for GateSettings {
             basic_auth_user: None,
             basic_auth_password_file: None,
             ca_file: None,
+            alertmanager_url: None,
+            alertmanager_bearer_token_file: None,
+            alertmanager_basic_auth_user: None,
+            alertmanager_basic_auth_password_file: None,
+            alertmanager_ca_file: None,
         }
     }
 }
@@ -262,16 +279,27 @@ impl GateSettings {
             .into();
         }
         self.prometheus_url = self.prometheus_url.take().filter(|u| !u.is_empty());
+        self.alertmanager_url = self.alertmanager_url.take().filter(|u| !u.is_empty());
     }
 
     fn check(&self, p: &mut Problems) {
-        if let Some(url) = &self.prometheus_url
-            && reqwest::Url::parse(url).is_err()
-        {
-            p.add(
+        for (key, url, example) in [
+            (
                 "prometheus_url",
-                format!("{url:?} is not a URL like http://prometheus:9090"),
-            );
+                &self.prometheus_url,
+                "http://prometheus:9090",
+            ),
+            (
+                "alertmanager_url",
+                &self.alertmanager_url,
+                "http://alertmanager:9093",
+            ),
+        ] {
+            if let Some(url) = url
+                && !reqwest::Url::parse(url).is_ok_and(|u| matches!(u.scheme(), "http" | "https"))
+            {
+                p.add(key, format!("{url:?} is not a URL like {example}"));
+            }
         }
         p.duration("poll_interval", self.poll_interval, 100, 3_600_000);
         p.duration("halt_after", self.halt_after, 1000, 7 * 86_400_000);
@@ -298,6 +326,31 @@ impl GateSettings {
             p.add(
                 "bearer_token_file",
                 "use either a bearer token or basic auth for Prometheus, not both",
+            );
+        }
+        p.path(
+            "alertmanager_bearer_token_file",
+            self.alertmanager_bearer_token_file.as_ref(),
+        );
+        p.path(
+            "alertmanager_basic_auth_password_file",
+            self.alertmanager_basic_auth_password_file.as_ref(),
+        );
+        p.path("alertmanager_ca_file", self.alertmanager_ca_file.as_ref());
+        if self.alertmanager_basic_auth_user.is_some()
+            != self.alertmanager_basic_auth_password_file.is_some()
+        {
+            p.add(
+                "alertmanager_basic_auth_user",
+                "basic auth needs both gate.alertmanager_basic_auth_user and gate.alertmanager_basic_auth_password_file",
+            );
+        }
+        if self.alertmanager_bearer_token_file.is_some()
+            && self.alertmanager_basic_auth_user.is_some()
+        {
+            p.add(
+                "alertmanager_bearer_token_file",
+                "use either a bearer token or basic auth for Alertmanager, not both",
             );
         }
     }

@@ -124,6 +124,12 @@ impl Matcher {
             equal,
         })
     }
+    /// The matcher in Alertmanager's filter syntax: `name="value"` or `name!="value"`.
+    pub fn to_alertmanager(&self) -> String {
+        let op = if self.equal { "=" } else { "!=" };
+        format!("{}{op}{:?}", self.name, self.value)
+    }
+
     fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
         let value = labels.get(&self.name).map_or("", String::as_str);
         (value == self.value) == self.equal
@@ -184,10 +190,29 @@ pub enum PromReading {
     Failed(String),
 }
 
+/// What the Alertmanager side says.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AmReading {
+    /// The board of webhooks alone (no Alertmanager to ask).
+    Board(Vec<Alert>),
+    /// Alertmanager's own list of active, unsilenced, uninhibited alerts. It supersedes
+    /// the board: a board alert it no longer lists (resolved, silenced, inhibited; its
+    /// webhook lost) does not block, one the webhooks missed does.
+    Pulled(Vec<Alert>),
+    /// Alertmanager could not be asked: the board's alerts still block, and with none the
+    /// verdict is unknown.
+    Failed {
+        /// The board of webhooks.
+        board: Vec<Alert>,
+        /// Why Alertmanager could not be asked.
+        error: String,
+    },
+}
+
 /// The verdict from both sources at `now`.
 pub fn evaluate(
     prom: &PromReading,
-    board: &[Alert],
+    am: &AmReading,
     now: DateTime<Utc>,
     policy: &Policy,
 ) -> Verdict {
@@ -195,7 +220,11 @@ pub fn evaluate(
     if let PromReading::Series(series) = prom {
         blockers.extend(prom_blockers(series, policy));
     }
-    for alert in board {
+    let alerts = match am {
+        AmReading::Board(alerts) | AmReading::Pulled(alerts) => alerts,
+        AmReading::Failed { board, .. } => board,
+    };
+    for alert in alerts {
         let live = alert.status == AlertStatus::Firing && alert.ends_at.is_none_or(|end| end > now);
         if live
             && policy.may_block(alert.name(), &alert.labels)
@@ -212,14 +241,30 @@ pub fn evaluate(
             });
         }
     }
-    match (blockers.is_empty(), prom) {
-        (false, _) => Verdict::Closed {
+    if !blockers.is_empty() {
+        return Verdict::Closed {
             blockers: blockers.into_iter().collect(),
+        };
+    }
+    let failures: Vec<&str> = [
+        match prom {
+            PromReading::Failed(reason) => Some(reason.as_str()),
+            PromReading::Series(_) => None,
         },
-        (true, PromReading::Failed(reason)) => Verdict::Unknown {
-            reason: reason.clone(),
+        match am {
+            AmReading::Failed { error, .. } => Some(error.as_str()),
+            _ => None,
         },
-        (true, PromReading::Series(_)) => Verdict::Open,
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if failures.is_empty() {
+        Verdict::Open
+    } else {
+        Verdict::Unknown {
+            reason: failures.join("; "),
+        }
     }
 }
 
@@ -421,7 +466,7 @@ mod tests {
             ),
         ];
         for (name, prom, board, want, blockers) in cases {
-            let v = evaluate(&prom, &board, t(0), &policy());
+            let v = evaluate(&prom, &AmReading::Board(board), t(0), &policy());
             let got = match &v {
                 Verdict::Open => "open",
                 Verdict::Closed { .. } => "closed",
@@ -438,6 +483,98 @@ mod tests {
     }
 
     #[test]
+    fn alertmanager_pulled_supersedes_the_board_and_its_failure_is_unknown() {
+        use AlertStatus::Firing;
+        let firing = |name: &str| board_alert(name, Firing, None, "true");
+        let quiet = PromReading::Series(vec![]);
+        let down = PromReading::Failed("prometheus down".into());
+        // (case, Prometheus, Alertmanager side, verdict, blockers)
+        let cases: Vec<(&str, &PromReading, AmReading, &str, Vec<&str>)> = vec![
+            (
+                "a board alert Alertmanager no longer lists (silenced, resolved, webhook lost)",
+                &quiet,
+                AmReading::Pulled(vec![]),
+                "open",
+                vec![],
+            ),
+            (
+                "an active alert the webhooks missed",
+                &quiet,
+                AmReading::Pulled(vec![firing("EtcdNoLeader")]),
+                "closed",
+                vec!["EtcdNoLeader"],
+            ),
+            (
+                "pulled alerts meet the matchers too",
+                &quiet,
+                AmReading::Pulled(vec![board_alert("Watchdog", Firing, None, "false")]),
+                "open",
+                vec![],
+            ),
+            (
+                "Alertmanager down, board quiet",
+                &quiet,
+                AmReading::Failed {
+                    board: vec![],
+                    error: "Alertmanager at http://am: connection refused".into(),
+                },
+                "unknown",
+                vec![],
+            ),
+            (
+                "Alertmanager down, the board still blocks",
+                &quiet,
+                AmReading::Failed {
+                    board: vec![firing("EtcdNoLeader")],
+                    error: "refused".into(),
+                },
+                "closed",
+                vec!["EtcdNoLeader"],
+            ),
+            (
+                "both down: both reasons",
+                &down,
+                AmReading::Failed {
+                    board: vec![],
+                    error: "am down".into(),
+                },
+                "unknown",
+                vec![],
+            ),
+        ];
+        for (name, prom, am, want, blockers) in cases {
+            let v = evaluate(prom, &am, t(0), &policy());
+            let got = match &v {
+                Verdict::Open => "open",
+                Verdict::Closed { .. } => "closed",
+                Verdict::Unknown { .. } => "unknown",
+            };
+            assert_eq!(got, want, "{name}: {v:?}");
+            let names: Vec<String> = names(&v).into_iter().map(|(n, _)| n).collect();
+            assert_eq!(names, blockers, "{name}");
+            if let Verdict::Unknown { reason } = &v
+                && name.starts_with("both")
+            {
+                assert_eq!(reason, "prometheus down; am down");
+            }
+        }
+    }
+
+    #[test]
+    fn matchers_read_as_alertmanager_filters() {
+        assert_eq!(
+            Matcher::parse("upgrade_gate=true")
+                .unwrap()
+                .to_alertmanager(),
+            r#"upgrade_gate="true""#
+        );
+        assert_eq!(
+            Matcher::parse("severity!=info").unwrap().to_alertmanager(),
+            r#"severity!="info""#
+        );
+    }
+
+    #[test]
     fn pending_counts_when_asked() {
         let policy = Policy {
             count_pending: true,
@@ -445,7 +582,7 @@ mod tests {
         };
         let v = evaluate(
             &PromReading::Series(vec![series("NodeNotReady", "pending")]),
-            &[],
+            &AmReading::Board(Vec::new()),
             t(0),
             &policy,
         );
@@ -483,7 +620,7 @@ mod tests {
                 None => policy(),
             };
             let prom = PromReading::Series(prom);
-            let v = evaluate(&prom, &board, t(0), &policy);
+            let v = evaluate(&prom, &AmReading::Board(board.clone()), t(0), &policy);
             assert_eq!(!v.is_open(), blocks, "{asked:?}: {v:?}");
             assert_eq!(
                 !quiet_period(&prom, &policy).is_open(),

@@ -7,12 +7,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::config::GateSettings;
-use crate::domain::alert::AlertStatus;
+use crate::domain::alert::{Alert, AlertStatus};
 use crate::domain::engine::StepOutcome;
-use crate::domain::gate::{self, Policy, PromReading, PromSeries, Verdict};
+use crate::domain::gate::{self, AmReading, Policy, PromReading, PromSeries, Verdict};
 use crate::domain::run::{Run, RunKind};
 use crate::metrics::Metrics;
-use crate::ports::{MetricsSource, StepExecutor};
+use crate::ports::{AlertSource, MetricsSource, StepExecutor};
 use crate::store::Store;
 
 /// One source's part in an evaluation.
@@ -50,6 +50,7 @@ struct PromMemory {
 /// The gate.
 pub struct Gate {
     prometheus: Option<Arc<dyn MetricsSource>>,
+    alertmanager: Option<Arc<dyn AlertSource>>,
     store: Store,
     metrics: Metrics,
     settings: GateSettings,
@@ -59,7 +60,8 @@ pub struct Gate {
 }
 
 impl Gate {
-    /// A gate over `prometheus` (if configured) and the board in `store`.
+    /// A gate over `prometheus` (if configured) and the board in `store`; with
+    /// [`Gate::asking`], over Alertmanager's own list too.
     pub fn new(
         prometheus: Option<Arc<dyn MetricsSource>>,
         store: Store,
@@ -74,6 +76,7 @@ impl Gate {
         };
         Self {
             prometheus,
+            alertmanager: None,
             store,
             metrics,
             settings,
@@ -81,6 +84,12 @@ impl Gate {
             memory: Mutex::new(PromMemory::default()),
             last: Mutex::new(None),
         }
+    }
+
+    /// The same gate, reading Alertmanager's active alerts at every evaluation.
+    pub fn asking(mut self, alertmanager: Option<Arc<dyn AlertSource>>) -> Self {
+        self.alertmanager = alertmanager;
+        self
     }
 
     /// How often a held step re-checks.
@@ -148,7 +157,8 @@ impl Gate {
             Ok(board) => (board.into_iter().map(|e| e.alert).collect::<Vec<_>>(), None),
             Err(e) => (Vec::new(), Some(crate::error_chain(&e))),
         };
-        let mut verdict = gate::evaluate(&prom, &board, now, policy);
+        let am = self.read_alertmanager(board).await;
+        let mut verdict = gate::evaluate(&prom, &am, now, policy);
         if let Some(error) = &board_error
             && verdict.is_open()
         {
@@ -175,14 +185,16 @@ impl Gate {
                 query: Some(self.settings.query.clone()),
             },
             alertmanager: SourceReport {
-                state: if board_error.is_some() {
-                    "error".into()
-                } else {
-                    "ok".into()
+                state: match (&am, &board_error) {
+                    (AmReading::Failed { .. }, _) | (_, Some(_)) => "error".into(),
+                    _ => "ok".into(),
                 },
-                error: board_error,
+                error: match &am {
+                    AmReading::Failed { error, .. } => Some(error.clone()),
+                    _ => board_error,
+                },
                 blocking: blocking(gate::Source::Alertmanager),
-                query: None,
+                query: self.alertmanager.as_ref().map(|a| a.describe()),
             },
             verdict,
             evaluated_at: now,
@@ -202,6 +214,23 @@ impl Gate {
             *last = Some(report.clone());
         }
         report
+    }
+
+    /// The Alertmanager side: its own list when it is configured (the board stands in
+    /// only when it cannot be asked), the board of webhooks otherwise.
+    async fn read_alertmanager(&self, board: Vec<Alert>) -> AmReading {
+        let Some(source) = &self.alertmanager else {
+            return AmReading::Board(board);
+        };
+        let reading = source.active().await;
+        self.metrics
+            .gate_evaluations
+            .with_label_values(&["alertmanager", if reading.is_ok() { "ok" } else { "error" }])
+            .inc();
+        match reading {
+            Ok(alerts) => AmReading::Pulled(alerts),
+            Err(error) => AmReading::Failed { board, error },
+        }
     }
 
     /// The last evaluation, if any.

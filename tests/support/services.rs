@@ -253,6 +253,48 @@ impl Alertmanager {
         );
     }
 
+    /// Creates a silence of the alerts whose labels equal `matchers` for an hour; its id.
+    pub async fn silence(&self, matchers: &[(&str, &str)]) -> String {
+        let now = chrono::Utc::now();
+        let matchers: Vec<Value> = matchers
+            .iter()
+            .map(|(name, value)| serde_json::json!({"name": name, "value": value, "isRegex": false, "isEqual": true}))
+            .collect();
+        let body = serde_json::json!({
+            "matchers": matchers,
+            "startsAt": now.to_rfc3339(),
+            "endsAt": (now + chrono::Duration::hours(1)).to_rfc3339(),
+            "createdBy": "on-call",
+            "comment": "looking into it",
+        });
+        let answer: Value = reqwest::Client::new()
+            .post(format!("http://127.0.0.1:{}/api/v2/silences", self.port))
+            .json(&body)
+            .send()
+            .await
+            .expect("alertmanager answers")
+            .json()
+            .await
+            .expect("json");
+        answer["silenceID"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no silence id: {answer}"))
+            .to_owned()
+    }
+
+    /// Expires silence `id` now.
+    pub async fn expire(&self, id: &str) {
+        let r = reqwest::Client::new()
+            .delete(format!(
+                "http://127.0.0.1:{}/api/v2/silence/{id}",
+                self.port
+            ))
+            .send()
+            .await
+            .expect("alertmanager answers");
+        assert!(r.status().is_success(), "expire {id}: {}", r.status());
+    }
+
     /// The alerts Alertmanager holds named `name`, with their status.
     pub async fn alerts_named(&self, name: &str) -> Vec<Value> {
         let all: Value = reqwest::Client::new()
