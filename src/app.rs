@@ -27,7 +27,7 @@ use crate::http::{self, AppState, EtcdRollIntake};
 use crate::metrics::Metrics;
 use crate::ports::{
     AlertSource, ClusterRead, DrainOptions, EtcdMembers, Executors, MetricsSource, Notifier,
-    PodRef, Snapshots,
+    PodRef, Silences, Snapshots,
 };
 use crate::queue::Queue;
 use crate::queue::amqp::AmqpQueue;
@@ -37,7 +37,7 @@ use crate::worker::{Worker, WorkerPolicy};
 use crate::workflows::etcd_roll::steps::EtcdRollSteps;
 use crate::workflows::etcd_roll::watch::{RollStarter, RollWatch};
 use crate::workflows::gate::{Gate, GateStep, QuietPeriodStep};
-use crate::workflows::k8s_upgrade::{UpgradeSettings, UpgradeSteps};
+use crate::workflows::k8s_upgrade::{SelfSilences, UpgradeSettings, UpgradeSteps};
 
 /// How long the worker may take to finish the message in hand after a stop signal.
 const WORKER_STOP_TIMEOUT: Duration = Duration::from_secs(60);
@@ -75,10 +75,11 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             None
         }
     };
-    let alertmanager: Option<Arc<dyn AlertSource>> = match &settings.gate.alertmanager_url {
+    let alertmanager_api = match &settings.gate.alertmanager_url {
         Some(url) => Some(Arc::new(AlertmanagerApi::new(url, &settings.gate)?)),
         None => None,
     };
+    let alertmanager = alertmanager_api.clone().map(|a| a as Arc<dyn AlertSource>);
     let gate = Arc::new(
         Gate::new(
             prometheus,
@@ -129,19 +130,21 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     } else {
         kube
     };
-    let (cluster, etcd) = match build_upgrade_steps(&settings, kube, metrics.clone()).await? {
-        Some((steps, cluster)) => {
-            let etcd = steps.etcd.clone();
-            executors.k8s_upgrade = Some(steps);
-            (Some(cluster), etcd)
-        }
-        None => {
-            if let Some(why) = &upgrades_unavailable {
-                warn!("{why}: detections are refused (422 over HTTP, dead-lettered over AMQP)");
+    let silences = alertmanager_api.map(|a| a as Arc<dyn Silences>);
+    let (cluster, etcd) =
+        match build_upgrade_steps(&settings, kube, silences, metrics.clone()).await? {
+            Some((steps, cluster)) => {
+                let etcd = steps.etcd.clone();
+                executors.k8s_upgrade = Some(steps);
+                (Some(cluster), etcd)
             }
-            (None, None)
-        }
-    };
+            None => {
+                if let Some(why) = &upgrades_unavailable {
+                    warn!("{why}: detections are refused (422 over HTTP, dead-lettered over AMQP)");
+                }
+                (None, None)
+            }
+        };
     match store.in_progress().await {
         Ok(runs) => crate::workflows::k8s_upgrade::restore_gauges(&metrics, &runs),
         Err(e) => {
@@ -283,6 +286,7 @@ pub fn ssh_client(settings: &Settings) -> anyhow::Result<Ssh> {
 pub async fn build_upgrade_steps(
     settings: &Settings,
     kube: Option<Arc<Kube>>,
+    silences: Option<Arc<dyn Silences>>,
     metrics: Metrics,
 ) -> anyhow::Result<Option<(Arc<UpgradeSteps>, Arc<dyn ClusterRead>)>> {
     let c = &settings.cluster;
@@ -323,6 +327,7 @@ pub async fn build_upgrade_steps(
             snapshot_dir: settings.etcd.snapshot_dir.clone(),
         },
         metrics,
+        silences: self_silences(settings, silences),
     };
     Ok(Some((Arc::new(steps), kube)))
 }
@@ -383,6 +388,22 @@ pub fn etcd_roll_clients(settings: &Settings) -> Arc<EtcdClients> {
 
 /// Evaluates the gate every poll interval, so that `GET /v1/gates` and the
 /// `rollgate_gate_verdict` metric stay current even when no run waits at a gate.
+/// The self-silences the settings ask for, kept through `api`.
+fn self_silences(settings: &Settings, api: Option<Arc<dyn Silences>>) -> Option<SelfSilences> {
+    let g = &settings.gate;
+    let templates = crate::domain::self_silence::check_templates(&g.self_silences).ok()?;
+    if templates.is_empty() {
+        return None;
+    }
+    Some(SelfSilences {
+        api: api?,
+        templates,
+        gate_label: "upgrade_gate".into(),
+        ttl: g.self_silence_ttl,
+        tail: g.self_silence_tail,
+    })
+}
+
 /// Why this rollgate cannot upgrade Kubernetes, naming every key to set; `None` when it can.
 pub fn upgrades_unavailable(settings: &Settings) -> Option<String> {
     let mut missing = Vec::new();

@@ -69,6 +69,18 @@ pub trait AlertSource: Send + Sync {
     fn describe(&self) -> String;
 }
 
+/// Alertmanager silences rollgate keeps for the node in hand.
+#[async_trait::async_trait]
+pub trait Silences: Send + Sync {
+    /// Keeps the silence `plan` until `until`: creates it, or moves the end of the one
+    /// rollgate made before (found by its comment); its id.
+    async fn keep(
+        &self,
+        plan: &crate::domain::self_silence::SilencePlan,
+        until: chrono::DateTime<chrono::Utc>,
+    ) -> Result<String, String>;
+}
+
 /// One transition of one run, as people are told about it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Notice {

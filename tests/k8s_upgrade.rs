@@ -9,6 +9,7 @@ use std::time::Duration;
 use support::ground::{Ground, WORKER_ORDER};
 use support::kube::Change;
 use support::rabbit::{self, Names};
+use support::services::Alertmanager;
 use support::{Rollgate, eventually, find_step, webhook};
 
 const RUN_DEADLINE: Duration = Duration::from_secs(180);
@@ -685,4 +686,136 @@ async fn a_run_that_fails_or_is_aborted_at_any_stage_leaves_nothing_in_flight() 
     rg.kill9();
     rg.restart().await;
     assert_gauges_at_rest(&rg).await;
+}
+
+/// rollgate's silences for `node`, as Alertmanager lists them: (state, matchers).
+async fn self_silences(am: &Alertmanager, node: &str) -> Vec<(String, Value)> {
+    am.silences()
+        .await
+        .into_iter()
+        .filter(|s| {
+            s["createdBy"] == "rollgate"
+                && s["comment"]
+                    .as_str()
+                    .is_some_and(|c| c.ends_with(&format!("node {node} in hand")))
+        })
+        .map(|s| {
+            (
+                s["status"]["state"].as_str().unwrap_or("").to_owned(),
+                s["matchers"].clone(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn self_silences_cover_the_node_in_hand_and_lapse_after_it_or_after_a_kill_9() {
+    let ground = Ground::start("1.34.2", 2).await;
+    // w2 (first in order) takes a while over its node script: a window to look in.
+    ground.node("w2").slow_kubeadm(4);
+    let am_port = support::free_port();
+    let am = Alertmanager::with_config(
+        "route:\n  receiver: nobody\nreceivers:\n  - name: nobody\n",
+        am_port,
+    )
+    .await;
+    let mut rg = start(
+        &ground,
+        &[
+            (
+                "ROLLGATE__GATE__ALERTMANAGER_URL",
+                format!("http://127.0.0.1:{am_port}"),
+            ),
+            (
+                "ROLLGATE__GATE__SELF_SILENCES",
+                "alertname=KubeNodeUnschedulable,node={node}".into(),
+            ),
+            ("ROLLGATE__GATE__SELF_SILENCE_TTL", "3s".into()),
+            ("ROLLGATE__GATE__SELF_SILENCE_TAIL", "1s".into()),
+        ],
+    )
+    .await;
+    let id = detect(&rg, "1.34.5", "patch").await;
+    rg.wait_run_until(&id, "w2's node script running", RUN_DEADLINE, |run| {
+        find_step(run, "workers/upgrade@w2").is_some_and(|s| s["status"] == "running")
+    })
+    .await;
+
+    // Alertmanager lists rollgate's silence for w2, gate alerts kept out; what it covers
+    // is silenced.
+    let silences = self_silences(&am, "w2").await;
+    assert_eq!(silences.len(), 1, "{silences:?}");
+    let (state, matchers) = &silences[0];
+    assert_eq!(state, "active");
+    let shown: Vec<String> = matchers
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            format!(
+                "{}{}{}",
+                m["name"].as_str().unwrap(),
+                if m["isEqual"] == true { "=" } else { "!=" },
+                m["value"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            "alertname=KubeNodeUnschedulable",
+            "node=w2",
+            "upgrade_gate!=true"
+        ]
+    );
+    am.post_labelled(
+        json!({"alertname": "KubeNodeUnschedulable", "node": "w2", "severity": "warning"}),
+        false,
+    )
+    .await;
+    eventually(
+        "KubeNodeUnschedulable{w2} silenced",
+        Duration::from_secs(10),
+        || async {
+            am.alerts_named("KubeNodeUnschedulable")
+                .await
+                .first()
+                .is_some_and(|a| a["status"]["state"] == "suppressed")
+                .then_some(())
+        },
+    )
+    .await;
+
+    // rollgate dies mid-step: the silence lapses by its TTL, with nobody to extend it.
+    rg.kill9();
+    eventually("w2's silence to lapse", Duration::from_secs(10), || async {
+        self_silences(&am, "w2")
+            .await
+            .iter()
+            .all(|(state, _)| state == "expired")
+            .then_some(())
+    })
+    .await;
+    rg.restart().await;
+
+    // The run carries on; w1 gets its own silence in its turn; once the run is done every
+    // silence of rollgate's has lapsed.
+    wait_status(&rg, &id, "succeeded").await;
+    ground.assert_all_at("1.34.5");
+    assert!(
+        !self_silences(&am, "w1").await.is_empty(),
+        "w1 had its silence"
+    );
+    eventually(
+        "every self-silence to lapse",
+        Duration::from_secs(10),
+        || async {
+            let mut all = self_silences(&am, "w1").await;
+            all.extend(self_silences(&am, "w2").await);
+            all.iter()
+                .all(|(state, _)| state == "expired")
+                .then_some(())
+        },
+    )
+    .await;
 }

@@ -9,7 +9,8 @@ use serde::Deserialize;
 use super::http_client::{BuildError, HttpSource};
 use crate::config::GateSettings;
 use crate::domain::alert::{Alert, AlertStatus};
-use crate::ports::AlertSource;
+use crate::domain::self_silence::{CREATED_BY, SilencePlan};
+use crate::ports::{AlertSource, Silences};
 
 /// One Alertmanager (or the load-balanced address of a cluster of them).
 pub struct AlertmanagerApi {
@@ -104,5 +105,82 @@ impl AlertSource for AlertmanagerApi {
             self.url,
             self.filters.join(",")
         )
+    }
+}
+
+/// A silence as `GET /api/v2/silences` lists it (the fields rollgate reads).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ListedSilence {
+    id: String,
+    created_by: String,
+    comment: String,
+    starts_at: DateTime<Utc>,
+    status: ListedStatus,
+}
+
+impl AlertmanagerApi {
+    fn failed(&self, what: &str, e: &(dyn std::error::Error + 'static)) -> String {
+        format!(
+            "Alertmanager at {}: {what}: {}",
+            self.url,
+            crate::error_chain(e)
+        )
+    }
+}
+
+#[async_trait::async_trait]
+impl Silences for AlertmanagerApi {
+    async fn keep(&self, plan: &SilencePlan, until: DateTime<Utc>) -> Result<String, String> {
+        let listed: Vec<ListedSilence> = self
+            .http
+            .get(format!("{}/api/v2/silences", self.url))
+            .send()
+            .await
+            .and_then(reqwest::Response::error_for_status)
+            .map_err(|e| self.failed("list silences", &e))?
+            .json()
+            .await
+            .map_err(|e| self.failed("read the silences", &e))?;
+        let mine = listed.into_iter().find(|s| {
+            s.created_by == CREATED_BY
+                && s.comment == plan.comment
+                && matches!(s.status.state.as_str(), "active" | "pending")
+        });
+        let matchers: Vec<serde_json::Value> = plan
+            .matchers
+            .iter()
+            .map(|m| {
+                serde_json::json!({
+                    "name": m.name, "value": m.value,
+                    "isRegex": m.is_regex(), "isEqual": m.is_equal(),
+                })
+            })
+            .collect();
+        let mut body = serde_json::json!({
+            "matchers": matchers,
+            "startsAt": mine.as_ref().map_or_else(Utc::now, |s| s.starts_at).to_rfc3339(),
+            "endsAt": until.to_rfc3339(),
+            "createdBy": CREATED_BY,
+            "comment": plan.comment,
+        });
+        if let Some(mine) = &mine {
+            body["id"] = mine.id.clone().into();
+        }
+        let answer: serde_json::Value = self
+            .http
+            .post(format!("{}/api/v2/silences", self.url))
+            .json(&body)
+            .send()
+            .await
+            .and_then(reqwest::Response::error_for_status)
+            .map_err(|e| self.failed("keep a silence", &e))?
+            .json()
+            .await
+            .map_err(|e| self.failed("read the silence id", &e))?;
+        answer["silenceID"]
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| format!("Alertmanager at {} gave no silence id", self.url))
     }
 }

@@ -238,6 +238,20 @@ pub struct GateSettings {
     pub alertmanager_basic_auth_password_file: Option<PathBuf>,
     /// PEM CA bundle to trust for Alertmanager over HTTPS.
     pub alertmanager_ca_file: Option<PathBuf>,
+    /// Matchers of the Alertmanager silence rollgate keeps for the node in hand, from its
+    /// drain to its uncordon, `{node}` standing for its name (e.g.
+    /// `alertname=~"KubeNodeUnschedulable|KubeletDown"`, `node={node}`); one must name the
+    /// node. Gate alerts (`upgrade_gate="true"`) are kept out unless a matcher names that
+    /// label. Needs `alertmanager_url` (default: none, no silence).
+    #[serde(deserialize_with = "string_list")]
+    pub self_silences: Vec<String>,
+    /// How long a self-silence lasts unless extended; rollgate extends it every third of
+    /// this while the node is in hand (default `10m`).
+    #[serde(with = "humantime_serde")]
+    pub self_silence_ttl: Duration,
+    /// How long a self-silence outlives the node's uncordon (default `2m`).
+    #[serde(with = "humantime_serde")]
+    pub self_silence_tail: Duration,
 }
 
 impl Default for GateSettings {
@@ -263,6 +277,9 @@ impl Default for GateSettings {
             alertmanager_basic_auth_user: None,
             alertmanager_basic_auth_password_file: None,
             alertmanager_ca_file: None,
+            self_silences: Vec::new(),
+            self_silence_ttl: Duration::from_secs(600),
+            self_silence_tail: Duration::from_secs(120),
         }
     }
 }
@@ -345,6 +362,17 @@ impl GateSettings {
                 "basic auth needs both gate.alertmanager_basic_auth_user and gate.alertmanager_basic_auth_password_file",
             );
         }
+        if let Err(e) = crate::domain::self_silence::check_templates(&self.self_silences) {
+            p.add("self_silences", e);
+        }
+        if !self.self_silences.is_empty() && self.alertmanager_url.is_none() {
+            p.add(
+                "self_silences",
+                "self-silences are kept in Alertmanager: set gate.alertmanager_url",
+            );
+        }
+        p.duration("self_silence_ttl", self.self_silence_ttl, 1000, 86_400_000);
+        p.duration("self_silence_tail", self.self_silence_tail, 0, 3_600_000);
         if self.alertmanager_bearer_token_file.is_some()
             && self.alertmanager_basic_auth_user.is_some()
         {

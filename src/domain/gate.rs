@@ -92,6 +92,20 @@ impl Verdict {
     }
 }
 
+/// The label name and value of matcher `raw` split at its operator: the name checked,
+/// the value unquoted.
+pub(crate) fn label_and_value(
+    raw: &str,
+    name: &str,
+    value: &str,
+) -> Result<(String, String), String> {
+    let name = name.trim();
+    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+        return Err(format!("{raw:?}: {name:?} is not a label name"));
+    }
+    Ok((name.to_owned(), value.trim().trim_matches('"').to_owned()))
+}
+
 /// A label matcher for the board: `name=value` or `name!=value`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Matcher {
@@ -114,15 +128,8 @@ impl Matcher {
                 }
             },
         };
-        let name = name.trim();
-        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
-            return Err(format!("{raw:?}: {name:?} is not a label name"));
-        }
-        Ok(Self {
-            name: name.to_owned(),
-            value: value.trim().trim_matches('"').to_owned(),
-            equal,
-        })
+        let (name, value) = label_and_value(raw, name, value)?;
+        Ok(Self { name, value, equal })
     }
     /// The matcher in Alertmanager's filter syntax: `name="value"` or `name!="value"`.
     pub fn to_alertmanager(&self) -> String {

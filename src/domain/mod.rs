@@ -11,5 +11,6 @@ pub mod gate;
 pub mod k8s_upgrade;
 pub mod roll_watch;
 pub mod run;
+pub mod self_silence;
 pub mod step;
 pub mod version;

@@ -237,6 +237,19 @@ impl UpgradeStep {
     }
 
     /// The node the step acts on, if any.
+    /// Whether this step works on a node rollgate has in hand (from its drain to its
+    /// uncordon): what a self-silence covers.
+    pub fn has_node_in_hand(&self) -> bool {
+        matches!(
+            self,
+            Self::Drain { .. }
+                | Self::Upgrade { .. }
+                | Self::Apply { .. }
+                | Self::Verify { .. }
+                | Self::Uncordon { .. }
+        )
+    }
+
     pub fn node(&self) -> Option<&str> {
         match self {
             Self::KubeadmPlan { node }

@@ -282,6 +282,19 @@ impl Alertmanager {
             .to_owned()
     }
 
+    /// Every silence Alertmanager holds (active, pending and expired).
+    pub async fn silences(&self) -> Vec<Value> {
+        let all: Value = reqwest::Client::new()
+            .get(format!("http://127.0.0.1:{}/api/v2/silences", self.port))
+            .send()
+            .await
+            .expect("alertmanager answers")
+            .json()
+            .await
+            .expect("json");
+        all.as_array().cloned().unwrap_or_default()
+    }
+
     /// Expires silence `id` now.
     pub async fn expire(&self, id: &str) {
         let r = reqwest::Client::new()

@@ -17,13 +17,15 @@ use crate::domain::engine::StepOutcome;
 use crate::domain::event::{DetectionRequest, Stage, UpgradeKind};
 use crate::domain::k8s_upgrade::{self as plan, PlanSettings, Role};
 use crate::domain::run::{Run, Step};
+use crate::domain::self_silence::{self, SilenceMatcher};
 use crate::domain::step::{StepKind, UpgradeStep};
 use crate::domain::version::Version;
 use crate::error_chain;
 use crate::metrics::Metrics;
 use crate::ports::{
     ClusterError, ClusterRead, Cordon, DrainError, DrainOptions, EtcdMembers, ExecError,
-    ExecOutput, InFlight, InFlightMarks, NodeDrain, NodeExec, NodeTarget, Snapshots, StepExecutor,
+    ExecOutput, InFlight, InFlightMarks, NodeDrain, NodeExec, NodeTarget, Silences, Snapshots,
+    StepExecutor,
 };
 
 /// The script run on nodes, piped to `bash -s`.
@@ -71,6 +73,61 @@ pub struct UpgradeSteps {
     pub settings: UpgradeSettings,
     /// Where it counts what it does.
     pub metrics: Metrics,
+    /// The silences kept for the node in hand (`gate.self_silences`), if any.
+    pub silences: Option<SelfSilences>,
+}
+
+/// The Alertmanager silence kept for the node in hand while its steps run: extended every
+/// third of `ttl` while a step works on it, left to lapse `tail` after its uncordon. A
+/// rollgate that dies silences nothing for longer than `ttl`. Failing to reach
+/// Alertmanager never fails a step: a silence spares people pages, it guards nothing.
+#[derive(Clone)]
+pub struct SelfSilences {
+    /// Alertmanager.
+    pub api: Arc<dyn Silences>,
+    /// The configured matchers, `{node}` not yet filled in.
+    pub templates: Vec<SilenceMatcher>,
+    /// The label of gate alerts, kept out of every silence.
+    pub gate_label: String,
+    /// How long a silence lasts unless extended.
+    pub ttl: Duration,
+    /// How long it outlives the node's uncordon.
+    pub tail: Duration,
+}
+
+impl SelfSilences {
+    /// Keeps the silence of `node` in run `run_id` for `span` from now.
+    pub async fn keep(&self, node: &str, run_id: &str, span: Duration) {
+        let plan = self_silence::plan(&self.templates, &self.gate_label, node, run_id);
+        let until = Utc::now() + chrono::Duration::from_std(span).unwrap_or_default();
+        match self.api.keep(&plan, until).await {
+            Ok(id) => tracing::debug!(%node, silence = %id, %until, "self-silence kept"),
+            Err(error) => warn!(%node, %error, "cannot keep the self-silence"),
+        }
+    }
+
+    /// Runs `work` with the silence of `node` kept: at once, then every third of the TTL.
+    pub async fn during<T>(
+        &self,
+        node: &str,
+        run_id: &str,
+        work: impl std::future::Future<Output = T>,
+    ) -> T {
+        self.keep(node, run_id, self.ttl).await;
+        let keeper = tokio::spawn({
+            let me = self.clone();
+            let (node, run_id) = (node.to_owned(), run_id.to_owned());
+            async move {
+                loop {
+                    tokio::time::sleep(me.ttl / 3).await;
+                    me.keep(&node, &run_id, me.ttl).await;
+                }
+            }
+        });
+        let out = work.await;
+        keeper.abort();
+        out
+    }
 }
 
 /// The stage number (0–7) of a step, for the `k8s_upgrade_stage` gauge.
@@ -459,37 +516,19 @@ impl UpgradeSteps {
     }
 }
 
-/// The kubeadm package version the node script found for the target, if any.
-fn parse_candidate(stdout: &str) -> Option<String> {
-    stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("rollgate: kubeadm-candidate "))
-        .map(|v| v.trim().to_owned())
-        .filter(|v| !v.is_empty())
-}
-
-#[async_trait::async_trait]
-impl StepExecutor for UpgradeSteps {
-    async fn execute(&self, run: &Run, index: usize) -> StepOutcome {
-        let step = &run.steps[index];
-        let StepKind::K8sUpgrade(kind) = &step.kind else {
-            return StepOutcome::failed(format!("{} is not a step of an upgrade", step.label()));
-        };
-        self.metrics.upgrade_stage.set(stage_number(kind));
-        if let UpgradeStep::Drain { node, .. } = kind {
-            show_node_in_hand(&self.metrics, Some(node));
-        }
-        let request = match DetectionRequest::from_json(&run.request) {
-            Ok(r) => r,
-            Err(e) => {
-                return StepOutcome::failed(format!("the run's request no longer validates: {e}"));
-            }
-        };
+impl UpgradeSteps {
+    /// Does `step` (of kind `kind`) of `run`, which asks for `request`.
+    async fn run_step(
+        &self,
+        run: &Run,
+        step: &Step,
+        kind: &UpgradeStep,
+        request: &DetectionRequest,
+    ) -> StepOutcome {
         let target = request.target_version;
-        let started = std::time::Instant::now();
         use UpgradeStep as S;
-        let outcome = match kind {
-            S::Plan => self.plan(run, &request).await,
+        match kind {
+            S::Plan => self.plan(run, request).await,
             S::MarkInFlight => match self.mark(run, target, None).await {
                 Ok(()) => {
                     self.metrics.upgrade_in_flight.set(1);
@@ -500,7 +539,7 @@ impl StepExecutor for UpgradeSteps {
             },
             S::NodesReady => self.nodes_ready().await,
             S::SshReachable => self.ssh_reachable().await,
-            S::KubeadmPlan { node } => self.kubeadm_plan(&request, node).await,
+            S::KubeadmPlan { node } => self.kubeadm_plan(request, node).await,
             S::EtcdSnapshot => self.snapshot(run, target).await,
             S::Containerd { node } => self.containerd(node).await,
             S::AptRepo { node } => {
@@ -534,8 +573,55 @@ impl StepExecutor for UpgradeSteps {
             S::Gate { .. } | S::QuietPeriod => {
                 StepOutcome::failed(format!("{} is the gate's step", step.label()))
             }
+        }
+    }
+}
+
+/// The kubeadm package version the node script found for the target, if any.
+fn parse_candidate(stdout: &str) -> Option<String> {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("rollgate: kubeadm-candidate "))
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty())
+}
+
+#[async_trait::async_trait]
+impl StepExecutor for UpgradeSteps {
+    async fn execute(&self, run: &Run, index: usize) -> StepOutcome {
+        let step = &run.steps[index];
+        let StepKind::K8sUpgrade(kind) = &step.kind else {
+            return StepOutcome::failed(format!("{} is not a step of an upgrade", step.label()));
         };
-        if matches!(kind, S::Uncordon { .. }) && matches!(outcome, StepOutcome::Done { .. }) {
+        self.metrics.upgrade_stage.set(stage_number(kind));
+        if let UpgradeStep::Drain { node, .. } = kind {
+            show_node_in_hand(&self.metrics, Some(node));
+        }
+        let request = match DetectionRequest::from_json(&run.request) {
+            Ok(r) => r,
+            Err(e) => {
+                return StepOutcome::failed(format!("the run's request no longer validates: {e}"));
+            }
+        };
+        let started = std::time::Instant::now();
+        let in_hand = kind.node().filter(|_| kind.has_node_in_hand());
+        let outcome = match (&self.silences, in_hand) {
+            (Some(silences), Some(node)) => {
+                silences
+                    .during(node, &run.id, self.run_step(run, step, kind, &request))
+                    .await
+            }
+            _ => self.run_step(run, step, kind, &request).await,
+        };
+        if let (Some(silences), UpgradeStep::Uncordon { node, .. }, StepOutcome::Done { .. }) =
+            (&self.silences, kind, &outcome)
+        {
+            // Done with the node: its silence lapses after the tail.
+            silences.keep(node, &run.id, silences.tail).await;
+        }
+        if matches!(kind, UpgradeStep::Uncordon { .. })
+            && matches!(outcome, StepOutcome::Done { .. })
+        {
             show_node_in_hand(&self.metrics, None);
         }
         if let Some(node) = kind.node() {
