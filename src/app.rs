@@ -325,6 +325,12 @@ pub async fn build_upgrade_steps(
             verify_timeout: c.verify_timeout,
             pod_ready_ratio: c.pod_ready_ratio,
             snapshot_dir: settings.etcd.snapshot_dir.clone(),
+            blocking_pods: c
+                .blocking_pod_selectors
+                .iter()
+                .filter_map(|raw| crate::domain::drain_holds::Requirement::parse(raw).ok())
+                .collect(),
+            hold_poll: settings.gate.poll_interval,
         },
         metrics,
         silences: self_silences(settings, silences),

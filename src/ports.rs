@@ -133,6 +133,19 @@ pub trait NodeDrain: Send + Sync {
     async fn drain(&self, node: &str, options: &DrainOptions) -> Result<DrainReport, DrainError>;
     /// Uncordons `node` if `owner` cordoned it; leaves anyone else's cordon alone.
     async fn uncordon(&self, node: &str, owner: &str) -> Result<Cordon, ClusterError>;
+    /// Who holds `node`'s cordon now, as `owner` sees it; changes nothing.
+    async fn cordon_holder(&self, node: &str, owner: &str) -> Result<Cordon, ClusterError>;
+    /// The pods on `node` and every PodDisruptionBudget, for what may hold its drain.
+    async fn drain_facts(&self, node: &str) -> Result<DrainFacts, ClusterError>;
+}
+
+/// What the holds before a drain are decided from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DrainFacts {
+    /// The pods on the node.
+    pub pods: Vec<crate::domain::drain_holds::PodFacts>,
+    /// Every PodDisruptionBudget of the cluster.
+    pub budgets: Vec<crate::domain::drain_holds::BudgetFacts>,
 }
 
 /// Keeps the in-flight annotations on the upgrade namespace.

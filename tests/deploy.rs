@@ -388,6 +388,8 @@ async fn the_cluster_role_grants_every_api_use_of_the_adapters_and_nothing_more(
     .await
     .unwrap();
     kube.uncordon("w1", "run-1").await.unwrap();
+    kube.cordon_holder("w1", "run-1").await.unwrap();
+    kube.drain_facts("w1").await.unwrap();
     kube.set_in_flight(Some(&InFlight {
         run_id: "run-1".into(),
         target: "1.34.5".into(),

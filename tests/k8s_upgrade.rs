@@ -306,31 +306,32 @@ async fn an_alert_that_arrives_while_steps_run_is_on_the_board_before_the_next_g
 }
 
 #[tokio::test]
-async fn a_pdb_that_blocks_a_drain_fails_it_at_the_timeout_and_resume_finishes_after_the_fix() {
+async fn a_budget_that_never_lets_a_pod_go_holds_the_node_uncordoned_then_halts_and_resume_finishes()
+ {
     let ground = Ground::start("1.34.2", 4).await;
+    // Both replicas on w4 and a budget that wants both: no eviction will ever be allowed.
     ground.api.add_pods("w4", "db", 2, false);
     ground.api.set_pdb("db-pdb", "db", 2);
     let mut rg = start(
         &ground,
-        &[("ROLLGATE__CLUSTER__DRAIN_TIMEOUT", "3s".into())],
+        &[
+            ("ROLLGATE__CLUSTER__DRAIN_TIMEOUT", "3s".into()),
+            ("ROLLGATE__GATE__HALT_AFTER", "3s".into()),
+        ],
     )
     .await;
     let id = detect(&rg, "1.34.5", "patch").await;
     let run = wait_status(&rg, &id, "halted").await;
     let drain = step(&run, "workers/drain@w4");
-    assert_eq!(drain["status"], "failed", "{run}");
+    assert_eq!(drain["status"], "waiting", "{run}");
     let reason = run["reason"].as_str().unwrap();
+    assert!(reason.starts_with("gate closed for "), "{reason}");
     assert!(
-        reason.contains("drain of w4 timed out after 3s"),
+        reason.contains("w4: PodDisruptionBudget default/db-pdb allows no eviction of db-"),
         "{reason}"
     );
-    assert!(reason.contains("default/db-"), "{reason}");
-    assert!(
-        reason.contains("The disruption budget db-pdb needs 2 healthy pods"),
-        "{reason}"
-    );
-    assert!(reason.contains("w4 stays cordoned"), "{reason}");
-    assert!(cordoned(&ground, "w4"));
+    assert!(!cordoned(&ground, "w4"), "held before the cordon");
+    assert!(!ground.cordon_order().contains(&"w4".to_owned()));
     assert!(
         !ground
             .node("w4")
@@ -346,12 +347,11 @@ async fn a_pdb_that_blocks_a_drain_fails_it_at_the_timeout_and_resume_finishes_a
             ground
                 .slack_texts()
                 .iter()
-                .any(|t| t.contains("drain of w4 timed out"))
+                .any(|t| t.contains("db-pdb allows no eviction"))
                 .then_some(())
         },
     )
     .await;
-
     // The halted run still holds the cluster: no second upgrade meanwhile.
     let (status, body) = rg
         .post(
@@ -635,7 +635,12 @@ async fn rollgate_plan_prints_the_steps_and_gates_and_changes_nothing() {
 async fn a_run_that_fails_or_is_aborted_at_any_stage_leaves_nothing_in_flight() {
     let ground = Ground::start("1.34.2", 2).await;
     ground.node("cp").slow_kubeadm(2);
+    // A budget that may recover (its other pod, on a node not in this upgrade, is not
+    // Ready yet), so w1's drain goes ahead and times out waiting for it.
     ground.api.add_pods("w1", "db", 1, false);
+    ground.api.add_pods("elsewhere", "db", 1, false);
+    let elsewhere = pod_named(&ground, "elsewhere", "db");
+    ground.api.set_pod_ready(&elsewhere, false);
     ground.api.set_pdb("db-pdb", "db", 1);
     let mut rg = start(
         &ground,
@@ -818,4 +823,106 @@ async fn self_silences_cover_the_node_in_hand_and_lapse_after_it_or_after_a_kill
         },
     )
     .await;
+}
+
+#[tokio::test]
+async fn a_drain_that_times_out_gives_the_node_back_and_halts_naming_the_pods() {
+    let ground = Ground::start("1.34.2", 4).await;
+    // Three replicas, one of them (on w1) not Ready yet: the budget may recover, so the
+    // drain goes ahead, but no eviction is allowed while it waits.
+    ground.api.add_pods("w4", "db", 2, false);
+    ground.api.add_pods("w1", "db", 1, false);
+    let recovering = pod_named(&ground, "w1", "db");
+    ground.api.set_pod_ready(&recovering, false);
+    ground.api.set_pdb("db-pdb", "db", 2);
+    let rg = start(
+        &ground,
+        &[("ROLLGATE__CLUSTER__DRAIN_TIMEOUT", "3s".into())],
+    )
+    .await;
+    let id = detect(&rg, "1.34.5", "patch").await;
+    let run = wait_status(&rg, &id, "halted").await;
+    assert_eq!(step(&run, "workers/drain@w4")["status"], "failed", "{run}");
+    let reason = run["reason"].as_str().unwrap();
+    for part in [
+        "drain of w4 timed out after 3s",
+        "default/db-",
+        "The disruption budget db-pdb needs 2 healthy pods",
+        "w4 uncordoned",
+    ] {
+        assert!(reason.contains(part), "{part:?} not in {reason}");
+    }
+    assert!(!cordoned(&ground, "w4"), "given back to the scheduler");
+    assert!(
+        !ground
+            .node("w4")
+            .calls()
+            .iter()
+            .any(|c| c.starts_with("kubeadm")),
+        "nothing ran on w4"
+    );
+
+    // The replica recovers; resume drains w4 again and the run finishes.
+    ground.api.set_pod_ready(&recovering, true);
+    let (status, body) = rg
+        .post(
+            &format!("/v1/runs/{id}/resume"),
+            &json!({"reason": "db recovered"}),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    eventually("the resume to apply", RUN_DEADLINE, || async {
+        (rg.run(&id).await["status"] != "halted").then_some(())
+    })
+    .await;
+    wait_status(&rg, &id, "succeeded").await;
+    ground.assert_all_at("1.34.5");
+}
+
+#[tokio::test]
+async fn a_blocking_pod_holds_its_nodes_drain_until_it_is_done() {
+    let ground = Ground::start("1.34.2", 2).await;
+    ground.api.add_job_pod("w2", "velero");
+    let backup = pod_named(&ground, "w2", "velero");
+    let rg = start(
+        &ground,
+        &[(
+            "ROLLGATE__CLUSTER__BLOCKING_POD_SELECTORS",
+            "app=velero,maintenance".into(),
+        )],
+    )
+    .await;
+    let id = detect(&rg, "1.34.5", "patch").await;
+    let run = rg
+        .wait_run_until(&id, "w2's drain held", RUN_DEADLINE, |r| {
+            r["status"] == "waiting"
+                && find_step(r, "workers/drain@w2").is_some_and(|s| s["status"] == "waiting")
+        })
+        .await;
+    assert_eq!(
+        run["blockers"],
+        json!([format!(
+            "w2: pod default/{backup} matches the blocking selector app in (velero)"
+        )])
+    );
+    assert!(!cordoned(&ground, "w2"), "held before the cordon");
+    // The backup finishes: the drain goes ahead and the run completes.
+    ground.api.set_pod_phase(&backup, "Succeeded");
+    let run = wait_status(&rg, &id, "succeeded").await;
+    assert!(
+        support::history_has(&run, "gate closed at step workers/drain@w2"),
+        "{run}"
+    );
+    ground.assert_all_at("1.34.5");
+}
+
+/// The name of the pod labelled `app` on `node`.
+fn pod_named(ground: &Ground, node: &str, app: &str) -> String {
+    ground
+        .api
+        .pods_on(node)
+        .into_iter()
+        .find(|p| p["metadata"]["labels"]["app"] == app)
+        .and_then(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| panic!("no {app} pod on {node}"))
 }

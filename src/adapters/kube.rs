@@ -7,6 +7,7 @@
 use futures_util::future::join_all;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{
     Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, WatchEvent, WatchParams,
 };
@@ -20,10 +21,11 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::domain::control_planes::StaticPod;
+use crate::domain::drain_holds::{BudgetFacts, PodFacts};
 use crate::domain::k8s_upgrade::{ClusterFacts, NodeFacts, Role};
 use crate::domain::version::Version;
 use crate::ports::{
-    ClusterError, ClusterRead, Cordon, DrainError, DrainOptions, DrainReport, InFlight,
+    ClusterError, ClusterRead, Cordon, DrainError, DrainFacts, DrainOptions, DrainReport, InFlight,
     InFlightMarks, NodeDrain, PodRef, PodState, StatefulSetState, StatefulSets,
 };
 
@@ -39,6 +41,7 @@ pub const API_USE: &[(&str, &str, &str)] = &[
     ("apps", "statefulsets", "patch"),
     ("apps", "statefulsets", "watch"),
     ("", "namespaces", "patch"),
+    ("policy", "poddisruptionbudgets", "list"),
 ];
 
 /// The label that marks control-plane nodes.
@@ -166,6 +169,49 @@ fn cordon_state(node: &Node, mark: &str) -> (bool, Option<String>) {
         .and_then(|a| a.get(mark))
         .cloned();
     (cordoned, by)
+}
+
+/// A budget as the drain holds read it: its selector as requirements, its status.
+fn budget_facts(pdb: PodDisruptionBudget) -> BudgetFacts {
+    use crate::domain::drain_holds::{Operator, Requirement, Selector};
+    let selector = pdb
+        .spec
+        .as_ref()
+        .and_then(|s| s.selector.clone())
+        .unwrap_or_default();
+    let mut requirements: Vec<Requirement> = selector
+        .match_labels
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(key, value)| Requirement {
+            key,
+            operator: Operator::In,
+            values: vec![value],
+        })
+        .collect();
+    for e in selector.match_expressions.unwrap_or_default() {
+        let operator = match e.operator.as_str() {
+            "In" => Operator::In,
+            "NotIn" => Operator::NotIn,
+            "Exists" => Operator::Exists,
+            // The API admits no operator but these four.
+            _ => Operator::DoesNotExist,
+        };
+        requirements.push(Requirement {
+            key: e.key,
+            operator,
+            values: e.values.unwrap_or_default(),
+        });
+    }
+    let status = pdb.status.unwrap_or_default();
+    BudgetFacts {
+        namespace: pdb.metadata.namespace.unwrap_or_default(),
+        name: pdb.metadata.name.unwrap_or_default(),
+        selector: Selector { requirements },
+        disruptions_allowed: status.disruptions_allowed,
+        current_healthy: status.current_healthy,
+        expected_pods: status.expected_pods,
+    }
 }
 
 /// Why a pod stays on the node during a drain, if it does.
@@ -505,6 +551,47 @@ impl NodeDrain for Kube {
             }
         })
         .await
+    }
+
+    async fn cordon_holder(&self, node: &str, owner: &str) -> Result<Cordon, ClusterError> {
+        let n = self
+            .nodes()
+            .get(node)
+            .await
+            .map_err(|e| api_error(&format!("get node {node}"), e))?;
+        Ok(match cordon_state(&n, &self.cordon_mark()) {
+            (false, _) => Cordon::None,
+            (true, Some(by)) if by == owner => Cordon::Ours,
+            (true, _) => Cordon::Theirs,
+        })
+    }
+
+    async fn drain_facts(&self, node: &str) -> Result<DrainFacts, ClusterError> {
+        let pods = self
+            .pods_on(node)
+            .await?
+            .iter()
+            .map(|pod| PodFacts {
+                namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+                name: pod.metadata.name.clone().unwrap_or_default(),
+                labels: pod.metadata.labels.clone().unwrap_or_default(),
+                running: pod.metadata.deletion_timestamp.is_none()
+                    && !matches!(
+                        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+                        Some("Succeeded" | "Failed")
+                    ),
+                evictable: stays(pod).is_none(),
+            })
+            .collect();
+        let budgets = Api::<PodDisruptionBudget>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| api_error("list poddisruptionbudgets", e))?
+            .items
+            .into_iter()
+            .map(budget_facts)
+            .collect();
+        Ok(DrainFacts { pods, budgets })
     }
 
     async fn drain(&self, node: &str, options: &DrainOptions) -> Result<DrainReport, DrainError> {

@@ -466,7 +466,12 @@ pub struct ClusterSettings {
     /// Workers in upgrade order; those not named follow by name.
     #[serde(deserialize_with = "string_list")]
     pub worker_order: Vec<String>,
-    /// How long a drain may take before the step fails (the node stays cordoned).
+    /// Pods that hold a node's drain while one runs on it (kured's blocking pods):
+    /// `key=value`, `key!=value`, `key` or `!key`, any of which holds (default: none).
+    #[serde(deserialize_with = "string_list")]
+    pub blocking_pod_selectors: Vec<String>,
+    /// How long a drain may take before the step fails; rollgate uncordons a node it
+    /// cordoned and the run halts, naming the pods that would not leave.
     #[serde(with = "humantime_serde")]
     pub drain_timeout: Duration,
     /// Pause between evictions refused by a PodDisruptionBudget.
@@ -500,6 +505,7 @@ impl Default for ClusterSettings {
             namespace: "k8s-upgrade".into(),
             annotation_prefix: "rollgate.io".into(),
             worker_order: Vec::new(),
+            blocking_pod_selectors: Vec::new(),
             drain_timeout: Duration::from_secs(600),
             eviction_retry: Duration::from_secs(5),
             grace_period: None,
@@ -523,6 +529,11 @@ impl ClusterSettings {
         }
         p.name("namespace", &self.namespace);
         p.name("annotation_prefix", &self.annotation_prefix);
+        for raw in &self.blocking_pod_selectors {
+            if let Err(e) = crate::domain::drain_holds::Requirement::parse(raw) {
+                p.add("blocking_pod_selectors", e);
+            }
+        }
         for name in &self.worker_order {
             if !values::is_dns_name(name) {
                 p.add("worker_order", format!("{name:?} is not a node name"));

@@ -4,6 +4,7 @@ pub mod alert;
 pub mod backoff;
 pub mod control_planes;
 pub mod detect;
+pub mod drain_holds;
 pub mod engine;
 pub mod etcd_roll;
 pub mod event;

@@ -103,6 +103,28 @@ fn labels_match(selector: &BTreeMap<String, String>, pod: &Value) -> bool {
         .all(|(k, v)| pod["metadata"]["labels"][k].as_str() == Some(v.as_str()))
 }
 
+/// A budget as the API server shows it, its status computed as the disruption controller
+/// would: the pods it covers, how many are Ready, how many may go.
+fn budget_object(s: &State, pdb: &Pdb) -> Value {
+    let covered: Vec<&Value> = s
+        .pods
+        .iter()
+        .filter(|((ns, _), pod)| *ns == pdb.namespace && labels_match(&pdb.selector, pod))
+        .map(|(_, pod)| pod)
+        .collect();
+    let healthy = covered.iter().filter(|p| pod_ready(p)).count();
+    let allowed = healthy.saturating_sub(pdb.min_available);
+    json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": pdb.name, "namespace": pdb.namespace},
+        "spec": {"minAvailable": pdb.min_available, "selector": {"matchLabels": pdb.selector}},
+        "status": {
+            "currentHealthy": healthy, "desiredHealthy": pdb.min_available,
+            "expectedPods": covered.len(), "disruptionsAllowed": allowed,
+        },
+    })
+}
+
 fn pod_ready(pod: &Value) -> bool {
     pod["metadata"]["deletionTimestamp"].is_null()
         && pod["status"]["conditions"].as_array().is_some_and(|c| {
@@ -596,6 +618,11 @@ async fn handle(req: HttpRequest, body: web::Bytes, shared: Shared) -> HttpRespo
             }
             s.nodes.insert(name.to_string(), node.clone());
             HttpResponse::Ok().json(node)
+        }
+        ("GET", ["apis", "policy", "v1", "poddisruptionbudgets"]) => {
+            s.count("list poddisruptionbudgets");
+            let items = s.pdbs.iter().map(|pdb| budget_object(&s, pdb)).collect();
+            list("PodDisruptionBudgetList", s.rv, items)
         }
         ("GET", ["api", "v1", "pods"]) => {
             s.count("list pods");
@@ -1211,6 +1238,48 @@ impl FakeKube {
             .get(&(namespace.to_owned(), name.to_owned()))
             .cloned()
             .unwrap_or(Value::Null)
+    }
+
+    /// A running pod `app-N` of a Job on `node`: evicted, it is not made again.
+    pub fn add_job_pod(&self, node: &str, app: &str) {
+        let mut s = self.state.lock().unwrap();
+        s.serial += 1;
+        let name = format!("{app}-{}", s.serial);
+        let rv = s.bump();
+        let mut pod = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {
+                "name": name, "namespace": "default", "uid": format!("uid-{}", s.serial),
+                "resourceVersion": rv, "labels": {"app": app},
+                "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": app, "uid": "job", "controller": true}],
+            },
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]},
+            "status": {"phase": "Running"},
+        });
+        set_ready(&mut pod, true);
+        s.pods.insert(("default".into(), name), pod);
+    }
+
+    /// Changes pod `default/name` with `change`, as an update through the API would.
+    fn edit_pod(&self, name: &str, change: impl FnOnce(&mut Value)) {
+        let mut s = self.state.lock().unwrap();
+        let rv = s.bump();
+        let pod = s
+            .pods
+            .get_mut(&("default".to_owned(), name.to_owned()))
+            .expect("pod");
+        change(pod);
+        pod["metadata"]["resourceVersion"] = json!(rv);
+    }
+
+    /// Sets the Ready condition of pod `default/name`.
+    pub fn set_pod_ready(&self, name: &str, ready: bool) {
+        self.edit_pod(name, |pod| set_ready(pod, ready));
+    }
+
+    /// Sets pod `default/name`'s phase (`Succeeded` when a Job's pod is done).
+    pub fn set_pod_phase(&self, name: &str, phase: &str) {
+        self.edit_pod(name, |pod| pod["status"]["phase"] = json!(phase));
     }
 
     pub fn set_pdb(&self, name: &str, app: &str, min_available: usize) {

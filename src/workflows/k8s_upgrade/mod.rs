@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing::{info, warn};
 
+use crate::domain::drain_holds;
 use crate::domain::engine::StepOutcome;
 use crate::domain::event::{DetectionRequest, Stage, UpgradeKind};
 use crate::domain::k8s_upgrade::{self as plan, PlanSettings, Role};
@@ -53,6 +54,10 @@ pub struct UpgradeSettings {
     pub pod_ready_ratio: f64,
     /// Where snapshots go.
     pub snapshot_dir: PathBuf,
+    /// Pods that hold a node's drain while they run there.
+    pub blocking_pods: Vec<drain_holds::Requirement>,
+    /// How often a held drain looks again (the gate's poll interval).
+    pub hold_poll: Duration,
 }
 
 /// The ports the steps drive.
@@ -378,7 +383,34 @@ impl UpgradeSteps {
             .await
     }
 
+    /// Before a node is cordoned: what holds its drain (blocking pods, budgets that will
+    /// not let a pod go by themselves), as a closed gate holds a step.
+    async fn drain_holds(&self, run: &Run, node: &str) -> Result<Vec<String>, ClusterError> {
+        if self.nodes.cordon_holder(node, &run.id).await? != Cordon::None {
+            // Cordoned already (by this run before a restart, or by someone else): the
+            // drain goes on from where it was.
+            return Ok(Vec::new());
+        }
+        let facts = self.nodes.drain_facts(node).await?;
+        Ok(drain_holds::holds(
+            &facts.pods,
+            &facts.budgets,
+            &self.settings.blocking_pods,
+        ))
+    }
+
     async fn drain(&self, run: &Run, node: &str) -> StepOutcome {
+        match self.drain_holds(run, node).await {
+            Ok(holds) if holds.is_empty() => {}
+            Ok(holds) => {
+                return StepOutcome::Blocked {
+                    reasons: holds.into_iter().map(|h| format!("{node}: {h}")).collect(),
+                    retry_at: Utc::now()
+                        + chrono::Duration::from_std(self.settings.hold_poll).unwrap_or_default(),
+                };
+            }
+            Err(e) => return StepOutcome::retry(error_chain(&e)),
+        }
         let cordon = match self.nodes.cordon(node, &run.id).await {
             Ok(c) => c,
             Err(e) => return StepOutcome::retry(error_chain(&e)),
@@ -395,9 +427,21 @@ impl UpgradeSteps {
                 report.skipped,
                 report.refusals
             )),
-            // The timeout was the retry budget: fail, the node stays cordoned.
+            // The timeout was the retry budget: fail, and give the node back to the
+            // scheduler if rollgate took it (the pods that would not leave are named).
             Err(e @ (DrainError::Blocked { .. } | DrainError::Terminating { .. })) => {
-                StepOutcome::failed(format!("{e}; {node} stays cordoned"))
+                if cordon == Cordon::Theirs {
+                    return StepOutcome::failed(format!(
+                        "{e}; {node} stays cordoned (not by rollgate)"
+                    ));
+                }
+                match self.nodes.uncordon(node, &run.id).await {
+                    Ok(_) => StepOutcome::failed(format!("{e}; {node} uncordoned")),
+                    Err(u) => StepOutcome::failed(format!(
+                        "{e}; {node} stays cordoned: the uncordon failed too ({})",
+                        error_chain(&u)
+                    )),
+                }
             }
             Err(DrainError::Cluster(e)) => StepOutcome::retry(error_chain(&e)),
         }

@@ -1,0 +1,308 @@
+//! What holds a node's drain before it is cordoned, the way a closed gate does: a pod
+//! that must not be interrupted (`cluster.blocking_pod_selectors`, kured's idea), or a
+//! PodDisruptionBudget that allows no eviction of one of the node's pods and will not by
+//! itself (every pod it covers is healthy and still none may go: only a person can change
+//! that, e.g. a single-replica database's primary). A budget at zero because some of its
+//! pods are not healthy yet may recover: the drain goes ahead and waits for it.
+
+use std::collections::BTreeMap;
+
+/// How a label requirement compares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Operator {
+    /// The label is one of the values.
+    In,
+    /// The label is missing or none of the values.
+    NotIn,
+    /// The label is set.
+    Exists,
+    /// The label is not set.
+    DoesNotExist,
+}
+
+/// One label requirement, as Kubernetes selectors have them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Requirement {
+    /// The label key.
+    pub key: String,
+    /// How it compares.
+    pub operator: Operator,
+    /// The values `In` and `NotIn` compare with.
+    pub values: Vec<String>,
+}
+
+impl Requirement {
+    /// Parses a blocking-pod selector: `key=value`, `key!=value`, `key` or `!key`.
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        let raw = raw.trim();
+        let (key, operator, values) = if let Some((k, v)) = raw.split_once("!=") {
+            (k, Operator::NotIn, vec![v.trim().to_owned()])
+        } else if let Some((k, v)) = raw.split_once('=') {
+            (k, Operator::In, vec![v.trim().to_owned()])
+        } else if let Some(k) = raw.strip_prefix('!') {
+            (k, Operator::DoesNotExist, Vec::new())
+        } else {
+            (raw, Operator::Exists, Vec::new())
+        };
+        let key = key.trim();
+        let key_ok = !key.is_empty()
+            && key.len() <= 253
+            && key
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b));
+        let values_ok = values.iter().all(|v| {
+            v.len() <= 63
+                && v.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        });
+        if !key_ok || !values_ok {
+            return Err(format!(
+                "{raw:?} is not a label selector like app=backup, app!=web, backup or !backup"
+            ));
+        }
+        Ok(Self {
+            key: key.to_owned(),
+            operator,
+            values,
+        })
+    }
+
+    /// Whether `labels` meet this requirement.
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        let value = labels.get(&self.key);
+        match self.operator {
+            Operator::In => value.is_some_and(|v| self.values.contains(v)),
+            Operator::NotIn => value.is_none_or(|v| !self.values.contains(v)),
+            Operator::Exists => value.is_some(),
+            Operator::DoesNotExist => value.is_none(),
+        }
+    }
+}
+
+impl std::fmt::Display for Requirement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.operator {
+            Operator::In => write!(f, "{} in ({})", self.key, self.values.join(",")),
+            Operator::NotIn => write!(f, "{} notin ({})", self.key, self.values.join(",")),
+            Operator::Exists => write!(f, "{}", self.key),
+            Operator::DoesNotExist => write!(f, "!{}", self.key),
+        }
+    }
+}
+
+/// A label selector: `matchLabels` and `matchExpressions`, all of which must hold.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Selector {
+    /// `matchLabels`, as requirements.
+    pub requirements: Vec<Requirement>,
+}
+
+impl Selector {
+    /// Whether `labels` meet every requirement (an empty selector matches every pod, as
+    /// policy/v1 budgets do).
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.requirements.iter().all(|r| r.matches(labels))
+    }
+}
+
+/// A pod on the node about to be drained.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodFacts {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+    /// It is running (not Succeeded or Failed, not terminating).
+    pub running: bool,
+    /// A drain would evict it (not a DaemonSet's, not a mirror pod).
+    pub evictable: bool,
+}
+
+/// A PodDisruptionBudget as its status says now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BudgetFacts {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// The pods it covers.
+    pub selector: Selector,
+    /// `status.disruptionsAllowed`.
+    pub disruptions_allowed: i32,
+    /// `status.currentHealthy`.
+    pub current_healthy: i32,
+    /// `status.expectedPods`.
+    pub expected_pods: i32,
+}
+
+/// Why the drain of a node must wait, one line each; empty: it may go ahead.
+pub fn holds(pods: &[PodFacts], budgets: &[BudgetFacts], blocking: &[Requirement]) -> Vec<String> {
+    let mut out = Vec::new();
+    for pod in pods.iter().filter(|p| p.running) {
+        if let Some(r) = blocking.iter().find(|r| r.matches(&pod.labels)) {
+            out.push(format!(
+                "pod {}/{} matches the blocking selector {r}",
+                pod.namespace, pod.name
+            ));
+        }
+    }
+    for budget in budgets {
+        let stuck =
+            budget.disruptions_allowed <= 0 && budget.current_healthy >= budget.expected_pods;
+        if !stuck {
+            continue;
+        }
+        let covered: Vec<&str> = pods
+            .iter()
+            .filter(|p| p.evictable && p.namespace == budget.namespace)
+            .filter(|p| budget.selector.matches(&p.labels))
+            .map(|p| p.name.as_str())
+            .collect();
+        if !covered.is_empty() {
+            out.push(format!(
+                "PodDisruptionBudget {}/{} allows no eviction of {} and will not by itself ({} of {} pods healthy, none may go)",
+                budget.namespace,
+                budget.name,
+                covered.join(", "),
+                budget.current_healthy,
+                budget.expected_pods
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn pod(name: &str, app: &str, running: bool, evictable: bool) -> PodFacts {
+        PodFacts {
+            namespace: "db".into(),
+            name: name.into(),
+            labels: labels(&[("app", app)]),
+            running,
+            evictable,
+        }
+    }
+
+    fn budget(app: &str, allowed: i32, healthy: i32, expected: i32) -> BudgetFacts {
+        BudgetFacts {
+            namespace: "db".into(),
+            name: format!("{app}-pdb"),
+            selector: Selector {
+                requirements: vec![Requirement::parse(&format!("app={app}")).unwrap()],
+            },
+            disruptions_allowed: allowed,
+            current_healthy: healthy,
+            expected_pods: expected,
+        }
+    }
+
+    #[test]
+    fn selectors_parse_and_match() {
+        let pg = labels(&[("app", "pg"), ("role", "primary")]);
+        let cases = [
+            ("app=pg", Some(true)),
+            ("app=web", Some(false)),
+            ("app!=web", Some(true)),
+            ("role", Some(true)),
+            ("!role", Some(false)),
+            ("backup", Some(false)),
+            ("app=pg;reboot", None),
+            ("", None),
+        ];
+        for (raw, want) in cases {
+            let got = Requirement::parse(raw).ok().map(|r| r.matches(&pg));
+            assert_eq!(got, want, "{raw}");
+        }
+    }
+
+    /// Case, pods, budgets, blocking selectors, what the held lines mention.
+    type Case = (
+        &'static str,
+        Vec<PodFacts>,
+        Vec<BudgetFacts>,
+        Vec<Requirement>,
+        Vec<&'static str>,
+    );
+
+    #[test]
+    fn what_holds_a_drain() {
+        let velero = Requirement::parse("app=velero").unwrap();
+        let cases: Vec<Case> = vec![
+            (
+                "nothing",
+                vec![pod("web-1", "web", true, true)],
+                vec![],
+                vec![],
+                vec![],
+            ),
+            (
+                "a single-replica primary: all healthy, none may go",
+                vec![pod("pg-0", "pg", true, true)],
+                vec![budget("pg", 0, 1, 1)],
+                vec![],
+                vec!["PodDisruptionBudget db/pg-pdb allows no eviction of pg-0"],
+            ),
+            (
+                "a budget at zero while a pod elsewhere recovers: the drain waits it out",
+                vec![pod("web-1", "web", true, true)],
+                vec![budget("web", 0, 2, 3)],
+                vec![],
+                vec![],
+            ),
+            (
+                "a budget with room",
+                vec![pod("web-1", "web", true, true)],
+                vec![budget("web", 1, 3, 3)],
+                vec![],
+                vec![],
+            ),
+            (
+                "a stuck budget of pods elsewhere",
+                vec![pod("web-1", "web", true, true)],
+                vec![budget("pg", 0, 1, 1)],
+                vec![],
+                vec![],
+            ),
+            (
+                "a DaemonSet pod is not evicted, so its budget does not hold",
+                vec![pod("agent-1", "agent", true, false)],
+                vec![budget("agent", 0, 3, 3)],
+                vec![],
+                vec![],
+            ),
+            (
+                "a running blocking pod",
+                vec![pod("velero-1", "velero", true, true)],
+                vec![],
+                vec![velero.clone()],
+                vec!["pod db/velero-1 matches the blocking selector app in (velero)"],
+            ),
+            (
+                "a finished blocking pod does not hold",
+                vec![pod("velero-1", "velero", false, true)],
+                vec![],
+                vec![velero.clone()],
+                vec![],
+            ),
+        ];
+        for (name, pods, budgets, blocking, want) in cases {
+            let got = holds(&pods, &budgets, &blocking);
+            assert_eq!(got.len(), want.len(), "{name}: {got:?}");
+            for (line, part) in got.iter().zip(want) {
+                assert!(line.contains(part), "{name}: {line}");
+            }
+        }
+    }
+}
