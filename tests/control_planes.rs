@@ -323,16 +323,7 @@ async fn an_etcd_alarm_is_refused_at_pre_flight_naming_it() {
         "{reason}"
     );
     assert!(ground.cordon_order().is_empty());
-    for node in &ground.nodes {
-        assert!(
-            !node
-                .calls()
-                .iter()
-                .any(|c| c.starts_with("apt-get install")),
-            "{}",
-            node.name
-        );
-    }
+    ground.assert_nothing_installed();
 }
 
 #[tokio::test]

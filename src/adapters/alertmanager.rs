@@ -70,20 +70,11 @@ impl AlertSource for AlertmanagerApi {
             ("unprocessed", "true"),
         ];
         query.extend(self.filters.iter().map(|f| ("filter", f.as_str())));
-        let answer = self
+        let request = self
             .http
             .get(format!("{}/api/v2/alerts", self.url))
-            .query(&query)
-            .send()
-            .await
-            .and_then(reqwest::Response::error_for_status)
-            .map_err(|e| format!("Alertmanager at {}: {}", self.url, crate::error_chain(&e)))?;
-        let listed: Vec<Listed> = answer.json().await.map_err(|e| {
-            format!(
-                "Alertmanager at {} answered something that is not its alert list: {e}",
-                self.url
-            )
-        })?;
+            .query(&query);
+        let listed: Vec<Listed> = self.call(request, "list alerts").await?;
         Ok(listed
             .into_iter()
             // Belt and braces: what the query asked for, whatever the server did with it.
@@ -120,12 +111,27 @@ struct ListedSilence {
 }
 
 impl AlertmanagerApi {
-    fn failed(&self, what: &str, e: &(dyn std::error::Error + 'static)) -> String {
-        format!(
-            "Alertmanager at {}: {what}: {}",
-            self.url,
-            crate::error_chain(e)
-        )
+    /// Sends `request` and reads its JSON answer; the error names Alertmanager and `what`.
+    async fn call<T: serde::de::DeserializeOwned>(
+        &self,
+        request: reqwest::RequestBuilder,
+        what: &str,
+    ) -> Result<T, String> {
+        let failed = |e: reqwest::Error| {
+            format!(
+                "Alertmanager at {}: {what}: {}",
+                self.url,
+                crate::error_chain(&e)
+            )
+        };
+        request
+            .send()
+            .await
+            .and_then(reqwest::Response::error_for_status)
+            .map_err(failed)?
+            .json()
+            .await
+            .map_err(failed)
     }
 }
 
@@ -133,15 +139,11 @@ impl AlertmanagerApi {
 impl Silences for AlertmanagerApi {
     async fn keep(&self, plan: &SilencePlan, until: DateTime<Utc>) -> Result<String, String> {
         let listed: Vec<ListedSilence> = self
-            .http
-            .get(format!("{}/api/v2/silences", self.url))
-            .send()
-            .await
-            .and_then(reqwest::Response::error_for_status)
-            .map_err(|e| self.failed("list silences", &e))?
-            .json()
-            .await
-            .map_err(|e| self.failed("read the silences", &e))?;
+            .call(
+                self.http.get(format!("{}/api/v2/silences", self.url)),
+                "list silences",
+            )
+            .await?;
         let mine = listed.into_iter().find(|s| {
             s.created_by == CREATED_BY
                 && s.comment == plan.comment
@@ -167,17 +169,11 @@ impl Silences for AlertmanagerApi {
         if let Some(mine) = &mine {
             body["id"] = mine.id.clone().into();
         }
-        let answer: serde_json::Value = self
+        let request = self
             .http
             .post(format!("{}/api/v2/silences", self.url))
-            .json(&body)
-            .send()
-            .await
-            .and_then(reqwest::Response::error_for_status)
-            .map_err(|e| self.failed("keep a silence", &e))?
-            .json()
-            .await
-            .map_err(|e| self.failed("read the silence id", &e))?;
+            .json(&body);
+        let answer: serde_json::Value = self.call(request, "keep a silence").await?;
         answer["silenceID"]
             .as_str()
             .map(str::to_owned)

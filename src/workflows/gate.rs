@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::config::GateSettings;
-use crate::domain::alert::{Alert, AlertStatus};
+use crate::domain::alert::AlertStatus;
 use crate::domain::engine::StepOutcome;
 use crate::domain::gate::{self, AmReading, Policy, PromReading, PromSeries, Verdict};
 use crate::domain::run::{Run, RunKind};
@@ -153,11 +153,7 @@ impl Gate {
     async fn evaluate_with(&self, policy: &Policy) -> GateReport {
         let now = Utc::now();
         let prom = self.read_prometheus(&self.settings.query, true).await;
-        let (board, board_error) = match self.store.board(now).await {
-            Ok(board) => (board.into_iter().map(|e| e.alert).collect::<Vec<_>>(), None),
-            Err(e) => (Vec::new(), Some(crate::error_chain(&e))),
-        };
-        let am = self.read_alertmanager(board).await;
+        let (am, board_error) = self.read_alertmanager(now).await;
         let mut verdict = gate::evaluate(&prom, &am, now, policy);
         if let Some(error) = &board_error
             && verdict.is_open()
@@ -216,21 +212,36 @@ impl Gate {
         report
     }
 
-    /// The Alertmanager side: its own list when it is configured (the board stands in
-    /// only when it cannot be asked), the board of webhooks otherwise.
-    async fn read_alertmanager(&self, board: Vec<Alert>) -> AmReading {
-        let Some(source) = &self.alertmanager else {
-            return AmReading::Board(board);
+    /// The Alertmanager side: its own list when it is configured, the board of webhooks
+    /// otherwise or when it cannot be asked (the board is read only then); with why the
+    /// board could not be read, if it could not.
+    async fn read_alertmanager(&self, now: DateTime<Utc>) -> (AmReading, Option<String>) {
+        let pulled = match &self.alertmanager {
+            None => None,
+            Some(source) => {
+                let reading = source.active().await;
+                self.metrics
+                    .gate_evaluations
+                    .with_label_values(&[
+                        "alertmanager",
+                        if reading.is_ok() { "ok" } else { "error" },
+                    ])
+                    .inc();
+                match reading {
+                    Ok(alerts) => return (AmReading::Pulled(alerts), None),
+                    Err(error) => Some(error),
+                }
+            }
         };
-        let reading = source.active().await;
-        self.metrics
-            .gate_evaluations
-            .with_label_values(&["alertmanager", if reading.is_ok() { "ok" } else { "error" }])
-            .inc();
-        match reading {
-            Ok(alerts) => AmReading::Pulled(alerts),
-            Err(error) => AmReading::Failed { board, error },
-        }
+        let (board, board_error) = match self.store.board(now).await {
+            Ok(board) => (board.into_iter().map(|e| e.alert).collect(), None),
+            Err(e) => (Vec::new(), Some(crate::error_chain(&e))),
+        };
+        let reading = match pulled {
+            None => AmReading::Board(board),
+            Some(error) => AmReading::Failed { board, error },
+        };
+        (reading, board_error)
     }
 
     /// The last evaluation, if any.

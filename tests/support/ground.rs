@@ -294,6 +294,18 @@ impl Ground {
         );
     }
 
+    /// Asserts that no node had a package installed.
+    pub fn assert_nothing_installed(&self) {
+        for node in &self.nodes {
+            let calls = node.calls();
+            assert!(
+                !calls.iter().any(|c| c.starts_with("apt-get install")),
+                "{}: {calls:?}",
+                node.name
+            );
+        }
+    }
+
     /// The Slack messages received so far, as text.
     pub fn slack_texts(&self) -> Vec<String> {
         self.slack

@@ -267,15 +267,10 @@ impl Alertmanager {
             "createdBy": "on-call",
             "comment": "looking into it",
         });
-        let answer: Value = reqwest::Client::new()
+        let request = reqwest::Client::new()
             .post(format!("http://127.0.0.1:{}/api/v2/silences", self.port))
-            .json(&body)
-            .send()
-            .await
-            .expect("alertmanager answers")
-            .json()
-            .await
-            .expect("json");
+            .json(&body);
+        let answer = answer_of(request).await;
         answer["silenceID"]
             .as_str()
             .unwrap_or_else(|| panic!("no silence id: {answer}"))
@@ -284,14 +279,9 @@ impl Alertmanager {
 
     /// Every silence Alertmanager holds (active, pending and expired).
     pub async fn silences(&self) -> Vec<Value> {
-        let all: Value = reqwest::Client::new()
-            .get(format!("http://127.0.0.1:{}/api/v2/silences", self.port))
-            .send()
-            .await
-            .expect("alertmanager answers")
-            .json()
-            .await
-            .expect("json");
+        let request =
+            reqwest::Client::new().get(format!("http://127.0.0.1:{}/api/v2/silences", self.port));
+        let all = answer_of(request).await;
         all.as_array().cloned().unwrap_or_default()
     }
 
@@ -310,14 +300,9 @@ impl Alertmanager {
 
     /// The alerts Alertmanager holds named `name`, with their status.
     pub async fn alerts_named(&self, name: &str) -> Vec<Value> {
-        let all: Value = reqwest::Client::new()
-            .get(format!("http://127.0.0.1:{}/api/v2/alerts", self.port))
-            .send()
-            .await
-            .expect("alertmanager answers")
-            .json()
-            .await
-            .expect("json");
+        let request =
+            reqwest::Client::new().get(format!("http://127.0.0.1:{}/api/v2/alerts", self.port));
+        let all = answer_of(request).await;
         all.as_array()
             .into_iter()
             .flatten()
@@ -325,6 +310,17 @@ impl Alertmanager {
             .cloned()
             .collect()
     }
+}
+
+/// The JSON answer to `request`, sent to Alertmanager.
+async fn answer_of(request: reqwest::RequestBuilder) -> Value {
+    request
+        .send()
+        .await
+        .expect("alertmanager answers")
+        .json()
+        .await
+        .expect("json")
 }
 
 /// A tiny HTTP/1.1 server: serves `metrics` at GET /metrics, records every other request
