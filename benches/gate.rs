@@ -4,7 +4,13 @@
 //!     rule evaluation every 1 s) fires `NodeRecentlyRebooted` → rollgate's own gate check,
 //!     every `gate.poll_interval` (1 s), sees it (`GET /v1/gates?cached=true`).
 //!
-//! Run: `cargo bench --bench gate` (BENCH_TRIALS=100; needs Debian's prometheus).
+//! (c) the cost of one gate evaluation (`GET /v1/gates`, evaluated afresh), side by side
+//!     and interleaved: Prometheus only, beside Prometheus + Alertmanager as a pulled
+//!     source holding 1,000 active gate alerts (BENCH_AM_ALERTS), BENCH_EVALS (default
+//!     1,000) evaluations each.
+//!
+//! Run: `cargo bench --bench gate` (BENCH_TRIALS=100; needs Debian's prometheus and
+//! prometheus-alertmanager).
 
 #[path = "../tests/support/services.rs"]
 #[allow(dead_code)]
@@ -12,7 +18,7 @@ mod services;
 
 use hdrhistogram::Histogram;
 use serde_json::{Value, json};
-use services::{MiniServer, Prometheus};
+use services::{Alertmanager, MiniServer, Prometheus};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -39,7 +45,7 @@ struct Serve {
 }
 
 impl Serve {
-    fn start(prometheus: &str) -> Self {
+    fn start(prometheus: &str, extra: &[(&str, String)]) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let port = free_port();
         let child = Command::new(env!("CARGO_BIN_EXE_rollgate"))
@@ -49,6 +55,7 @@ impl Serve {
             .env("ROLLGATE__GATE__PROMETHEUS_URL", prometheus)
             .env("ROLLGATE__GATE__POLL_INTERVAL", "1s")
             .env("ROLLGATE__LOG__LEVEL", "warn")
+            .envs(extra.iter().map(|(k, v)| (*k, v.as_str())))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -162,7 +169,7 @@ fn main() {
         let target = MiniServer::start().await;
         target.set_metrics(&booted(86_400));
         let prom = Prometheus::start(&target.address()).await;
-        let rg = Serve::start(&prom.url());
+        let rg = Serve::start(&prom.url(), &[]);
         rg.wait_verdict("open", false, Duration::from_millis(50))
             .await;
 
@@ -204,5 +211,115 @@ fn main() {
             "(b) Prometheus only: scrape 1s + rules 1s + gate poll 1s",
             &prometheus,
         );
+        evaluation_cost(&prom).await;
     });
+}
+
+fn env_number(key: &str, default: usize) -> usize {
+    std::env::var(key)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Posts `n` active gate alerts to Alertmanager in one request.
+async fn fill_alertmanager(am: &Alertmanager, n: usize) {
+    let now = chrono::Utc::now();
+    let alerts: Vec<Value> = (0..n)
+        .map(|i| {
+            json!({
+                "labels": {"alertname": format!("BenchGate{i:04}"), "upgrade_gate": "true",
+                    "severity": "critical", "node": format!("w{}", i % 12)},
+                "annotations": {"summary": "bench"},
+                "startsAt": (now - chrono::Duration::minutes(1)).to_rfc3339(),
+                "endsAt": (now + chrono::Duration::hours(2)).to_rfc3339(),
+            })
+        })
+        .collect();
+    let r = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{}/api/v2/alerts", am.port))
+        .json(&alerts)
+        .send()
+        .await
+        .expect("alertmanager answers");
+    assert!(r.status().is_success(), "alerts refused: {}", r.status());
+}
+
+/// (c): one evaluation's cost with and without 1,000 alerts pulled from Alertmanager.
+async fn evaluation_cost(prom: &Prometheus) {
+    let alerts = env_number("BENCH_AM_ALERTS", 1000);
+    let evals = env_number("BENCH_EVALS", 1000);
+    let am = Alertmanager::with_config(
+        "route:\n  receiver: nobody\nreceivers:\n  - name: nobody\n",
+        free_port(),
+    )
+    .await;
+    fill_alertmanager(&am, alerts).await;
+    let prom_only = Serve::start(&prom.url(), &[]);
+    let with_am = Serve::start(
+        &prom.url(),
+        &[(
+            "ROLLGATE__GATE__ALERTMANAGER_URL",
+            format!("http://127.0.0.1:{}", am.port),
+        )],
+    );
+    prom_only
+        .wait_verdict("open", false, Duration::from_millis(50))
+        .await;
+    with_am
+        .wait_verdict("closed", false, Duration::from_millis(50))
+        .await;
+    let report = with_am.report(false).await;
+    let blockers = report["verdict"]["blockers"].as_array().map_or(0, Vec::len);
+    assert_eq!(blockers, alerts, "every pulled alert blocks: {report}");
+
+    let mut plain = Histogram::<u64>::new(3).expect("histogram");
+    let mut pulled = Histogram::<u64>::new(3).expect("histogram");
+    let mut raw = Histogram::<u64>::new(3).expect("histogram");
+    // What rollgate asks Alertmanager, asked directly: Alertmanager's own share.
+    let am_query = format!(
+        "http://127.0.0.1:{}/api/v2/alerts?active=true&silenced=false&inhibited=false&filter=upgrade_gate%3D%22true%22",
+        am.port
+    );
+    let http = reqwest::Client::new();
+    for _ in 0..evals {
+        for (serve, h) in [(&prom_only, &mut plain), (&with_am, &mut pulled)] {
+            let started = Instant::now();
+            let report = serve.report(false).await;
+            h.record(started.elapsed().as_micros() as u64)
+                .expect("record");
+            assert!(report["verdict"]["verdict"].is_string(), "{report}");
+        }
+        let started = Instant::now();
+        let body = http
+            .get(&am_query)
+            .send()
+            .await
+            .expect("alertmanager answers")
+            .bytes()
+            .await
+            .expect("body");
+        raw.record(started.elapsed().as_micros() as u64)
+            .expect("record");
+        assert!(body.len() > alerts, "{} bytes", body.len());
+    }
+    println!();
+    println!(
+        "{:<58} {:>6} {:>9} {:>9} {:>9}",
+        "one gate evaluation, GET /v1/gates (ms)", "evals", "p50", "p99", "max"
+    );
+    row("(c) Prometheus only", &plain);
+    row(
+        &format!("(c) Prometheus + Alertmanager, {alerts} active alerts"),
+        &pulled,
+    );
+    row(
+        &format!("    of which Alertmanager's own answer ({alerts} alerts)"),
+        &raw,
+    );
+    println!(
+        "ratio Alertmanager / Prometheus only: p50 {:.2}, p99 {:.2}",
+        pulled.value_at_quantile(0.5) as f64 / plain.value_at_quantile(0.5).max(1) as f64,
+        pulled.value_at_quantile(0.99) as f64 / plain.value_at_quantile(0.99).max(1) as f64
+    );
 }

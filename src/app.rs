@@ -165,6 +165,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         plan_settings: plan_settings(&settings),
         on_failure: settings.worker.on_failure,
         etcd_rolls,
+        windows: settings.schedule.windows.clone(),
     });
     let served = state.clone();
     let server = HttpServer::new(move || {
@@ -201,7 +202,8 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             on_failure: settings.worker.on_failure,
         };
         let worker = Worker::new(queue, store, metrics, executors, policy, notifier)
-            .refusing_detections(upgrades_unavailable);
+            .refusing_detections(upgrades_unavailable)
+            .within(settings.schedule.windows.clone());
         Some(tokio::spawn(worker.run(stop_rx)))
     };
 
@@ -342,6 +344,7 @@ pub async fn build_upgrade_steps(
 pub fn plan_settings(settings: &Settings) -> PlanSettings {
     PlanSettings {
         worker_order: settings.cluster.worker_order.clone(),
+        max_unavailable: settings.cluster.max_unavailable,
         etcd_max_lag: settings.etcd.max_lag,
     }
 }

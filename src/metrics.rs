@@ -48,6 +48,11 @@ pub struct Metrics {
     /// 1 for the node the upgrade has in hand, from its drain to its uncordon (alerts that
     /// rollgate's own work causes there may be inhibited by it); no series when none.
     pub upgrade_node_in_hand: IntGaugeVec,
+    /// 1 while a maintenance window is open (or none is configured), else 0.
+    pub window_open: IntGauge,
+    /// When the maintenance window open now, or the next one, opens (Unix seconds); 0 with
+    /// no window configured.
+    pub window_opening: IntGauge,
     /// Durations of node steps by step and node.
     pub node_step_duration: HistogramVec,
     /// What finished etcd rolls did, by roll target (`namespace/statefulset`).
@@ -202,6 +207,15 @@ impl Metrics {
             "Stage number (0-7) of the upgrade step in hand; -1 when none.",
         );
         upgrade_stage.set(-1);
+        let window_open = gauge(
+            "rollgate_maintenance_window_open",
+            "1 while a maintenance window is open (or none is configured), else 0.",
+        );
+        window_open.set(1);
+        let window_opening = gauge(
+            "rollgate_maintenance_window_opening_timestamp_seconds",
+            "When the maintenance window open now, or the next one, opens (Unix time); 0 with no window.",
+        );
         let upgrade_node_in_hand = IntGaugeVec::new(
             Opts::new(
                 "k8s_upgrade_node_in_hand",
@@ -272,6 +286,8 @@ impl Metrics {
             upgrade_snapshot_taken,
             upgrade_stage,
             upgrade_node_in_hand,
+            window_open,
+            window_opening,
             node_step_duration,
             registry,
             http_requests,

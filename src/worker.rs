@@ -10,11 +10,13 @@ use tokio::sync::watch;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::domain::backoff::Backoff;
-use crate::domain::engine::{self, Context, Input, Next};
+use crate::domain::engine::{self, Context, Input, Next, StepOutcome};
 use crate::domain::event::{
-    CloudEvent, ControlRequest, EventData, EventType, ROLLGATE_SOURCE, WakeRequest,
+    CloudEvent, ControlRequest, DetectionRequest, EventData, EventType, ROLLGATE_SOURCE,
+    WakeRequest,
 };
 use crate::domain::run::{FailurePolicy, Run, RunKind, RunStatus, Step};
+use crate::domain::schedule::Windows;
 use crate::metrics::Metrics;
 use crate::ports::{Executors, Notice, Notifier};
 use crate::queue::{Delivery, Outgoing, Queue, QueueError};
@@ -41,6 +43,8 @@ pub struct Worker {
     /// Why new detections (from AMQP) cannot become runs here, when they cannot: they are
     /// dead-lettered with this reason, as the API refuses them with a 422.
     pub detections_refused: Option<String>,
+    /// The maintenance windows outside which steps that start work on a node wait.
+    pub windows: Windows,
 }
 
 /// Limits the engine applies to every run.
@@ -95,7 +99,24 @@ impl Worker {
             outbox_pending: AtomicBool::new(true),
             consecutive_failures: AtomicU32::new(0),
             detections_refused: None,
+            windows: Windows::default(),
         }
+    }
+
+    /// The same worker, starting work on nodes only inside `windows`.
+    pub fn within(mut self, windows: Windows) -> Self {
+        self.windows = windows;
+        self
+    }
+
+    /// The wait `run`'s step `index` owes the maintenance windows now, if any.
+    fn window_wait(&self, run: &Run, index: usize) -> Option<StepOutcome> {
+        let dry_run = run.kind == RunKind::K8sUpgrade
+            && DetectionRequest::from_json(&run.request).is_ok_and(|r| r.dry_run);
+        let (until, reason) = self
+            .windows
+            .hold(&run.steps[index].kind, dry_run, Utc::now())?;
+        Some(StepOutcome::Wait { until, reason })
     }
 
     /// The same worker, dead-lettering new detections for `why` (upgrades are not
@@ -524,7 +545,10 @@ impl Worker {
             let label = run.steps[index].label();
             let span = info_span!("step", run_id = %run.id, step = %label);
             let started = Instant::now();
-            let outcome = executor.execute(&run, index).instrument(span).await;
+            let outcome = match self.window_wait(&run, index) {
+                Some(wait) => wait,
+                None => executor.execute(&run, index).instrument(span).await,
+            };
             self.metrics
                 .step_duration
                 .with_label_values(&[run.kind.name(), run.steps[index].kind.name()])

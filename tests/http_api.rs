@@ -584,6 +584,65 @@ async fn check_config_reports_every_bad_value_at_once() {
     for key in ["server.listen", "queue.backend", "queue.prefetch"] {
         assert!(err.contains(key), "{key} not reported:\n{err}");
     }
+    // A bad maintenance window is named, from the environment and from a file.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rollgate.toml");
+    std::fs::write(
+        &file,
+        "[[schedule.windows]]\ndays = [\"sat\", \"sun\"]\nstart = \"22:00\"\nend = \"06:00\"\n\n[[schedule.windows]]\ndays = \"mon-fri\"\nstart = \"02:00\"\nend = \"04:00\"\ntime_zone = \"Europe/Atlantis\"\n",
+    )
+    .unwrap();
+    let cases = [
+        (
+            vec![(
+                "ROLLGATE__SCHEDULE__WINDOWS",
+                "sat,sun 22:00-06:00; mon-fri 25:00-06:00 Europe/Berlin",
+            )],
+            None,
+            "schedule.windows: window 2: window \"mon-fri 25:00-06:00 Europe/Berlin\": start \"25:00\" is not a time of day",
+        ),
+        (
+            vec![("ROLLGATE__CLUSTER__MAX_UNAVAILABLE", "0")],
+            None,
+            "cluster.max_unavailable: \"0\" is not a count of workers",
+        ),
+        (
+            vec![],
+            Some(&file),
+            "schedule.windows: window 2: window \"mon-fri 02:00-04:00 Europe/Atlantis\": time zone \"Europe/Atlantis\" is not a known IANA zone",
+        ),
+    ];
+    for (env, config, want) in cases {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"));
+        if let Some(config) = config {
+            cmd.arg("--config").arg(config);
+        }
+        cmd.arg("check-config").envs(env);
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(want), "{want} not in:\n{err}");
+    }
+    let good = std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
+        .arg("check-config")
+        .env(
+            "ROLLGATE__SCHEDULE__WINDOWS",
+            "sat,sun 22:00-06:00 Europe/Berlin",
+        )
+        .env("ROLLGATE__CLUSTER__MAX_UNAVAILABLE", "25%")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&good.stdout);
+    assert!(
+        good.status.success(),
+        "{}",
+        String::from_utf8_lossy(&good.stderr)
+    );
+    assert!(
+        text.contains("windows     sat,sun 22:00-06:00 Europe/Berlin: ")
+            && text.contains("workers     25% at a time"),
+        "{text}"
+    );
     let ok = std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
         .arg("check-config")
         .env_remove("ROLLGATE__SERVER__LISTEN")

@@ -707,8 +707,13 @@ async fn self_silences(am: &Alertmanager, node: &str) -> Vec<(String, Value)> {
 #[tokio::test]
 async fn self_silences_cover_the_node_in_hand_and_lapse_after_it_or_after_a_kill_9() {
     let ground = Ground::start("1.34.2", 2).await;
-    // w2 (first in order) takes a while over its node script: a window to look in.
-    ground.node("w2").slow_kubeadm(4);
+    // w2 (first in order) takes a while to drain: its database replica may not leave
+    // until the other replica (on w1) is Ready, which the test decides.
+    ground.api.add_pods("w2", "db", 1, false);
+    ground.api.add_pods("w1", "db", 1, false);
+    let recovering = pod_named(&ground, "w1", "db");
+    ground.api.set_pod_ready(&recovering, false);
+    ground.api.set_pdb("db-pdb", "db", 1);
     let am_port = support::free_port();
     let am = Alertmanager::with_config(
         "route:\n  receiver: nobody\nreceivers:\n  - name: nobody\n",
@@ -732,8 +737,18 @@ async fn self_silences_cover_the_node_in_hand_and_lapse_after_it_or_after_a_kill
     )
     .await;
     let id = detect(&rg, "1.34.5", "patch").await;
-    rg.wait_run_until(&id, "w2's node script running", RUN_DEADLINE, |run| {
-        find_step(run, "workers/upgrade@w2").is_some_and(|s| s["status"] == "running")
+    // Until the replica on w1 is Ready, w2's drain cannot finish: it is mid-drain.
+    rg.wait_run_until(&id, "w2's drain running", RUN_DEADLINE, |run| {
+        find_step(run, "workers/drain@w2").is_some_and(|s| s["status"] == "running")
+    })
+    .await;
+    eventually("an eviction on w2 refused", RUN_DEADLINE, || async {
+        ground
+            .api
+            .changes()
+            .iter()
+            .any(|c| matches!(c, Change::Refused { node, .. } if node == "w2"))
+            .then_some(())
     })
     .await;
 
@@ -782,7 +797,7 @@ async fn self_silences_cover_the_node_in_hand_and_lapse_after_it_or_after_a_kill
     )
     .await;
 
-    // rollgate dies mid-step: the silence lapses by its TTL, with nobody to extend it.
+    // rollgate dies mid-drain: the silence lapses by its TTL, with nobody to extend it.
     rg.kill9();
     eventually("w2's silence to lapse", Duration::from_secs(10), || async {
         self_silences(&am, "w2")
@@ -792,6 +807,7 @@ async fn self_silences_cover_the_node_in_hand_and_lapse_after_it_or_after_a_kill
             .then_some(())
     })
     .await;
+    ground.api.set_pod_ready(&recovering, true);
     rg.restart().await;
 
     // The run carries on; w1 gets its own silence in its turn; once the run is done every
@@ -916,4 +932,224 @@ fn pod_named(ground: &Ground, node: &str, app: &str) -> String {
         .find(|p| p["metadata"]["labels"]["app"] == app)
         .and_then(|p| p["metadata"]["name"].as_str().map(str::to_owned))
         .unwrap_or_else(|| panic!("no {app} pod on {node}"))
+}
+
+#[tokio::test]
+async fn max_unavailable_2_takes_six_workers_in_three_gated_batches_never_three_at_once() {
+    let ground = Ground::start("1.34.2", 6).await;
+    // A backup runs on the second node of the first batch (w4, w3): the batch waits
+    // before its first cordon.
+    ground.api.add_job_pod("w3", "velero");
+    let backup = pod_named(&ground, "w3", "velero");
+    let rg = start(
+        &ground,
+        &[
+            ("ROLLGATE__CLUSTER__MAX_UNAVAILABLE", "2".into()),
+            (
+                "ROLLGATE__CLUSTER__BLOCKING_POD_SELECTORS",
+                "app=velero".into(),
+            ),
+        ],
+    )
+    .await;
+    let id = detect(&rg, "1.34.5", "patch").await;
+    let run = rg
+        .wait_run_until(&id, "the first batch held", RUN_DEADLINE, |r| {
+            r["status"] == "waiting"
+                && find_step(r, "workers/drain@w4").is_some_and(|s| s["status"] == "waiting")
+        })
+        .await;
+    assert_eq!(
+        run["blockers"],
+        json!([format!(
+            "w3: pod default/{backup} matches the blocking selector app in (velero)"
+        )])
+    );
+    assert!(!cordoned(&ground, "w4") && !cordoned(&ground, "w3"));
+    ground.api.set_pod_phase(&backup, "Succeeded");
+
+    let run = wait_status(&rg, &id, "succeeded").await;
+    ground.assert_all_at("1.34.5");
+    ground.assert_drained_once();
+    let (most, peaks) = ground.most_workers_cordoned_at_once();
+    assert_eq!(most, 2, "never more than max_unavailable out at once");
+    let pair = |a: &str, b: &str| -> std::collections::BTreeSet<String> {
+        [a.to_owned(), b.to_owned()].into()
+    };
+    assert_eq!(
+        peaks,
+        [pair("w3", "w4"), pair("w1", "w2"), pair("w5", "w6")],
+        "each batch out together"
+    );
+    // One gate per batch, in front of it, done before its first drain started.
+    let labels: Vec<String> = run["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let node = s["node"]
+                .as_str()
+                .map(|n| format!("@{n}"))
+                .unwrap_or_default();
+            format!(
+                "{}/{}{node}",
+                s["stage"].as_str().unwrap(),
+                s["name"].as_str().unwrap()
+            )
+        })
+        .filter(|l| l.starts_with("workers/gate") || l.starts_with("workers/soak"))
+        .collect();
+    assert_eq!(
+        labels,
+        [
+            "workers/gate@w4",
+            "workers/soak@w3",
+            "workers/gate@w2",
+            "workers/soak@w1",
+            "workers/gate@w5",
+            "workers/soak@w6"
+        ]
+    );
+    for (gate, drains) in [
+        ("w4", ["w4", "w3"]),
+        ("w2", ["w2", "w1"]),
+        ("w5", ["w5", "w6"]),
+    ] {
+        let gated = step(&run, &format!("workers/gate@{gate}"))["ended_at"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        for node in drains {
+            let drain = step(&run, &format!("workers/drain@{node}"));
+            assert!(
+                drain["started_at"].as_str().unwrap() >= gated.as_str(),
+                "{node} drained before its batch's gate: {run}"
+            );
+        }
+    }
+    assert!(
+        step(&run, "plan")["outcome"]
+            .as_str()
+            .unwrap()
+            .contains("workers in batches of 2 in order: w4, w3, w2, w1, w5, w6"),
+        "{run}"
+    );
+}
+
+/// The UTC time of day `secs` after `at`, as a window bound.
+fn clock(at: chrono::DateTime<chrono::Utc>, secs: i64) -> String {
+    (at + chrono::Duration::seconds(secs))
+        .format("%H:%M:%S")
+        .to_string()
+}
+
+fn time_of(step: &Value, field: &str) -> chrono::DateTime<chrono::Utc> {
+    step[field]
+        .as_str()
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        .unwrap_or_else(|| panic!("no {field} in {step}"))
+        .with_timezone(&chrono::Utc)
+}
+
+#[tokio::test]
+async fn a_run_waits_for_its_window_and_a_closing_window_lets_the_node_in_hand_finish() {
+    let ground = Ground::start("1.34.2", 2).await;
+    // Worker order: w2, then w1. w2's kubeadm waits until the test lets it go, so that
+    // the first window closes while w2 is in hand, whatever the machine's speed.
+    ground.node("w2").hold_kubeadm();
+    let t0 = chrono::Utc::now();
+    let (opens, closes, reopens) = (6, 60, 70);
+    let windows = format!(
+        "{}-{} UTC; daily {}-{}",
+        clock(t0, opens),
+        clock(t0, closes),
+        clock(t0, reopens),
+        clock(t0, reopens + 600)
+    );
+    let rg = start(&ground, &[("ROLLGATE__SCHEDULE__WINDOWS", windows)]).await;
+    let id = detect(&rg, "1.34.5", "patch").await;
+
+    // Outside every window: the pre-flight gate waits, naming the next opening.
+    let run = rg
+        .wait_run(&id, "waiting for the window", |r| {
+            r["status"] == "waiting"
+                && r["reason"]
+                    .as_str()
+                    .is_some_and(|t| t.contains("outside the maintenance windows"))
+        })
+        .await;
+    let opening = t0 + chrono::Duration::seconds(opens);
+    let first_opening = opening.format("%Y-%m-%d %H:%M:%S UTC").to_string();
+    assert!(
+        run["reason"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("the next opens at {first_opening}")),
+        "{run}"
+    );
+    assert_eq!(step(&run, "preflight/gate")["status"], "waiting");
+    assert_eq!(rg.metric("rollgate_maintenance_window_open").await, 0.0);
+    assert_eq!(
+        rg.metric("rollgate_maintenance_window_opening_timestamp_seconds")
+            .await,
+        opening.timestamp() as f64
+    );
+    assert!(ground.cordon_order().is_empty());
+
+    // It starts at the opening and reaches w2 inside the first window.
+    let run = rg
+        .wait_run_until(
+            &id,
+            "w2 in hand",
+            Duration::from_secs(closes as u64 - 2),
+            |r| find_step(r, "workers/upgrade@w2").is_some_and(|s| s["status"] == "running"),
+        )
+        .await;
+    assert!(
+        time_of(step(&run, "preflight/gate"), "ended_at") >= opening - chrono::Duration::seconds(1)
+    );
+    assert_eq!(rg.metric("rollgate_maintenance_window_open").await, 1.0);
+
+    // The window closes while w2 is in hand: w2 finishes, w1 waits for the next one.
+    eventually("the first window to close", RUN_DEADLINE, || async {
+        (rg.metric("rollgate_maintenance_window_open").await == 0.0).then_some(())
+    })
+    .await;
+    ground.node("w2").release_kubeadm();
+    let run = rg
+        .wait_run_until(&id, "w1 waiting for the window", RUN_DEADLINE, |r| {
+            r["status"] == "waiting"
+                && find_step(r, "workers/gate@w1").is_some_and(|s| s["status"] == "waiting")
+        })
+        .await;
+    for done in [
+        "workers/upgrade@w2",
+        "workers/verify@w2",
+        "workers/uncordon@w2",
+        "workers/soak@w2",
+    ] {
+        assert_eq!(step(&run, done)["status"], "done", "{done}: {run}");
+    }
+    assert!(
+        run["reason"]
+            .as_str()
+            .unwrap()
+            .contains("outside the maintenance windows"),
+        "{run}"
+    );
+    assert!(
+        run["blockers"].as_array().is_none_or(|b| b.is_empty()),
+        "a window is not a blocker: {run}"
+    );
+    assert!(!cordoned(&ground, "w1"));
+
+    // The second window opens: the run finishes.
+    let run = wait_status(&rg, &id, "succeeded").await;
+    let reopening = t0 + chrono::Duration::seconds(reopens);
+    assert!(
+        time_of(step(&run, "workers/gate@w1"), "ended_at")
+            >= reopening - chrono::Duration::seconds(1)
+    );
+    ground.assert_all_at("1.34.5");
+    ground.assert_drained_once();
 }

@@ -277,6 +277,25 @@ pub fn run(cli: Cli) -> ExitCode {
                 ),
             };
             println!("  etcd watch  {watch}");
+            let windows = &settings.schedule.windows;
+            let schedule = match windows.at(chrono::Utc::now()) {
+                crate::domain::schedule::Now::Always => "always (no maintenance window)".into(),
+                crate::domain::schedule::Now::Open { closes, .. } => format!(
+                    "{}: open now, until {}",
+                    windows.describe(),
+                    closes.format("%Y-%m-%d %H:%M:%S UTC")
+                ),
+                crate::domain::schedule::Now::Closed { opens } => format!(
+                    "{}: closed now, next opens at {}",
+                    windows.describe(),
+                    opens.format("%Y-%m-%d %H:%M:%S UTC")
+                ),
+            };
+            println!("  windows     {schedule}");
+            println!(
+                "  workers     {} at a time (cluster.max_unavailable)",
+                settings.cluster.max_unavailable
+            );
             println!(
                 "  ssh         user {}, key {}, known_hosts {}",
                 settings.ssh.user,

@@ -8,8 +8,8 @@ mod values;
 
 pub use sections::{
     ClusterSettings, DetectConfig, DetectSubmit, EtcdConfig, EtcdRollConfig, GateSettings,
-    LogFormat, LogSettings, NotifySettings, QueueBackend, QueueSettings, ServerSettings, Settings,
-    SshConfig, SshHost, WorkerSettings,
+    LogFormat, LogSettings, NotifySettings, QueueBackend, QueueSettings, ScheduleSettings,
+    ServerSettings, Settings, SshConfig, SshHost, WorkerSettings,
 };
 
 use config::{Config, Environment, File, FileFormat, Map, Value, ValueKind};
@@ -61,6 +61,7 @@ pub fn keys() -> Vec<String> {
     add("etcd", fields::<EtcdConfig>());
     add("etcd_roll", fields::<EtcdRollConfig>());
     add("detect", fields::<DetectConfig>());
+    add("schedule", fields::<ScheduleSettings>());
     out
 }
 
@@ -132,6 +133,7 @@ impl Settings {
             etcd: take_section(r, "etcd", p),
             etcd_roll: take_section(r, "etcd_roll", p),
             detect: take_section(r, "detect", p),
+            schedule: take_section(r, "schedule", p),
         };
         for key in root.keys() {
             problems.push(Problem {

@@ -466,6 +466,12 @@ pub struct ClusterSettings {
     /// Workers in upgrade order; those not named follow by name.
     #[serde(deserialize_with = "string_list")]
     pub worker_order: Vec<String>,
+    /// How many workers are drained and upgraded together, each batch behind one gate
+    /// and followed by one soak: a count (`2`) or a percentage of the workers (`"25%"`,
+    /// rounded down, at least 1). PodDisruptionBudgets still bound every eviction.
+    /// Control planes always go one at a time.
+    #[serde(deserialize_with = "values::max_unavailable")]
+    pub max_unavailable: crate::domain::k8s_upgrade::MaxUnavailable,
     /// Pods that hold a node's drain while one runs on it (kured's blocking pods):
     /// `key=value`, `key!=value`, `key` or `!key`, any of which holds (default: none).
     #[serde(deserialize_with = "string_list")]
@@ -505,6 +511,7 @@ impl Default for ClusterSettings {
             namespace: "k8s-upgrade".into(),
             annotation_prefix: "rollgate.io".into(),
             worker_order: Vec::new(),
+            max_unavailable: Default::default(),
             blocking_pod_selectors: Vec::new(),
             drain_timeout: Duration::from_secs(600),
             eviction_retry: Duration::from_secs(5),
@@ -560,6 +567,21 @@ impl ClusterSettings {
         }
         p.duration("request_timeout", self.request_timeout, 100, 300_000);
     }
+}
+
+/// When rollgate may start work on a node (section `schedule`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScheduleSettings {
+    /// Maintenance windows, a union (default: none, always open). Each is a line
+    /// `[days] HH:MM-HH:MM [zone]` (e.g. `mon-fri 22:00-06:00 Europe/Berlin`; an end at or
+    /// before the start is on the next day; days `mon-fri`, `sat,sun`, or none for every
+    /// day; zone UTC unless named) or a table of `days`, `start`, `end`, `time_zone`; from
+    /// the environment, lines separated by `;`. Outside them, the pre-flight gate, the
+    /// snapshot, the gate before each node and each leadership move wait; a node in hand
+    /// finishes.
+    #[serde(deserialize_with = "values::window_list")]
+    pub windows: crate::domain::schedule::Windows,
 }
 
 /// SSH to nodes (section `ssh`).
@@ -846,6 +868,8 @@ pub struct Settings {
     pub etcd_roll: EtcdRollConfig,
     /// `rollgate detect`.
     pub detect: DetectConfig,
+    /// Maintenance windows.
+    pub schedule: ScheduleSettings,
 }
 
 impl Settings {

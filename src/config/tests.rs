@@ -128,7 +128,7 @@ fn every_bad_value_is_reported_at_once() {
         "cluster.pod_ready_ratio",
         "cluster.soak",
         "detect.stages",
-        "schedule",
+        "schedule.windows",
         "etcd_roll.watch",
     ] {
         assert!(keys.contains(key), "{key} not reported in {err}");

@@ -11,6 +11,8 @@ use std::time::Duration;
 use super::Problem;
 use super::sections::SshHost;
 use crate::domain::gate::Matcher;
+use crate::domain::k8s_upgrade::MaxUnavailable;
+use crate::domain::schedule::{Window, WindowError, Windows};
 
 /// A TOML array of strings, or one comma-separated string (as the environment gives it).
 pub fn string_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
@@ -44,6 +46,111 @@ pub fn matcher_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Matcher>, D::
         .iter()
         .map(|m| Matcher::parse(m).map_err(de::Error::custom))
         .collect()
+}
+
+/// Maintenance windows: a TOML array whose items are `[days] HH:MM-HH:MM [zone]` lines
+/// or tables of `days`, `start`, `end`, `time_zone`; or, from the environment, one string
+/// of lines separated by `;`.
+pub fn window_list<'de, D: Deserializer<'de>>(d: D) -> Result<Windows, D::Error> {
+    struct List;
+    impl<'de> Visitor<'de> for List {
+        type Value = Windows;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a list of windows, or windows separated by `;`")
+        }
+        fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
+            s.split(';')
+                .map(str::trim)
+                .filter(|w| !w.is_empty())
+                .enumerate()
+                .map(|(i, w)| numbered(i, Window::parse(w)))
+                .collect::<Result<_, _>>()
+                .map(Windows)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(item) = seq.next_element::<WindowItem>()? {
+                out.push(numbered(out.len(), item.0)?);
+            }
+            Ok(Windows(out))
+        }
+    }
+    d.deserialize_any(List)
+}
+
+fn numbered<E: de::Error>(index: usize, w: Result<Window, WindowError>) -> Result<Window, E> {
+    w.map_err(|e| E::custom(format!("window {}: {e}", index + 1)))
+}
+
+/// One window as an array item: a line or a table. Its error waits for `numbered`.
+struct WindowItem(Result<Window, WindowError>);
+
+impl<'de> de::Deserialize<'de> for WindowItem {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Item;
+        impl<'de> Visitor<'de> for Item {
+            type Value = WindowItem;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a window: `[days] HH:MM-HH:MM [zone]` or a table of days, start, end, time_zone")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
+                Ok(WindowItem(Window::parse(s)))
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let (mut days, mut start, mut end, mut zone) =
+                    (String::new(), None, None, String::new());
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "days" => days = map.next_value_seed(DaysSeed)?,
+                        "start" => start = Some(map.next_value::<String>()?),
+                        "end" => end = Some(map.next_value::<String>()?),
+                        "time_zone" => zone = map.next_value::<String>()?,
+                        other => {
+                            return Err(de::Error::custom(format!(
+                                "{other:?} is not a key of a window (known: days, start, end, time_zone)"
+                            )));
+                        }
+                    }
+                }
+                let (Some(start), Some(end)) = (start, end) else {
+                    return Err(de::Error::custom("a window needs start and end (HH:MM)"));
+                };
+                Ok(WindowItem(Window::from_parts(&days, &start, &end, &zone)))
+            }
+        }
+        d.deserialize_any(Item)
+    }
+}
+
+/// A window's `days`: `"mon-fri"` or `["sat", "sun"]`, as one comma-separated string.
+struct DaysSeed;
+
+impl<'de> de::DeserializeSeed<'de> for DaysSeed {
+    type Value = String;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<String, D::Error> {
+        string_list(d).map(|days| days.join(","))
+    }
+}
+
+/// A count (`2`) or a percentage (`"25%"`) of workers.
+pub fn max_unavailable<'de, D: Deserializer<'de>>(d: D) -> Result<MaxUnavailable, D::Error> {
+    struct CountOrPercent;
+    impl<'de> Visitor<'de> for CountOrPercent {
+        type Value = MaxUnavailable;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a count of workers (2) or a percentage (\"25%\")")
+        }
+        fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
+            MaxUnavailable::parse(s).map_err(E::custom)
+        }
+        fn visit_i64<E: de::Error>(self, n: i64) -> Result<Self::Value, E> {
+            self.visit_str(&n.to_string())
+        }
+        fn visit_u64<E: de::Error>(self, n: u64) -> Result<Self::Value, E> {
+            self.visit_str(&n.to_string())
+        }
+    }
+    d.deserialize_any(CountOrPercent)
 }
 
 /// A list of `node=[user@]host[:port]` entries, by node.

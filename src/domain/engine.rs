@@ -403,6 +403,10 @@ fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context)
         StepOutcome::Wait { until, reason } => {
             step.status = StepStatus::Waiting;
             step.outcome = Some(reason.clone());
+            // A wait is not a closed gate (a maintenance window closed): the clock of
+            // halt_after starts again when the gate is next asked.
+            run.blockers.clear();
+            run.blocked_since = None;
             if run.halt_requested {
                 hold(
                     run,
@@ -1083,6 +1087,31 @@ mod tests {
             reasons: vec!["NodeNotReady {node=w2} (alertmanager)".into()],
             retry_at: t(retry),
         }
+    }
+
+    #[test]
+    fn a_wait_at_a_closed_gate_restarts_the_halt_after_clock() {
+        let mut run = run_with(&["gate", "drain"]);
+        advance(&mut run, Input::Start, &ctx(0)).unwrap();
+        let finished = |epoch, outcome| Input::StepFinished { epoch, outcome };
+        advance(&mut run, finished(1, blocked(0)), &ctx(1)).unwrap();
+        assert_eq!(run.blocked_since, Some(t(1)));
+        advance(&mut run, Input::Wake { epoch: 2 }, &ctx(50)).unwrap();
+        let window = StepOutcome::Wait {
+            until: t(500),
+            reason: "outside the maintenance windows".into(),
+        };
+        advance(&mut run, finished(3, window), &ctx(60)).unwrap();
+        assert_eq!(run.status, RunStatus::Waiting);
+        assert_eq!((run.blocked_since, run.blockers.len()), (None, 0));
+        advance(&mut run, Input::Wake { epoch: 4 }, &ctx(500)).unwrap();
+        advance(&mut run, finished(5, blocked(0)), &ctx(501)).unwrap();
+        assert_eq!(
+            run.status,
+            RunStatus::Waiting,
+            "closed 1s since the window opened, not 500s: not halted"
+        );
+        assert_eq!(run.blocked_since, Some(t(501)));
     }
 
     #[test]

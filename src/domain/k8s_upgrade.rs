@@ -8,8 +8,8 @@ use super::control_planes::{
     self as cps, ControlPlaneAction, EtcdFacts, EtcdLayout, Kubeadm, LayoutError,
 };
 use super::event::{DetectionRequest, Stage, StageSelection, UpgradeKind};
-use super::run::Step;
-use super::step::UpgradeStep;
+use super::run::{Step, StepStatus};
+use super::step::{StepKind, UpgradeStep};
 use super::version::Version;
 
 /// What a node is for.
@@ -68,11 +68,69 @@ impl ClusterFacts {
     }
 }
 
+/// How many workers may be out of service at once (`cluster.max_unavailable`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MaxUnavailable {
+    /// This many.
+    Count(u32),
+    /// This percentage of the cluster's workers, rounded down.
+    Percent(u32),
+}
+
+impl Default for MaxUnavailable {
+    fn default() -> Self {
+        Self::Count(1)
+    }
+}
+
+impl MaxUnavailable {
+    /// `2` or `25%`; at least 1, a percentage at most 100.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        let bad = || {
+            format!(
+                "{text:?} is not a count of workers (1, 2, …) or a percentage of them (1% to 100%)"
+            )
+        };
+        let (number, percent) = match text.strip_suffix('%') {
+            Some(number) => (number.trim(), true),
+            None => (text, false),
+        };
+        let n: u32 = number.parse().map_err(|_| bad())?;
+        match (n, percent) {
+            (0, _) => Err(bad()),
+            (1..=100, true) => Ok(Self::Percent(n)),
+            (_, true) => Err(bad()),
+            (n, false) => Ok(Self::Count(n)),
+        }
+    }
+
+    /// The batch size for a cluster of `workers` workers: at least 1.
+    pub fn of(self, workers: usize) -> usize {
+        let n = match self {
+            Self::Count(n) => n as usize,
+            Self::Percent(p) => workers * p as usize / 100,
+        };
+        n.clamp(1, workers.max(1))
+    }
+}
+
+impl std::fmt::Display for MaxUnavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Count(n) => write!(f, "{n}"),
+            Self::Percent(p) => write!(f, "{p}%"),
+        }
+    }
+}
+
 /// Planning choices from the configuration.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PlanSettings {
     /// Workers in the order to upgrade them; workers not named follow, by name.
     pub worker_order: Vec<String>,
+    /// How many workers are drained and upgraded together, behind one gate.
+    pub max_unavailable: MaxUnavailable,
     /// How far an etcd member may trail the leader's raft index before a control plane
     /// is touched.
     pub etcd_max_lag: u64,
@@ -121,6 +179,8 @@ pub struct Plan {
     pub control_planes: Vec<String>,
     /// Workers in upgrade order (those already at the target left out).
     pub workers: Vec<String>,
+    /// How many workers go together, each batch behind one gate.
+    pub batch_size: usize,
     /// What the plan leaves out and why, one line each.
     pub skipped: Vec<String>,
     /// The steps after `plan` (the gate and quiet period of pre-flight come before it).
@@ -321,6 +381,47 @@ fn node_steps(
     steps
 }
 
+/// The steps of one batch of workers: one gate, then each node drained, upgraded,
+/// verified and uncordoned in turn, so that all of them are out of service together and
+/// none longer than the batch; one soak after the batch.
+fn worker_batch_steps(batch: &[String]) -> Vec<UpgradeStep> {
+    let stage = Stage::Workers;
+    let (Some(first), Some(last)) = (batch.first(), batch.last()) else {
+        return Vec::new();
+    };
+    let each = |make: fn(Stage, String) -> UpgradeStep| {
+        batch.iter().map(move |node| make(stage, node.clone()))
+    };
+    let mut steps = vec![UpgradeStep::Gate {
+        stage,
+        node: Some(first.clone()),
+    }];
+    steps.extend(each(|stage, node| UpgradeStep::Drain { stage, node }));
+    steps.extend(each(|stage, node| UpgradeStep::Upgrade { stage, node }));
+    steps.extend(each(|stage, node| UpgradeStep::Verify { stage, node }));
+    steps.extend(each(|stage, node| UpgradeStep::Uncordon { stage, node }));
+    steps.push(UpgradeStep::Soak {
+        stage,
+        node: last.clone(),
+    });
+    steps
+}
+
+/// The nodes whose drains follow step `index` (a drain) in the same batch and have not
+/// started: they are checked for holds before the batch's first cordon.
+pub fn drains_ahead(steps: &[Step], index: usize) -> Vec<&str> {
+    steps
+        .iter()
+        .skip(index + 1)
+        .map_while(|s| match &s.kind {
+            StepKind::K8sUpgrade(UpgradeStep::Drain { node, .. }) => Some((node, s.status)),
+            _ => None,
+        })
+        .filter(|(_, status)| *status == StepStatus::Pending)
+        .map(|(node, _)| node.as_str())
+        .collect()
+}
+
 /// The steps that carry out a control-plane action, ending with the `next` that decides
 /// the one after. A control plane is checked healthy before its gate and after its
 /// uncordon; the leadership move is a step of its own.
@@ -424,11 +525,18 @@ pub fn plan(
             node: applies_on.clone(),
         }));
     };
+    let worker_count = facts
+        .nodes
+        .iter()
+        .filter(|n| n.role == Role::Worker)
+        .count();
+    let batch_size = settings.max_unavailable.of(worker_count);
     let finish = |steps: Vec<Step>, skipped: Vec<String>| Plan {
         current,
         layout,
         control_planes: order_notes.clone(),
         workers: workers.clone(),
+        batch_size,
         skipped,
         steps,
     };
@@ -484,16 +592,8 @@ pub fn plan(
         out.push(Step::new(UpgradeStep::ControlPlaneNext));
     }
     if has(Stage::Workers) {
-        for worker in &workers {
-            let upgrade = UpgradeStep::Upgrade {
-                stage: Stage::Workers,
-                node: worker.clone(),
-            };
-            out.extend(
-                node_steps(Stage::Workers, worker, upgrade, None)
-                    .into_iter()
-                    .map(Step::new),
-            );
+        for batch in workers.chunks(batch_size) {
+            out.extend(worker_batch_steps(batch).into_iter().map(Step::new));
         }
     }
     if has(Stage::Postflight) {
@@ -714,6 +814,106 @@ mod tests {
                 assert_eq!(plan.steps[i - 1].kind, gate.into());
             }
         }
+    }
+
+    #[test]
+    fn max_unavailable_is_a_count_or_a_share_of_the_workers() {
+        use MaxUnavailable::{Count, Percent};
+        let parsed = [
+            ("1", Ok(Count(1))),
+            ("4", Ok(Count(4))),
+            ("25%", Ok(Percent(25))),
+            (" 100% ", Ok(Percent(100))),
+            ("0", Err(())),
+            ("0%", Err(())),
+            ("101%", Err(())),
+            ("-1", Err(())),
+            ("two", Err(())),
+            ("", Err(())),
+        ];
+        for (text, want) in parsed {
+            assert_eq!(MaxUnavailable::parse(text).map_err(drop), want, "{text:?}");
+        }
+        // (setting, workers in the cluster, batch size)
+        let sizes = [
+            (Count(1), 12, 1),
+            (Count(4), 12, 4),
+            (Count(20), 12, 12),
+            (Count(2), 0, 1),
+            (Percent(25), 12, 3),
+            (Percent(25), 3, 1),
+            (Percent(50), 5, 2),
+            (Percent(100), 6, 6),
+        ];
+        for (setting, workers, want) in sizes {
+            assert_eq!(setting.of(workers), want, "{setting} of {workers}");
+        }
+    }
+
+    #[test]
+    fn workers_go_in_batches_each_behind_one_gate_with_one_soak() {
+        let facts = cluster("1.34.2", &["1.34.2"; 5]);
+        let settings = PlanSettings {
+            max_unavailable: MaxUnavailable::Count(2),
+            ..PlanSettings::default()
+        };
+        let plan = plan(
+            &request("1.34.5", UpgradeKind::Patch, "all"),
+            &facts,
+            None,
+            &settings,
+        )
+        .unwrap();
+        assert_eq!(plan.batch_size, 2);
+        let workers: Vec<String> = labels(&plan)
+            .into_iter()
+            .filter(|l| l.starts_with("workers/"))
+            .collect();
+        let batch = |a: &str, b: &str| {
+            [
+                format!("workers/gate@{a}"),
+                format!("workers/drain@{a}"),
+                format!("workers/drain@{b}"),
+                format!("workers/upgrade@{a}"),
+                format!("workers/upgrade@{b}"),
+                format!("workers/verify@{a}"),
+                format!("workers/verify@{b}"),
+                format!("workers/uncordon@{a}"),
+                format!("workers/uncordon@{b}"),
+                format!("workers/soak@{b}"),
+            ]
+        };
+        let mut want: Vec<String> = batch("w1", "w2").into();
+        want.extend(batch("w3", "w4"));
+        want.extend(
+            [
+                "workers/gate@w5",
+                "workers/drain@w5",
+                "workers/upgrade@w5",
+                "workers/verify@w5",
+                "workers/uncordon@w5",
+                "workers/soak@w5",
+            ]
+            .map(String::from),
+        );
+        assert_eq!(workers, want);
+
+        // The first drain of a batch looks ahead at the batch's drains not yet started.
+        let at = |label: &str| {
+            plan.steps
+                .iter()
+                .position(|s| s.label() == label)
+                .expect(label)
+        };
+        assert_eq!(drains_ahead(&plan.steps, at("workers/drain@w1")), ["w2"]);
+        assert!(drains_ahead(&plan.steps, at("workers/drain@w2")).is_empty());
+        assert!(drains_ahead(&plan.steps, at("workers/drain@w5")).is_empty());
+        let mut started = plan.steps.clone();
+        started[at("workers/drain@w2")].status = StepStatus::Waiting;
+        assert!(
+            drains_ahead(&started, at("workers/drain@w1")).is_empty(),
+            "a drain already begun is its own step's to check"
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod gate;
 pub mod k8s_upgrade;
 pub mod roll_watch;
 pub mod run;
+pub mod schedule;
 pub mod self_silence;
 pub mod step;
 pub mod version;

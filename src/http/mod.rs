@@ -46,6 +46,8 @@ pub struct AppState {
     pub on_failure: crate::domain::run::FailurePolicy,
     /// Whether etcd roll requests can be carried out.
     pub etcd_rolls: EtcdRollIntake,
+    /// The maintenance windows, for the metrics of the next opening.
+    pub windows: crate::domain::schedule::Windows,
 }
 
 /// What the intake checks an etcd roll request against.

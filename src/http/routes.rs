@@ -602,6 +602,12 @@ pub async fn metrics(state: State) -> HttpResponse {
                 .set(n as i64);
         }
     }
+    let window = state.windows.at(Utc::now());
+    state.metrics.window_open.set(i64::from(window.is_open()));
+    state
+        .metrics
+        .window_opening
+        .set(window.opening().map_or(0, |t| t.timestamp()));
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(state.metrics.render())

@@ -4,6 +4,7 @@
 //! Prometheus for the gate; a capture server standing in for Slack.
 
 use serde_json::Value;
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use super::Rollgate;
@@ -239,6 +240,31 @@ impl Ground {
                 _ => None,
             })
             .collect()
+    }
+
+    /// The most workers cordoned at one time, from the API server's log of changes, and
+    /// each set of workers cordoned together at that most.
+    pub fn most_workers_cordoned_at_once(&self) -> (usize, Vec<BTreeSet<String>>) {
+        let mut out = BTreeSet::new();
+        let (mut most, mut peaks) = (0, Vec::new());
+        for change in self.api.changes() {
+            match change {
+                Change::Cordon(n) if n.starts_with('w') => {
+                    out.insert(n);
+                }
+                Change::Uncordon(n) => {
+                    out.remove(&n);
+                }
+                _ => continue,
+            }
+            if out.len() > most {
+                (most, peaks) = (out.len(), Vec::new());
+            }
+            if out.len() == most && !peaks.contains(&out) {
+                peaks.push(out.clone());
+            }
+        }
+        (most, peaks)
     }
 
     /// Asserts that every node runs `target` (its kubelet reported, its package installed)

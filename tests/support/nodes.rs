@@ -74,6 +74,7 @@ tr -d '\n' < "$STUB_STATE/installed-$pkg"
         r#"#!/bin/bash
 echo "kubeadm $*" >> "$STUB_LOG"
 if [ -f "$STUB_STATE/slow" ]; then sleep "$(cat "$STUB_STATE/slow")"; fi
+if [ "$1" = upgrade ]; then while [ -f "$STUB_STATE/hold" ]; do sleep 0.1; done; fi
 installed=$(cat "$STUB_STATE/installed-kubeadm")
 static_pods() {
   [ -f "$STUB_STATE/control-plane" ] || return 0
@@ -313,6 +314,16 @@ impl FakeNode {
     /// Makes every kubeadm call on this node take `secs` seconds.
     pub fn slow_kubeadm(&self, secs: u32) {
         std::fs::write(self.dir.path().join("state/slow"), secs.to_string()).expect("slow");
+    }
+
+    /// Makes `kubeadm upgrade` on this node wait until [`FakeNode::release_kubeadm`].
+    pub fn hold_kubeadm(&self) {
+        std::fs::write(self.dir.path().join("state/hold"), "").expect("hold");
+    }
+
+    /// Lets a held `kubeadm upgrade` go on.
+    pub fn release_kubeadm(&self) {
+        std::fs::remove_file(self.dir.path().join("state/hold")).expect("release");
     }
 
     /// Every stubbed call made on this node, one per line.

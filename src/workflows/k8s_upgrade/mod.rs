@@ -111,21 +111,30 @@ impl SelfSilences {
         }
     }
 
-    /// Runs `work` with the silence of `node` kept: at once, then every third of the TTL.
+    /// Keeps the silences of `nodes` for the TTL from now.
+    async fn keep_all(&self, nodes: &[String], run_id: &str) {
+        for node in nodes {
+            self.keep(node, run_id, self.ttl).await;
+        }
+    }
+
+    /// Runs `work` with the silences of `nodes` (every node in hand: a batch's drained
+    /// nodes wait while the others' steps run) kept: at once, then every third of the TTL.
     pub async fn during<T>(
         &self,
-        node: &str,
+        nodes: &[&str],
         run_id: &str,
         work: impl std::future::Future<Output = T>,
     ) -> T {
-        self.keep(node, run_id, self.ttl).await;
+        let nodes: Vec<String> = nodes.iter().map(|n| (*n).to_owned()).collect();
+        self.keep_all(&nodes, run_id).await;
         let keeper = tokio::spawn({
             let me = self.clone();
-            let (node, run_id) = (node.to_owned(), run_id.to_owned());
+            let run_id = run_id.to_owned();
             async move {
                 loop {
                     tokio::time::sleep(me.ttl / 3).await;
-                    me.keep(&node, &run_id, me.ttl).await;
+                    me.keep_all(&nodes, &run_id).await;
                 }
             }
         });
@@ -220,8 +229,12 @@ impl UpgradeSteps {
         match plan::plan(request, &facts, etcd.as_ref(), &self.settings.plan) {
             Err(e) => StepOutcome::failed(error_chain(&e)),
             Ok(p) => {
+                let batches = match p.batch_size {
+                    1 => String::new(),
+                    n => format!(" in batches of {n}"),
+                };
                 let mut note = format!(
-                    "control plane at {}, etcd {}: {}; {} steps; workers in order: {}",
+                    "control plane at {}, etcd {}: {}; {} steps; workers{batches} in order: {}",
                     p.current,
                     p.layout,
                     p.control_planes.join("; "),
@@ -399,12 +412,29 @@ impl UpgradeSteps {
         ))
     }
 
-    async fn drain(&self, run: &Run, node: &str) -> StepOutcome {
-        match self.drain_holds(run, node).await {
+    /// What holds the drain of `node` and of the batch's drains after it that have not
+    /// started, each named with its node: a batch is not begun that cannot be finished.
+    async fn batch_holds(
+        &self,
+        run: &Run,
+        index: usize,
+        node: &str,
+    ) -> Result<Vec<String>, ClusterError> {
+        let mut reasons = Vec::new();
+        let ahead = plan::drains_ahead(&run.steps, index);
+        for node in std::iter::once(node).chain(ahead) {
+            let holds = self.drain_holds(run, node).await?;
+            reasons.extend(holds.into_iter().map(|h| format!("{node}: {h}")));
+        }
+        Ok(reasons)
+    }
+
+    async fn drain(&self, run: &Run, index: usize, node: &str) -> StepOutcome {
+        match self.batch_holds(run, index, node).await {
             Ok(holds) if holds.is_empty() => {}
             Ok(holds) => {
                 return StepOutcome::Blocked {
-                    reasons: holds.into_iter().map(|h| format!("{node}: {h}")).collect(),
+                    reasons: holds,
                     retry_at: Utc::now()
                         + chrono::Duration::from_std(self.settings.hold_poll).unwrap_or_default(),
                 };
@@ -565,10 +595,11 @@ impl UpgradeSteps {
     async fn run_step(
         &self,
         run: &Run,
-        step: &Step,
+        index: usize,
         kind: &UpgradeStep,
         request: &DetectionRequest,
     ) -> StepOutcome {
+        let step = &run.steps[index];
         let target = request.target_version;
         use UpgradeStep as S;
         match kind {
@@ -592,7 +623,7 @@ impl UpgradeSteps {
                 self.run_on(node, args, &format!("apt repository v{minor} on {node}"))
                     .await
             }
-            S::Drain { node, .. } => self.drain(run, node).await,
+            S::Drain { node, .. } => self.drain(run, index, node).await,
             S::Apply { node } => self.upgrade(node, "control-plane", "apply", target).await,
             S::Upgrade { stage, node } => {
                 let role = if *stage == Stage::ControlPlane {
@@ -639,7 +670,10 @@ impl StepExecutor for UpgradeSteps {
         };
         self.metrics.upgrade_stage.set(stage_number(kind));
         if let UpgradeStep::Drain { node, .. } = kind {
-            show_node_in_hand(&self.metrics, Some(node));
+            self.metrics
+                .upgrade_node_in_hand
+                .with_label_values(&[node])
+                .set(1);
         }
         let request = match DetectionRequest::from_json(&run.request) {
             Ok(r) => r,
@@ -648,25 +682,28 @@ impl StepExecutor for UpgradeSteps {
             }
         };
         let started = std::time::Instant::now();
-        let in_hand = kind.node().filter(|_| kind.has_node_in_hand());
-        let outcome = match (&self.silences, in_hand) {
-            (Some(silences), Some(node)) => {
+        let in_hand = if kind.has_node_in_hand() {
+            nodes_in_hand(run)
+        } else {
+            Vec::new()
+        };
+        let outcome = match &self.silences {
+            Some(silences) if !in_hand.is_empty() => {
                 silences
-                    .during(node, &run.id, self.run_step(run, step, kind, &request))
+                    .during(&in_hand, &run.id, self.run_step(run, index, kind, &request))
                     .await
             }
-            _ => self.run_step(run, step, kind, &request).await,
+            _ => self.run_step(run, index, kind, &request).await,
         };
-        if let (Some(silences), UpgradeStep::Uncordon { node, .. }, StepOutcome::Done { .. }) =
-            (&self.silences, kind, &outcome)
-        {
+        if let (UpgradeStep::Uncordon { node, .. }, StepOutcome::Done { .. }) = (kind, &outcome) {
             // Done with the node: its silence lapses after the tail.
-            silences.keep(node, &run.id, silences.tail).await;
-        }
-        if matches!(kind, UpgradeStep::Uncordon { .. })
-            && matches!(outcome, StepOutcome::Done { .. })
-        {
-            show_node_in_hand(&self.metrics, None);
+            if let Some(silences) = &self.silences {
+                silences.keep(node, &run.id, silences.tail).await;
+            }
+            let _ = self
+                .metrics
+                .upgrade_node_in_hand
+                .remove_label_values(&[node]);
         }
         if let Some(node) = kind.node() {
             self.metrics
@@ -686,13 +723,13 @@ pub fn clear_gauges(metrics: &Metrics) {
     metrics.upgrade_in_flight.set(0);
     metrics.upgrade_snapshot_taken.set(0);
     metrics.upgrade_stage.set(-1);
-    show_node_in_hand(metrics, None);
+    metrics.upgrade_node_in_hand.reset();
 }
 
-/// Sets `k8s_upgrade_node_in_hand` to 1 for `node` alone, or to no series.
-fn show_node_in_hand(metrics: &Metrics, node: Option<&str>) {
+/// Sets `k8s_upgrade_node_in_hand` to 1 for `nodes` alone.
+fn show_nodes_in_hand(metrics: &Metrics, nodes: &[&str]) {
     metrics.upgrade_node_in_hand.reset();
-    if let Some(node) = node {
+    for node in nodes {
         metrics
             .upgrade_node_in_hand
             .with_label_values(&[node])
@@ -700,8 +737,9 @@ fn show_node_in_hand(metrics: &Metrics, node: Option<&str>) {
     }
 }
 
-/// The node `run` has in hand: drained (or being drained) and not yet uncordoned.
-pub fn node_in_hand(run: &Run) -> Option<&str> {
+/// The nodes `run` has in hand: drained (or being drained) and not yet uncordoned, in
+/// the order of their drains.
+pub fn nodes_in_hand(run: &Run) -> Vec<&str> {
     use crate::domain::run::StepStatus;
     let started = |s: &&crate::domain::run::Step| s.status != StepStatus::Pending;
     let uncordoned = |node: &str| {
@@ -717,7 +755,8 @@ pub fn node_in_hand(run: &Run) -> Option<&str> {
             StepKind::K8sUpgrade(UpgradeStep::Drain { node, .. }) => Some(node.as_str()),
             _ => None,
         })
-        .rfind(|node| !uncordoned(node))
+        .filter(|node| !uncordoned(node))
+        .collect()
 }
 
 /// Whether `run` has done its step `kind`.
@@ -746,7 +785,7 @@ pub fn restore_gauges(metrics: &Metrics, runs: &[Run]) {
     metrics.upgrade_snapshot_taken.set(i64::from(
         in_flight.is_some_and(|r| has_done(r, UpgradeStep::EtcdSnapshot)),
     ));
-    show_node_in_hand(metrics, in_flight.and_then(node_in_hand));
+    show_nodes_in_hand(metrics, &in_flight.map(nodes_in_hand).unwrap_or_default());
 }
 
 #[cfg(test)]
@@ -795,7 +834,7 @@ mod tests {
     }
 
     #[test]
-    fn the_node_in_hand_runs_from_its_drain_to_its_uncordon() {
+    fn a_node_is_in_hand_from_its_drain_to_its_uncordon() {
         use crate::domain::run::{RunKind, Step, StepStatus};
         let w = |n: &str| n.to_owned();
         let stage = Stage::Workers;
@@ -841,18 +880,18 @@ mod tests {
             )
         };
         use StepStatus::{Done, Failed, Pending, Running, Waiting};
-        let cases: [(&[StepStatus], Option<&str>); 7] = [
-            (&[Pending, Pending, Pending, Pending, Pending], None),
-            (&[Running, Pending, Pending, Pending, Pending], Some("w1")),
-            (&[Failed, Pending, Pending, Pending, Pending], Some("w1")),
-            (&[Done, Waiting, Pending, Pending, Pending], Some("w1")),
-            (&[Done, Done, Waiting, Pending, Pending], None),
-            (&[Done, Done, Done, Running, Pending], Some("w2")),
-            (&[Done, Done, Done, Done, Done], None),
+        let cases: [(&[StepStatus], &[&str]); 7] = [
+            (&[Pending, Pending, Pending, Pending, Pending], &[]),
+            (&[Running, Pending, Pending, Pending, Pending], &["w1"]),
+            (&[Failed, Pending, Pending, Pending, Pending], &["w1"]),
+            (&[Done, Waiting, Pending, Pending, Pending], &["w1"]),
+            (&[Done, Done, Waiting, Pending, Pending], &[]),
+            (&[Done, Done, Done, Running, Pending], &["w2"]),
+            (&[Done, Done, Done, Done, Done], &[]),
         ];
         for (statuses, want) in cases {
             let run = steps(statuses);
-            assert_eq!(node_in_hand(&run), want, "{statuses:?}");
+            assert_eq!(nodes_in_hand(&run), want, "{statuses:?}");
         }
     }
 
