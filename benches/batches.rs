@@ -12,7 +12,7 @@
 mod support;
 
 use chrono::{DateTime, Utc};
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::time::{Duration, Instant};
 use support::ground::Ground;
 
@@ -50,14 +50,7 @@ async fn upgrade(max_unavailable: &str) -> (Duration, Duration, usize) {
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let rg = support::Rollgate::start(&env).await;
     let started = Instant::now();
-    let (status, body) = rg
-        .post(
-            "/v1/detections",
-            &json!({"target_version": "1.34.5", "kind": "patch"}),
-        )
-        .await;
-    assert_eq!(status, 202, "{body}");
-    let id = body["run_id"].as_str().expect("run id").to_owned();
+    let id = rg.detect("1.34.5", "patch").await;
     let run = rg
         .wait_status(&id, "succeeded", Duration::from_secs(900))
         .await;

@@ -12,14 +12,17 @@
 //! Run: `cargo bench --bench gate` (BENCH_TRIALS=100; needs Debian's prometheus and
 //! prometheus-alertmanager).
 
+#[path = "support/serve.rs"]
+mod serve;
+
 #[path = "../tests/support/services.rs"]
 #[allow(dead_code)]
 mod services;
 
 use hdrhistogram::Histogram;
 use serde_json::{Value, json};
+use serve::Serve;
 use services::{Alertmanager, MiniServer, Prometheus};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn free_port() -> u16 {
@@ -36,50 +39,14 @@ fn trials() -> usize {
         .unwrap_or(100)
 }
 
-struct Serve {
-    child: Child,
-    base: String,
-    token: String,
-    http: reqwest::Client,
-    _dir: tempfile::TempDir,
-}
-
 impl Serve {
     fn start(prometheus: &str, extra: &[(&str, String)]) -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let port = free_port();
-        let child = Command::new(env!("CARGO_BIN_EXE_rollgate"))
-            .arg("serve")
-            .current_dir(dir.path())
-            .env("ROLLGATE__SERVER__LISTEN", format!("127.0.0.1:{port}"))
-            .env("ROLLGATE__GATE__PROMETHEUS_URL", prometheus)
-            .env("ROLLGATE__GATE__POLL_INTERVAL", "1s")
-            .env("ROLLGATE__LOG__LEVEL", "warn")
-            .envs(extra.iter().map(|(k, v)| (*k, v.as_str())))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn rollgate");
-        let token_path = dir.path().join("data/api-token");
-        let started = Instant::now();
-        while !token_path.exists() || std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "rollgate did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let token = std::fs::read_to_string(token_path)
-            .expect("token")
-            .trim()
-            .to_owned();
-        Self {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-            token,
-            http: reqwest::Client::new(),
-            _dir: dir,
-        }
+        let mut env = vec![
+            ("ROLLGATE__GATE__PROMETHEUS_URL", prometheus.to_owned()),
+            ("ROLLGATE__GATE__POLL_INTERVAL", "1s".to_owned()),
+        ];
+        env.extend(extra.iter().cloned());
+        Serve::start_in(tempfile::tempdir().expect("tempdir"), &env)
     }
 
     async fn report(&self, cached: bool) -> Value {
@@ -130,13 +97,6 @@ impl Serve {
             .await
             .expect("post");
         assert_eq!(r.status().as_u16(), 202);
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -17,6 +17,8 @@ apt_install etcd-server etcd-client
 # The Kubernetes upgrade tests: an sshd per fake node (started by the tests on loopback),
 # curl for the stub kubelet, shellcheck for scripts/node-upgrade.sh.
 apt_install openssh-server openssh-client curl shellcheck
+# Headless Chromium and its WebDriver for the status page's browser test.
+apt_install chromium chromium-driver
 # kubectl for the kustomize build of deploy/ (Debian's kubernetes-client when none is here).
 command -v kubectl >/dev/null || apt_install kubernetes-client
 cargo test --locked "$@"

@@ -26,8 +26,8 @@ use crate::domain::roll_watch::{WatchTarget, WatchedRoll};
 use crate::http::{self, AppState, EtcdRollIntake};
 use crate::metrics::Metrics;
 use crate::ports::{
-    AlertSource, ClusterRead, DrainOptions, EtcdMembers, Executors, MetricsSource, Notifier,
-    PodRef, Silences, Snapshots,
+    AlertSource, ClusterRead, DrainOptions, EtcdMembers, EventRecorder, Executors, MetricsSource,
+    Notifier, PodRef, Silences, Snapshots,
 };
 use crate::queue::Queue;
 use crate::queue::amqp::AmqpQueue;
@@ -36,6 +36,7 @@ use crate::store::Store;
 use crate::worker::{Worker, WorkerPolicy};
 use crate::workflows::etcd_roll::steps::EtcdRollSteps;
 use crate::workflows::etcd_roll::watch::{RollStarter, RollWatch};
+use crate::workflows::events::{EventNotifier, EventSink};
 use crate::workflows::gate::{Gate, GateStep, QuietPeriodStep};
 use crate::workflows::k8s_upgrade::{SelfSilences, UpgradeSettings, UpgradeSteps};
 
@@ -89,9 +90,19 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         )
         .asking(alertmanager),
     );
+    let kube = kube_client(&settings).await?.map(Arc::new);
+    let events = kube
+        .clone()
+        .map(|k| EventSink::start(k as Arc<dyn EventRecorder>, metrics.clone()));
     let mut sinks: Vec<Arc<dyn Notifier>> = vec![Arc::new(LogNotifier)];
     if let Some(slack) = SlackNotifier::new(&settings.notify, metrics.clone())? {
         sinks.push(Arc::new(slack));
+    }
+    if let Some(events) = &events {
+        sinks.push(Arc::new(EventNotifier::new(
+            events.clone(),
+            settings.cluster.namespace.clone(),
+        )));
     }
     let notifier: Arc<dyn Notifier> = Arc::new(Fanout(sinks));
     let mut executors = Executors {
@@ -99,7 +110,6 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         quiet_period: Some(Arc::new(QuietPeriodStep(gate.clone()))),
         ..Executors::default()
     };
-    let kube = kube_client(&settings).await?.map(Arc::new);
     let watch_kube = kube.clone();
     let etcd_rolls = match &kube {
         Some(kube) => {
@@ -132,7 +142,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     };
     let silences = alertmanager_api.map(|a| a as Arc<dyn Silences>);
     let (cluster, etcd) =
-        match build_upgrade_steps(&settings, kube, silences, metrics.clone()).await? {
+        match build_upgrade_steps(&settings, kube, silences, events, metrics.clone()).await? {
             Some((steps, cluster)) => {
                 let etcd = steps.etcd.clone();
                 executors.k8s_upgrade = Some(steps);
@@ -289,6 +299,7 @@ pub async fn build_upgrade_steps(
     settings: &Settings,
     kube: Option<Arc<Kube>>,
     silences: Option<Arc<dyn Silences>>,
+    events: Option<EventSink>,
     metrics: Metrics,
 ) -> anyhow::Result<Option<(Arc<UpgradeSteps>, Arc<dyn ClusterRead>)>> {
     let c = &settings.cluster;
@@ -336,6 +347,7 @@ pub async fn build_upgrade_steps(
         },
         metrics,
         silences: self_silences(settings, silences),
+        events,
     };
     Ok(Some((Arc::new(steps), kube)))
 }

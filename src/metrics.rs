@@ -35,6 +35,8 @@ pub struct Metrics {
     pub stalest_transition: prometheus::Gauge,
     /// The current gate verdict: 1 for the verdict in force, 0 for the others.
     pub gate_verdict: IntGaugeVec,
+    /// The alerts holding the gate at its last evaluation, by name and source.
+    pub gate_blockers: IntGaugeVec,
     /// Gate source reads by source and outcome.
     pub gate_evaluations: IntCounterVec,
     /// Notifications by sink and outcome (sent, retried, failed).
@@ -174,6 +176,17 @@ impl Metrics {
         registry
             .register(Box::new(gate_verdict.clone()))
             .expect("unique metric");
+        let gate_blockers = IntGaugeVec::new(
+            Opts::new(
+                "rollgate_gate_blockers",
+                "Alerts holding the gate at its last evaluation, by alert name and source.",
+            ),
+            &["alertname", "source"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(gate_blockers.clone()))
+            .expect("unique metric");
         let stalest_transition = prometheus::Gauge::new(
             "rollgate_stalest_run_transition_timestamp_seconds",
             "Oldest last-transition time among running and waiting runs; now when there are none.",
@@ -304,8 +317,52 @@ impl Metrics {
             stalest_transition,
             gate_verdict,
             gate_evaluations,
+            gate_blockers,
             notifications,
         }
+    }
+
+    /// The name of every metric family rollgate exports, whether it has series yet or not
+    /// (a labelled family shows in the exposition only once it has one).
+    pub fn family_names(&self) -> Vec<String> {
+        use prometheus::core::Collector;
+        let e = &self.etcd_roll;
+        let collectors: [&dyn Collector; 29] = [
+            &self.http_requests,
+            &self.http_duration,
+            &self.events_queued,
+            &self.events_processed,
+            &self.events_duplicate,
+            &self.events_dead_lettered,
+            &self.queue_errors,
+            &self.queue_depth,
+            &self.dead_depth,
+            &self.runs,
+            &self.step_duration,
+            &self.stalest_transition,
+            &self.gate_verdict,
+            &self.gate_evaluations,
+            &self.gate_blockers,
+            &self.notifications,
+            &self.upgrade_in_flight,
+            &self.upgrade_snapshot_taken,
+            &self.upgrade_stage,
+            &self.upgrade_node_in_hand,
+            &self.window_open,
+            &self.window_opening,
+            &self.node_step_duration,
+            &e.rolls,
+            &e.restarts,
+            &e.leadership_changes,
+            &e.transfers,
+            &e.uncontrolled_changes,
+            &e.longest_leaderless,
+        ];
+        collectors
+            .iter()
+            .flat_map(|c| c.desc())
+            .map(|d| d.fq_name.clone())
+            .collect()
     }
 
     /// The text exposition of every metric.
@@ -320,5 +377,27 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn family_names_cover_every_registered_family() {
+        let m = Metrics::new();
+        let names = m.family_names();
+        let exposed: std::collections::BTreeSet<String> = m
+            .registry
+            .gather()
+            .iter()
+            .map(|f| f.name().to_owned())
+            .collect();
+        for name in &exposed {
+            assert!(names.contains(name), "{name} missing from family_names");
+        }
+        let unique: std::collections::BTreeSet<&String> = names.iter().collect();
+        assert_eq!(unique.len(), names.len(), "{names:?}");
     }
 }

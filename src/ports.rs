@@ -111,6 +111,38 @@ pub trait Notifier: Send + Sync {
     fn notify(&self, notice: Notice);
 }
 
+/// What a Kubernetes Event is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Regarding {
+    /// A node, for `kubectl describe node`.
+    Node(String),
+    /// A namespace (the upgrade's in-flight namespace), for run-level transitions.
+    Namespace(String),
+}
+
+/// One Kubernetes Event (events.k8s.io/v1) rollgate reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterEvent {
+    /// The object it is about.
+    pub regarding: Regarding,
+    /// Why, in UpperCamelCase, e.g. `Cordoned`.
+    pub reason: String,
+    /// What rollgate did or was doing, e.g. `Drain`.
+    pub action: String,
+    /// In words, at most 1 kB.
+    pub note: String,
+    /// `Warning` rather than `Normal`.
+    pub warning: bool,
+}
+
+/// Writes Kubernetes Events. A failure is reported to the caller, who logs it: an Event
+/// never fails a step.
+#[async_trait::async_trait]
+pub trait EventRecorder: Send + Sync {
+    /// Creates `event`.
+    async fn record(&self, event: &ClusterEvent) -> Result<(), ClusterError>;
+}
+
 /// Reads what the planner and the checks need from the cluster.
 #[async_trait::async_trait]
 pub trait ClusterRead: Send + Sync {

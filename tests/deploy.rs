@@ -122,6 +122,8 @@ struct Kustomization {
     #[serde(default)]
     secret_generator: Vec<Value>,
     #[serde(default)]
+    config_map_generator: Vec<Value>,
+    #[serde(default)]
     patches: Vec<BTreeMap<String, String>>,
 }
 
@@ -178,6 +180,21 @@ fn manifests() -> Manifests {
                         .chain(k.patches.iter().filter_map(|p| p.get("path")))
                     {
                         assert!(dir.join(r).exists(), "{}: {r} is missing", path.display());
+                    }
+                    // A generator's files (`key=path` or `path`) exist too.
+                    for file in k
+                        .config_map_generator
+                        .iter()
+                        .filter_map(|g| g["files"].as_array())
+                        .flatten()
+                        .filter_map(Value::as_str)
+                    {
+                        let file = file.split_once('=').map_or(file, |(_, p)| p);
+                        assert!(
+                            dir.join(file).exists(),
+                            "{}: {file} is missing",
+                            path.display()
+                        );
                     }
                     let _ = (k.namespace, k.labels, k.images, k.secret_generator);
                 }
@@ -347,7 +364,8 @@ fn api_use() -> BTreeSet<(String, String, String)> {
 async fn the_cluster_role_grants_every_api_use_of_the_adapters_and_nothing_more() {
     use rollgate::adapters::kube::{Kube, KubeSettings, Source};
     use rollgate::ports::{
-        ClusterRead, DrainOptions, InFlight, InFlightMarks, NodeDrain, StatefulSets,
+        ClusterEvent, ClusterRead, DrainOptions, EventRecorder, InFlight, InFlightMarks, NodeDrain,
+        Regarding, StatefulSets,
     };
     let api = FakeKube::start().await;
     api.add_namespace("k8s-upgrade");
@@ -398,6 +416,20 @@ async fn the_cluster_role_grants_every_api_use_of_the_adapters_and_nothing_more(
     .await
     .unwrap();
     kube.set_in_flight(None).await.unwrap();
+    for regarding in [
+        Regarding::Node("w1".into()),
+        Regarding::Namespace("k8s-upgrade".into()),
+    ] {
+        kube.record(&ClusterEvent {
+            regarding,
+            reason: "Cordoned".into(),
+            action: "Cordon".into(),
+            note: "n".repeat(2000),
+            warning: false,
+        })
+        .await
+        .unwrap();
+    }
     let before = kube.statefulset("default", "etcd").await.unwrap();
     kube.set_partition("default", "etcd", 2).await.unwrap();
     kube.pod_state("default", "etcd-2").await.unwrap();
@@ -665,6 +697,17 @@ fn the_example_overlay_builds_with_kustomize() {
                     Some("ghcr.io/rollgate/rollgate:0.1.0")
                 );
             }
+            "ConfigMap" if doc["metadata"]["name"] == "rollgate-dashboard" => {
+                let cm: ConfigMap = typed(doc, &built);
+                let labels = cm.metadata.labels.unwrap_or_default();
+                assert_eq!(
+                    labels.get("grafana_dashboard").map(String::as_str),
+                    Some("1")
+                );
+                let json = &cm.data.unwrap()["rollgate.json"];
+                let dashboard: Value = serde_json::from_str(json).expect("the dashboard is JSON");
+                assert_eq!(dashboard["uid"], "rollgate");
+            }
             "ConfigMap" => {
                 let cm: ConfigMap = typed(doc, &built);
                 let toml = &cm.data.unwrap()["rollgate.toml"];
@@ -690,11 +733,11 @@ fn the_example_overlay_builds_with_kustomize() {
     }
     assert_eq!(
         kinds.get("ConfigMap"),
-        Some(&1),
-        "the patch merged: {kinds:?}"
+        Some(&2),
+        "the patch merged (rollgate's and the dashboard's): {kinds:?}"
     );
     assert_eq!(kinds.get("Secret"), Some(&1), "{kinds:?}");
-    assert_eq!(kinds.values().sum::<usize>(), 15, "{kinds:?}");
+    assert_eq!(kinds.values().sum::<usize>(), 16, "{kinds:?}");
     let namespaces: BTreeSet<&str> = docs
         .iter()
         .filter(|d| d["kind"] == "Namespace")

@@ -719,4 +719,54 @@ async fn the_cli_lists_shows_and_controls_runs() {
     let again = cli(&["runs", "halt", &id]);
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("409"));
+    // The table and the JSON of `runs list`.
+    let table = String::from_utf8_lossy(&cli(&["runs", "list"]).stdout).into_owned();
+    let header = table.lines().next().unwrap_or_default();
+    for column in [
+        "ID", "STATUS", "KIND", "TARGET", "PROGRESS", "STEP", "REASON",
+    ] {
+        assert!(header.contains(column), "{table}");
+    }
+    let row = table
+        .lines()
+        .find(|l| l.contains(&id))
+        .expect("the run's row");
+    assert!(
+        row.contains("halted") && row.contains("preflight/gate"),
+        "{row}"
+    );
+    let listed: Value = serde_json::from_slice(&cli(&["runs", "list", "--json"]).stdout).unwrap();
+    assert_eq!(listed[0]["id"], json!(id));
+    assert!(listed[0]["steps"].is_array(), "--json gives whole runs");
+    let (status, summaries) = rg.get("/v1/runs?view=summary").await;
+    assert_eq!(status, 200);
+    assert_eq!(summaries[0]["id"], json!(id));
+    assert_eq!(summaries[0]["step"], "preflight/gate");
+    assert!(
+        summaries[0]["steps_total"].as_u64() > Some(0),
+        "{summaries}"
+    );
+    assert!(summaries[0].get("history").is_none(), "a line, not the run");
+    let (status, refused) = rg.get("/v1/runs?view=everything").await;
+    assert_eq!(status, 422);
+    assert!(
+        refused["message"].as_str().unwrap().contains("view"),
+        "{refused}"
+    );
+    // `runs watch` ends with the run's end: halted 3, aborted 5.
+    let watch = cli(&["runs", "watch", &id]);
+    assert_eq!(
+        watch.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&watch.stdout)
+    );
+    assert!(String::from_utf8_lossy(&watch.stdout).contains("halted"));
+    assert!(cli(&["runs", "abort", &id]).status.success());
+    rg.wait_run(&id, "aborted", |r| r["status"] == "aborted")
+        .await;
+    assert_eq!(cli(&["runs", "watch", &id]).status.code(), Some(5));
+    let unknown = cli(&["runs", "watch", "no-such-run"]);
+    assert_eq!(unknown.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("404"));
 }

@@ -19,14 +19,7 @@ async fn start(ground: &Ground, extra: &[(&str, String)]) -> Rollgate {
 }
 
 async fn detect(rg: &Rollgate, target: &str, kind: &str) -> String {
-    let (status, body) = rg
-        .post(
-            "/v1/detections",
-            &json!({"target_version": target, "kind": kind, "stages": "all"}),
-        )
-        .await;
-    assert_eq!(status, 202, "{body}");
-    body["run_id"].as_str().expect("run id").to_owned()
+    rg.detect(target, kind).await
 }
 
 /// No upgrade in flight: the gauges the Upgrade Gates rules read are back to rest.
@@ -177,6 +170,86 @@ async fn a_patch_upgrade_runs_end_to_end_embedded() {
         drain.contains("3 pod(s) evicted, 2 DaemonSet/mirror pod(s) left"),
         "{drain}"
     );
+    // `kubectl describe node` tells each node's story, in order; the upgrade namespace
+    // tells the run's.
+    for node in ["cp", "w4", "w3", "w2", "w1"] {
+        let events = eventually("the node's events", Duration::from_secs(10), || async {
+            let events = ground.api.events_about("Node", node);
+            (events.len() >= 5).then_some(events)
+        })
+        .await;
+        assert_eq!(
+            reasons(&events),
+            [
+                "Cordoned",
+                "DrainStarted",
+                "Drained",
+                "Upgraded",
+                "Uncordoned"
+            ],
+            "{node}: {events:?}"
+        );
+        let event = &events[0];
+        assert_eq!(event["type"], "Normal");
+        assert_eq!(event["reportingController"], "rollgate.io/rollgate");
+        assert_eq!(event["metadata"]["namespace"], "default");
+        assert!(
+            events[3]["note"]
+                .as_str()
+                .unwrap()
+                .contains("upgraded to v1.34.5")
+        );
+    }
+    assert!(
+        ground.api.events_about("Node", "w4")[2]["note"]
+            .as_str()
+            .unwrap()
+            .contains("3 pod(s) evicted")
+    );
+    let run_events = eventually("the run's events", Duration::from_secs(10), || async {
+        let events = ground.api.events_about("Namespace", "k8s-upgrade");
+        reasons(&events)
+            .contains(&"RunSucceeded".to_owned())
+            .then_some(events)
+    })
+    .await;
+    assert_eq!(
+        reasons(&run_events),
+        ["RunAccepted", "RunStarted", "RunSucceeded"]
+    );
+    assert!(run_events[2]["note"].as_str().unwrap().contains(&id));
+}
+
+fn reasons(events: &[Value]) -> Vec<String> {
+    events
+        .iter()
+        .map(|e| e["reason"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn an_events_api_that_fails_changes_nothing_in_the_run() {
+    let ground = Ground::start("1.34.2", 2).await;
+    ground.api.fail_events(true);
+    let rg = start(&ground, &[]).await;
+    let id = detect(&rg, "1.34.5", "patch").await;
+    let run = wait_status(&rg, &id, "succeeded").await;
+    ground.assert_all_at("1.34.5");
+    ground.assert_drained_once();
+    assert!(ground.api.events_about("Node", "w1").is_empty());
+    // Not a step outcome, not a retry, not a line of the history mentions it.
+    let text = run.to_string();
+    assert!(
+        !text.contains("Event") && !text.contains("retrying"),
+        "{run}"
+    );
+    eventually("the refusals counted", Duration::from_secs(10), || async {
+        let failed = rg
+            .metric("rollgate_notifications_total{outcome=\"failed\",sink=\"kube-events\"}")
+            .await;
+        (failed >= 10.0).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -248,6 +321,18 @@ async fn a_blocking_alert_during_a_soak_holds_the_next_drain_until_it_resolves()
         run["blockers"].to_string().contains("NodeNotReady"),
         "{run}"
     );
+    // `kubectl describe node w2` says what holds it, once however often the gate asks.
+    let held = eventually("w2's hold told", Duration::from_secs(10), || async {
+        let events = ground.api.events_about("Node", "w2");
+        (!events.is_empty()).then_some(events)
+    })
+    .await;
+    assert_eq!(reasons(&held), ["HeldByGate"]);
+    assert_eq!(held[0]["type"], "Warning");
+    assert!(
+        held[0]["note"].as_str().unwrap().contains("NodeNotReady"),
+        "{held:?}"
+    );
     // Held: w2 is neither cordoned nor drained while the alert fires.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(!cordoned(&ground, "w2"));
@@ -265,6 +350,10 @@ async fn a_blocking_alert_during_a_soak_holds_the_next_drain_until_it_resolves()
     assert_eq!(status, 202, "{body}");
     let run = wait_status(&rg, &id, "succeeded").await;
     assert_eq!(ground.cordon_order(), ["cp", "w4", "w3", "w2", "w1"]);
+    assert_eq!(
+        reasons(&ground.api.events_about("Node", "w2"))[..2],
+        ["HeldByGate", "Cordoned"]
+    );
     assert!(
         support::history_has(&run, "gate closed at step workers/gate@w2"),
         "{run}"
@@ -630,7 +719,7 @@ async fn a_run_that_fails_or_is_aborted_at_any_stage_leaves_nothing_in_flight() 
     // Ready yet), so w1's drain goes ahead and times out waiting for it.
     ground.api.add_pods("w1", "db", 1, false);
     ground.api.add_pods("elsewhere", "db", 1, false);
-    let elsewhere = pod_named(&ground, "elsewhere", "db");
+    let elsewhere = ground.pod_named("elsewhere", "db");
     ground.api.set_pod_ready(&elsewhere, false);
     ground.api.set_pdb("db-pdb", "db", 1);
     let mut rg = start(
@@ -711,7 +800,7 @@ async fn self_silences_cover_the_node_in_hand_and_lapse_after_it_or_after_a_kill
     // until the other replica (on w1) is Ready, which the test decides.
     ground.api.add_pods("w2", "db", 1, false);
     ground.api.add_pods("w1", "db", 1, false);
-    let recovering = pod_named(&ground, "w1", "db");
+    let recovering = ground.pod_named("w1", "db");
     ground.api.set_pod_ready(&recovering, false);
     ground.api.set_pdb("db-pdb", "db", 1);
     let am_port = support::free_port();
@@ -839,7 +928,7 @@ async fn a_drain_that_times_out_gives_the_node_back_and_halts_naming_the_pods() 
     // drain goes ahead, but no eviction is allowed while it waits.
     ground.api.add_pods("w4", "db", 2, false);
     ground.api.add_pods("w1", "db", 1, false);
-    let recovering = pod_named(&ground, "w1", "db");
+    let recovering = ground.pod_named("w1", "db");
     ground.api.set_pod_ready(&recovering, false);
     ground.api.set_pdb("db-pdb", "db", 2);
     let rg = start(
@@ -890,7 +979,7 @@ async fn a_drain_that_times_out_gives_the_node_back_and_halts_naming_the_pods() 
 async fn a_blocking_pod_holds_its_nodes_drain_until_it_is_done() {
     let ground = Ground::start("1.34.2", 2).await;
     ground.api.add_job_pod("w2", "velero");
-    let backup = pod_named(&ground, "w2", "velero");
+    let backup = ground.pod_named("w2", "velero");
     let rg = start(
         &ground,
         &[(
@@ -923,24 +1012,13 @@ async fn a_blocking_pod_holds_its_nodes_drain_until_it_is_done() {
     ground.assert_all_at("1.34.5");
 }
 
-/// The name of the pod labelled `app` on `node`.
-fn pod_named(ground: &Ground, node: &str, app: &str) -> String {
-    ground
-        .api
-        .pods_on(node)
-        .into_iter()
-        .find(|p| p["metadata"]["labels"]["app"] == app)
-        .and_then(|p| p["metadata"]["name"].as_str().map(str::to_owned))
-        .unwrap_or_else(|| panic!("no {app} pod on {node}"))
-}
-
 #[tokio::test]
 async fn max_unavailable_2_takes_six_workers_in_three_gated_batches_never_three_at_once() {
     let ground = Ground::start("1.34.2", 6).await;
     // A backup runs on the second node of the first batch (w4, w3): the batch waits
     // before its first cordon.
     ground.api.add_job_pod("w3", "velero");
-    let backup = pod_named(&ground, "w3", "velero");
+    let backup = ground.pod_named("w3", "velero");
     let rg = start(
         &ground,
         &[
@@ -1152,4 +1230,64 @@ async fn a_run_waits_for_its_window_and_a_closing_window_lets_the_node_in_hand_f
     );
     ground.assert_all_at("1.34.5");
     ground.assert_drained_once();
+}
+
+#[tokio::test]
+async fn the_event_stream_loses_no_transition_across_a_restart_and_runs_watch_follows_to_the_end() {
+    let ground = Ground::start("1.34.2", 2).await;
+    let mut rg = start(&ground, &[]).await;
+    let id = detect(&rg, "1.34.5", "patch").await;
+    let follower = tokio::spawn(support::follow_run_events(
+        rg.base(),
+        rg.token.clone(),
+        id.clone(),
+        "succeeded",
+    ));
+    let watch = std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
+        .args(["runs", "watch", &id])
+        .env("ROLLGATE__SERVER__LISTEN", format!("127.0.0.1:{}", rg.port))
+        .env("ROLLGATE__DATA_DIR", rg.data_dir())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("rollgate runs watch");
+    // Mid-run, rollgate dies and comes back: both clients reconnect where they were.
+    rg.wait_run_until(&id, "the first worker drained", RUN_DEADLINE, |r| {
+        find_step(r, "workers/drain@w2").is_some_and(|s| s["status"] == "done")
+    })
+    .await;
+    rg.kill9();
+    rg.restart().await;
+    let run = wait_status(&rg, &id, "succeeded").await;
+    let seen = tokio::time::timeout(Duration::from_secs(60), follower)
+        .await
+        .expect("the stream ends with the run")
+        .expect("the follower");
+    // Exactly the run's history, in order, each once.
+    let key = |t: &Value| {
+        (
+            t["at"].as_str().map(str::to_owned),
+            t["to"].clone(),
+            t["step"].clone(),
+            t["reason"].clone(),
+        )
+    };
+    let history: Vec<_> = run["history"].as_array().unwrap().iter().map(key).collect();
+    let streamed: Vec<_> = seen.iter().map(key).collect();
+    assert_eq!(streamed, history);
+    let seqs: Vec<i64> = seen.iter().map(|e| e["seq"].as_i64().unwrap()).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+
+    let out = watch.wait_with_output().expect("watch ends");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("succeeded") && text.contains("stage workers: +w2 >w1"),
+        "{text}"
+    );
 }

@@ -25,8 +25,9 @@ use crate::domain::drain_holds::{BudgetFacts, PodFacts};
 use crate::domain::k8s_upgrade::{ClusterFacts, NodeFacts, Role};
 use crate::domain::version::Version;
 use crate::ports::{
-    ClusterError, ClusterRead, Cordon, DrainError, DrainFacts, DrainOptions, DrainReport, InFlight,
-    InFlightMarks, NodeDrain, PodRef, PodState, StatefulSetState, StatefulSets,
+    ClusterError, ClusterEvent, ClusterRead, Cordon, DrainError, DrainFacts, DrainOptions,
+    DrainReport, EventRecorder, InFlight, InFlightMarks, NodeDrain, PodRef, PodState, Regarding,
+    StatefulSetState, StatefulSets,
 };
 
 /// Every (API group, resource, verb) this adapter uses.
@@ -42,6 +43,7 @@ pub const API_USE: &[(&str, &str, &str)] = &[
     ("apps", "statefulsets", "watch"),
     ("", "namespaces", "patch"),
     ("policy", "poddisruptionbudgets", "list"),
+    ("events.k8s.io", "events", "create"),
 ];
 
 /// The label that marks control-plane nodes.
@@ -791,6 +793,68 @@ impl StatefulSets for Kube {
             .unwrap_or_default();
         let ready = pod.metadata.deletion_timestamp.is_none() && pod_ready(&pod);
         Ok(Some(PodState { revision, ready }))
+    }
+}
+
+/// Who writes rollgate's Events (`reportingController`).
+const REPORTING_CONTROLLER: &str = "rollgate.io/rollgate";
+/// The longest note the API server accepts.
+const NOTE_LIMIT: usize = 1024;
+
+/// `text` cut to at most `limit` bytes, on a character boundary.
+fn clip(text: &str, limit: usize) -> &str {
+    let mut end = text.len().min(limit);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+#[async_trait::async_trait]
+impl EventRecorder for Kube {
+    async fn record(&self, event: &ClusterEvent) -> Result<(), ClusterError> {
+        let now = chrono::Utc::now();
+        // Node events live in `default`, as the kubelet's do.
+        let (namespace, regarding) = match &event.regarding {
+            Regarding::Node(name) => (
+                "default",
+                json!({"apiVersion": "v1", "kind": "Node", "name": name}),
+            ),
+            Regarding::Namespace(name) => (
+                name.as_str(),
+                json!({"apiVersion": "v1", "kind": "Namespace", "name": name}),
+            ),
+        };
+        let about = match &event.regarding {
+            Regarding::Node(name) | Regarding::Namespace(name) => name,
+        };
+        let name = format!(
+            "{about}.{:x}",
+            now.timestamp_nanos_opt().unwrap_or_default()
+        );
+        let instance = std::env::var("POD_NAME")
+            .ok()
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| "rollgate".into());
+        let body: k8s_openapi::api::events::v1::Event = serde_json::from_value(json!({
+            "apiVersion": "events.k8s.io/v1",
+            "kind": "Event",
+            "metadata": {"name": name, "namespace": namespace},
+            "eventTime": now.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+            "reportingController": REPORTING_CONTROLLER,
+            "reportingInstance": instance,
+            "action": event.action,
+            "reason": event.reason,
+            "note": clip(&event.note, NOTE_LIMIT),
+            "type": if event.warning { "Warning" } else { "Normal" },
+            "regarding": regarding,
+        }))
+        .map_err(|e| ClusterError::caused("build an Event", e))?;
+        Api::<k8s_openapi::api::events::v1::Event>::namespaced(self.client.clone(), namespace)
+            .create(&kube::api::PostParams::default(), &body)
+            .await
+            .map(drop)
+            .map_err(|e| api_error(&format!("create Event {} on {about}", event.reason), e))
     }
 }
 

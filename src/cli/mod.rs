@@ -12,6 +12,7 @@ mod detect;
 mod etcd_roll;
 mod plan;
 mod runs;
+pub mod watch;
 
 use detect::detect;
 use etcd_roll::etcd_roll;
@@ -204,9 +205,18 @@ pub enum RunsAction {
         /// At most this many.
         #[arg(long, default_value_t = 50)]
         limit: usize,
+        /// Print the runs as JSON instead of a table.
+        #[arg(long)]
+        json: bool,
     },
     /// Show one run with its steps and history (JSON).
     Show {
+        /// The run's id, as `runs list` shows it.
+        id: String,
+    },
+    /// Follow a run live until it ends, a line per transition with its progress. Exit 0
+    /// when it succeeds, 3 when it halts, 4 when it fails, 5 when it is aborted.
+    Watch {
         /// The run's id, as `runs list` shows it.
         id: String,
     },
@@ -399,7 +409,7 @@ pub fn run(cli: Cli) -> ExitCode {
         } => {
             let result = block_on(false, runs(&settings, url, token_file, action));
             match result {
-                Ok(()) => ExitCode::SUCCESS,
+                Ok(code) => code,
                 Err(e) => {
                     eprintln!("rollgate: {e:#}");
                     ExitCode::FAILURE

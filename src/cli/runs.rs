@@ -2,6 +2,7 @@
 
 use anyhow::{Context as _, bail};
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use super::RunsAction;
 use crate::config::Settings;
@@ -12,13 +13,19 @@ pub(super) async fn runs(
     url: Option<String>,
     token_file: Option<PathBuf>,
     action: RunsAction,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<ExitCode> {
     let base = url.unwrap_or_else(|| format!("http://{}", settings.server.listen));
     let base = reqwest::Url::parse(&base).with_context(|| format!("--url {base:?}"))?;
     let token = crate::app::read_token(token_file.as_ref().unwrap_or(&settings.server.token_file))?;
     let client = reqwest::Client::builder()
         .timeout(std::time::Duration::from_secs(10))
         .build()?;
+    if let RunsAction::Watch { id } = &action {
+        let client = reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(10))
+            .build()?;
+        return super::watch::watch(&client, &base, &token, id).await;
+    }
     let (method, target, body) = runs_request(&base, &action)?;
     let mut req = client.request(method, target).bearer_auth(token);
     if let Some(body) = body {
@@ -40,10 +47,20 @@ pub(super) async fn runs(
         );
     }
     match action {
-        RunsAction::List { .. } => print_runs(&value),
+        RunsAction::List { json: false, .. } => print_runs(&value),
         _ => println!("{}", serde_json::to_string_pretty(&value)?),
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `base` with the path `segments` appended, each encoded as one segment.
+pub(super) fn api_url(base: &reqwest::Url, segments: &[&str]) -> anyhow::Result<reqwest::Url> {
+    let mut url = base.clone();
+    url.path_segments_mut()
+        .map_err(|()| anyhow::anyhow!("--url {base} cannot carry a path"))?
+        .pop_if_empty()
+        .extend(segments);
+    Ok(url)
 }
 
 /// The method, URL and body of `action`: every id and value encoded into the URL.
@@ -54,16 +71,23 @@ fn runs_request(
     let mut url = base.clone();
     let mut segments: Vec<&str> = vec!["v1", "runs"];
     let (method, body) = match action {
-        RunsAction::List { status, limit } => {
+        RunsAction::List {
+            status,
+            limit,
+            json,
+        } => {
             let mut query = url.query_pairs_mut();
             query.append_pair("limit", &limit.to_string());
+            if !json {
+                query.append_pair("view", "summary");
+            }
             if let Some(status) = status {
                 query.append_pair("status", status.0.name());
             }
             drop(query);
             (reqwest::Method::GET, None)
         }
-        RunsAction::Show { id } => {
+        RunsAction::Show { id } | RunsAction::Watch { id } => {
             segments.push(id);
             (reqwest::Method::GET, None)
         }
@@ -82,38 +106,26 @@ fn runs_request(
             )
         }
     };
-    url.path_segments_mut()
-        .map_err(|()| anyhow::anyhow!("--url {base} cannot carry a path"))?
-        .pop_if_empty()
-        .extend(segments);
+    let url = api_url(&url, &segments)?;
     Ok((method, url, body))
 }
 
 fn print_runs(value: &serde_json::Value) {
     println!(
-        "{:<36}  {:<9}  {:<11}  {:<8}  {:<16}  REASON",
-        "ID", "STATUS", "KIND", "TARGET", "STEP"
+        "{:<36}  {:<9}  {:<11}  {:<8}  {:>8}  {:<24}  REASON",
+        "ID", "STATUS", "KIND", "TARGET", "PROGRESS", "STEP"
     );
     for run in value.as_array().into_iter().flatten() {
-        let s = |k: &str| {
-            run.get(k)
-                .and_then(|v| v.as_str())
-                .unwrap_or("-")
-                .to_owned()
-        };
-        let step = run
-            .get("current_step")
-            .and_then(|i| i.as_u64())
-            .and_then(|i| run.get("steps")?.get(i as usize)?.get("name")?.as_str())
-            .unwrap_or("-")
-            .to_owned();
+        let s = |k: &str| run[k].as_str().unwrap_or("-").to_owned();
+        let n = |k: &str| run[k].as_u64().unwrap_or(0);
         println!(
-            "{:<36}  {:<9}  {:<11}  {:<8}  {:<16}  {}",
+            "{:<36}  {:<9}  {:<11}  {:<8}  {:>8}  {:<24}  {}",
             s("id"),
             s("status"),
             s("kind"),
             s("target"),
-            step,
+            format!("{}/{}", n("steps_done"), n("steps_total")),
+            s("step"),
             s("reason")
         );
     }
@@ -132,9 +144,10 @@ mod tests {
                 RunsAction::List {
                     status: Some(StatusArg(crate::domain::run::RunStatus::Halted)),
                     limit: 5,
+                    json: false,
                 },
                 "GET",
-                "http://127.0.0.1:8080/v1/runs?limit=5&status=halted",
+                "http://127.0.0.1:8080/v1/runs?limit=5&view=summary&status=halted",
             ),
             (
                 RunsAction::Show {

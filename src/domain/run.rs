@@ -161,6 +161,55 @@ pub struct Transition {
     pub reason: String,
 }
 
+/// One transition of one run as the event stream (`GET /v1/events`) carries it: numbered
+/// in the order the store committed it, so that a client that reconnects with the last
+/// number it saw misses none.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RunEvent {
+    /// Its number in the stream (the SSE id), rising.
+    pub seq: i64,
+    /// The run's id.
+    pub run_id: String,
+    /// The run's kind.
+    pub kind: RunKind,
+    /// The run's target, if any.
+    pub target: Option<String>,
+    /// The transition.
+    #[serde(flatten)]
+    pub transition: Transition,
+    /// What held the run, when this was its newest transition and a gate held it.
+    pub blockers: Vec<String>,
+}
+
+/// A run in a line, as lists show it (`GET /v1/runs?view=summary`, the status page,
+/// `rollgate runs list`): small, and kept beside the run in the store so that a list of
+/// hundreds of runs reads no steps or history.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RunSummary {
+    /// The run's id.
+    pub id: String,
+    /// What it does.
+    pub kind: RunKind,
+    /// Its target, if any.
+    pub target: Option<String>,
+    /// Where it stands.
+    pub status: RunStatus,
+    /// Why, in words.
+    pub reason: String,
+    /// Steps done.
+    pub steps_done: usize,
+    /// Steps planned so far.
+    pub steps_total: usize,
+    /// The step in hand, `stage/name@node`, if any.
+    pub step: Option<String>,
+    /// What holds it, if a gate does.
+    pub blockers: Vec<String>,
+    /// Created.
+    pub created_at: DateTime<Utc>,
+    /// Last transition.
+    pub updated_at: DateTime<Utc>,
+}
+
 /// What to do when a step gives up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
@@ -344,6 +393,27 @@ impl Run {
             reason: reason.into(),
         });
         self.updated_at = now;
+    }
+
+    /// The run in a line.
+    pub fn summary(&self) -> RunSummary {
+        RunSummary {
+            id: self.id.clone(),
+            kind: self.kind,
+            target: self.target.clone(),
+            status: self.status,
+            reason: self.reason.clone(),
+            steps_done: self
+                .steps
+                .iter()
+                .filter(|s| s.status == StepStatus::Done)
+                .count(),
+            steps_total: self.steps.len(),
+            step: self.current().map(Step::label),
+            blockers: self.blockers.clone(),
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+        }
     }
 
     /// Moves to `to` for `reason`, recording a transition unless nothing changed.

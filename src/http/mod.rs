@@ -2,8 +2,10 @@
 
 pub mod auth;
 pub mod error;
+pub mod events;
 pub mod openapi;
 pub mod routes;
+pub mod ui;
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
@@ -63,6 +65,7 @@ pub struct EtcdRollIntake {
 
 /// Registers every route on an actix `App`.
 pub fn configure(cfg: &mut web::ServiceConfig) {
+    ui::configure(cfg);
     cfg.route("/healthz", web::get().to(routes::healthz))
         .route("/readyz", web::get().to(routes::readyz))
         .route("/metrics", web::get().to(routes::metrics))
@@ -75,6 +78,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                 .route("/detections", web::post().to(routes::post_detections))
                 .route("/etcd-rolls", web::post().to(routes::post_etcd_rolls))
                 .route("/gates", web::get().to(routes::get_gates))
+                .route("/events", web::get().to(events::stream))
                 .route("/runs", web::get().to(routes::list_runs))
                 .route("/runs/{id}", web::get().to(routes::get_run))
                 .route("/runs/{id}/{action}", web::post().to(routes::control_run)),

@@ -17,8 +17,9 @@ use utoipa::{Modify, OpenApi};
         super::routes::list_runs,
         super::routes::get_run,
         super::routes::control_run,
+        super::events::stream,
     ),
-    components(schemas(super::error::ErrorBody)),
+    components(schemas(super::error::ErrorBody, crate::domain::run::RunSummary)),
     modifiers(&Bearer)
 )]
 pub struct ApiDoc;

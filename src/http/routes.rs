@@ -149,7 +149,8 @@ async fn enqueue(state: &AppState, data: &EventData) -> Result<CloudEvent, ApiEr
     }
 }
 
-fn store_down(e: crate::store::StoreError) -> ApiError {
+/// A 503 for a store that failed, logged.
+pub(super) fn store_down(e: crate::store::StoreError) -> ApiError {
     tracing::warn!(error = %crate::error_chain(&e), "run store failed");
     ApiError::unavailable("the run store is unavailable; retry later")
 }
@@ -441,10 +442,13 @@ pub struct RunFilter {
     pub status: Option<String>,
     /// At most this many (default 100, at most 1000).
     pub limit: Option<usize>,
+    /// `full` (default): every run whole, steps and history; `summary`: a line each
+    /// (`RunSummary`), what a list shows.
+    pub view: Option<String>,
 }
 
 /// `GET /v1/runs`: runs, newest first.
-#[utoipa::path(get, path = "/v1/runs", params(RunFilter), responses((status = 200, body = Vec<Run>)), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/runs", params(RunFilter), responses((status = 200, description = "the runs: whole (`view=full`) or a `RunSummary` each (`view=summary`)", body = Vec<Run>), (status = 422, body = super::error::ErrorBody)), security(("bearer" = [])))]
 pub async fn list_runs(
     state: State,
     filter: web::Query<RunFilter>,
@@ -462,12 +466,27 @@ pub async fn list_runs(
     if !(1..=1000).contains(&limit) {
         return Err(ApiError::invalid("limit must be from 1 to 1000"));
     }
-    let runs = state
-        .store
-        .list_runs(status, limit)
-        .await
-        .map_err(store_down)?;
-    Ok(HttpResponse::Ok().json(runs))
+    match filter.view.as_deref() {
+        None | Some("full") => {
+            let runs = state
+                .store
+                .list_runs(status, limit)
+                .await
+                .map_err(store_down)?;
+            Ok(HttpResponse::Ok().json(runs))
+        }
+        Some("summary") => {
+            let runs = state
+                .store
+                .list_summaries(status, limit)
+                .await
+                .map_err(store_down)?;
+            Ok(HttpResponse::Ok().json(runs))
+        }
+        Some(other) => Err(ApiError::invalid(format!(
+            "view {other:?} is not one of full, summary"
+        ))),
+    }
 }
 
 /// `GET /v1/runs/{id}`: one run with its steps and history.

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use crate::domain::alert::{Alert, AlertStatus};
-use crate::domain::run::{Run, RunKind, RunStatus};
+use crate::domain::run::{Run, RunEvent, RunKind, RunStatus, RunSummary};
 use crate::queue::Outgoing;
 use crate::sqlite::{self, Migration, MigrationError};
 
@@ -19,7 +19,12 @@ use crate::sqlite::{self, Migration, MigrationError};
 const DEDUP_DAYS: i64 = 14;
 
 /// The store's schema, one migration per version (see [`crate::sqlite`]).
-const MIGRATIONS: &[Migration] = &[tables, etcd_start_term_from_note, control_plane_apply];
+const MIGRATIONS: &[Migration] = &[
+    tables,
+    etcd_start_term_from_note,
+    control_plane_apply,
+    run_events,
+];
 
 /// Version 1: runs, processed events, the outbox and the alert board.
 fn tables(tx: &Transaction<'_>) -> Result<(), MigrationError> {
@@ -96,6 +101,68 @@ fn control_plane_apply(tx: &Transaction<'_>) -> Result<(), MigrationError> {
             }
         }
     })
+}
+
+/// Version 4: every transition of every run, numbered in commit order, for the event
+/// stream (the runs stored before are numbered run by run); each run's summary beside it,
+/// and an index for the newest first, so that lists read no steps or history.
+fn run_events(tx: &Transaction<'_>) -> Result<(), MigrationError> {
+    tx.execute_batch(
+        "CREATE TABLE run_events (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            run_id TEXT NOT NULL,
+            doc TEXT NOT NULL
+        );
+        CREATE INDEX run_events_by_run ON run_events (run_id, seq);
+        ALTER TABLE runs ADD COLUMN summary TEXT;
+        CREATE INDEX runs_newest ON runs (created_at DESC, id DESC);",
+    )?;
+    let docs: Vec<(String, String)> = tx
+        .prepare("SELECT id, doc FROM runs ORDER BY created_at, id")?
+        .query_map([], row_doc)?
+        .collect::<Result<_, _>>()?;
+    for (id, doc) in docs {
+        let run: Run = serde_json::from_str(&doc).map_err(|e| {
+            MigrationError::data(format!(
+                "run {id} does not decode ({e}); remove it from the runs table to go on"
+            ))
+        })?;
+        log_transitions(tx, &run)?;
+        tx.execute(
+            "UPDATE runs SET summary = ?2 WHERE id = ?1",
+            params![id, encode_summary(&run)],
+        )?;
+    }
+    Ok(())
+}
+
+/// Appends the transitions of `run` the log does not hold yet.
+fn log_transitions(tx: &Transaction<'_>, run: &Run) -> rusqlite::Result<()> {
+    let logged: i64 = tx.query_row(
+        "SELECT COUNT(*) FROM run_events WHERE run_id = ?1",
+        params![run.id],
+        |r| r.get(0),
+    )?;
+    let last = run.history.len().saturating_sub(1);
+    for (i, transition) in run.history.iter().enumerate().skip(logged as usize) {
+        let event = RunEvent {
+            seq: 0,
+            run_id: run.id.clone(),
+            kind: run.kind,
+            target: run.target.clone(),
+            transition: transition.clone(),
+            blockers: if i == last {
+                run.blockers.clone()
+            } else {
+                Vec::new()
+            },
+        };
+        tx.execute(
+            "INSERT INTO run_events (run_id, doc) VALUES (?1, ?2)",
+            params![run.id, serde_json::to_string(&event).unwrap_or_default()],
+        )?;
+    }
+    Ok(())
 }
 
 /// Rewrites every stored run's document with `change`; each must then decode as a [`Run`],
@@ -184,6 +251,8 @@ pub struct BoardEntry {
 #[derive(Clone)]
 pub struct Store {
     conn: Arc<Mutex<Connection>>,
+    /// Counts the commits that logged transitions, for the event stream to wait on.
+    logged: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl Store {
@@ -192,7 +261,57 @@ impl Store {
         let conn = sqlite::open(path, MIGRATIONS)?;
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
+            logged: Arc::new(tokio::sync::watch::Sender::new(0)),
         })
+    }
+
+    /// A receiver that changes after every commit that may have logged a transition.
+    pub fn transitions_logged(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.logged.subscribe()
+    }
+
+    /// The number of the newest logged transition (0 when none is).
+    pub async fn last_event_seq(&self) -> Result<i64, StoreError> {
+        self.with(|c| {
+            Ok(
+                c.query_row("SELECT COALESCE(MAX(seq), 0) FROM run_events", [], |r| {
+                    r.get(0)
+                })?,
+            )
+        })
+        .await
+    }
+
+    /// Logged transitions numbered above `after`, oldest first, at most `limit`; of run
+    /// `run` alone when given.
+    pub async fn events_after(
+        &self,
+        after: i64,
+        run: Option<String>,
+        limit: usize,
+    ) -> Result<Vec<RunEvent>, StoreError> {
+        self.with(move |c| {
+            let mut st = c.prepare(
+                "SELECT seq, doc FROM run_events
+                 WHERE seq > ?1 AND (?2 IS NULL OR run_id = ?2)
+                 ORDER BY seq LIMIT ?3",
+            )?;
+            let rows = st.query_map(params![after, run, limit as i64], |r| {
+                Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
+            })?;
+            rows.map(|row| {
+                let (seq, doc) = row?;
+                let mut event: RunEvent =
+                    serde_json::from_str(&doc).map_err(|e| StoreError::Corrupt {
+                        id: format!("run event {seq}"),
+                        error: e.to_string(),
+                    })?;
+                event.seq = seq;
+                Ok(event)
+            })
+            .collect()
+        })
+        .await
     }
 
     async fn with<T: Send + 'static>(
@@ -236,6 +355,32 @@ impl Store {
             )?;
             let rows = st.query_map(params![status.map(RunStatus::name), limit as i64], row_doc)?;
             rows.map(|r| decode_run(r?)).collect()
+        })
+        .await
+    }
+
+    /// Runs in a line each, newest first; only those in `status` when given.
+    pub async fn list_summaries(
+        &self,
+        status: Option<RunStatus>,
+        limit: usize,
+    ) -> Result<Vec<RunSummary>, StoreError> {
+        self.with(move |c| {
+            let mut st = c.prepare(
+                "SELECT id, summary FROM runs WHERE (?1 IS NULL OR status = ?1)
+                 ORDER BY created_at DESC, id DESC LIMIT ?2",
+            )?;
+            let rows = st.query_map(params![status.map(RunStatus::name), limit as i64], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+            })?;
+            rows.map(|row| {
+                let (id, summary) = row?;
+                serde_json::from_str(&summary).map_err(|e| StoreError::Corrupt {
+                    id,
+                    error: e.to_string(),
+                })
+            })
+            .collect()
         })
         .await
     }
@@ -298,14 +443,24 @@ impl Store {
     pub async fn insert_run_if_absent(&self, run: &Run) -> Result<bool, StoreError> {
         let run = run.clone();
         self.with(move |c| {
-            let n = c.execute(
-                "INSERT OR IGNORE INTO runs (id, kind, status, target, created_at, doc)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            let tx = c.transaction()?;
+            let n = tx.execute(
+                "INSERT OR IGNORE INTO runs (id, kind, status, target, created_at, doc, summary)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                 run_row(&run),
             )?;
+            if n == 1 {
+                log_transitions(&tx, &run)?;
+            }
+            tx.commit()?;
             Ok(n == 1)
         })
         .await
+        .inspect(|inserted| {
+            if *inserted {
+                self.logged.send_modify(|n| *n += 1);
+            }
+        })
     }
 
     /// Whether the event was processed.
@@ -339,11 +494,13 @@ impl Store {
             }
             for run in &commit.runs {
                 tx.execute(
-                    "INSERT INTO runs (id, kind, status, target, created_at, doc)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)
-                     ON CONFLICT (id) DO UPDATE SET status = excluded.status, doc = excluded.doc",
+                    "INSERT INTO runs (id, kind, status, target, created_at, doc, summary)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                     ON CONFLICT (id) DO UPDATE
+                     SET status = excluded.status, doc = excluded.doc, summary = excluded.summary",
                     run_row(run),
                 )?;
+                log_transitions(&tx, run)?;
             }
             for alert in &commit.alerts {
                 tx.execute(
@@ -367,6 +524,11 @@ impl Store {
             Ok(Committed::Done)
         })
         .await
+        .inspect(|done| {
+            if *done == Committed::Done {
+                self.logged.send_modify(|n| *n += 1);
+            }
+        })
     }
 
     /// Messages committed but not yet published, oldest first.
@@ -463,7 +625,7 @@ impl Store {
 }
 
 /// The columns of `run`'s row: id, kind, status, target, created_at, doc.
-fn run_row(run: &Run) -> (&str, &str, &str, Option<&str>, i64, String) {
+fn run_row(run: &Run) -> (&str, &str, &str, Option<&str>, i64, String, String) {
     (
         &run.id,
         run.kind.name(),
@@ -471,7 +633,12 @@ fn run_row(run: &Run) -> (&str, &str, &str, Option<&str>, i64, String) {
         run.target.as_deref(),
         run.created_at.timestamp_millis(),
         encode(run),
+        encode_summary(run),
     )
+}
+
+fn encode_summary(run: &Run) -> String {
+    serde_json::to_string(&run.summary()).unwrap_or_default()
 }
 
 /// The first run `sql` selects (as `id, doc`), if any.
@@ -660,8 +827,70 @@ mod tests {
         );
         let fresh = store.get_run("fresh").await.unwrap().unwrap();
         assert_eq!(fresh.memory.etcd_start_term, None);
+        // The log of transitions is filled from the stored histories, run by run.
+        let logged = store.events_after(0, None, 100).await.unwrap();
+        let histories = run.history.len() + fresh.history.len();
+        assert_eq!(logged.len(), histories);
+        assert!(logged.windows(2).all(|w| w[0].seq < w[1].seq));
         let conn = store.conn.lock().unwrap();
         assert_eq!(sqlite::version(&conn).unwrap(), MIGRATIONS.len() as u32);
+    }
+
+    #[tokio::test]
+    async fn transitions_are_logged_once_in_commit_order_and_read_after_a_number() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store.db")).unwrap();
+        let mut logged = store.transitions_logged();
+        let mut a = run_of(RunKind::K8sUpgrade, full_plan());
+        let b = run_of(RunKind::EtcdRoll, Vec::new());
+        assert!(store.insert_run_if_absent(&a).await.unwrap());
+        assert!(logged.has_changed().unwrap(), "the stream is told");
+        logged.mark_unchanged();
+        assert!(store.insert_run_if_absent(&b).await.unwrap());
+        assert!(
+            !store.insert_run_if_absent(&b).await.unwrap(),
+            "logged once"
+        );
+        let now = Utc::now();
+        a.transition(RunStatus::Running, "step plan (attempt 1)", now);
+        a.transition(RunStatus::Waiting, "gate closed", now);
+        a.blockers = vec!["NodeNotReady".into()];
+        for _ in 0..2 {
+            // The same state committed twice logs nothing new the second time.
+            let commit = Commit {
+                runs: vec![a.clone()],
+                ..Commit::default()
+            };
+            store.commit(commit).await.unwrap();
+        }
+        let all = store.events_after(0, None, 100).await.unwrap();
+        let order: Vec<(&str, RunStatus)> = all
+            .iter()
+            .map(|e| (e.run_id.as_str(), e.transition.to))
+            .collect();
+        assert_eq!(
+            order,
+            [
+                (a.id.as_str(), RunStatus::Queued),
+                (b.id.as_str(), RunStatus::Queued),
+                (a.id.as_str(), RunStatus::Running),
+                (a.id.as_str(), RunStatus::Waiting),
+            ]
+        );
+        assert!(all.windows(2).all(|w| w[0].seq < w[1].seq));
+        assert_eq!(all[3].blockers, ["NodeNotReady"], "the newest carries them");
+        assert!(all[2].blockers.is_empty());
+        assert_eq!(store.last_event_seq().await.unwrap(), all[3].seq);
+        let of_a = store
+            .events_after(all[0].seq, Some(a.id.clone()), 100)
+            .await
+            .unwrap();
+        assert_eq!(of_a.len(), 2);
+        assert_eq!(
+            store.events_after(0, None, 2).await.unwrap().len(),
+            2,
+            "a page at a time"
+        );
     }
 
     #[test]

@@ -57,6 +57,7 @@ pub struct Gate {
     policy: Policy,
     memory: Mutex<PromMemory>,
     last: Mutex<Option<GateReport>>,
+    changes: tokio::sync::watch::Sender<Option<GateReport>>,
 }
 
 impl Gate {
@@ -83,6 +84,7 @@ impl Gate {
             policy,
             memory: Mutex::new(PromMemory::default()),
             last: Mutex::new(None),
+            changes: tokio::sync::watch::Sender::new(None),
         }
     }
 
@@ -206,10 +208,36 @@ impl Gate {
                 .with_label_values(&[name])
                 .set(i64::from(name == current));
         }
+        self.metrics.gate_blockers.reset();
+        if let Verdict::Closed { blockers } = &report.verdict {
+            for b in blockers {
+                let source = match b.source {
+                    gate::Source::Prometheus => "prometheus",
+                    gate::Source::Alertmanager => "alertmanager",
+                };
+                self.metrics
+                    .gate_blockers
+                    .with_label_values(&[&b.name, source])
+                    .inc();
+            }
+        }
         if let Ok(mut last) = self.last.lock() {
             *last = Some(report.clone());
         }
+        self.changes.send_if_modified(|told| {
+            let changed = told.as_ref().map(|r| &r.verdict) != Some(&report.verdict);
+            if changed {
+                *told = Some(report.clone());
+            }
+            changed
+        });
         report
+    }
+
+    /// A receiver that changes whenever an evaluation's verdict differs from the one before
+    /// (blockers included), holding that evaluation.
+    pub fn verdict_changes(&self) -> tokio::sync::watch::Receiver<Option<GateReport>> {
+        self.changes.subscribe()
     }
 
     /// The Alertmanager side: its own list when it is configured, the board of webhooks

@@ -4,5 +4,6 @@
 
 pub mod detect;
 pub mod etcd_roll;
+pub mod events;
 pub mod gate;
 pub mod k8s_upgrade;

@@ -242,6 +242,16 @@ impl Ground {
             .collect()
     }
 
+    /// The name of the pod labelled `app` on `node`.
+    pub fn pod_named(&self, node: &str, app: &str) -> String {
+        self.api
+            .pods_on(node)
+            .into_iter()
+            .find(|p| p["metadata"]["labels"]["app"] == app)
+            .and_then(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| panic!("no {app} pod on {node}"))
+    }
+
     /// The most workers cordoned at one time, from the API server's log of changes, and
     /// each set of workers cordoned together at that most.
     pub fn most_workers_cordoned_at_once(&self) -> (usize, Vec<BTreeSet<String>>) {

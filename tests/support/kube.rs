@@ -68,6 +68,10 @@ pub struct State {
     serial: u64,
     /// What node-exporter reports as every node's boot time (seconds since the epoch).
     pub booted_at: i64,
+    /// Events created (events.k8s.io/v1), in order.
+    pub events: Vec<Value>,
+    /// When set, creating an Event answers 500.
+    pub events_fail: bool,
 }
 
 fn status(code: u16, reason: &str, message: &str) -> HttpResponse {
@@ -671,6 +675,13 @@ async fn handle(req: HttpRequest, body: web::Bytes, shared: Shared) -> HttpRespo
             s.pods.insert(key, pod.clone());
             HttpResponse::Ok().json(pod)
         }
+        ("POST", ["apis", "events.k8s.io", "v1", "namespaces", ns, "events"]) => {
+            s.count("create event");
+            if s.events_fail {
+                return status(500, "InternalError", "etcdserver: request timed out");
+            }
+            create_event(&mut s, ns, &body)
+        }
         ("POST", ["api", "v1", "namespaces", ns, "pods", name, "eviction"]) => {
             s.count("evict pod");
             evict(&mut s, ns, name)
@@ -760,6 +771,66 @@ async fn handle(req: HttpRequest, body: web::Bytes, shared: Shared) -> HttpRespo
             &format!("the fake API server has no {method} {path}"),
         ),
     }
+}
+
+/// Creates an events.k8s.io/v1 Event, refusing what the real API server's validation
+/// refuses for the fields rollgate sets.
+fn create_event(s: &mut State, ns: &str, body: &[u8]) -> HttpResponse {
+    let Ok(mut event) = serde_json::from_slice::<Value>(body) else {
+        return status(400, "BadRequest", "the body is not JSON");
+    };
+    let invalid = |why: &str| status(422, "Invalid", &format!("Event is invalid: {why}"));
+    let text = |field: &str| event[field].as_str().unwrap_or_default().to_owned();
+    if event["metadata"]["namespace"]
+        .as_str()
+        .is_some_and(|n| n != ns)
+    {
+        return invalid("metadata.namespace: does not match the namespace of the request");
+    }
+    let name = event["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    if name.is_empty() {
+        return invalid("metadata.name: Required value");
+    }
+    for field in [
+        "eventTime",
+        "reportingController",
+        "reportingInstance",
+        "action",
+        "reason",
+    ] {
+        if text(field).is_empty() {
+            return invalid(&format!("{field}: Required value"));
+        }
+    }
+    if !["Normal", "Warning"].contains(&text("type").as_str()) {
+        return invalid("type: Unsupported value");
+    }
+    if text("note").len() > 1024 {
+        return invalid("note: Too long: must have at most 1024 bytes");
+    }
+    if event["regarding"]["kind"].as_str().is_none()
+        || event["regarding"]["name"].as_str().is_none()
+    {
+        return invalid("regarding: Required value");
+    }
+    if s.events
+        .iter()
+        .any(|e| e["metadata"]["name"] == json!(name) && e["metadata"]["namespace"] == json!(ns))
+    {
+        return status(
+            409,
+            "AlreadyExists",
+            &format!("events.events.k8s.io \"{name}\" already exists"),
+        );
+    }
+    let rv = s.bump();
+    event["metadata"]["namespace"] = json!(ns);
+    event["metadata"]["resourceVersion"] = json!(rv);
+    s.events.push(event.clone());
+    HttpResponse::Created().json(event)
 }
 
 fn evict(s: &mut State, ns: &str, name: &str) -> HttpResponse {
@@ -920,6 +991,8 @@ impl FakeKube {
             ready_after: Duration::from_millis(100),
             serial: 0,
             booted_at: chrono::Utc::now().timestamp() - 86_400,
+            events: Vec::new(),
+            events_fail: false,
         }));
         let shared = web::Data::new((state.clone(), token.clone()));
         let server = HttpServer::new(move || {
@@ -1291,6 +1364,23 @@ impl FakeKube {
             selector: BTreeMap::from([("app".to_owned(), app.to_owned())]),
             min_available,
         });
+    }
+
+    /// The Events about the `kind` object `name`, in the order they were created.
+    pub fn events_about(&self, kind: &str, name: &str) -> Vec<Value> {
+        self.state
+            .lock()
+            .unwrap()
+            .events
+            .iter()
+            .filter(|e| e["regarding"]["kind"] == kind && e["regarding"]["name"] == name)
+            .cloned()
+            .collect()
+    }
+
+    /// Makes creating an Event answer 500 (or stop doing so).
+    pub fn fail_events(&self, fail: bool) {
+        self.state.lock().unwrap().events_fail = fail;
     }
 
     pub fn node(&self, name: &str) -> Value {

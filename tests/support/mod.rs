@@ -15,6 +15,7 @@ pub mod rehearsal;
 pub mod scripted;
 pub mod services;
 pub mod stacked;
+pub mod webdriver;
 
 use serde_json::{Value, json};
 use std::future::Future;
@@ -237,6 +238,19 @@ impl Rollgate {
         (status, r.json().await.unwrap_or(Value::Null))
     }
 
+    /// Asks for a `kind` upgrade to `target` (all stages); the run's id. Panics unless it
+    /// is accepted (202).
+    pub async fn detect(&self, target: &str, kind: &str) -> String {
+        let (status, body) = self
+            .post(
+                "/v1/detections",
+                &json!({"target_version": target, "kind": kind, "stages": "all"}),
+            )
+            .await;
+        assert_eq!(status, 202, "{body}");
+        body["run_id"].as_str().expect("run id").to_owned()
+    }
+
     pub async fn get(&self, path: &str) -> (u16, Value) {
         let r = self
             .http
@@ -449,4 +463,54 @@ pub async fn board(rg: &Rollgate) -> std::collections::HashMap<String, u64> {
             )
         })
         .collect()
+}
+
+/// Follows `GET /v1/events?run=RUN` at `base` from the start of the log, reconnecting with
+/// `Last-Event-ID` whenever the stream breaks (rollgate restarted), until a transition to
+/// `until`; every transition seen, in the order received.
+pub async fn follow_run_events(
+    base: String,
+    token: String,
+    run: String,
+    until: &str,
+) -> Vec<Value> {
+    let http = reqwest::Client::new();
+    let mut seen: Vec<Value> = Vec::new();
+    let mut last = "0".to_owned();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "no {until} in the stream: {seen:?}"
+        );
+        let connected = http
+            .get(format!("{base}/v1/events"))
+            .query(&[("run", run.as_str())])
+            .bearer_auth(&token)
+            .header("Last-Event-ID", &last)
+            .send()
+            .await
+            .ok()
+            .filter(|r| r.status().is_success());
+        let Some(mut resp) = connected else {
+            // rollgate is restarting: try again shortly.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let mut reader = rollgate::cli::watch::FrameReader::default();
+        while let Ok(Some(chunk)) = resp.chunk().await {
+            for frame in reader.push(&chunk) {
+                if frame.event != "transition" {
+                    continue;
+                }
+                let event: Value = serde_json::from_str(&frame.data).expect("a transition");
+                last = frame.id.expect("a transition has an id");
+                let done = event["to"] == until;
+                seen.push(event);
+                if done {
+                    return seen;
+                }
+            }
+        }
+    }
 }

@@ -28,6 +28,7 @@ use crate::ports::{
     ExecOutput, InFlight, InFlightMarks, NodeDrain, NodeExec, NodeTarget, Silences, Snapshots,
     StepExecutor,
 };
+use crate::workflows::events::EventSink;
 
 /// The script run on nodes, piped to `bash -s`.
 pub const NODE_SCRIPT: &str = include_str!("../../../scripts/node-upgrade.sh");
@@ -80,6 +81,8 @@ pub struct UpgradeSteps {
     pub metrics: Metrics,
     /// The silences kept for the node in hand (`gate.self_silences`), if any.
     pub silences: Option<SelfSilences>,
+    /// Kubernetes Events on the nodes it works on, when a cluster is configured.
+    pub events: Option<EventSink>,
 }
 
 /// The Alertmanager silence kept for the node in hand while its steps run: extended every
@@ -173,6 +176,13 @@ fn script_result(what: &str, out: ExecOutput) -> StepOutcome {
 }
 
 impl UpgradeSteps {
+    /// Tells `node`'s story as a Kubernetes Event (`kubectl describe node`).
+    fn tell(&self, node: &str, reason: &str, action: &str, note: String) {
+        if let Some(events) = &self.events {
+            events.node(node, reason, action, note);
+        }
+    }
+
     async fn target_node(&self, name: &str) -> Result<NodeTarget, ClusterError> {
         let facts = self.cluster.facts().await?;
         let node = facts
@@ -445,18 +455,46 @@ impl UpgradeSteps {
             Ok(c) => c,
             Err(e) => return StepOutcome::retry(error_chain(&e)),
         };
+        // Told once per drain: a retry or a restart goes on with the same drain.
+        if run.steps[index].attempts <= 1 {
+            if cordon == Cordon::Ours {
+                self.tell(
+                    node,
+                    "Cordoned",
+                    "Cordon",
+                    format!("cordoned by rollgate for run {}", run.id),
+                );
+            }
+            self.tell(
+                node,
+                "DrainStarted",
+                "Drain",
+                format!("run {} evicts the node's pods", run.id),
+            );
+        }
         match self.nodes.drain(node, &self.settings.drain).await {
-            Ok(report) => StepOutcome::done(format!(
-                "{node} {}; {} pod(s) evicted, {} DaemonSet/mirror pod(s) left, {} PDB refusal(s) waited out",
-                if cordon == Cordon::Theirs {
-                    "was already cordoned by someone else (left so)"
-                } else {
-                    "cordoned"
-                },
-                report.evicted,
-                report.skipped,
-                report.refusals
-            )),
+            Ok(report) => {
+                self.tell(
+                    node,
+                    "Drained",
+                    "Drain",
+                    format!(
+                        "{} pod(s) evicted, {} DaemonSet/mirror pod(s) left",
+                        report.evicted, report.skipped
+                    ),
+                );
+                StepOutcome::done(format!(
+                    "{node} {}; {} pod(s) evicted, {} DaemonSet/mirror pod(s) left, {} PDB refusal(s) waited out",
+                    if cordon == Cordon::Theirs {
+                        "was already cordoned by someone else (left so)"
+                    } else {
+                        "cordoned"
+                    },
+                    report.evicted,
+                    report.skipped,
+                    report.refusals
+                ))
+            }
             // The timeout was the retry budget: fail, and give the node back to the
             // scheduler if rollgate took it (the pods that would not leave are named).
             Err(e @ (DrainError::Blocked { .. } | DrainError::Terminating { .. })) => {
@@ -465,8 +503,22 @@ impl UpgradeSteps {
                         "{e}; {node} stays cordoned (not by rollgate)"
                     ));
                 }
+                if let Some(events) = &self.events {
+                    events.node_warning(node, "DrainFailed", "Drain", error_chain(&e));
+                }
                 match self.nodes.uncordon(node, &run.id).await {
-                    Ok(_) => StepOutcome::failed(format!("{e}; {node} uncordoned")),
+                    Ok(_) => {
+                        self.tell(
+                            node,
+                            "Uncordoned",
+                            "Uncordon",
+                            format!(
+                                "given back to the scheduler: run {}'s drain timed out",
+                                run.id
+                            ),
+                        );
+                        StepOutcome::failed(format!("{e}; {node} uncordoned"))
+                    }
                     Err(u) => StepOutcome::failed(format!(
                         "{e}; {node} stays cordoned: the uncordon failed too ({})",
                         error_chain(&u)
@@ -488,6 +540,12 @@ impl UpgradeSteps {
             return StepOutcome::failed(format!("node {node} is no longer in the cluster"));
         };
         if n.kubelet == target && n.ready {
+            self.tell(
+                node,
+                "Upgraded",
+                "Upgrade",
+                format!("upgraded to v{target}: kubelet v{target}, Ready"),
+            );
             return StepOutcome::done(format!("{node} is Ready with kubelet {target}"));
         }
         let state = format!(
@@ -511,12 +569,23 @@ impl UpgradeSteps {
         }
     }
 
-    async fn uncordon(&self, run: &Run, node: &str) -> StepOutcome {
+    async fn uncordon(&self, run: &Run, step: &Step, node: &str) -> StepOutcome {
         match self.nodes.uncordon(node, &run.id).await {
             Ok(Cordon::Theirs) => StepOutcome::done(format!(
                 "{node} left cordoned: someone else cordoned it before rollgate"
             )),
-            Ok(_) => StepOutcome::done(format!("{node} uncordoned")),
+            Ok(_) => {
+                // Told once: a retry or a restart finds the node uncordoned already.
+                if step.attempts <= 1 {
+                    self.tell(
+                        node,
+                        "Uncordoned",
+                        "Uncordon",
+                        format!("given back to the scheduler by run {}", run.id),
+                    );
+                }
+                StepOutcome::done(format!("{node} uncordoned"))
+            }
             Err(e) => StepOutcome::retry(error_chain(&e)),
         }
     }
@@ -640,7 +709,7 @@ impl UpgradeSteps {
             }
             S::MoveLeader { node } => self.move_leader(node, target).await,
             S::Verify { node, .. } => self.verify(step, node, target).await,
-            S::Uncordon { node, .. } => self.uncordon(run, node).await,
+            S::Uncordon { node, .. } => self.uncordon(run, step, node).await,
             S::Soak { node, .. } => self.soak(step, node),
             S::NodesAtTarget => self.nodes_at_target(target).await,
             S::PodReady => self.pod_ready().await,

@@ -1,0 +1,346 @@
+// rollgate's status page: the runs, one run's stages and nodes, the gate, the history and
+// the controls, kept live by the event stream (GET /v1/events). The API token is asked
+// once, kept in this tab's session storage and sent as the Authorization header.
+'use strict';
+
+const TOKEN_KEY = 'rollgate-token';
+const view = { runs: [], run: null, gate: null, lastEventId: null, stream: null, refresh: null };
+
+class AuthError extends Error {}
+
+function token() {
+  return sessionStorage.getItem(TOKEN_KEY) || '';
+}
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key === 'class') node.className = value;
+    else if (key.startsWith('on')) node.addEventListener(key.slice(2), value);
+    else node.setAttribute(key, value === true ? '' : String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function show(...nodes) {
+  const main = document.getElementById('main');
+  main.replaceChildren(...nodes);
+}
+
+async function api(path, options) {
+  const opts = options || {};
+  const headers = { Authorization: 'Bearer ' + token() };
+  if (opts.body) headers['Content-Type'] = 'application/json';
+  const res = await fetch(path, { method: opts.method || 'GET', headers, body: opts.body });
+  if (res.status === 401) throw new AuthError('the token was refused (401 Unauthorized): check it and log in again');
+  const body = await res.json().catch(() => ({}));
+  if (!res.ok) throw new Error(body.message || res.status + ' ' + res.statusText);
+  return body;
+}
+
+function time(at) {
+  if (!at) return '';
+  const d = new Date(at);
+  return d.toISOString().slice(11, 19);
+}
+
+// --- login -------------------------------------------------------------------------
+
+function showLogin(reason) {
+  stopStream();
+  document.getElementById('logout').hidden = true;
+  const input = el('input', { id: 'token', type: 'password', autocomplete: 'off', placeholder: 'API token' });
+  const form = el('form', { class: 'login', id: 'login-form', onsubmit: (e) => { e.preventDefault(); login(input.value.trim()); } },
+    el('h1', {}, 'Log in to rollgate'),
+    el('label', { for: 'token' }, 'API token (server.token_file)'),
+    input,
+    el('p', { id: 'login-reason', class: 'reason' }, reason || ''),
+    el('button', { id: 'login', type: 'submit' }, 'Log in'));
+  show(form);
+  input.focus();
+}
+
+async function login(value) {
+  sessionStorage.setItem(TOKEN_KEY, value);
+  try {
+    await api('/v1/runs?limit=1');
+  } catch (e) {
+    sessionStorage.removeItem(TOKEN_KEY);
+    showLogin(e instanceof AuthError ? e.message : 'rollgate does not answer: ' + e.message);
+    return;
+  }
+  start();
+}
+
+function logout() {
+  sessionStorage.removeItem(TOKEN_KEY);
+  showLogin('logged out');
+}
+
+// --- the runs ----------------------------------------------------------------------
+
+// A run summary's progress: steps done of those planned so far.
+function progress(run) {
+  const done = run.steps_done;
+  const total = run.steps_total;
+  const pct = total ? Math.round((100 * done) / total) : 100;
+  return el('span', { class: 'progress', title: done + ' of ' + total + ' steps' },
+    el('span', { class: 'bar' }, el('span', { 'data-pct': pct })), ' ', done + '/' + total);
+}
+
+function fillBars(root) {
+  // Widths are set from script: the Content-Security-Policy allows no inline style.
+  for (const span of root.querySelectorAll('[data-pct]')) span.style.width = span.dataset.pct + '%';
+}
+
+function renderRuns() {
+  const rows = view.runs.map((run) => el('tr', { 'data-run-id': run.id },
+    el('td', {}, el('a', { href: '#/runs/' + encodeURIComponent(run.id), class: 'run-link' }, run.id)),
+    el('td', { class: 'hide-narrow' }, run.kind),
+    el('td', {}, run.target || ''),
+    el('td', {}, el('span', { class: 'status status-' + run.status }, run.status)),
+    el('td', {}, progress(run)),
+    el('td', { class: 'hide-narrow muted' }, time(run.updated_at))));
+  const table = el('div', { class: 'scroll' }, el('table', { id: 'runs' },
+    el('thead', {}, el('tr', {}, el('th', {}, 'run'), el('th', { class: 'hide-narrow' }, 'kind'), el('th', {}, 'target'),
+      el('th', {}, 'status'), el('th', {}, 'progress'), el('th', { class: 'hide-narrow' }, 'updated'))),
+    el('tbody', {}, rows)));
+  show(el('h1', {}, 'Runs'), rows.length ? table : el('p', { class: 'muted' }, 'No runs yet.'));
+  fillBars(document.getElementById('main'));
+}
+
+async function loadRuns() {
+  view.runs = await api('/v1/runs?limit=200&view=summary');
+  if (route().page === 'runs') renderRuns();
+}
+
+// --- one run -----------------------------------------------------------------------
+
+const STATE_OF_STEP = {
+  gate: 'gated', drain: 'draining', upgrade: 'upgrading', apply: 'upgrading', verify: 'upgrading',
+  uncordon: 'upgrading', 'healthy-before': 'gated', 'healthy-after': 'upgrading', 'move-leader': 'upgrading',
+  containerd: 'upgrading', 'apt-repo': 'upgrading', 'kubeadm-plan': 'checking', soak: 'soaking',
+  'etcd-gate': 'gated', 'etcd-restart': 'upgrading', 'etcd-ready': 'upgrading', 'etcd-transfer': 'upgrading',
+  'etcd-cooldown': 'soaking', restart: 'upgrading', ready: 'upgrading', transfer: 'upgrading', cooldown: 'soaking',
+};
+
+// What a node (or etcd member) is doing, from its steps in one stage.
+function nodeState(steps) {
+  if (steps.every((s) => s.status === 'done')) return 'done';
+  if (steps.every((s) => s.status === 'pending')) return 'waiting';
+  const next = steps.find((s) => s.status !== 'done');
+  return STATE_OF_STEP[next.name] || 'working';
+}
+
+function stages(run) {
+  const order = [];
+  const byStage = new Map();
+  for (const step of run.steps || []) {
+    if (!byStage.has(step.stage)) { byStage.set(step.stage, []); order.push(step.stage); }
+    byStage.get(step.stage).push(step);
+  }
+  return order.map((stage) => {
+    const steps = byStage.get(stage);
+    const nodes = [];
+    const byNode = new Map();
+    for (const step of steps.filter((s) => s.node)) {
+      if (!byNode.has(step.node)) { byNode.set(step.node, []); nodes.push(step.node); }
+      byNode.get(step.node).push(step);
+    }
+    return { stage, steps, nodes: nodes.map((name) => ({ name, steps: byNode.get(name) })) };
+  });
+}
+
+function renderGatePanel() {
+  const gate = view.gate;
+  const summary = document.getElementById('gate-summary');
+  if (summary) summary.textContent = gate ? 'gate ' + gate.verdict.verdict : '';
+  const panel = document.getElementById('gate');
+  if (!panel) return;
+  if (!gate) { panel.replaceChildren(el('p', { class: 'muted' }, 'The gate has not been asked yet.')); return; }
+  const v = gate.verdict;
+  const items = (v.blockers || []).map((b) => el('li', { class: 'blocker' },
+    el('strong', { class: 'blocker-name' }, b.name), ' (' + b.source + (b.since ? ', since ' + time(b.since) : '') + ') ',
+    el('span', { class: 'labels' }, Object.entries(b.labels || {}).map(([k, val]) => k + '=' + val).join(', '))));
+  panel.replaceChildren(
+    el('p', {}, 'Gate now: ', el('span', { id: 'gate-verdict', class: 'status verdict-' + v.verdict }, v.verdict),
+      v.reason ? ' — ' + v.reason : '', el('span', { class: 'muted' }, ' (asked ' + time(gate.evaluated_at) + ')')),
+    items.length ? el('ul', { id: 'blockers', class: 'blockers' }, items) : null);
+}
+
+async function control(action) {
+  const reason = 'from the status page';
+  try {
+    await api('/v1/runs/' + encodeURIComponent(view.run.id) + '/' + action, { method: 'POST', body: JSON.stringify({ reason }) });
+  } catch (e) {
+    if (e instanceof AuthError) { showLogin(e.message); return; }
+    document.getElementById('control-error').textContent = action + ': ' + e.message;
+  }
+  scheduleRefresh();
+}
+
+function renderRun() {
+  const run = view.run;
+  const terminal = ['succeeded', 'failed', 'aborted'].includes(run.status);
+  const controls = el('div', { class: 'controls' },
+    el('button', { id: 'halt', type: 'button', disabled: terminal || run.status === 'halted', onclick: () => control('halt') }, 'Halt'),
+    el('button', { id: 'resume', type: 'button', disabled: run.status !== 'halted', onclick: () => control('resume') }, 'Resume'),
+    el('button', { id: 'abort', type: 'button', disabled: terminal, onclick: () => control('abort') }, 'Abort'),
+    el('span', { id: 'control-error', class: 'reason' }));
+  const timeline = stages(run).map(({ stage, steps, nodes }) => {
+    const done = steps.filter((s) => s.status === 'done').length;
+    const body = nodes.length
+      ? el('div', { class: 'nodes' }, nodes.map((n) => {
+        const state = nodeState(n.steps);
+        const started = n.steps.map((s) => s.started_at).filter(Boolean).sort()[0];
+        const ended = state === 'done' ? n.steps.map((s) => s.ended_at).filter(Boolean).sort().pop() : null;
+        return el('div', { class: 'node', 'data-node': n.name },
+          el('span', { class: 'name' }, n.name),
+          el('span', { class: 'state state-' + state }, state),
+          el('span', { class: 'times' }, started ? time(started) + (ended ? ' – ' + time(ended) : ' –') : ''));
+      }))
+      : el('p', { class: 'muted' }, steps.map((s) => s.name + ' ' + s.status).join(' · '));
+    return el('section', { class: 'stage', 'data-stage': stage }, el('h3', {}, stage + ' ', el('span', { class: 'muted' }, done + '/' + steps.length)), body);
+  });
+  const history = [...(run.history || [])].reverse().map((h) => el('tr', {},
+    el('td', { class: 'muted' }, time(h.at)), el('td', {}, h.to), el('td', {}, h.step || ''), el('td', {}, h.reason)));
+  show(
+    el('h1', {}, run.kind + ' ' + (run.target || '') + ' — ', el('span', { id: 'run-status', class: 'status status-' + run.status }, run.status)),
+    el('p', { id: 'run-id', class: 'muted' }, run.id),
+    el('p', { id: 'run-reason' }, run.reason),
+    run.blockers && run.blockers.length ? el('p', { id: 'run-blockers', class: 'reason' }, 'Held by: ' + run.blockers.join('; ')) : null,
+    controls,
+    el('h2', {}, 'Gate'),
+    el('div', { id: 'gate', class: 'panel' }),
+    el('h2', {}, 'Stages'),
+    el('div', { id: 'timeline' }, timeline),
+    el('h2', {}, 'History'),
+    el('div', { class: 'scroll' }, el('table', { id: 'history' },
+      el('thead', {}, el('tr', {}, el('th', {}, 'at'), el('th', {}, 'to'), el('th', {}, 'step'), el('th', {}, 'why'))),
+      el('tbody', {}, history))));
+  renderGatePanel();
+}
+
+async function loadRun(id) {
+  view.run = await api('/v1/runs/' + encodeURIComponent(id));
+  if (route().page === 'run' && route().id === id) renderRun();
+}
+
+// --- routing, refreshing and the event stream --------------------------------------------
+
+function route() {
+  const m = location.hash.match(/^#\/runs\/(.+)$/);
+  return m ? { page: 'run', id: decodeURIComponent(m[1]) } : { page: 'runs' };
+}
+
+async function refresh() {
+  const r = route();
+  try {
+    if (r.page === 'run') await loadRun(r.id);
+    else await loadRuns();
+  } catch (e) {
+    if (e instanceof AuthError) showLogin(e.message);
+    else show(el('p', { class: 'reason' }, e.message));
+  }
+}
+
+function scheduleRefresh() {
+  clearTimeout(view.refresh);
+  view.refresh = setTimeout(refresh, 150);
+}
+
+function setLive(on) {
+  const live = document.getElementById('live');
+  live.textContent = on ? 'live' : 'offline';
+  live.className = on ? 'live' : 'live off';
+}
+
+function handleFrame(frame) {
+  if (frame.event === 'transition') {
+    if (frame.id) view.lastEventId = frame.id;
+    const event = JSON.parse(frame.data);
+    const r = route();
+    if (r.page === 'runs' || (r.page === 'run' && r.id === event.run_id)) scheduleRefresh();
+  } else if (frame.event === 'gate') {
+    view.gate = JSON.parse(frame.data);
+    renderGatePanel();
+  }
+}
+
+function parseFrame(raw) {
+  const frame = { event: 'message', data: [], id: null };
+  for (const line of raw.split('\n')) {
+    const at = line.indexOf(':');
+    if (at === 0) continue;
+    const field = at < 0 ? line : line.slice(0, at);
+    const value = at < 0 ? '' : line.slice(at + 1).replace(/^ /, '');
+    if (field === 'event') frame.event = value;
+    else if (field === 'data') frame.data.push(value);
+    else if (field === 'id') frame.id = value;
+  }
+  frame.data = frame.data.join('\n');
+  return frame;
+}
+
+function stopStream() {
+  if (view.stream) view.stream.abort();
+  view.stream = null;
+  setLive(false);
+}
+
+// fetch, not EventSource: EventSource cannot send the Authorization header.
+async function runStream() {
+  const controller = new AbortController();
+  view.stream = controller;
+  while (!controller.signal.aborted) {
+    try {
+      const headers = { Authorization: 'Bearer ' + token() };
+      if (view.lastEventId) headers['Last-Event-ID'] = view.lastEventId;
+      const res = await fetch('/v1/events', { headers, signal: controller.signal });
+      if (res.status === 401) { showLogin('the token was refused (401 Unauthorized): check it and log in again'); return; }
+      if (res.ok) {
+        setLive(true);
+        // Whatever happened while the stream was down is in the API.
+        scheduleRefresh();
+        const reader = res.body.getReader();
+        const decoder = new TextDecoder();
+        let buffer = '';
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          buffer += decoder.decode(value, { stream: true }).replace(/\r\n/g, '\n');
+          let end;
+          while ((end = buffer.indexOf('\n\n')) >= 0) {
+            const raw = buffer.slice(0, end);
+            buffer = buffer.slice(end + 2);
+            handleFrame(parseFrame(raw));
+          }
+        }
+      }
+    } catch (e) {
+      if (controller.signal.aborted) return;
+    }
+    setLive(false);
+    await new Promise((resolve) => setTimeout(resolve, 1000));
+  }
+}
+
+function start() {
+  document.getElementById('logout').hidden = false;
+  api('/v1/gates?cached=true').then((g) => { view.gate = g; renderGatePanel(); }).catch(() => {});
+  refresh();
+  stopStream();
+  runStream();
+}
+
+document.addEventListener('DOMContentLoaded', () => {
+  document.getElementById('logout').addEventListener('click', logout);
+  window.addEventListener('hashchange', refresh);
+  if (token()) start();
+  else showLogin('');
+});

@@ -1,0 +1,242 @@
+//! The status page in real headless Chromium (Debian's chromium and chromium-driver)
+//! against `rollgate serve` with a run in the fake cluster: login, the runs list, a run
+//! followed live without a reload, the gate closing and opening, the halt and resume
+//! buttons, phone width. Screenshots go to `target/tmp/status-page/`.
+
+mod support;
+
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::time::Duration;
+use support::ground::Ground;
+use support::webdriver::Browser;
+use support::webhook;
+
+const LIVE: Duration = Duration::from_secs(30);
+const RUN: Duration = Duration::from_secs(180);
+
+fn screenshots() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("status-page")
+}
+
+#[tokio::test]
+async fn the_status_page_follows_a_run_live_and_controls_it() {
+    let ground = Ground::start("1.34.2", 2).await;
+    // Workers go w2, then w1. w2's drain waits until its database replica may leave: the
+    // other replica (on w1) is not Ready until the test says so.
+    ground.api.add_pods("w2", "db", 1, false);
+    ground.api.add_pods("w1", "db", 1, false);
+    let replica = ground.pod_named("w1", "db");
+    ground.api.set_pod_ready(&replica, false);
+    ground.api.set_pdb("db-pdb", "db", 1);
+    let rg = ground
+        .rollgate(&[
+            ("ROLLGATE__CLUSTER__DRAIN_TIMEOUT", "120s".into()),
+            ("ROLLGATE__CLUSTER__SOAK", "8s".into()),
+        ])
+        .await;
+    let browser = Browser::start(1280, 900).await;
+
+    // `/` leads to the page, which asks for the token; a wrong one is refused, named.
+    browser.goto(&rg.base()).await;
+    assert!(
+        browser.url().await.ends_with("/ui"),
+        "{}",
+        browser.url().await
+    );
+    browser
+        .wait_text("#login-form h1", "the login", LIVE, |t| {
+            t.contains("Log in")
+        })
+        .await;
+    browser.type_into("#token", "not-the-token").await;
+    browser.click("#login").await;
+    let refused = browser
+        .wait_text("#login-reason", "the refusal", LIVE, |t| !t.is_empty())
+        .await;
+    assert!(refused.contains("refused (401"), "{refused}");
+    browser.type_into("#token", &rg.token).await;
+    browser.click("#login").await;
+    browser
+        .wait_text("main h1", "the runs list", LIVE, |t| t == "Runs")
+        .await;
+    assert_eq!(
+        browser
+            .script("return sessionStorage.getItem('rollgate-token')")
+            .await,
+        json!(rg.token),
+        "kept for the tab"
+    );
+    assert_eq!(
+        browser.script("return document.cookie").await,
+        json!(""),
+        "never a cookie"
+    );
+
+    // A run appears in the list by itself.
+    let id = rg.detect("1.34.5", "patch").await;
+    let row = format!("tr[data-run-id='{id}']");
+    browser
+        .wait_text(
+            &format!("{row} .status"),
+            "the run listed live",
+            LIVE,
+            |t| !t.is_empty(),
+        )
+        .await;
+    browser.screenshot(&screenshots().join("runs.png")).await;
+
+    // Its page: w2 goes from draining to done without a reload.
+    browser.click(&format!("{row} a")).await;
+    browser
+        .wait_text("#run-id", "the run's page", LIVE, |t| t == id)
+        .await;
+    browser
+        .script("window.rollgateMark = 'not reloaded'; return true")
+        .await;
+    let w2 = ".node[data-node='w2'] .state";
+    browser
+        .wait_text(w2, "w2 draining", RUN, |t| t == "draining")
+        .await;
+    ground.api.set_pod_ready(&replica, true);
+    browser
+        .wait_text(w2, "w2 soaking", RUN, |t| t == "soaking")
+        .await;
+    // An alert fires while w2 soaks: the page names it; w2 goes on to done (a node in hand
+    // finishes), and the gate holds w1.
+    let (status, _) = rg.post("/v1/alerts", &webhook("uiincident1")).await;
+    assert_eq!(status, 202);
+    browser
+        .wait_text("#gate-verdict", "the gate closed", LIVE, |t| t == "closed")
+        .await;
+    let blockers = browser
+        .wait_text("#blockers", "the blocker named", LIVE, |t| {
+            t.contains("NodeNotReady")
+        })
+        .await;
+    assert!(blockers.contains("alertmanager"), "{blockers}");
+    browser.wait_text(w2, "w2 done", RUN, |t| t == "done").await;
+    browser
+        .wait_text(".node[data-node='w1'] .state", "w1 held", LIVE, |t| {
+            t == "gated"
+        })
+        .await;
+    browser.screenshot(&screenshots().join("run.png")).await;
+
+    // Halt and resume with the buttons.
+    browser.click("#halt").await;
+    browser
+        .wait_text("#run-status", "halted", LIVE, |t| t == "halted")
+        .await;
+    let run = rg.run(&id).await;
+    assert_eq!(run["status"], "halted");
+    assert!(
+        run["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("from the status page")),
+        "{run}"
+    );
+    browser.click("#resume").await;
+    browser
+        .wait_text("#run-status", "resumed", LIVE, |t| t != "halted")
+        .await;
+
+    // The alert resolves: the gate opens and the run finishes, still the same page.
+    let mut resolved: Value = webhook("uiincident1");
+    resolved["status"] = json!("resolved");
+    resolved["alerts"][0]["status"] = json!("resolved");
+    resolved["alerts"][0]["endsAt"] = json!(chrono::Utc::now().to_rfc3339());
+    assert_eq!(rg.post("/v1/alerts", &resolved).await.0, 202);
+    browser
+        .wait_text("#gate-verdict", "the gate open", LIVE, |t| t == "open")
+        .await;
+    browser
+        .wait_text("#run-status", "succeeded", RUN, |t| t == "succeeded")
+        .await;
+    browser
+        .wait_text(".node[data-node='w1'] .state", "w1 done", LIVE, |t| {
+            t == "done"
+        })
+        .await;
+    assert_eq!(
+        browser.script("return window.rollgateMark").await,
+        json!("not reloaded")
+    );
+
+    // At phone width nothing runs off the side.
+    browser.resize(390, 844).await;
+    let fits = browser
+        .script("return document.documentElement.scrollWidth <= window.innerWidth")
+        .await;
+    assert_eq!(fits, json!(true), "the run page scrolls sideways at 390 px");
+    browser
+        .screenshot(&screenshots().join("run-phone.png"))
+        .await;
+
+    // Logging out forgets the token.
+    browser.click("#logout").await;
+    browser
+        .wait_text("#login-reason", "the login again", LIVE, |t| {
+            t.contains("logged out")
+        })
+        .await;
+    assert_eq!(
+        browser
+            .script("return sessionStorage.getItem('rollgate-token')")
+            .await,
+        Value::Null
+    );
+}
+
+#[tokio::test]
+async fn the_page_is_inside_the_binary_under_a_strict_policy() {
+    let rg = support::Rollgate::start(&[]).await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let root = http.get(rg.base()).send().await.unwrap();
+    assert_eq!(root.status().as_u16(), 302);
+    assert_eq!(root.headers()["location"], "/ui");
+    for (path, kind) in [
+        ("/ui", "text/html"),
+        ("/ui/app.js", "text/javascript"),
+        ("/ui/app.css", "text/css"),
+    ] {
+        let resp = http
+            .get(format!("{}{path}", rg.base()))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200, "{path}");
+        let headers = resp.headers().clone();
+        let csp = headers["content-security-policy"].to_str().unwrap();
+        assert!(
+            csp.contains("default-src 'none'") && csp.contains("script-src 'self'"),
+            "{csp}"
+        );
+        assert!(
+            !csp.contains("unsafe-inline") && !csp.contains("http"),
+            "{csp}"
+        );
+        assert!(headers["content-type"].to_str().unwrap().starts_with(kind));
+        let body = resp.text().await.unwrap();
+        // Nothing from elsewhere: no absolute URL to load.
+        assert!(
+            !body.contains("http://") && !body.contains("https://") && !body.contains("//cdn"),
+            "{path} loads from elsewhere"
+        );
+    }
+    let html = http
+        .get(format!("{}/ui", rg.base()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        !html.contains("<script>") && !html.contains("style="),
+        "nothing inline"
+    );
+}
