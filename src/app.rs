@@ -95,9 +95,8 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         .clone()
         .map(|k| EventSink::start(k as Arc<dyn EventRecorder>, metrics.clone()));
     let mut sinks: Vec<Arc<dyn Notifier>> = vec![Arc::new(LogNotifier)];
-    if let Some(slack) = SlackNotifier::new(&settings.notify, metrics.clone())? {
-        sinks.push(Arc::new(slack));
-    }
+    // Slack is told from the store's log of transitions, not from memory (see below).
+    let slack = SlackNotifier::new(&settings.notify, metrics.clone())?;
     if let Some(events) = &events {
         sinks.push(Arc::new(EventNotifier::new(
             events.clone(),
@@ -201,6 +200,13 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(watch_gate(gate.clone(), stop_rx.clone()));
+    if let Some(slack) = slack {
+        tokio::spawn(crate::workflows::outbox::deliver(
+            store.clone(),
+            Arc::new(slack),
+            stop_rx.clone(),
+        ));
+    }
     spawn_roll_watches(&settings, watch_kube, state.clone(), &stop_rx);
     let mut worker_task = if settings.worker.paused {
         warn!("worker.paused is true: events are queued but not processed");

@@ -143,6 +143,26 @@ pub trait EventRecorder: Send + Sync {
     async fn record(&self, event: &ClusterEvent) -> Result<(), ClusterError>;
 }
 
+/// What became of one delivery of a transition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// The sink took it.
+    Sent,
+    /// The sink refused it for good (e.g. 400): trying again would not help; go on.
+    Refused,
+    /// The sink cannot take it now (down, 5xx, 429): try the same one again later.
+    Later,
+}
+
+/// A sink told of every transition from the store's log, in order, at least once (Slack).
+#[async_trait::async_trait]
+pub trait TransitionSink: Send + Sync {
+    /// The sink's name, where its progress is kept.
+    fn name(&self) -> &'static str;
+    /// Delivers `notice`, with the sink's own retries.
+    async fn deliver(&self, notice: &Notice) -> Delivery;
+}
+
 /// Reads what the planner and the checks need from the cluster.
 #[async_trait::async_trait]
 pub trait ClusterRead: Send + Sync {

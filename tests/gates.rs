@@ -359,6 +359,98 @@ async fn a_slack_outage_does_not_touch_the_run_and_shows_in_metrics() {
     );
 }
 
+/// How many of the requests `slack` received from the `from`th on carry `needle` in
+/// their text.
+fn told(slack: &MiniServer, from: usize, needle: &str) -> usize {
+    slack.received()[from..]
+        .iter()
+        .filter(|m| m["text"].as_str().is_some_and(|t| t.contains(needle)))
+        .count()
+}
+
+#[tokio::test]
+async fn a_transition_committed_before_a_kill_9_reaches_slack_after_the_restart_once() {
+    let target = MiniServer::start().await;
+    target.set_metrics(&booted(86_400));
+    let prom = Prometheus::start(&target.address()).await;
+    let slack = MiniServer::start().await;
+    let secrets = tempfile::tempdir().unwrap();
+    let slack_file = secrets.path().join("slack-url");
+    std::fs::write(&slack_file, format!("http://{}/hook", slack.address())).unwrap();
+    let slack_file = slack_file.display().to_string();
+    let cluster = IntakeCluster::start().await;
+    let mut rg = start_upgrading(
+        &cluster,
+        &prom,
+        &[
+            ("ROLLGATE__NOTIFY__SLACK_WEBHOOK_FILE", &slack_file),
+            ("ROLLGATE__NOTIFY__RETRIES", "0"),
+        ],
+    )
+    .await;
+    // The run is held at its gate by an alert; Slack has been told so far.
+    assert_eq!(rg.post("/v1/alerts", &webhook("ob01")).await.0, 202);
+    let (_, accepted) = rg
+        .post(
+            "/v1/detections",
+            &json!({"target_version": "1.34.12", "kind": "patch"}),
+        )
+        .await;
+    let id = accepted["run_id"].as_str().unwrap().to_owned();
+    rg.wait_run(&id, "held at its gate", |r| {
+        r["status"] == "waiting"
+            && r["reason"]
+                .as_str()
+                .is_some_and(|t| t.contains("gate closed at step preflight/gate"))
+    })
+    .await;
+    eventually(
+        "Slack told of the hold",
+        Duration::from_secs(10),
+        || async { (told(&slack, 0, "gate closed") >= 1).then_some(()) },
+    )
+    .await;
+
+    // Slack goes down; the halt is committed but cannot be told; rollgate dies.
+    slack.set_reply(503, "down");
+    let refused_from = slack.received().len();
+    assert_eq!(rg.control(&id, "halt", "outbox check").await, 202);
+    rg.wait_run(&id, "halted", |r| r["status"] == "halted")
+        .await;
+    eventually(
+        "the halt tried and refused",
+        Duration::from_secs(10),
+        || async { (told(&slack, refused_from, "outbox check") >= 1).then_some(()) },
+    )
+    .await;
+    rg.kill9();
+
+    // Slack is back; after the restart the halt arrives, once, and nothing told before
+    // is told again.
+    slack.set_reply(200, "ok");
+    let back_from = slack.received().len();
+    rg.restart().await;
+    eventually(
+        "the halt told after the restart",
+        Duration::from_secs(20),
+        || async { (told(&slack, back_from, "outbox check") >= 1).then_some(()) },
+    )
+    .await;
+    // Delivery is in order: once a later transition is told, a duplicate of the halt
+    // would have come before it.
+    assert_eq!(rg.control(&id, "abort", "the end").await, 202);
+    eventually("the abort told", Duration::from_secs(20), || async {
+        (told(&slack, back_from, "abort by operator: the end") >= 1).then_some(())
+    })
+    .await;
+    assert_eq!(told(&slack, back_from, "outbox check"), 1, "told once");
+    assert_eq!(
+        told(&slack, back_from, "gate closed"),
+        0,
+        "nothing told twice"
+    );
+}
+
 /// Alertmanager on `port`, routing every alert to `rg`'s board, where `Maintenance` on a
 /// node inhibits `NodeNotReady` on the same node.
 async fn alertmanager_for(rg: &Rollgate, port: u16) -> Alertmanager {

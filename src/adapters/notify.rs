@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::config::NotifySettings;
 use crate::domain::backoff::Backoff;
 use crate::metrics::Metrics;
-use crate::ports::{Notice, Notifier};
+use crate::ports::{Delivery, Notice, Notifier, TransitionSink};
 
 /// The pause between Slack attempts.
 const SLACK_RETRY: Backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(10));
@@ -113,46 +113,46 @@ pub fn slack_message(n: &Notice) -> serde_json::Value {
     })
 }
 
-impl Notifier for SlackNotifier {
-    fn notify(&self, notice: Notice) {
-        let (url, http, retries, metrics) = (
-            self.url.clone(),
-            self.http.clone(),
-            self.retries,
-            self.metrics.clone(),
-        );
-        tokio::spawn(async move {
-            let body = slack_message(&notice);
-            for attempt in 0..=retries {
-                match http.post(&*url).json(&body).send().await {
-                    Ok(r) if r.status().is_success() => {
-                        metrics
-                            .notifications
-                            .with_label_values(&["slack", "sent"])
-                            .inc();
-                        return;
-                    }
-                    // Errors name the status, never the URL (it carries the secret).
-                    Ok(r) => {
-                        tracing::warn!(status = %r.status(), attempt, run_id = %notice.run_id, "Slack refused a notification")
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e.without_url(), attempt, run_id = %notice.run_id, "Slack unreachable")
-                    }
+#[async_trait::async_trait]
+impl TransitionSink for SlackNotifier {
+    fn name(&self) -> &'static str {
+        "slack"
+    }
+
+    async fn deliver(&self, notice: &Notice) -> Delivery {
+        let body = slack_message(notice);
+        let count = |outcome| {
+            self.metrics
+                .notifications
+                .with_label_values(&["slack", outcome])
+                .inc()
+        };
+        for attempt in 0..=self.retries {
+            match self.http.post(&*self.url).json(&body).send().await {
+                Ok(r) if r.status().is_success() => {
+                    count("sent");
+                    return Delivery::Sent;
                 }
-                if attempt < retries {
-                    metrics
-                        .notifications
-                        .with_label_values(&["slack", "retried"])
-                        .inc();
-                    tokio::time::sleep(crate::jitter::pause(&SLACK_RETRY, attempt + 1)).await;
+                // Errors name the status, never the URL (it carries the secret).
+                Ok(r) if r.status().is_client_error() && r.status().as_u16() != 429 => {
+                    tracing::warn!(status = %r.status(), run_id = %notice.run_id, "Slack refused a notification for good");
+                    count("failed");
+                    return Delivery::Refused;
+                }
+                Ok(r) => {
+                    tracing::warn!(status = %r.status(), attempt, run_id = %notice.run_id, "Slack refused a notification")
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e.without_url(), attempt, run_id = %notice.run_id, "Slack unreachable")
                 }
             }
-            metrics
-                .notifications
-                .with_label_values(&["slack", "failed"])
-                .inc();
-        });
+            if attempt < self.retries {
+                count("retried");
+                tokio::time::sleep(crate::jitter::pause(&SLACK_RETRY, attempt + 1)).await;
+            }
+        }
+        count("failed");
+        Delivery::Later
     }
 }
 

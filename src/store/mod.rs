@@ -24,6 +24,7 @@ const MIGRATIONS: &[Migration] = &[
     etcd_start_term_from_note,
     control_plane_apply,
     run_events,
+    deliveries,
 ];
 
 /// Version 1: runs, processed events, the outbox and the alert board.
@@ -133,6 +134,17 @@ fn run_events(tx: &Transaction<'_>) -> Result<(), MigrationError> {
             params![id, encode_summary(&run)],
         )?;
     }
+    Ok(())
+}
+
+/// Version 5: how far each notification sink (Slack) has delivered the log of
+/// transitions. Slack starts from the end of the log as it is: the transitions it was told
+/// in memory before are not told again.
+fn deliveries(tx: &Transaction<'_>) -> Result<(), MigrationError> {
+    tx.execute_batch(
+        "CREATE TABLE deliveries (sink TEXT PRIMARY KEY, seq INTEGER NOT NULL);
+        INSERT INTO deliveries (sink, seq) SELECT 'slack', COALESCE(MAX(seq), 0) FROM run_events;",
+    )?;
     Ok(())
 }
 
@@ -268,6 +280,38 @@ impl Store {
     /// A receiver that changes after every commit that may have logged a transition.
     pub fn transitions_logged(&self) -> tokio::sync::watch::Receiver<u64> {
         self.logged.subscribe()
+    }
+
+    /// The number of the last transition `sink` delivered. A sink met for the first time
+    /// starts from the end of the log: it is not told what happened before it existed.
+    pub async fn delivered(&self, sink: &str) -> Result<i64, StoreError> {
+        let sink = sink.to_owned();
+        self.with(move |c| {
+            c.execute(
+                "INSERT OR IGNORE INTO deliveries (sink, seq)
+                 SELECT ?1, COALESCE(MAX(seq), 0) FROM run_events",
+                params![sink],
+            )?;
+            Ok(c.query_row(
+                "SELECT seq FROM deliveries WHERE sink = ?1",
+                params![sink],
+                |r| r.get(0),
+            )?)
+        })
+        .await
+    }
+
+    /// Records that `sink` delivered every transition up to number `seq`.
+    pub async fn set_delivered(&self, sink: &str, seq: i64) -> Result<(), StoreError> {
+        let sink = sink.to_owned();
+        self.with(move |c| {
+            c.execute(
+                "UPDATE deliveries SET seq = MAX(seq, ?2) WHERE sink = ?1",
+                params![sink, seq],
+            )?;
+            Ok(())
+        })
+        .await
     }
 
     /// The number of the newest logged transition (0 when none is).

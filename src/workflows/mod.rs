@@ -7,3 +7,4 @@ pub mod etcd_roll;
 pub mod events;
 pub mod gate;
 pub mod k8s_upgrade;
+pub mod outbox;

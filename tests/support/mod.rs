@@ -251,6 +251,12 @@ impl Rollgate {
         body["run_id"].as_str().expect("run id").to_owned()
     }
 
+    /// `POST /v1/runs/{id}/{action}` with `reason`; the status code.
+    pub async fn control(&self, id: &str, action: &str, reason: &str) -> u16 {
+        let path = format!("/v1/runs/{id}/{action}");
+        self.post(&path, &json!({ "reason": reason })).await.0
+    }
+
     pub async fn get(&self, path: &str) -> (u16, Value) {
         let r = self
             .http
