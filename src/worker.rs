@@ -111,8 +111,10 @@ impl Worker {
 
     /// The wait `run`'s step `index` owes the maintenance windows now, if any.
     fn window_wait(&self, run: &Run, index: usize) -> Option<StepOutcome> {
-        let dry_run = run.kind == RunKind::K8sUpgrade
-            && DetectionRequest::from_json(&run.request).is_ok_and(|r| r.dry_run);
+        let dry_run = || {
+            run.kind == RunKind::K8sUpgrade
+                && DetectionRequest::from_json(&run.request).is_ok_and(|r| r.dry_run)
+        };
         let (until, reason) = self
             .windows
             .hold(&run.steps[index].kind, dry_run, Utc::now())?;

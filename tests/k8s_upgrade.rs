@@ -1064,17 +1064,7 @@ async fn max_unavailable_2_takes_six_workers_in_three_gated_batches_never_three_
         .as_array()
         .unwrap()
         .iter()
-        .map(|s| {
-            let node = s["node"]
-                .as_str()
-                .map(|n| format!("@{n}"))
-                .unwrap_or_default();
-            format!(
-                "{}/{}{node}",
-                s["stage"].as_str().unwrap(),
-                s["name"].as_str().unwrap()
-            )
-        })
+        .filter_map(support::step_label)
         .filter(|l| l.starts_with("workers/gate") || l.starts_with("workers/soak"))
         .collect();
     assert_eq!(

@@ -21,6 +21,16 @@ pub enum Source {
     Alertmanager,
 }
 
+impl Source {
+    /// Its name in reports and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Prometheus => "prometheus",
+            Self::Alertmanager => "alertmanager",
+        }
+    }
+}
+
 /// An alert that keeps the gate closed.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, utoipa::ToSchema)]
 pub struct Blocker {
@@ -36,10 +46,7 @@ pub struct Blocker {
 
 impl fmt::Display for Blocker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let source = match self.source {
-            Source::Prometheus => "prometheus",
-            Source::Alertmanager => "alertmanager",
-        };
+        let source = self.source.name();
         let detail: Vec<String> = self
             .labels
             .iter()

@@ -300,13 +300,14 @@ impl Windows {
     }
 
     /// Why `step` must wait at `now`, and until when; `None` when it may go ahead.
+    /// `dry_run` (a dry run is never held) is asked only of a step that could wait.
     pub fn hold(
         &self,
         step: &StepKind,
-        dry_run: bool,
+        dry_run: impl FnOnce() -> bool,
         now: DateTime<Utc>,
     ) -> Option<(DateTime<Utc>, String)> {
-        if dry_run || !waits_for_window(step) {
+        if self.0.is_empty() || !waits_for_window(step) || dry_run() {
             return None;
         }
         match self.at(now) {
@@ -535,17 +536,17 @@ mod tests {
         let closed = windows(&["02:00-03:00"]);
         let noon = at("2026-12-05T12:00:00Z");
         let preflight = gate(Stage::Preflight, None);
-        let (until, why) = closed.hold(&preflight, false, noon).expect("held");
+        let (until, why) = closed.hold(&preflight, || false, noon).expect("held");
         assert_eq!(until, at("2026-12-06T02:00:00Z"));
         assert!(
             why.contains("02:00-03:00") && why.contains("2026-12-06 02:00:00 UTC"),
             "{why}"
         );
         assert_eq!(
-            closed.hold(&preflight, true, noon),
+            closed.hold(&preflight, || true, noon),
             None,
             "a dry run is not held"
         );
-        assert_eq!(Windows::default().hold(&preflight, false, noon), None);
+        assert_eq!(Windows::default().hold(&preflight, || false, noon), None);
     }
 }

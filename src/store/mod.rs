@@ -393,12 +393,10 @@ impl Store {
         limit: usize,
     ) -> Result<Vec<Run>, StoreError> {
         self.with(move |c| {
-            let mut st = c.prepare(
-                "SELECT id, doc FROM runs WHERE (?1 IS NULL OR status = ?1)
-                 ORDER BY created_at DESC, id DESC LIMIT ?2",
-            )?;
-            let rows = st.query_map(params![status.map(RunStatus::name), limit as i64], row_doc)?;
-            rows.map(|r| decode_run(r?)).collect()
+            newest(c, "doc", status, limit)?
+                .into_iter()
+                .map(decode_run)
+                .collect()
         })
         .await
     }
@@ -410,21 +408,15 @@ impl Store {
         limit: usize,
     ) -> Result<Vec<RunSummary>, StoreError> {
         self.with(move |c| {
-            let mut st = c.prepare(
-                "SELECT id, summary FROM runs WHERE (?1 IS NULL OR status = ?1)
-                 ORDER BY created_at DESC, id DESC LIMIT ?2",
-            )?;
-            let rows = st.query_map(params![status.map(RunStatus::name), limit as i64], |r| {
-                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
-            })?;
-            rows.map(|row| {
-                let (id, summary) = row?;
-                serde_json::from_str(&summary).map_err(|e| StoreError::Corrupt {
-                    id,
-                    error: e.to_string(),
+            newest(c, "summary", status, limit)?
+                .into_iter()
+                .map(|(id, summary)| {
+                    serde_json::from_str(&summary).map_err(|e| StoreError::Corrupt {
+                        id,
+                        error: e.to_string(),
+                    })
                 })
-            })
-            .collect()
+                .collect()
         })
         .await
     }
@@ -683,6 +675,22 @@ fn run_row(run: &Run) -> (&str, &str, &str, Option<&str>, i64, String, String) {
 
 fn encode_summary(run: &Run) -> String {
     serde_json::to_string(&run.summary()).unwrap_or_default()
+}
+
+/// `(id, column)` of the newest `limit` runs, only those in `status` when given; `column`
+/// is `doc` or `summary`.
+fn newest(
+    c: &Connection,
+    column: &'static str,
+    status: Option<RunStatus>,
+    limit: usize,
+) -> Result<Vec<(String, String)>, StoreError> {
+    let mut st = c.prepare(&format!(
+        "SELECT id, {column} FROM runs WHERE (?1 IS NULL OR status = ?1)
+         ORDER BY created_at DESC, id DESC LIMIT ?2"
+    ))?;
+    let rows = st.query_map(params![status.map(RunStatus::name), limit as i64], row_doc)?;
+    Ok(rows.collect::<Result<_, _>>()?)
 }
 
 /// The first run `sql` selects (as `id, doc`), if any.

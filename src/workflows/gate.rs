@@ -211,13 +211,9 @@ impl Gate {
         self.metrics.gate_blockers.reset();
         if let Verdict::Closed { blockers } = &report.verdict {
             for b in blockers {
-                let source = match b.source {
-                    gate::Source::Prometheus => "prometheus",
-                    gate::Source::Alertmanager => "alertmanager",
-                };
                 self.metrics
                     .gate_blockers
-                    .with_label_values(&[&b.name, source])
+                    .with_label_values(&[&b.name, b.source.name()])
                     .inc();
             }
         }

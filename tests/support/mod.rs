@@ -362,10 +362,17 @@ pub fn resolved(fingerprint: &str) -> Value {
 /// Whether a history entry of `run` has `text` in its reason.
 /// The step of `run` (as the API shows it) labelled `label`, e.g. `workers/gate@w2`.
 pub fn find_step<'a>(run: &'a Value, label: &str) -> Option<&'a Value> {
-    run["steps"].as_array()?.iter().find(|s| {
-        serde_json::from_value::<rollgate::domain::run::Step>((*s).clone())
-            .is_ok_and(|step| step.label() == label)
-    })
+    run["steps"]
+        .as_array()?
+        .iter()
+        .find(|s| step_label(s).is_some_and(|l| l == label))
+}
+
+/// A step's `stage/name@node`, as the domain labels it.
+pub fn step_label(step: &Value) -> Option<String> {
+    serde_json::from_value::<rollgate::domain::run::Step>(step.clone())
+        .ok()
+        .map(|s| s.label())
 }
 
 pub fn history_has(run: &Value, text: &str) -> bool {
