@@ -4,7 +4,17 @@
 //! - amqp: a raw lapin publish-with-confirm loop, 32 publishers, persistent messages to a
 //!   quorum queue.
 //!
-//! Run: `cargo bench --bench intake` (BENCH_SECS=10 per scenario; RabbitMQ on 127.0.0.1:5672).
+//! - amqp + postgres: the same, with the run store on a PostgreSQL server of the bench's own
+//!   (initdb on loopback), one replica and three (the clients spread over them); and the
+//!   failover of the active worker: kill -9 of its replica, then the time until another
+//!   replica's worker has processed an event posted after the kill, over 20 kills.
+//!
+//! Run: `cargo bench --bench intake` (BENCH_SECS=10 per scenario; RabbitMQ on 127.0.0.1:5672;
+//! BENCH_KILLS=20; BENCH_PARTS=embedded,amqp,replicas,failover picks parts).
+
+#[path = "../tests/support/mod.rs"]
+#[allow(unused_imports)]
+mod support;
 
 use hdrhistogram::Histogram;
 use lapin::options::{
@@ -101,6 +111,10 @@ struct Serve {
 
 impl Serve {
     fn start(env: &[(&str, String)]) -> Self {
+        Self::start_logging(env, "warn")
+    }
+
+    fn start_logging(env: &[(&str, String)], level: &str) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
@@ -110,7 +124,7 @@ impl Serve {
         cmd.arg("serve")
             .current_dir(dir.path())
             .env("ROLLGATE__SERVER__LISTEN", format!("127.0.0.1:{port}"))
-            .env("ROLLGATE__LOG__LEVEL", "warn")
+            .env("ROLLGATE__LOG__LEVEL", level)
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         for (k, v) in env {
@@ -169,23 +183,138 @@ fn alert_body(client: usize, seq: u64) -> serde_json::Value {
 }
 
 async fn bench_rollgate(name: &str, env: &[(&str, String)]) -> Figures {
-    let serve = Serve::start(env);
+    bench_replicas(name, env, 1).await
+}
+
+/// `replicas` serves on `env`, the clients spread over them (client `i` posts to replica
+/// `i % replicas`); RSS is the largest replica's.
+async fn bench_replicas(name: &str, env: &[(&str, String)], replicas: usize) -> Figures {
+    let serves: Vec<Serve> = (0..replicas).map(|_| Serve::start(env)).collect();
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(CLIENTS)
         .build()
         .expect("client");
-    let url = format!("http://127.0.0.1:{}/v1/alerts", serve.port);
-    let token = serve.token.clone();
+    let targets: Arc<Vec<(String, String)>> = Arc::new(
+        serves
+            .iter()
+            .map(|s| {
+                (
+                    format!("http://127.0.0.1:{}/v1/alerts", s.port),
+                    s.token.clone(),
+                )
+            })
+            .collect(),
+    );
     let result = drive(move |client, seq| {
+        let (url, token) = &targets[client % targets.len()];
         let req = http
-            .post(&url)
-            .bearer_auth(&token)
+            .post(url)
+            .bearer_auth(token)
             .json(&alert_body(client, seq))
             .send();
         async move { matches!(req.await, Ok(r) if r.status().as_u16() == 202) }
     })
     .await;
-    figures(name, result, serve.peak_rss_mb())
+    let rss = serves
+        .iter()
+        .filter_map(Serve::peak_rss_mb)
+        .fold(None, |max: Option<f64>, r| {
+            Some(max.map_or(r, |m| m.max(r)))
+        });
+    figures(name, result, rss)
+}
+
+/// Whether the serve at `port` says its worker is the active one.
+async fn is_active(http: &reqwest::Client, port: u16) -> bool {
+    let Ok(r) = http
+        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await
+    else {
+        return false;
+    };
+    r.text()
+        .await
+        .is_ok_and(|t| t.lines().any(|l| l == "rollgate_worker_active 1"))
+}
+
+/// Whether alert `fingerprint` is on the board of the serve at `port`.
+async fn on_board(http: &reqwest::Client, serve: &Serve, fingerprint: &str) -> bool {
+    let Ok(r) = http
+        .get(format!("http://127.0.0.1:{}/v1/alerts", serve.port))
+        .bearer_auth(&serve.token)
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await
+    else {
+        return false;
+    };
+    r.json::<serde_json::Value>().await.is_ok_and(|board| {
+        board
+            .as_array()
+            .is_some_and(|a| a.iter().any(|e| e["alert"]["fingerprint"] == fingerprint))
+    })
+}
+
+/// Three replicas; `BENCH_KILLS` times: kill -9 the active worker's replica, post an alert
+/// to another at once, and time until it is processed (on the board), which needs another
+/// replica's worker to have taken over. The killed replica is started again as a standby.
+async fn bench_failover(env: &[(&str, String)]) -> (Histogram<u64>, usize) {
+    let kills: usize = std::env::var("BENCH_KILLS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    let mut serves: Vec<Serve> = (0..3).map(|_| Serve::start(env)).collect();
+    let http = reqwest::Client::new();
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).expect("histogram");
+    for kill in 0..kills {
+        let active = loop {
+            let mut found = None;
+            for (i, s) in serves.iter().enumerate() {
+                if is_active(&http, s.port).await {
+                    found = Some(i);
+                }
+            }
+            if let Some(i) = found {
+                break i;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let other = (active + 1) % 3;
+        let _ = serves[active].child.kill();
+        let killed = Instant::now();
+        let fingerprint = format!("failover{kill}");
+        let posted = http
+            .post(format!("http://127.0.0.1:{}/v1/alerts", serves[other].port))
+            .bearer_auth(&serves[other].token)
+            .json(&{
+                let mut body = alert_body(0, 0);
+                body["alerts"][0]["fingerprint"] = fingerprint.clone().into();
+                body
+            })
+            .send()
+            .await;
+        match posted {
+            Ok(r) if r.status().as_u16() == 202 => {}
+            Ok(r) => panic!(
+                "failover alert: {} {}",
+                r.status(),
+                r.text().await.unwrap_or_default()
+            ),
+            Err(e) => panic!("failover alert: {e}"),
+        }
+        while !on_board(&http, &serves[other], &fingerprint).await {
+            assert!(
+                killed.elapsed() < Duration::from_secs(120),
+                "no takeover in 120 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let _ = hist.record(killed.elapsed().as_micros().max(1) as u64);
+        serves[active] = Serve::start(env);
+    }
+    (hist, kills)
 }
 
 async fn bench_raw_sqlite() -> Figures {
@@ -322,6 +451,10 @@ fn main() {
             "{:<44} {:>10} {:>9} {:>9} {:>9} {:>8}",
             "scenario", "accepted/s", "p50 ms", "p99 ms", "RSS MB", "ratio"
         );
+        let parts = std::env::var("BENCH_PARTS")
+            .unwrap_or_else(|_| "embedded,amqp,replicas,failover".into());
+        let part = |name: &str| parts.split(',').any(|p| p.trim() == name);
+        if part("embedded") {
         let ceiling = bench_raw_sqlite().await;
         let embedded = bench_rollgate("rollgate serve, embedded", &[]).await;
         let paused = bench_rollgate(
@@ -330,6 +463,8 @@ fn main() {
         )
         .await;
         report(&[&ceiling, &embedded, &paused], &ceiling);
+        }
+        if part("amqp") {
 
         let names = format!("rg-bench-{}", uuid::Uuid::now_v7().simple());
         let amqp_env = [
@@ -351,5 +486,50 @@ fn main() {
         .await;
         report(&[&amqp_ceiling, &amqp, &amqp_paused], &amqp_ceiling);
         cleanup(&names).await;
+        }
+
+        // Several replicas: RabbitMQ and a PostgreSQL run store.
+        let pg = support::postgres::Postgres::start();
+        if part("replicas") {
+        let names = format!("rg-bench-{}", uuid::Uuid::now_v7().simple());
+        let url = pg.database().await;
+        let replicated = [
+            ("ROLLGATE__QUEUE__BACKEND", "amqp".to_owned()),
+            ("ROLLGATE__QUEUE__EXCHANGE", names.clone()),
+            ("ROLLGATE__QUEUE__QUEUE", format!("{names}.events")),
+            ("ROLLGATE__QUEUE__DEAD_QUEUE", format!("{names}.dead")),
+            ("ROLLGATE__STORE__BACKEND", "postgres".to_owned()),
+            ("ROLLGATE__STORE__URL", url),
+        ];
+        let amqp_ceiling = bench_raw_amqp().await;
+        let one = bench_replicas("rollgate serve, amqp + postgres, 1 replica", &replicated, 1).await;
+        let three =
+            bench_replicas("rollgate serve, amqp + postgres, 3 replicas", &replicated, 3).await;
+        report(&[&amqp_ceiling, &one, &three], &amqp_ceiling);
+        println!(
+            "3 replicas / 1 replica: {:.2}",
+            three.accepted_per_s / one.accepted_per_s
+        );
+        cleanup(&names).await;
+        }
+        if part("failover") {
+        let names = format!("rg-bench-{}", uuid::Uuid::now_v7().simple());
+        let failover_env = [
+            ("ROLLGATE__QUEUE__BACKEND", "amqp".to_owned()),
+            ("ROLLGATE__QUEUE__EXCHANGE", names.clone()),
+            ("ROLLGATE__QUEUE__QUEUE", format!("{names}.events")),
+            ("ROLLGATE__QUEUE__DEAD_QUEUE", format!("{names}.dead")),
+            ("ROLLGATE__STORE__BACKEND", "postgres".to_owned()),
+            ("ROLLGATE__STORE__URL", pg.database().await),
+        ];
+        let (hist, kills) = bench_failover(&failover_env).await;
+        println!(
+            "failover (store.lease_ttl 15s, the default): kill -9 of the active worker's replica -> an event processed by another, {kills} kills: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+            hist.value_at_quantile(0.5) as f64 / 1000.0,
+            hist.value_at_quantile(0.99) as f64 / 1000.0,
+            hist.max() as f64 / 1000.0,
+        );
+        cleanup(&names).await;
+        }
     });
 }

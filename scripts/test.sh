@@ -17,6 +17,9 @@ apt_install etcd-server etcd-client
 # The Kubernetes upgrade tests: an sshd per fake node (started by the tests on loopback),
 # curl for the stub kubelet, shellcheck for scripts/node-upgrade.sh.
 apt_install openssh-server openssh-client curl shellcheck
+# PostgreSQL's server binaries for the PostgreSQL store and the replica tests (the tests
+# initdb and start their own server on loopback, and stop it by PID).
+apt_install postgresql
 # Headless Chromium and its WebDriver for the status page's browser test.
 apt_install chromium chromium-driver
 # kubectl for the kustomize build of deploy/ (Debian's kubernetes-client when none is here).

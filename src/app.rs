@@ -20,7 +20,7 @@ use crate::adapters::notify::{Fanout, LogNotifier, SlackNotifier};
 use crate::adapters::prometheus::Prometheus;
 use crate::adapters::snapshot::EtcdSnapshots;
 use crate::adapters::ssh::{Ssh, SshSettings};
-use crate::config::{QueueBackend, Settings};
+use crate::config::{QueueBackend, Settings, StoreBackend};
 use crate::domain::k8s_upgrade::PlanSettings;
 use crate::domain::roll_watch::{WatchTarget, WatchedRoll};
 use crate::http::{self, AppState, EtcdRollIntake};
@@ -49,8 +49,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         .with_context(|| format!("cannot create data_dir {}", settings.data_dir.display()))?;
     let _lock = lock_data_dir(&settings.data_dir)?;
     let token = load_or_create_token(&settings)?;
-    let store =
-        Store::open(&settings.data_dir.join("store.db")).context("cannot open the run store")?;
+    let store = open_store(&settings).await?;
     let queue: Arc<dyn Queue> = match settings.queue.backend {
         QueueBackend::Embedded => Arc::new(
             EmbeddedQueue::open(
@@ -154,12 +153,6 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
                 (None, None)
             }
         };
-    match store.in_progress().await {
-        Ok(runs) => crate::workflows::k8s_upgrade::restore_gauges(&metrics, &runs),
-        Err(e) => {
-            warn!(error = %crate::error_chain(&e), "cannot read unfinished runs to restore the upgrade gauges")
-        }
-    }
     let state = web::Data::new(AppState {
         gate: gate.clone(),
         queue: queue.clone(),
@@ -167,7 +160,6 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         metrics: metrics.clone(),
         token,
         max_body_bytes: settings.server.max_body_bytes,
-        intake: tokio::sync::Mutex::new(()),
         cluster,
         etcd,
         upgrades_unavailable: upgrades_unavailable.clone(),
@@ -196,14 +188,21 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     .run();
     let server_handle = server.handle();
     let server_task = tokio::spawn(server);
-    info!(listen = %settings.server.listen, backend = queue.backend(), data_dir = %settings.data_dir.display(), "rollgate serving");
+    info!(listen = %settings.server.listen, backend = queue.backend(), store = store.backend(), replica = store.replica(), data_dir = %settings.data_dir.display(), "rollgate serving");
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(watch_gate(gate.clone(), stop_rx.clone()));
+    let leading = crate::workflows::leader::campaign(
+        store.clone(),
+        settings.store.lease_ttl,
+        metrics.clone(),
+        stop_rx.clone(),
+    );
     if let Some(slack) = slack {
-        tokio::spawn(crate::workflows::outbox::deliver(
+        tokio::spawn(crate::workflows::outbox::deliver_while_leading(
             store.clone(),
             Arc::new(slack),
+            leading.clone(),
             stop_rx.clone(),
         ));
     }
@@ -219,7 +218,8 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         };
         let worker = Worker::new(queue, store, metrics, executors, policy, notifier)
             .refusing_detections(upgrades_unavailable)
-            .within(settings.schedule.windows.clone());
+            .within(settings.schedule.windows.clone())
+            .led_by(leading);
         Some(tokio::spawn(worker.run(stop_rx)))
     };
 
@@ -254,6 +254,46 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     }
     info!("stopped");
     Ok(())
+}
+
+/// The run store the settings name: SQLite under `data_dir`, or PostgreSQL.
+pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
+    let s = &settings.store;
+    match s.backend {
+        StoreBackend::Sqlite => {
+            Store::open(&settings.data_dir.join("store.db")).context("cannot open the run store")
+        }
+        StoreBackend::Postgres => {
+            let url = s
+                .url
+                .clone()
+                .context("store.backend = postgres needs store.url")?;
+            let password = match &s.password_file {
+                Some(path) => Some(read_first_line(path, "store.password_file")?),
+                None => None,
+            };
+            let pg = crate::store::postgres::PgSettings {
+                url,
+                password,
+                max_connections: s.max_connections,
+                timeout: s.timeout,
+            };
+            Store::connect(&pg)
+                .await
+                .context("cannot open the PostgreSQL run store (store.url)")
+        }
+    }
+}
+
+/// The first line of a secret file, trimmed; the value is never logged.
+fn read_first_line(path: &Path, key: &str) -> anyhow::Result<String> {
+    let raw = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read {} ({key})", path.display()))?;
+    let line = raw.lines().next().unwrap_or_default().trim().to_owned();
+    if line.is_empty() {
+        bail!("{} ({key}) is empty", path.display());
+    }
+    Ok(line)
 }
 
 /// The Kubernetes client the settings describe; `None` when no cluster is configured.

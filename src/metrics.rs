@@ -41,6 +41,8 @@ pub struct Metrics {
     pub gate_evaluations: IntCounterVec,
     /// Notifications by sink and outcome (sent, retried, failed).
     pub notifications: IntCounterVec,
+    /// 1 while this replica's worker is the active one (holds the worker lease).
+    pub worker_active: IntGauge,
     /// 1 while a Kubernetes upgrade is in flight (the name the Upgrade Gates alerts use).
     pub upgrade_in_flight: IntGauge,
     /// 1 once the in-flight upgrade's etcd snapshot is taken.
@@ -207,6 +209,10 @@ impl Metrics {
                 .expect("unique metric");
             g
         };
+        let worker_active = gauge(
+            "rollgate_worker_active",
+            "1 while this replica's worker is the active one (holds the worker lease), else 0.",
+        );
         let upgrade_in_flight = gauge(
             "k8s_upgrade_in_flight",
             "1 while a Kubernetes version upgrade is in flight.",
@@ -295,6 +301,7 @@ impl Metrics {
         };
         Self {
             etcd_roll,
+            worker_active,
             upgrade_in_flight,
             upgrade_snapshot_taken,
             upgrade_stage,
@@ -327,7 +334,7 @@ impl Metrics {
     pub fn family_names(&self) -> Vec<String> {
         use prometheus::core::Collector;
         let e = &self.etcd_roll;
-        let collectors: [&dyn Collector; 29] = [
+        let collectors: [&dyn Collector; 30] = [
             &self.http_requests,
             &self.http_duration,
             &self.events_queued,
@@ -344,6 +351,7 @@ impl Metrics {
             &self.gate_evaluations,
             &self.gate_blockers,
             &self.notifications,
+            &self.worker_active,
             &self.upgrade_in_flight,
             &self.upgrade_snapshot_taken,
             &self.upgrade_stage,

@@ -45,6 +45,8 @@ pub struct Worker {
     pub detections_refused: Option<String>,
     /// The maintenance windows outside which steps that start work on a node wait.
     pub windows: Windows,
+    /// True while this replica's worker is the active one; `None`: always (one replica).
+    pub leading: Option<watch::Receiver<bool>>,
 }
 
 /// Limits the engine applies to every run.
@@ -100,6 +102,32 @@ impl Worker {
             consecutive_failures: AtomicU32::new(0),
             detections_refused: None,
             windows: Windows::default(),
+            leading: None,
+        }
+    }
+
+    /// The same worker, active only while `leading` is true (several replicas).
+    pub fn led_by(mut self, leading: watch::Receiver<bool>) -> Self {
+        self.leading = Some(leading);
+        self
+    }
+
+    /// Waits until this worker may be the active one; false on `shutdown`.
+    async fn until_leading(&self, shutdown: &mut watch::Receiver<bool>) -> bool {
+        let Some(mut leading) = self.leading.clone() else {
+            return true;
+        };
+        tokio::select! {
+            _ = shutdown.changed() => false,
+            led = crate::workflows::leader::until_leading(&mut leading) => led,
+        }
+    }
+
+    /// Returns when this worker stops being the active one (never with one replica).
+    async fn deposed(&self) {
+        match self.leading.clone() {
+            Some(mut leading) => crate::workflows::leader::until_deposed(&mut leading).await,
+            None => std::future::pending().await,
         }
     }
 
@@ -148,23 +176,44 @@ impl Worker {
         }
     }
 
-    /// Runs until `shutdown` turns true. The message in hand is finished first.
+    /// Runs until `shutdown` turns true. The message in hand is finished first. With
+    /// several replicas it consumes only while it is the active worker: it stops consuming
+    /// when deposed (the broker gives what it had to the next) and recovers when elected.
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
-        if let Err(e) = self.recover().await {
-            warn!(error = %crate::error_chain(&e), "recovery after start failed; unfinished runs resume on their next event");
-        }
-        loop {
-            let delivery = tokio::select! {
-                _ = shutdown.changed() => break,
-                d = self.queue.next() => d,
-                () = tokio::time::sleep(OUTBOX_RETRY), if self.outbox_pending.load(Ordering::Acquire) => {
-                    self.flush_or_keep().await;
-                    continue;
+        'elected: while self.until_leading(&mut shutdown).await {
+            if let Err(e) = self.recover().await {
+                warn!(error = %crate::error_chain(&e), "recovery after start failed; unfinished runs resume on their next event");
+            }
+            loop {
+                let delivery = tokio::select! {
+                    _ = shutdown.changed() => break 'elected,
+                    () = self.deposed() => {
+                        self.queue.stop_consuming().await;
+                        crate::workflows::k8s_upgrade::clear_gauges(&self.metrics);
+                        continue 'elected;
+                    }
+                    d = self.queue.next() => d,
+                    () = tokio::time::sleep(OUTBOX_RETRY) => {
+                        // Other replicas' intake may have left messages in a shared outbox.
+                        self.outbox_pending.store(true, Ordering::Release);
+                        self.flush_or_keep().await;
+                        continue;
+                    }
+                };
+                if !self.receive(delivery).await || *shutdown.borrow() {
+                    break 'elected;
                 }
-            };
+            }
+        }
+        info!("worker stopped");
+    }
+
+    /// Handles what the queue gave; false when the queue is closed.
+    async fn receive(&self, delivery: Result<Delivery, QueueError>) -> bool {
+        {
             match delivery {
                 Ok(d) => self.handle(d).await,
-                Err(QueueError::Closed) => break,
+                Err(QueueError::Closed) => return false,
                 Err(e) => {
                     self.metrics
                         .queue_errors
@@ -174,11 +223,8 @@ impl Worker {
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }
-            if *shutdown.borrow() {
-                break;
-            }
         }
-        info!("worker stopped");
+        true
     }
 
     /// Publishes what a crash left in the outbox, and re-drives runs whose step was in hand:
@@ -188,13 +234,19 @@ impl Worker {
         let mut commit = Commit::default();
         let mut notices = Vec::new();
         let now = Utc::now();
+        if let Ok(runs) = self.store.in_progress().await {
+            crate::workflows::k8s_upgrade::restore_gauges(&self.metrics, &runs);
+        }
         for mut run in self.store.unfinished().await? {
             let step = run.current().map(Step::label).unwrap_or_default();
             match run.status {
                 RunStatus::Running => {
                     info!(run_id = %run.id, %step, "resuming the step in hand after a restart");
                     run.note(
-                        format!("rollgate restarted: resuming step {step}, which was in hand"),
+                        format!(
+                            "rollgate restarted (worker {}): resuming step {step}, which was in hand",
+                            self.store.replica()
+                        ),
                         now,
                     );
                     commit.outbox.push(wake_message(&run, None));
@@ -246,8 +298,10 @@ impl Worker {
         }
     }
 
-    /// Commits, remembering that the outbox has messages to publish.
-    async fn commit(&self, commit: Commit) -> Result<Committed, StoreError> {
+    /// Commits, fenced by the worker lease, remembering that the outbox has messages to
+    /// publish.
+    async fn commit(&self, mut commit: Commit) -> Result<Committed, StoreError> {
+        commit.fenced = true;
         let has_outbox = !commit.outbox.is_empty();
         let upgrade_ended = commit.runs.iter().any(|r| {
             r.kind == RunKind::K8sUpgrade
@@ -341,7 +395,9 @@ impl Worker {
                 .await?;
             return Ok(None);
         }
-        if self.store.is_processed(&event.id).await? {
+        // Only a redelivery is likely a duplicate; any other is caught by the commit, which
+        // writes nothing for an event processed before.
+        if delivery.redelivered && self.store.is_processed(&event.id).await? {
             self.metrics
                 .events_duplicate
                 .with_label_values(&[kind.label()])
@@ -549,7 +605,13 @@ impl Worker {
             let started = Instant::now();
             let outcome = match self.window_wait(&run, index) {
                 Some(wait) => wait,
-                None => executor.execute(&run, index).instrument(span).await,
+                None => tokio::select! {
+                    outcome = executor.execute(&run, index).instrument(span) => outcome,
+                    () = self.deposed() => {
+                        warn!(run_id = %run.id, step = %label, "no longer the active worker: the step is left to the replica that is");
+                        return;
+                    }
+                },
             };
             self.metrics
                 .step_duration

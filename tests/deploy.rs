@@ -9,6 +9,7 @@ mod support;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::CronJob;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
@@ -124,7 +125,7 @@ struct Kustomization {
     #[serde(default)]
     config_map_generator: Vec<Value>,
     #[serde(default)]
-    patches: Vec<BTreeMap<String, String>>,
+    patches: Vec<Value>,
 }
 
 /// Deserializes `doc` into `T`, serializes it back and demands the same document: a field
@@ -150,6 +151,9 @@ struct Manifests {
     statefulsets: Vec<StatefulSet>,
     cronjobs: Vec<CronJob>,
     rules: Vec<PrometheusRule>,
+    budgets: Vec<(PathBuf, PodDisruptionBudget)>,
+    /// The operators' clusters (RabbitmqCluster, CloudNativePG's Cluster), untyped.
+    operated: Vec<(PathBuf, Value)>,
     kinds: BTreeMap<String, usize>,
 }
 
@@ -160,6 +164,8 @@ fn manifests() -> Manifests {
         statefulsets: Vec::new(),
         cronjobs: Vec::new(),
         rules: Vec::new(),
+        budgets: Vec::new(),
+        operated: Vec::new(),
         kinds: BTreeMap::new(),
     };
     for path in yaml_files(&root().join("deploy")) {
@@ -177,7 +183,8 @@ fn manifests() -> Manifests {
                     for r in k
                         .resources
                         .iter()
-                        .chain(k.patches.iter().filter_map(|p| p.get("path")))
+                        .map(String::as_str)
+                        .chain(k.patches.iter().filter_map(|p| p["path"].as_str()))
                     {
                         assert!(dir.join(r).exists(), "{}: {r} is missing", path.display());
                     }
@@ -208,6 +215,8 @@ fn manifests() -> Manifests {
                 "CronJob" => m.cronjobs.push(typed(&doc, &path)),
                 "PrometheusRule" => m.rules.push(typed(&doc, &path)),
                 "ServiceMonitor" => drop(typed::<ServiceMonitor>(&doc, &path)),
+                "PodDisruptionBudget" => m.budgets.push((path.clone(), typed(&doc, &path))),
+                "RabbitmqCluster" | "Cluster" => m.operated.push((path.clone(), doc.clone())),
                 other => panic!("{}: no test knows kind {other:?}", path.display()),
             }
         }
@@ -298,7 +307,20 @@ fn every_manifest_is_its_typed_object_and_the_workloads_are_locked_down() {
         pod.tolerations.is_none(),
         "rollgate stays off the control planes"
     );
-    assert!(!m.kinds.contains_key("PodDisruptionBudget"));
+    // One replica: no budget may block its own eviction. Several (overlays/ha): one at a
+    // time.
+    for (path, pdb) in &m.budgets {
+        assert!(
+            path.starts_with(root().join("deploy/overlays/ha")),
+            "{}",
+            path.display()
+        );
+        let spec = pdb.spec.as_ref().unwrap();
+        assert_eq!(
+            spec.max_unavailable,
+            Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1))
+        );
+    }
     for (pod, containers) in [(pod, &pod.containers)]
         .into_iter()
         .chain(m.cronjobs.iter().map(|cj| {
@@ -626,13 +648,15 @@ fn copy_tree(from: &Path, to: &Path) {
     }
 }
 
-/// `kubectl kustomize` (kustomize v5 built in) builds the example overlay, given the secret
-/// files it expects, into objects of their types: the image pinned, every namespaced
-/// object in `rollgate`, the site's configuration patched over the base's. Needs kubectl,
-/// which Debian does not package in a version with kustomize v5; without it the test says
-/// so and checks nothing else than the other tests do.
-#[test]
-fn the_example_overlay_builds_with_kustomize() {
+/// The example overlay's generator of rollgate-secrets.
+fn example_secret_generator() -> Value {
+    let overlay = root().join("deploy/overlays/example");
+    documents(&overlay.join("kustomization.yaml"))[0]["secretGenerator"][0].clone()
+}
+
+/// `kubectl kustomize deploy/overlays/NAME` in a copy of deploy/ with the secret files
+/// the example overlay expects: the temp dir (holding `built.yaml`) and the objects.
+fn kustomize(name: &str) -> (tempfile::TempDir, Vec<Value>) {
     let version = Command::new("kubectl")
         .args(["version", "--client"])
         .output()
@@ -641,18 +665,15 @@ fn the_example_overlay_builds_with_kustomize() {
     let dir = tempfile::tempdir().unwrap();
     let deploy = dir.path().join("deploy");
     copy_tree(&root().join("deploy"), &deploy);
-    let overlay = deploy.join("overlays/example");
-    let secrets = overlay.join("secrets");
-    std::fs::create_dir(&secrets).unwrap();
-    let generator = &documents(&overlay.join("kustomization.yaml"))[0]["secretGenerator"][0];
-    for file in generator["files"].as_array().unwrap() {
+    let example = deploy.join("overlays/example");
+    std::fs::create_dir(example.join("secrets")).unwrap();
+    for file in example_secret_generator()["files"].as_array().unwrap() {
         let (key, path) = file.as_str().unwrap().split_once('=').unwrap();
-        std::fs::write(overlay.join(path), format!("test {key}\n")).unwrap();
+        std::fs::write(example.join(path), format!("test {key}\n")).unwrap();
     }
-
     let out = Command::new("kubectl")
         .arg("kustomize")
-        .arg(&overlay)
+        .arg(deploy.join("overlays").join(name))
         .output()
         .unwrap();
     assert!(
@@ -663,6 +684,148 @@ fn the_example_overlay_builds_with_kustomize() {
     let built = dir.path().join("built.yaml");
     std::fs::write(&built, &out.stdout).unwrap();
     let docs = documents(&built);
+    (dir, docs)
+}
+
+/// The HA overlay builds into three rollgate pods on three nodes, a budget of one, the
+/// operators' RabbitMQ and PostgreSQL clusters of three, and a configuration on them whose
+/// every secret file is projected from rollgate-secrets or the operators' Secrets.
+#[test]
+fn the_ha_overlay_builds_three_replicas_apart_on_the_operators_clusters() {
+    let (dir, docs) = kustomize("ha");
+    let built = dir.path().join("built.yaml");
+    let of = |kind: &str| -> Vec<&Value> { docs.iter().filter(|d| d["kind"] == kind).collect() };
+    let sts: StatefulSet = typed(of("StatefulSet")[0], &built);
+    let spec = sts.spec.unwrap();
+    assert_eq!(spec.replicas, Some(3));
+    assert_eq!(spec.pod_management_policy.as_deref(), Some("Parallel"));
+    let pod = spec.template.spec.unwrap();
+    let anti = pod.affinity.unwrap().pod_anti_affinity.unwrap();
+    let terms = anti
+        .required_during_scheduling_ignored_during_execution
+        .unwrap();
+    assert_eq!(terms[0].topology_key, "kubernetes.io/hostname");
+
+    let pdb: PodDisruptionBudget = typed(of("PodDisruptionBudget")[0], &built);
+    let selector = pdb.spec.unwrap().selector.unwrap().match_labels.unwrap();
+    let pod_labels = spec.template.metadata.unwrap().labels.unwrap();
+    assert!(
+        selector.iter().all(|(k, v)| pod_labels.get(k) == Some(v)),
+        "the budget covers the pods"
+    );
+
+    let mq = of("RabbitmqCluster")[0];
+    assert_eq!(mq["apiVersion"], "rabbitmq.com/v1beta1");
+    assert_eq!(mq["spec"]["replicas"], 3);
+    let db = of("Cluster")[0];
+    assert_eq!(db["apiVersion"], "postgresql.cnpg.io/v1");
+    assert_eq!(db["spec"]["instances"], 3);
+    let (mq_name, db_name) = (
+        mq["metadata"]["name"].as_str().unwrap(),
+        db["metadata"]["name"].as_str().unwrap(),
+    );
+    let owner = db["spec"]["bootstrap"]["initdb"]["owner"].as_str().unwrap();
+    let database = db["spec"]["bootstrap"]["initdb"]["database"]
+        .as_str()
+        .unwrap();
+
+    let cm = of("ConfigMap")
+        .into_iter()
+        .find(|d| d["metadata"]["name"] == "rollgate")
+        .unwrap();
+    let cm: ConfigMap = typed(cm, &built);
+    let settings = config_map_settings(&built, &cm);
+    assert_eq!(settings.queue.backend, rollgate::config::QueueBackend::Amqp);
+    assert!(
+        settings
+            .queue
+            .amqp_url
+            .contains(&format!("{mq_name}.rollgate.svc:5672"))
+    );
+    assert_eq!(
+        settings.store.backend,
+        rollgate::config::StoreBackend::Postgres
+    );
+    assert_eq!(
+        settings.store.url.as_deref(),
+        Some(format!("postgres://{owner}@{db_name}-rw.rollgate.svc:5432/{database}").as_str())
+    );
+
+    // Every secret file the configuration names is projected into the secrets volume,
+    // from the Secret that holds it.
+    let volume = pod
+        .volumes
+        .unwrap()
+        .into_iter()
+        .find(|v| v.name == "secrets")
+        .unwrap();
+    let sources = volume.projected.unwrap().sources.unwrap();
+    let mut projected = BTreeMap::new();
+    for source in sources {
+        let secret = source.secret.unwrap();
+        match secret.items {
+            Some(items) => {
+                for i in items {
+                    projected.insert(i.path, (secret.name.clone(), i.key));
+                }
+            }
+            None => {
+                for file in example_secret_generator()["files"].as_array().unwrap() {
+                    let key = file.as_str().unwrap().split('=').next().unwrap().to_owned();
+                    projected.insert(key.clone(), (secret.name.clone(), key));
+                }
+            }
+        }
+    }
+    let mount = std::path::Path::new("/var/run/secrets/rollgate");
+    let file = |p: &Option<PathBuf>| {
+        p.as_ref()
+            .unwrap()
+            .strip_prefix(mount)
+            .unwrap()
+            .display()
+            .to_string()
+    };
+    assert_eq!(
+        projected[&file(&settings.queue.amqp_credentials_file)],
+        (
+            format!("{mq_name}-default-user"),
+            "default_user.conf".to_owned()
+        )
+    );
+    assert_eq!(
+        projected[&file(&settings.store.password_file)],
+        (format!("{db_name}-app"), "password".to_owned())
+    );
+    let toml = &cm.data.as_ref().unwrap()["rollgate.toml"];
+    for used in toml
+        .split('"')
+        .filter_map(|s| s.strip_prefix("/var/run/secrets/rollgate/"))
+    {
+        assert!(
+            projected.contains_key(used),
+            "{used} is not in the secrets volume"
+        );
+    }
+    // The operator's file parses as the broker's credentials.
+    assert_eq!(
+        rollgate::queue::amqp::parse_credentials(
+            "default_user = default_user_a\ndefault_pass = b\n"
+        ),
+        Some(("default_user_a".to_owned(), "b".to_owned()))
+    );
+}
+
+/// `kubectl kustomize` (kustomize v5 built in) builds the example overlay, given the secret
+/// files it expects, into objects of their types: the image pinned, every namespaced
+/// object in `rollgate`, the site's configuration patched over the base's. Needs kubectl,
+/// which Debian does not package in a version with kustomize v5; without it the test says
+/// so and checks nothing else than the other tests do.
+#[test]
+fn the_example_overlay_builds_with_kustomize() {
+    let (dir, docs) = kustomize("example");
+    let built = dir.path().join("built.yaml");
+    let generator = &example_secret_generator();
 
     let mut kinds = BTreeMap::<String, usize>::new();
     for doc in &docs {

@@ -9,7 +9,7 @@ mod values;
 pub use sections::{
     ClusterSettings, DetectConfig, DetectSubmit, EtcdConfig, EtcdRollConfig, GateSettings,
     LogFormat, LogSettings, NotifySettings, QueueBackend, QueueSettings, ScheduleSettings,
-    ServerSettings, Settings, SshConfig, SshHost, WorkerSettings,
+    ServerSettings, Settings, SshConfig, SshHost, StoreBackend, StoreSettings, WorkerSettings,
 };
 
 use config::{Config, Environment, File, FileFormat, Map, Value, ValueKind};
@@ -52,6 +52,7 @@ pub fn keys() -> Vec<String> {
     };
     add("server", fields::<ServerSettings>());
     add("queue", fields::<QueueSettings>());
+    add("store", fields::<StoreSettings>());
     add("worker", fields::<WorkerSettings>());
     add("gate", fields::<GateSettings>());
     add("notify", fields::<NotifySettings>());
@@ -124,6 +125,7 @@ impl Settings {
             data_dir,
             server: take_section(r, "server", p),
             queue: take_section(r, "queue", p),
+            store: take_section(r, "store", p),
             worker: take_section(r, "worker", p),
             gate: take_section(r, "gate", p),
             notify: take_section(r, "notify", p),

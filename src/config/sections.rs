@@ -22,6 +22,90 @@ pub enum QueueBackend {
     Amqp,
 }
 
+/// Which database keeps runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreBackend {
+    /// `store.db` under `data_dir` (default): one replica.
+    Sqlite,
+    /// A PostgreSQL database at `store.url`: several replicas may share it.
+    Postgres,
+}
+
+/// The run store (section `store`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreSettings {
+    /// `sqlite` (default; `store.db` under `data_dir`) or `postgres`.
+    pub backend: StoreBackend,
+    /// PostgreSQL URL without a password, e.g. `postgres://rollgate@db:5432/rollgate`
+    /// (needed with `postgres`).
+    pub url: Option<String>,
+    /// File whose first line is the PostgreSQL password.
+    pub password_file: Option<PathBuf>,
+    /// PostgreSQL connections per replica (default 8).
+    pub max_connections: usize,
+    /// Bound on one store operation, connecting included (default `5s`): past it the API
+    /// answers 503 and the worker retries.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// How long the active worker's lease lasts unless renewed (default `15s`, renewed
+    /// every third of it): after a replica dies, another replica's worker takes over
+    /// within about this long.
+    #[serde(with = "humantime_serde")]
+    pub lease_ttl: Duration,
+}
+
+impl Default for StoreSettings {
+    fn default() -> Self {
+        Self {
+            backend: StoreBackend::Sqlite,
+            url: None,
+            password_file: None,
+            max_connections: 8,
+            timeout: Duration::from_secs(5),
+            lease_ttl: Duration::from_secs(15),
+        }
+    }
+}
+
+impl StoreSettings {
+    fn check(&self, p: &mut Problems) {
+        match (&self.url, self.backend) {
+            (None, StoreBackend::Postgres) => p.add(
+                "url",
+                "is needed with store.backend = postgres, e.g. postgres://rollgate@db:5432/rollgate",
+            ),
+            (Some(url), _) => match url.parse::<tokio_postgres::Config>() {
+                Ok(c) if c.get_password().is_some() => p.add(
+                    "url",
+                    "must not carry a password; put it in the file named by store.password_file",
+                ),
+                Ok(_) => {}
+                Err(_) => p.add(
+                    "url",
+                    "is not a PostgreSQL URL like postgres://rollgate@db:5432/rollgate",
+                ),
+            },
+            (None, StoreBackend::Sqlite) => {}
+        }
+        p.path("password_file", self.password_file.as_ref());
+        p.range("max_connections", self.max_connections, 1, 200);
+        p.duration("timeout", self.timeout, 100, 120_000);
+        p.duration("lease_ttl", self.lease_ttl, 1_000, 600_000);
+        if self.timeout * 3 > self.lease_ttl {
+            p.add(
+                "timeout",
+                format!(
+                    "{} is more than a third of store.lease_ttl ({}): the active worker could not notice a lost lease before another replica takes it",
+                    humantime::format_duration(self.timeout),
+                    humantime::format_duration(self.lease_ttl)
+                ),
+            );
+        }
+    }
+}
+
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -850,6 +934,8 @@ pub struct Settings {
     pub server: ServerSettings,
     /// The queue events land in.
     pub queue: QueueSettings,
+    /// Where runs are kept.
+    pub store: StoreSettings,
     /// The worker that advances runs.
     pub worker: WorkerSettings,
     /// When a risky step may go ahead.
@@ -916,6 +1002,7 @@ impl Settings {
         };
         check("server", &|p| self.server.check(p));
         check("queue", &|p| self.queue.check(p));
+        check("store", &|p| self.store.check(p));
         check("worker", &|p| self.worker.check(p));
         check("gate", &|p| self.gate.check(p));
         check("notify", &|p| self.notify.check(p));

@@ -32,8 +32,6 @@ pub struct AppState {
     pub token: Arc<str>,
     /// Largest accepted body.
     pub max_body_bytes: usize,
-    /// Serialises detection intake so that two requests for one target make one run.
-    pub intake: tokio::sync::Mutex<()>,
     /// The cluster, when configured: detections are planned against it before they are
     /// accepted.
     pub cluster: Option<Arc<dyn crate::ports::ClusterRead>>,
@@ -93,11 +91,9 @@ pub async fn observe(
 ) -> Result<ServiceResponse<impl MessageBody>, Error> {
     let started = Instant::now();
     let method = req.method().to_string();
-    let metrics = req
-        .app_data::<web::Data<AppState>>()
-        .map(|s| s.metrics.clone());
+    let state = req.app_data::<web::Data<AppState>>().cloned();
     let res = next.call(req).await?;
-    if let Some(m) = metrics {
+    if let Some(m) = state.as_ref().map(|s| &s.metrics) {
         let route = res
             .request()
             .match_pattern()

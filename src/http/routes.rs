@@ -19,6 +19,7 @@ use crate::domain::event::{
 use crate::domain::roll_watch::WatchedRoll;
 use crate::domain::run::{Run, RunKind, RunStatus};
 use crate::queue::Outgoing;
+use crate::store::Claim;
 
 type State = web::Data<AppState>;
 
@@ -260,33 +261,79 @@ enum Taken {
     },
 }
 
-/// Queues `event` for the new `run` unless one of its kind and target is in flight;
-/// `check` runs (and may refuse) only when a new run would be queued.
+/// Takes the new `run` unless one of its kind and target is in flight; `check` runs (and
+/// may refuse) only when a new run would be taken. The run and the event that starts it
+/// are written in one transaction of the store that sees every replica's claims (the
+/// database decides, not this process), then the event is published; one the queue cannot
+/// take now stays in the outbox, and the active worker publishes it.
 async fn take_run(
     state: &AppState,
     run: Run,
     event: EventData,
     check: impl std::future::Future<Output = Result<(), ApiError>>,
 ) -> Result<Taken, ApiError> {
-    let _intake = state.intake.lock().await;
     let target = run.target.clone().unwrap_or_default();
+    let in_flight = |existing: Run| Taken::InFlight {
+        run_id: existing.id,
+        status: existing.status,
+    };
     if let Some(existing) = state
         .store
         .in_flight(run.kind, &target)
         .await
         .map_err(store_down)?
     {
-        return Ok(Taken::InFlight {
-            run_id: existing.id,
-            status: existing.status,
-        });
+        return Ok(in_flight(existing));
     }
     check.await?;
-    enqueue(state, &event).await?;
-    if let Err(e) = state.store.insert_run_if_absent(&run).await {
-        tracing::warn!(error = %crate::error_chain(&e), run_id = %run.id, "run record not written at intake; the worker will write it");
+    let kind = event.event_type();
+    let start = Outgoing::event(&CloudEvent::new(&event, ROLLGATE_SOURCE, Utc::now()), kind);
+    match state
+        .store
+        .claim_run(&run, &start)
+        .await
+        .map_err(store_down)?
+    {
+        Claim::InFlight(existing) => Ok(in_flight(existing)),
+        Claim::Held(holder) => Err(held_by(&holder)),
+        Claim::New(seq) => {
+            state
+                .metrics
+                .events_queued
+                .with_label_values(&[kind.label()])
+                .inc();
+            match state.queue.publish(start).await {
+                Ok(()) => {
+                    if let Err(e) = state.store.outbox_sent(seq).await {
+                        tracing::warn!(error = %crate::error_chain(&e), run_id = %run.id, "published; the outbox keeps a copy the worker publishes again (processed once)");
+                    }
+                }
+                Err(e) => {
+                    state
+                        .metrics
+                        .queue_errors
+                        .with_label_values(&["publish"])
+                        .inc();
+                    tracing::warn!(error = %crate::error_chain(&e), run_id = %run.id, "the run is taken; its start waits in the outbox for the queue");
+                }
+            }
+            Ok(Taken::New(run.id))
+        }
     }
-    Ok(Taken::New(run.id))
+}
+
+/// The 409 for a detection while `holder`, another upgrade, holds the cluster.
+fn held_by(holder: &Run) -> ApiError {
+    ApiError::new(
+        actix_web::http::StatusCode::CONFLICT,
+        "upgrade_in_flight",
+        format!(
+            "run {} (target {}) is {}: one upgrade at a time; let it finish, or resume or abort it first",
+            holder.id,
+            holder.target.as_deref().unwrap_or("-"),
+            holder.status
+        ),
+    )
 }
 
 /// Starts the roll of `target` to `revision` through the same checks and queue as
@@ -404,16 +451,7 @@ async fn check_plan(state: &AppState, request: &DetectionRequest) -> Result<(), 
         .await
         .map_err(store_down)?
     {
-        return Err(ApiError::new(
-            actix_web::http::StatusCode::CONFLICT,
-            "upgrade_in_flight",
-            format!(
-                "run {} (target {}) is {}: one upgrade at a time; let it finish, or resume or abort it first",
-                holder.id,
-                holder.target.as_deref().unwrap_or("-"),
-                holder.status
-            ),
-        ));
+        return Err(held_by(&holder));
     }
     let facts = cluster.facts().await.map_err(|e| {
         tracing::warn!(error = %crate::error_chain(&e), "cannot read the cluster to check a detection");

@@ -65,8 +65,27 @@ pub struct AmqpQueue {
     link: Mutex<Option<Arc<Link>>>,
     current: std::sync::RwLock<Option<Arc<Link>>>,
     last_failure: std::sync::Mutex<Option<Instant>>,
-    consumer: Mutex<Option<(u64, Consumer)>>,
+    consumer: Mutex<Option<(u64, Channel, Consumer)>>,
     generation: std::sync::atomic::AtomicU64,
+}
+
+/// The broker credentials in a credentials file: `user:password`, or the `default_user =`
+/// and `default_pass =` lines of the `default_user.conf` key the RabbitMQ cluster operator
+/// puts in its `<cluster>-default-user` Secret.
+pub fn parse_credentials(raw: &str) -> Option<(String, String)> {
+    let conf = |key: &str| {
+        raw.lines().find_map(|line| {
+            let (k, v) = line.split_once('=')?;
+            (k.trim() == key).then(|| v.trim().to_owned())
+        })
+    };
+    match (conf("default_user"), conf("default_pass")) {
+        (Some(user), Some(pass)) if !user.is_empty() => Some((user, pass)),
+        _ => {
+            let (user, pass) = raw.trim().split_once(':')?;
+            (!user.is_empty()).then(|| (user.to_owned(), pass.to_owned()))
+        }
+    }
 }
 
 fn unavailable(what: &str, e: impl std::fmt::Display) -> QueueError {
@@ -86,13 +105,13 @@ impl AmqpQueue {
                         path.display()
                     ))
                 })?;
-                let (user, pass) = raw.trim().split_once(':').ok_or_else(|| {
+                let (user, pass) = parse_credentials(&raw).ok_or_else(|| {
                     QueueError::Unavailable(format!(
-                        "queue.amqp_credentials_file {} must hold user:password",
+                        "queue.amqp_credentials_file {} must hold user:password, or default_user and default_pass lines (the RabbitMQ cluster operator's default_user.conf)",
                         path.display()
                     ))
                 })?;
-                Some((user.to_owned(), pass.to_owned()))
+                Some((user, pass))
             }
         };
         let queue = Self {
@@ -487,9 +506,9 @@ impl Queue for AmqpQueue {
             if consumer.is_none() {
                 match self.link(true).await {
                     Ok(link) => match start_consumer(&link, &self.settings).await {
-                        Ok(c) => {
+                        Ok((ch, c)) => {
                             failures = 0;
-                            *consumer = Some((link.generation, c));
+                            *consumer = Some((link.generation, ch, c));
                         }
                         Err(e) => {
                             tracing::warn!(error = %crate::error_chain(&e), "cannot start the RabbitMQ consumer; retrying");
@@ -501,7 +520,7 @@ impl Queue for AmqpQueue {
                     }
                 }
             }
-            let Some((generation, stream)) = consumer.as_mut() else {
+            let Some((generation, _, stream)) = consumer.as_mut() else {
                 drop(consumer);
                 failures = failures.saturating_add(1);
                 tokio::time::sleep(crate::jitter::pause(&RECONNECT, failures)).await;
@@ -589,9 +608,21 @@ impl Queue for AmqpQueue {
     fn backend(&self) -> &'static str {
         "amqp"
     }
+
+    async fn stop_consuming(&self) {
+        if let Some((_, channel, _)) = self.consumer.lock().await.take() {
+            // Closing the channel hands its unacked deliveries back to the queue.
+            if let Err(e) = channel
+                .close(200, "rollgate worker stepping down".into())
+                .await
+            {
+                tracing::warn!(error = %crate::error_chain(&e), "cannot close the consumer's channel; the broker requeues its deliveries when the connection goes");
+            }
+        }
+    }
 }
 
-async fn start_consumer(link: &Link, s: &QueueSettings) -> Result<Consumer, QueueError> {
+async fn start_consumer(link: &Link, s: &QueueSettings) -> Result<(Channel, Consumer), QueueError> {
     let ch = link
         .connection
         .create_channel()
@@ -600,12 +631,39 @@ async fn start_consumer(link: &Link, s: &QueueSettings) -> Result<Consumer, Queu
     ch.basic_qos(s.prefetch, BasicQosOptions::default())
         .await
         .map_err(|e| unavailable("qos", e))?;
-    ch.basic_consume(
-        s.queue.as_str().into(),
-        "rollgate-worker".into(),
-        BasicConsumeOptions::default(),
-        FieldTable::default(),
-    )
-    .await
-    .map_err(|e| unavailable("consume", e))
+    let consumer = ch
+        .basic_consume(
+            s.queue.as_str().into(),
+            "rollgate-worker".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| unavailable("consume", e))?;
+    Ok((ch, consumer))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_credentials;
+
+    #[test]
+    fn credentials_come_as_user_password_or_as_the_operators_default_user_conf() {
+        let cases: &[(&str, Option<(&str, &str)>)] = &[
+            ("rollgate:s3cret\n", Some(("rollgate", "s3cret"))),
+            ("rollgate:pa:ss", Some(("rollgate", "pa:ss"))),
+            (
+                "default_user = default_user_x1\ndefault_pass = Zq9-=\n",
+                Some(("default_user_x1", "Zq9-=")),
+            ),
+            ("default_pass = only\n", None),
+            (":nouser", None),
+            ("no separator", None),
+        ];
+        for (raw, want) in cases {
+            let got = parse_credentials(raw);
+            let want = want.map(|(u, p)| (u.to_owned(), p.to_owned()));
+            assert_eq!(got, want, "{raw:?}");
+        }
+    }
 }

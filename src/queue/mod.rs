@@ -85,4 +85,7 @@ pub trait Queue: Send + Sync {
     async fn dead_depth(&self) -> Result<u64, QueueError>;
     /// `embedded` or `amqp`.
     fn backend(&self) -> &'static str;
+    /// Stops taking deliveries until the next [`Queue::next`]: what was delivered and not
+    /// acked goes back to the queue, for another consumer (another replica's worker).
+    async fn stop_consuming(&self) {}
 }

@@ -7,4 +7,5 @@ pub mod etcd_roll;
 pub mod events;
 pub mod gate;
 pub mod k8s_upgrade;
+pub mod leader;
 pub mod outbox;

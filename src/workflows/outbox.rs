@@ -54,6 +54,35 @@ async fn pause_unless_stopped(
     }
 }
 
+/// Runs [`deliver`] while this replica's worker is the active one (`leading`), until
+/// `stop`: with several replicas one sender tells each sink.
+pub async fn deliver_while_leading(
+    store: Store,
+    sink: Arc<dyn TransitionSink>,
+    mut leading: tokio::sync::watch::Receiver<bool>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    use crate::workflows::leader::{until_deposed, until_leading};
+    loop {
+        tokio::select! {
+            led = until_leading(&mut leading) => if !led { return },
+            changed = stop.changed() => if stopping(changed, &stop) { return },
+        }
+        let (halt, halted) = tokio::sync::watch::channel(false);
+        let mut session = tokio::spawn(deliver(store.clone(), sink.clone(), halted));
+        let stopped = tokio::select! {
+            _ = &mut session => return,
+            () = until_deposed(&mut leading) => false,
+            changed = stop.changed() => stopping(changed, &stop),
+        };
+        let _ = halt.send(true);
+        let _ = session.await;
+        if stopped {
+            return;
+        }
+    }
+}
+
 /// Tells `sink` every transition logged after the ones it has had, until `stop`.
 pub async fn deliver(
     store: Store,

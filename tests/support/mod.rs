@@ -10,6 +10,7 @@ pub mod kube;
 pub mod manifests;
 pub mod nodes;
 pub mod openapi;
+pub mod postgres;
 pub mod rabbit;
 pub mod rehearsal;
 pub mod scripted;

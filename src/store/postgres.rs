@@ -1,0 +1,769 @@
+//! The PostgreSQL backend, for several replicas on one database: a pool of connections
+//! (deadpool over tokio-postgres), every operation bounded by `store.timeout` so that a
+//! database that is down is a prompt error (a 503 at the API), never a hang.
+//!
+//! Transactions that write runs take one transaction-scoped advisory lock first: the log of
+//! transitions is then numbered in commit order (a reader never sees number 11 before
+//! number 10 commits), and a claim for a new run sees every other replica's claim. The
+//! worker lease is a row with an expiry in the database's own clock; a fenced commit
+//! holds that row (`FOR SHARE`) so a lease cannot change hands under it.
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+use tokio_postgres::{NoTls, Transaction};
+
+use super::{
+    AlertRow, Backend, Claim, Column, Commit, Committed, IN_FLIGHT_INDEXES, Purge, RunRow,
+    StoreError, Which, dedup_horizon, run_row, unlogged_events,
+};
+use crate::domain::run::{Run, RunKind, RunStatus};
+use crate::queue::Outgoing;
+use crate::sqlite::MigrationError;
+
+/// Advisory lock taken by every transaction that writes runs (see the module docs).
+const LOG_LOCK: i64 = 0x726f_6c6c_6761_7465;
+/// Advisory lock that lets one replica at a time migrate the schema.
+const MIGRATE_LOCK: i64 = 0x726f_6c6c_6d69_6772;
+
+/// Version 1: runs (with their summaries), the numbered log of transitions, processed
+/// event ids, the outbox, the alert board and how far each notification sink got.
+const TABLES: &str = "
+    CREATE TABLE runs (
+        id TEXT PRIMARY KEY,
+        kind TEXT NOT NULL,
+        status TEXT NOT NULL,
+        target TEXT,
+        created_at BIGINT NOT NULL,
+        doc TEXT NOT NULL,
+        summary TEXT NOT NULL
+    );
+    CREATE INDEX runs_status ON runs (status);
+    CREATE INDEX runs_newest ON runs (created_at DESC, id DESC);
+    CREATE TABLE run_events (
+        seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        run_id TEXT NOT NULL,
+        doc TEXT NOT NULL
+    );
+    CREATE INDEX run_events_by_run ON run_events (run_id, seq);
+    CREATE TABLE processed_events (
+        id TEXT PRIMARY KEY,
+        type TEXT NOT NULL,
+        processed_at BIGINT NOT NULL
+    );
+    CREATE INDEX processed_events_at ON processed_events (processed_at);
+    CREATE TABLE outbox (
+        seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        id TEXT NOT NULL,
+        routing_key TEXT NOT NULL,
+        body BYTEA NOT NULL,
+        not_before BIGINT
+    );
+    CREATE TABLE alerts (
+        fingerprint TEXT PRIMARY KEY,
+        doc TEXT NOT NULL,
+        received BIGINT NOT NULL,
+        updated_at BIGINT NOT NULL
+    );
+    CREATE TABLE deliveries (sink TEXT PRIMARY KEY, seq BIGINT NOT NULL);";
+
+/// Version 2: the leases replicas elect their worker with.
+const LEASES: &str = "
+    CREATE TABLE leases (
+        name TEXT PRIMARY KEY,
+        holder TEXT NOT NULL,
+        expires_at TIMESTAMPTZ NOT NULL
+    );";
+
+/// The schema, one list of statements per version.
+pub const MIGRATIONS: &[&[&str]] = &[&[TABLES], &[LEASES, IN_FLIGHT_INDEXES]];
+
+/// How to reach the database.
+#[derive(Clone)]
+pub struct PgSettings {
+    /// `postgres://user@host:port/database`, without a password.
+    pub url: String,
+    /// The password, read from `store.password_file`.
+    pub password: Option<String>,
+    /// Connections in the pool.
+    pub max_connections: usize,
+    /// Bound on one operation, connecting included.
+    pub timeout: Duration,
+}
+
+impl fmt::Debug for PgSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgSettings")
+            .field("url", &self.url)
+            .field(
+                "password",
+                &self.password.as_ref().map(|_| "(from its file)"),
+            )
+            .field("max_connections", &self.max_connections)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+/// The PostgreSQL store.
+pub struct PgStore {
+    pool: Pool,
+    timeout: Duration,
+    /// What the lease session connects with.
+    config: tokio_postgres::Config,
+    /// The lease session: one connection of this replica's own, and whether it holds the
+    /// session advisory lock of the worker lease (see [`PgStore::take_lease`]).
+    session: tokio::sync::Mutex<Option<(tokio_postgres::Client, bool)>>,
+    purge: Purge,
+}
+
+fn pg(e: impl fmt::Display) -> StoreError {
+    StoreError::Postgres(e.to_string())
+}
+
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        match e.as_db_error() {
+            Some(db) => StoreError::Postgres(format!("{}: {}", db.code().code(), db.message())),
+            None => pg(e),
+        }
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for StoreError {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        match e {
+            deadpool_postgres::PoolError::Backend(e) => e.into(),
+            other => pg(other),
+        }
+    }
+}
+
+impl PgStore {
+    /// Connects and migrates the schema to the one this build knows.
+    pub async fn connect(settings: &PgSettings) -> Result<Self, StoreError> {
+        let mut config: tokio_postgres::Config = settings
+            .url
+            .parse()
+            .map_err(|e| pg(format!("store.url is not a PostgreSQL URL: {e}")))?;
+        if let Some(password) = &settings.password {
+            config.password(password.as_bytes());
+        }
+        config.connect_timeout(settings.timeout);
+        config.application_name("rollgate");
+        let manager = Manager::from_config(
+            config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(settings.max_connections)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(settings.timeout))
+            .create_timeout(Some(settings.timeout))
+            .recycle_timeout(Some(settings.timeout))
+            .build()
+            .map_err(pg)?;
+        let store = Self {
+            pool,
+            timeout: settings.timeout,
+            config,
+            session: tokio::sync::Mutex::new(None),
+            purge: Purge::default(),
+        };
+        store.timed(store.migrate()).await?;
+        Ok(store)
+    }
+
+    /// Applies the migrations the database has not had, all in one transaction under the
+    /// migration lock: replicas starting together migrate once.
+    async fn migrate(&self) -> Result<u32, StoreError> {
+        let mut client = self.pool.get().await?;
+        let tx = client.transaction().await?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATE_LOCK])
+            .await?;
+        tx.batch_execute("CREATE TABLE IF NOT EXISTS rollgate_schema (version INTEGER NOT NULL)")
+            .await?;
+        let found = match tx
+            .query_opt("SELECT version FROM rollgate_schema", &[])
+            .await?
+        {
+            Some(row) => row.get::<_, i32>(0),
+            None => {
+                tx.execute("INSERT INTO rollgate_schema (version) VALUES (0)", &[])
+                    .await?;
+                0
+            }
+        };
+        let known = MIGRATIONS.len() as i32;
+        let database = "the PostgreSQL database (store.url)".to_owned();
+        if found > known {
+            return Err(MigrationError::Newer {
+                file: database,
+                found: found as u32,
+                known: known as u32,
+            }
+            .into());
+        }
+        for statements in &MIGRATIONS[found as usize..] {
+            for sql in *statements {
+                tx.batch_execute(sql).await?;
+            }
+        }
+        tx.execute("UPDATE rollgate_schema SET version = $1", &[&known])
+            .await?;
+        tx.commit().await?;
+        Ok(known as u32)
+    }
+
+    /// The schema version the database is at.
+    pub async fn version(&self) -> Result<u32, StoreError> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_one("SELECT version FROM rollgate_schema", &[])
+            .await?;
+        Ok(row.get::<_, i32>(0) as u32)
+    }
+
+    /// Takes or renews lease `name` through this replica's lease session. The session
+    /// first tries the lease's advisory lock, which PostgreSQL releases the moment the
+    /// session of a replica that died (kill -9) closes: a replica that gets it takes the
+    /// lease at once, expired or not. Otherwise a lease is taken only once it has expired
+    /// (its holder's session hangs), and a replica that finds another holding the lease
+    /// gives the lock up to it. Renewal goes through the same session, so a holder whose
+    /// session is gone can neither renew nor keep the lock.
+    async fn lease_session(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let mut session = self.session.lock().await;
+        if session
+            .as_ref()
+            .is_none_or(|(client, _)| client.is_closed())
+        {
+            let (client, connection) = self.config.connect(NoTls).await?;
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!(error = %e, "the lease session ended");
+                }
+            });
+            *session = Some((client, false));
+        }
+        let Some((client, locked)) = session.as_mut() else {
+            return Err(pg("no lease session"));
+        };
+        let outcome: Result<bool, StoreError> = async {
+            // Newly locked: whoever held the lock before is gone, and so is its claim.
+            let fresh = !*locked
+                && client
+                    .query_one("SELECT pg_try_advisory_lock($1)", &[&lease_key(name)])
+                    .await?
+                    .get::<_, bool>(0);
+            *locked |= fresh;
+            let condition = if fresh {
+                ""
+            } else {
+                "WHERE leases.holder = excluded.holder OR leases.expires_at <= now()"
+            };
+            let row = client
+                .query_opt(
+                    &format!(
+                        "INSERT INTO leases (name, holder, expires_at)
+                         VALUES ($1, $2, now() + make_interval(secs => $3))
+                         ON CONFLICT (name) DO UPDATE
+                         SET holder = excluded.holder, expires_at = excluded.expires_at
+                         {condition} RETURNING holder"
+                    ),
+                    &[&name, &holder, &ttl.as_secs_f64()],
+                )
+                .await?;
+            if row.is_none() && *locked {
+                // Another replica took the lease on expiry while this one stalled: it
+                // leads now, and gets the lock.
+                client
+                    .execute("SELECT pg_advisory_unlock($1)", &[&lease_key(name)])
+                    .await?;
+                *locked = false;
+            }
+            Ok(row.is_some())
+        }
+        .await;
+        if outcome.is_err() {
+            *session = None;
+        }
+        outcome
+    }
+
+    async fn timed<T>(
+        &self,
+        op: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        tokio::time::timeout(self.timeout, op)
+            .await
+            .unwrap_or_else(|_| {
+                Err(pg(format!(
+                    "no answer within {:?} (store.timeout)",
+                    self.timeout
+                )))
+            })
+    }
+
+    async fn rows(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<RunRow>, StoreError> {
+        let client = self.pool.get().await?;
+        let rows = client.query(sql, params).await?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+}
+
+/// The session advisory lock key of lease `name` (FNV-1a of the name).
+fn lease_key(name: &str) -> i64 {
+    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    hash as i64
+}
+
+const TERMINAL: &str = "('failed', 'succeeded', 'aborted')";
+const STARTED: &str = "('running', 'waiting', 'halted')";
+
+/// Appends the transitions of `run` the log does not hold yet (under [`LOG_LOCK`]).
+async fn log_transitions(tx: &Transaction<'_>, run: &Run) -> Result<(), StoreError> {
+    let logged: i64 = tx
+        .query_one(
+            "SELECT COUNT(*) FROM run_events WHERE run_id = $1",
+            &[&run.id],
+        )
+        .await?
+        .get(0);
+    for doc in unlogged_events(run, logged as usize) {
+        tx.execute(
+            "INSERT INTO run_events (run_id, doc) VALUES ($1, $2)",
+            &[&run.id, &doc],
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+async fn insert_outgoing(tx: &Transaction<'_>, msg: &Outgoing) -> Result<i64, StoreError> {
+    let row = tx
+        .query_one(
+            "INSERT INTO outbox (id, routing_key, body, not_before) VALUES ($1, $2, $3, $4)
+             RETURNING seq",
+            &[
+                &msg.id,
+                &msg.routing_key,
+                &msg.body,
+                &msg.not_before.map(|t| t.timestamp_millis()),
+            ],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+async fn upsert_run(tx: &Transaction<'_>, run: &Run, replace: bool) -> Result<u64, StoreError> {
+    let (id, kind, status, target, created_at, doc, summary) = run_row(run);
+    let on_conflict = if replace {
+        "DO UPDATE SET status = excluded.status, doc = excluded.doc, summary = excluded.summary"
+    } else {
+        "DO NOTHING"
+    };
+    Ok(tx
+        .execute(
+            &format!(
+                "INSERT INTO runs (id, kind, status, target, created_at, doc, summary)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (id) {on_conflict}"
+            ),
+            &[&id, &kind, &status, &target, &created_at, &doc, &summary],
+        )
+        .await?)
+}
+
+async fn lock_log(tx: &Transaction<'_>) -> Result<(), StoreError> {
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOG_LOCK])
+        .await?;
+    Ok(())
+}
+
+#[async_trait::async_trait]
+impl Backend for PgStore {
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.timed(async {
+            self.pool.get().await?.query_one("SELECT 1", &[]).await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn run_doc(&self, id: &str) -> Result<Option<String>, StoreError> {
+        self.timed(async {
+            let client = self.pool.get().await?;
+            let row = client
+                .query_opt("SELECT doc FROM runs WHERE id = $1", &[&id])
+                .await?;
+            Ok(row.map(|r| r.get(0)))
+        })
+        .await
+    }
+
+    async fn newest(
+        &self,
+        column: Column,
+        status: Option<RunStatus>,
+        limit: usize,
+    ) -> Result<Vec<RunRow>, StoreError> {
+        let column = match column {
+            Column::Doc => "doc",
+            Column::Summary => "summary",
+        };
+        let status = status.map(RunStatus::name);
+        let limit = limit as i64;
+        self.timed(self.rows(
+            &format!(
+                "SELECT id, {column} FROM runs WHERE ($1::TEXT IS NULL OR status = $1)
+                 ORDER BY created_at DESC, id DESC LIMIT $2"
+            ),
+            &[&status, &limit],
+        ))
+        .await
+    }
+
+    async fn runs(&self, which: Which) -> Result<Vec<RunRow>, StoreError> {
+        self.timed(async {
+            match &which {
+                Which::InFlight { kind, target } => {
+                    self.rows(
+                        &format!(
+                            "SELECT id, doc FROM runs WHERE kind = $1 AND target = $2
+                             AND status NOT IN {TERMINAL} ORDER BY created_at LIMIT 1"
+                        ),
+                        &[&kind.name(), target],
+                    )
+                    .await
+                }
+                Which::Active { kind, except } => {
+                    self.rows(
+                        &format!(
+                            "SELECT id, doc FROM runs WHERE kind = $1 AND id != $2
+                             AND status IN {STARTED} ORDER BY created_at LIMIT 1"
+                        ),
+                        &[&kind.name(), except],
+                    )
+                    .await
+                }
+                Which::InProgress => {
+                    self.rows(
+                        &format!("SELECT id, doc FROM runs WHERE status IN {STARTED}"),
+                        &[],
+                    )
+                    .await
+                }
+                Which::Unfinished => {
+                    self.rows(
+                        "SELECT id, doc FROM runs WHERE status IN ('running', 'waiting')",
+                        &[],
+                    )
+                    .await
+                }
+            }
+        })
+        .await
+    }
+
+    async fn insert_run_if_absent(&self, run: &Run) -> Result<bool, StoreError> {
+        self.timed(async {
+            let mut client = self.pool.get().await?;
+            let tx = client.transaction().await?;
+            lock_log(&tx).await?;
+            let inserted = upsert_run(&tx, run, false).await? == 1;
+            if inserted {
+                log_transitions(&tx, run).await?;
+            }
+            tx.commit().await?;
+            Ok(inserted)
+        })
+        .await
+    }
+
+    async fn claim(&self, run: &Run, start: &Outgoing) -> Result<Claim<RunRow>, StoreError> {
+        self.timed(async {
+            let mut client = self.pool.get().await?;
+            let tx = client.transaction().await?;
+            lock_log(&tx).await?;
+            let same = tx
+                .query_opt(
+                    &format!(
+                        "SELECT id, doc FROM runs WHERE kind = $1 AND target IS NOT DISTINCT FROM $2
+                         AND status NOT IN {TERMINAL} ORDER BY created_at LIMIT 1"
+                    ),
+                    &[&run.kind.name(), &run.target],
+                )
+                .await?;
+            if let Some(row) = same {
+                return Ok(Claim::InFlight((row.get(0), row.get(1))));
+            }
+            if run.kind == RunKind::K8sUpgrade {
+                let holder = tx
+                    .query_opt(
+                        &format!(
+                            "SELECT id, doc FROM runs WHERE kind = $1 AND id != $2
+                             AND status NOT IN {TERMINAL} ORDER BY created_at LIMIT 1"
+                        ),
+                        &[&run.kind.name(), &run.id],
+                    )
+                    .await?;
+                if let Some(row) = holder {
+                    return Ok(Claim::Held((row.get(0), row.get(1))));
+                }
+            }
+            upsert_run(&tx, run, false).await?;
+            log_transitions(&tx, run).await?;
+            let seq = insert_outgoing(&tx, start).await?;
+            tx.commit().await?;
+            Ok(Claim::New(seq))
+        })
+        .await
+    }
+
+    async fn is_processed(&self, id: &str) -> Result<bool, StoreError> {
+        self.timed(async {
+            let client = self.pool.get().await?;
+            let row = client
+                .query_opt("SELECT 1 FROM processed_events WHERE id = $1", &[&id])
+                .await?;
+            Ok(row.is_some())
+        })
+        .await
+    }
+
+    async fn commit(&self, commit: &Commit, holder: &str) -> Result<Committed, StoreError> {
+        self.timed(async {
+            let mut client = self.pool.get().await?;
+            let tx = client.transaction().await?;
+            let now = chrono::Utc::now().timestamp_millis();
+            if commit.fenced {
+                let held = tx
+                    .query_opt(
+                        "SELECT 1 FROM leases WHERE name = $1 AND holder = $2
+                         AND expires_at > now() FOR SHARE",
+                        &[&super::WORKER_LEASE, &holder],
+                    )
+                    .await?;
+                if held.is_none() {
+                    return Err(StoreError::Fenced {
+                        holder: holder.to_owned(),
+                    });
+                }
+            }
+            if let Some((id, event_type)) = &commit.event {
+                let fresh = tx
+                    .execute(
+                        "INSERT INTO processed_events (id, type, processed_at) VALUES ($1, $2, $3)
+                         ON CONFLICT (id) DO NOTHING",
+                        &[id, event_type, &now],
+                    )
+                    .await?;
+                if fresh == 0 {
+                    return Ok(Committed::AlreadyProcessed);
+                }
+            }
+            if !commit.runs.is_empty() {
+                lock_log(&tx).await?;
+            }
+            for run in &commit.runs {
+                upsert_run(&tx, run, true).await?;
+                log_transitions(&tx, run).await?;
+            }
+            for alert in &commit.alerts {
+                let doc = serde_json::to_string(alert).unwrap_or_default();
+                tx.execute(
+                    "INSERT INTO alerts (fingerprint, doc, received, updated_at) VALUES ($1, $2, 1, $3)
+                     ON CONFLICT (fingerprint) DO UPDATE
+                     SET doc = excluded.doc, received = alerts.received + 1, updated_at = excluded.updated_at",
+                    &[&alert.fingerprint, &doc, &now],
+                )
+                .await?;
+            }
+            for msg in &commit.outbox {
+                insert_outgoing(&tx, msg).await?;
+            }
+            if self.purge.due(now) {
+                tx.execute(
+                    "DELETE FROM processed_events WHERE processed_at < $1",
+                    &[&dedup_horizon(now)],
+                )
+                .await?;
+            }
+            tx.commit().await?;
+            Ok(Committed::Done)
+        })
+        .await
+    }
+
+    async fn outbox(&self) -> Result<Vec<(i64, Outgoing)>, StoreError> {
+        self.timed(async {
+            let client = self.pool.get().await?;
+            let rows = client
+                .query(
+                    "SELECT seq, id, routing_key, body, not_before FROM outbox ORDER BY seq",
+                    &[],
+                )
+                .await?;
+            Ok(rows
+                .iter()
+                .map(|r| {
+                    let not_before: Option<i64> = r.get(4);
+                    (
+                        r.get(0),
+                        Outgoing {
+                            id: r.get(1),
+                            routing_key: r.get(2),
+                            body: r.get(3),
+                            not_before: not_before.and_then(super::millis),
+                        },
+                    )
+                })
+                .collect())
+        })
+        .await
+    }
+
+    async fn outbox_sent(&self, seq: i64) -> Result<(), StoreError> {
+        self.timed(async {
+            let client = self.pool.get().await?;
+            client
+                .execute("DELETE FROM outbox WHERE seq = $1", &[&seq])
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn count_by_status(&self) -> Result<Vec<(String, i64)>, StoreError> {
+        self.timed(async {
+            let client = self.pool.get().await?;
+            let rows = client
+                .query("SELECT status, COUNT(*) FROM runs GROUP BY status", &[])
+                .await?;
+            Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+        })
+        .await
+    }
+
+    async fn alerts(&self) -> Result<Vec<AlertRow>, StoreError> {
+        self.timed(async {
+            let client = self.pool.get().await?;
+            let rows = client
+                .query(
+                    "SELECT fingerprint, doc, received, updated_at FROM alerts",
+                    &[],
+                )
+                .await?;
+            Ok(rows
+                .iter()
+                .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+                .collect())
+        })
+        .await
+    }
+
+    async fn delivered(&self, sink: &str) -> Result<i64, StoreError> {
+        self.timed(async {
+            let client = self.pool.get().await?;
+            client
+                .execute(
+                    "INSERT INTO deliveries (sink, seq)
+                     SELECT $1, COALESCE(MAX(seq), 0) FROM run_events
+                     ON CONFLICT (sink) DO NOTHING",
+                    &[&sink],
+                )
+                .await?;
+            let row = client
+                .query_one("SELECT seq FROM deliveries WHERE sink = $1", &[&sink])
+                .await?;
+            Ok(row.get(0))
+        })
+        .await
+    }
+
+    async fn set_delivered(&self, sink: &str, seq: i64) -> Result<(), StoreError> {
+        self.timed(async {
+            let client = self.pool.get().await?;
+            client
+                .execute(
+                    "UPDATE deliveries SET seq = GREATEST(seq, $2) WHERE sink = $1",
+                    &[&sink, &seq],
+                )
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn last_event_seq(&self) -> Result<i64, StoreError> {
+        self.timed(async {
+            let client = self.pool.get().await?;
+            let row = client
+                .query_one("SELECT COALESCE(MAX(seq), 0)::BIGINT FROM run_events", &[])
+                .await?;
+            Ok(row.get(0))
+        })
+        .await
+    }
+
+    async fn events_after(
+        &self,
+        after: i64,
+        run: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(i64, String)>, StoreError> {
+        let limit = limit as i64;
+        self.timed(async {
+            let client = self.pool.get().await?;
+            let rows = client
+                .query(
+                    "SELECT seq, doc FROM run_events
+                     WHERE seq > $1 AND ($2::TEXT IS NULL OR run_id = $2)
+                     ORDER BY seq LIMIT $3",
+                    &[&after, &run, &limit],
+                )
+                .await?;
+            Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+        })
+        .await
+    }
+
+    async fn take_lease(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        self.timed(self.lease_session(name, holder, ttl)).await
+    }
+
+    async fn drop_lease(&self, name: &str, holder: &str) -> Result<(), StoreError> {
+        self.timed(async {
+            let client = self.pool.get().await?;
+            client
+                .execute(
+                    "DELETE FROM leases WHERE name = $1 AND holder = $2",
+                    &[&name, &holder],
+                )
+                .await?;
+            // Closing the session releases its advisory lock.
+            self.session.lock().await.take();
+            Ok(())
+        })
+        .await
+    }
+}

@@ -1,0 +1,936 @@
+//! The SQLite backend: one file (WAL, `synchronous=FULL`) behind one connection, the
+//! embedded default. One process opens it (`serve` locks its data directory), so every
+//! lease is held and transactions are serialized by the connection.
+
+use rusqlite::{Connection, OptionalExtension, Transaction, params};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::{
+    AlertRow, Backend, Claim, Column, Commit, Committed, IN_FLIGHT_INDEXES, Purge, RunRow,
+    StoreError, Which, dedup_horizon, encode, encode_summary, run_row, unlogged_events,
+};
+use crate::domain::run::{Run, RunKind, RunStatus};
+use crate::queue::Outgoing;
+use crate::sqlite::{self, Migration, MigrationError};
+
+/// The store's schema, one migration per version (see [`crate::sqlite`]).
+const MIGRATIONS: &[Migration] = &[
+    tables,
+    etcd_start_term_from_note,
+    control_plane_apply,
+    run_events,
+    deliveries,
+    one_in_flight,
+];
+
+/// Version 1: runs, processed events, the outbox and the alert board.
+fn tables(tx: &Transaction<'_>) -> Result<(), MigrationError> {
+    // IF NOT EXISTS: files from before versioning have these tables at version 0.
+    tx.execute_batch(
+        "CREATE TABLE IF NOT EXISTS runs (
+            id TEXT PRIMARY KEY,
+            kind TEXT NOT NULL,
+            status TEXT NOT NULL,
+            target TEXT,
+            created_at INTEGER NOT NULL,
+            doc TEXT NOT NULL
+        );
+        CREATE INDEX IF NOT EXISTS runs_status ON runs (status);
+        CREATE TABLE IF NOT EXISTS processed_events (
+            id TEXT PRIMARY KEY,
+            type TEXT NOT NULL,
+            processed_at INTEGER NOT NULL
+        );
+        CREATE TABLE IF NOT EXISTS outbox (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            id TEXT NOT NULL,
+            routing_key TEXT NOT NULL,
+            body BLOB NOT NULL,
+            not_before INTEGER
+        );
+        CREATE TABLE IF NOT EXISTS alerts (
+            fingerprint TEXT PRIMARY KEY,
+            doc TEXT NOT NULL,
+            received INTEGER NOT NULL,
+            updated_at INTEGER NOT NULL
+        );",
+    )?;
+    Ok(())
+}
+
+/// Version 2: steps became typed, and what a later step needs lives in the run's
+/// `memory`. Before, an etcd roll's starting raft term was written only into the note of
+/// its `etcd-begin` step ("raft term N at the start; …"): carry it into
+/// `memory.etcd_start_term`. Every stored run must decode in the new shape, or the
+/// migration stops naming the run, and the file stays at version 1.
+fn etcd_start_term_from_note(tx: &Transaction<'_>) -> Result<(), MigrationError> {
+    rewrite_runs(tx, |value| {
+        let term = value["steps"].as_array().and_then(|steps| {
+            steps
+                .iter()
+                .find(|s| s["name"] == "etcd-begin" && s["status"] == "done")?["outcome"]
+                .as_str()?
+                .strip_prefix("raft term ")?
+                .split_whitespace()
+                .next()?
+                .parse::<u64>()
+                .ok()
+        });
+        if let (Some(term), Some(run)) = (term, value.as_object_mut()) {
+            run.insert(
+                "memory".into(),
+                serde_json::json!({ "etcd_start_term": term }),
+            );
+        }
+    })
+}
+
+/// Version 3: with several control planes, `kubeadm upgrade apply` runs on the first and
+/// `kubeadm upgrade node` on the others, as `control-plane/apply` and
+/// `control-plane/upgrade`. Runs stored before were planned for one control plane, whose
+/// `control-plane/upgrade` ran `apply`: rename it, so a run in flight keeps doing what it
+/// was planned to do.
+fn control_plane_apply(tx: &Transaction<'_>) -> Result<(), MigrationError> {
+    rewrite_runs(tx, |value| {
+        for step in value["steps"].as_array_mut().into_iter().flatten() {
+            if step["stage"] == "control-plane" && step["name"] == "upgrade" {
+                step["name"] = "apply".into();
+            }
+        }
+    })
+}
+
+/// Version 4: every transition of every run, numbered in commit order, for the event
+/// stream (the runs stored before are numbered run by run); each run's summary beside it,
+/// and an index for the newest first, so that lists read no steps or history.
+fn run_events(tx: &Transaction<'_>) -> Result<(), MigrationError> {
+    tx.execute_batch(
+        "CREATE TABLE run_events (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            run_id TEXT NOT NULL,
+            doc TEXT NOT NULL
+        );
+        CREATE INDEX run_events_by_run ON run_events (run_id, seq);
+        ALTER TABLE runs ADD COLUMN summary TEXT;
+        CREATE INDEX runs_newest ON runs (created_at DESC, id DESC);",
+    )?;
+    let docs: Vec<(String, String)> = tx
+        .prepare("SELECT id, doc FROM runs ORDER BY created_at, id")?
+        .query_map([], row_doc)?
+        .collect::<Result<_, _>>()?;
+    for (id, doc) in docs {
+        let run: Run = serde_json::from_str(&doc).map_err(|e| {
+            MigrationError::data(format!(
+                "run {id} does not decode ({e}); remove it from the runs table to go on"
+            ))
+        })?;
+        log_transitions(tx, &run)?;
+        tx.execute(
+            "UPDATE runs SET summary = ?2 WHERE id = ?1",
+            params![id, encode_summary(&run)],
+        )?;
+    }
+    Ok(())
+}
+
+/// Version 5: how far each notification sink (Slack) has delivered the log of
+/// transitions. Slack starts from the end of the log as it is: the transitions it was told
+/// in memory before are not told again.
+fn deliveries(tx: &Transaction<'_>) -> Result<(), MigrationError> {
+    tx.execute_batch(
+        "CREATE TABLE deliveries (sink TEXT PRIMARY KEY, seq INTEGER NOT NULL);
+        INSERT INTO deliveries (sink, seq) SELECT 'slack', COALESCE(MAX(seq), 0) FROM run_events;",
+    )?;
+    Ok(())
+}
+
+/// Version 6: what the worker and the intake check before they write a run, as unique
+/// indexes: one run of a kind and target in flight, one Kubernetes upgrade started. A file
+/// that breaks either stops the migration naming the runs.
+fn one_in_flight(tx: &Transaction<'_>) -> Result<(), MigrationError> {
+    let twice: Option<(String, String, String)> = tx
+        .query_row(
+            "SELECT kind, target, group_concat(id, ', ') FROM runs
+             WHERE status NOT IN ('failed', 'succeeded', 'aborted') AND target IS NOT NULL
+             GROUP BY kind, target HAVING COUNT(*) > 1 LIMIT 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .optional()?;
+    if let Some((kind, target, ids)) = twice {
+        return Err(MigrationError::data(format!(
+            "runs {ids} are all {kind} runs for {target} in flight; abort all but one (rollgate runs abort) with the rollgate that wrote this file"
+        )));
+    }
+    tx.execute_batch(IN_FLIGHT_INDEXES)?;
+    Ok(())
+}
+
+/// Appends the transitions of `run` the log does not hold yet.
+fn log_transitions(tx: &Transaction<'_>, run: &Run) -> rusqlite::Result<()> {
+    let logged: i64 = tx.query_row(
+        "SELECT COUNT(*) FROM run_events WHERE run_id = ?1",
+        params![run.id],
+        |r| r.get(0),
+    )?;
+    for doc in unlogged_events(run, logged as usize) {
+        tx.execute(
+            "INSERT INTO run_events (run_id, doc) VALUES (?1, ?2)",
+            params![run.id, doc],
+        )?;
+    }
+    Ok(())
+}
+
+/// Rewrites every stored run's document with `change`; each must then decode as a [`Run`],
+/// or the migration stops naming the run.
+fn rewrite_runs(
+    tx: &Transaction<'_>,
+    change: impl Fn(&mut serde_json::Value),
+) -> Result<(), MigrationError> {
+    let docs: Vec<(String, String)> = tx
+        .prepare("SELECT id, doc FROM runs")?
+        .query_map([], row_doc)?
+        .collect::<Result<_, _>>()?;
+    for (id, doc) in docs {
+        let undecodable = |e: serde_json::Error| {
+            MigrationError::data(format!(
+                "run {id} does not decode ({e}); remove it from the runs table to go on"
+            ))
+        };
+        let mut value: serde_json::Value = serde_json::from_str(&doc).map_err(undecodable)?;
+        change(&mut value);
+        let run: Run = serde_json::from_value(value).map_err(undecodable)?;
+        tx.execute(
+            "UPDATE runs SET doc = ?2 WHERE id = ?1",
+            params![id, encode(&run)],
+        )?;
+    }
+    Ok(())
+}
+
+/// The SQLite store.
+pub struct SqliteStore {
+    conn: Arc<Mutex<Connection>>,
+    purge: Arc<Purge>,
+}
+
+impl SqliteStore {
+    /// Opens (creates) the store at `path`, migrating it to the schema this build knows.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let conn = sqlite::open(path, MIGRATIONS)?;
+        Ok(Self {
+            conn: Arc::new(Mutex::new(conn)),
+            purge: Arc::default(),
+        })
+    }
+
+    async fn with<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let conn = self.conn.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut guard = conn
+                .lock()
+                .map_err(|_| StoreError::Task("connection lock poisoned".into()))?;
+            f(&mut guard)
+        })
+        .await
+        .map_err(|e| StoreError::Task(e.to_string()))?
+    }
+}
+
+const TERMINAL: &str = "('failed', 'succeeded', 'aborted')";
+const STARTED: &str = "('running', 'waiting', 'halted')";
+
+fn rows(
+    c: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> Result<Vec<RunRow>, StoreError> {
+    let mut st = c.prepare(sql)?;
+    let rows = st.query_map(params, row_doc)?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+fn row_doc(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
+    Ok((r.get(0)?, r.get(1)?))
+}
+
+/// The oldest run of `kind` for `target` in flight, and (an upgrade) the oldest other
+/// upgrade queued or started.
+fn in_flight_and_holder(
+    c: &Connection,
+    run: &Run,
+) -> Result<(Option<RunRow>, Option<RunRow>), StoreError> {
+    let same = c
+        .query_row(
+            &format!(
+                "SELECT id, doc FROM runs WHERE kind = ?1 AND target IS ?2
+                 AND status NOT IN {TERMINAL} ORDER BY created_at LIMIT 1"
+            ),
+            params![run.kind.name(), run.target],
+            row_doc,
+        )
+        .optional()?;
+    let holder = if run.kind == RunKind::K8sUpgrade && same.is_none() {
+        c.query_row(
+            &format!(
+                "SELECT id, doc FROM runs WHERE kind = ?1 AND id != ?2
+                 AND status NOT IN {TERMINAL} ORDER BY created_at LIMIT 1"
+            ),
+            params![run.kind.name(), run.id],
+            row_doc,
+        )
+        .optional()?
+    } else {
+        None
+    };
+    Ok((same, holder))
+}
+
+fn insert_run(tx: &Transaction<'_>, run: &Run) -> rusqlite::Result<usize> {
+    tx.execute(
+        "INSERT OR IGNORE INTO runs (id, kind, status, target, created_at, doc, summary)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        run_row(run),
+    )
+}
+
+#[async_trait::async_trait]
+impl Backend for SqliteStore {
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.with(|c| Ok(c.query_row("SELECT 1", [], |_| Ok(()))?))
+            .await
+    }
+
+    async fn run_doc(&self, id: &str) -> Result<Option<String>, StoreError> {
+        let id = id.to_owned();
+        self.with(move |c| {
+            Ok(
+                c.query_row("SELECT doc FROM runs WHERE id = ?1", params![id], |r| {
+                    r.get(0)
+                })
+                .optional()?,
+            )
+        })
+        .await
+    }
+
+    async fn newest(
+        &self,
+        column: Column,
+        status: Option<RunStatus>,
+        limit: usize,
+    ) -> Result<Vec<RunRow>, StoreError> {
+        let column = match column {
+            Column::Doc => "doc",
+            Column::Summary => "summary",
+        };
+        self.with(move |c| {
+            rows(
+                c,
+                &format!(
+                    "SELECT id, {column} FROM runs WHERE (?1 IS NULL OR status = ?1)
+                     ORDER BY created_at DESC, id DESC LIMIT ?2"
+                ),
+                params![status.map(RunStatus::name), limit as i64],
+            )
+        })
+        .await
+    }
+
+    async fn runs(&self, which: Which) -> Result<Vec<RunRow>, StoreError> {
+        self.with(move |c| match which {
+            Which::InFlight { kind, target } => rows(
+                c,
+                &format!(
+                    "SELECT id, doc FROM runs WHERE kind = ?1 AND target = ?2
+                     AND status NOT IN {TERMINAL} ORDER BY created_at LIMIT 1"
+                ),
+                params![kind.name(), target],
+            ),
+            Which::Active { kind, except } => rows(
+                c,
+                &format!(
+                    "SELECT id, doc FROM runs WHERE kind = ?1 AND id != ?2
+                     AND status IN {STARTED} ORDER BY created_at LIMIT 1"
+                ),
+                params![kind.name(), except],
+            ),
+            Which::InProgress => rows(
+                c,
+                &format!("SELECT id, doc FROM runs WHERE status IN {STARTED}"),
+                [],
+            ),
+            Which::Unfinished => rows(
+                c,
+                "SELECT id, doc FROM runs WHERE status IN ('running', 'waiting')",
+                [],
+            ),
+        })
+        .await
+    }
+
+    async fn insert_run_if_absent(&self, run: &Run) -> Result<bool, StoreError> {
+        let run = run.clone();
+        self.with(move |c| {
+            let tx = c.transaction()?;
+            let n = insert_run(&tx, &run)?;
+            if n == 1 {
+                log_transitions(&tx, &run)?;
+            }
+            tx.commit()?;
+            Ok(n == 1)
+        })
+        .await
+    }
+
+    async fn claim(&self, run: &Run, start: &Outgoing) -> Result<Claim<RunRow>, StoreError> {
+        let (run, start) = (run.clone(), start.clone());
+        self.with(move |c| {
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            match in_flight_and_holder(&tx, &run)? {
+                (Some(same), _) => return Ok(Claim::InFlight(same)),
+                (None, Some(holder)) => return Ok(Claim::Held(holder)),
+                (None, None) => {}
+            }
+            insert_run(&tx, &run)?;
+            log_transitions(&tx, &run)?;
+            let seq = insert_outgoing(&tx, &start)?;
+            tx.commit()?;
+            Ok(Claim::New(seq))
+        })
+        .await
+    }
+
+    async fn is_processed(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_owned();
+        self.with(move |c| {
+            Ok(c.query_row(
+                "SELECT 1 FROM processed_events WHERE id = ?1",
+                params![id],
+                |_| Ok(()),
+            )
+            .optional()?
+            .is_some())
+        })
+        .await
+    }
+
+    async fn commit(&self, commit: &Commit, _holder: &str) -> Result<Committed, StoreError> {
+        let (event, runs, alerts, outbox) = (
+            commit.event.clone(),
+            commit.runs.clone(),
+            commit.alerts.clone(),
+            commit.outbox.clone(),
+        );
+        let purge = self.purge.clone();
+        self.with(move |c| {
+            let tx = c.transaction()?;
+            let now = chrono::Utc::now().timestamp_millis();
+            if let Some((id, event_type)) = &event {
+                let fresh = tx.execute(
+                    "INSERT OR IGNORE INTO processed_events (id, type, processed_at) VALUES (?1, ?2, ?3)",
+                    params![id, event_type, now],
+                )?;
+                if fresh == 0 {
+                    return Ok(Committed::AlreadyProcessed);
+                }
+            }
+            for run in &runs {
+                tx.execute(
+                    "INSERT INTO runs (id, kind, status, target, created_at, doc, summary)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                     ON CONFLICT (id) DO UPDATE
+                     SET status = excluded.status, doc = excluded.doc, summary = excluded.summary",
+                    run_row(run),
+                )?;
+                log_transitions(&tx, run)?;
+            }
+            for alert in &alerts {
+                tx.execute(
+                    "INSERT INTO alerts (fingerprint, doc, received, updated_at) VALUES (?1, ?2, 1, ?3)
+                     ON CONFLICT (fingerprint) DO UPDATE
+                     SET doc = excluded.doc, received = received + 1, updated_at = excluded.updated_at",
+                    params![alert.fingerprint, serde_json::to_string(alert).unwrap_or_default(), now],
+                )?;
+            }
+            for msg in &outbox {
+                insert_outgoing(&tx, msg)?;
+            }
+            if purge.due(now) {
+                tx.execute(
+                    "DELETE FROM processed_events WHERE processed_at < ?1",
+                    params![dedup_horizon(now)],
+                )?;
+            }
+            tx.commit()?;
+            Ok(Committed::Done)
+        })
+        .await
+    }
+
+    async fn outbox(&self) -> Result<Vec<(i64, Outgoing)>, StoreError> {
+        self.with(|c| {
+            let mut st = c.prepare(
+                "SELECT seq, id, routing_key, body, not_before FROM outbox ORDER BY seq",
+            )?;
+            let rows = st.query_map([], |r| {
+                let not_before: Option<i64> = r.get(4)?;
+                Ok((
+                    r.get(0)?,
+                    Outgoing {
+                        id: r.get(1)?,
+                        routing_key: r.get(2)?,
+                        body: r.get(3)?,
+                        not_before: not_before.and_then(super::millis),
+                    },
+                ))
+            })?;
+            Ok(rows.collect::<Result<_, _>>()?)
+        })
+        .await
+    }
+
+    async fn outbox_sent(&self, seq: i64) -> Result<(), StoreError> {
+        self.with(move |c| {
+            Ok(c.execute("DELETE FROM outbox WHERE seq = ?1", params![seq])
+                .map(drop)?)
+        })
+        .await
+    }
+
+    async fn count_by_status(&self) -> Result<Vec<(String, i64)>, StoreError> {
+        self.with(|c| {
+            let mut st = c.prepare("SELECT status, COUNT(*) FROM runs GROUP BY status")?;
+            let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            Ok(rows.collect::<Result<_, _>>()?)
+        })
+        .await
+    }
+
+    async fn alerts(&self) -> Result<Vec<AlertRow>, StoreError> {
+        self.with(|c| {
+            let mut st = c.prepare("SELECT fingerprint, doc, received, updated_at FROM alerts")?;
+            let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
+            Ok(rows.collect::<Result<_, _>>()?)
+        })
+        .await
+    }
+
+    async fn delivered(&self, sink: &str) -> Result<i64, StoreError> {
+        let sink = sink.to_owned();
+        self.with(move |c| {
+            c.execute(
+                "INSERT OR IGNORE INTO deliveries (sink, seq)
+                 SELECT ?1, COALESCE(MAX(seq), 0) FROM run_events",
+                params![sink],
+            )?;
+            Ok(c.query_row(
+                "SELECT seq FROM deliveries WHERE sink = ?1",
+                params![sink],
+                |r| r.get(0),
+            )?)
+        })
+        .await
+    }
+
+    async fn set_delivered(&self, sink: &str, seq: i64) -> Result<(), StoreError> {
+        let sink = sink.to_owned();
+        self.with(move |c| {
+            c.execute(
+                "UPDATE deliveries SET seq = MAX(seq, ?2) WHERE sink = ?1",
+                params![sink, seq],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn last_event_seq(&self) -> Result<i64, StoreError> {
+        self.with(|c| {
+            Ok(
+                c.query_row("SELECT COALESCE(MAX(seq), 0) FROM run_events", [], |r| {
+                    r.get(0)
+                })?,
+            )
+        })
+        .await
+    }
+
+    async fn events_after(
+        &self,
+        after: i64,
+        run: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(i64, String)>, StoreError> {
+        let run = run.map(str::to_owned);
+        self.with(move |c| {
+            let mut st = c.prepare(
+                "SELECT seq, doc FROM run_events
+                 WHERE seq > ?1 AND (?2 IS NULL OR run_id = ?2)
+                 ORDER BY seq LIMIT ?3",
+            )?;
+            let rows = st.query_map(params![after, run, limit as i64], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })?;
+            Ok(rows.collect::<Result<_, _>>()?)
+        })
+        .await
+    }
+
+    async fn take_lease(&self, _: &str, _: &str, _: Duration) -> Result<bool, StoreError> {
+        Ok(true)
+    }
+
+    async fn drop_lease(&self, _: &str, _: &str) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+fn insert_outgoing(tx: &Transaction<'_>, msg: &Outgoing) -> rusqlite::Result<i64> {
+    tx.execute(
+        "INSERT INTO outbox (id, routing_key, body, not_before) VALUES (?1, ?2, ?3, ?4)",
+        params![
+            msg.id,
+            msg.routing_key,
+            msg.body,
+            msg.not_before.map(|t| t.timestamp_millis())
+        ],
+    )?;
+    Ok(tx.last_insert_rowid())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::control_planes::{ControlPlaneAction, EtcdFacts, EtcdMemberFacts, Kubeadm};
+    use crate::domain::etcd_roll::{Action, initial_steps as roll_steps, steps_for};
+    use crate::domain::event::{DetectionRequest, StageSelection, UpgradeKind};
+    use crate::domain::k8s_upgrade::{self as plan, ClusterFacts, NodeFacts, PlanSettings, Role};
+    use crate::domain::run::{Step, StepStatus};
+    use crate::domain::version::Version;
+    use crate::store::{Commit, Store};
+    use chrono::Utc;
+
+    fn node(name: &str, role: Role, containerd: &str) -> NodeFacts {
+        NodeFacts {
+            name: name.into(),
+            role,
+            kubelet: Version::parse("1.34.2").unwrap(),
+            containerd: Version::parse(containerd).ok(),
+            ready: true,
+            address: None,
+        }
+    }
+
+    /// A minor upgrade of a cluster whose control plane's containerd is behind, with the
+    /// steps of every control-plane action: every upgrade step kind appears.
+    fn full_plan() -> Vec<Step> {
+        let request = DetectionRequest {
+            target_version: Version::parse("1.35.0").unwrap(),
+            kind: UpgradeKind::Minor,
+            dry_run: false,
+            stages: StageSelection::all(),
+        };
+        let facts = ClusterFacts {
+            nodes: vec![
+                node("cp", Role::ControlPlane, "1.7.20"),
+                node("w1", Role::Worker, "1.7.24"),
+                node("w2", Role::Worker, "1.7.24"),
+            ],
+        };
+        let etcd = EtcdFacts {
+            members: vec![EtcdMemberFacts {
+                id: 1,
+                name: "m0".into(),
+                answering: true,
+                raft_index: 1,
+                raft_term: 1,
+            }],
+            leader: Some(1),
+            alarms: Vec::new(),
+        };
+        let mut steps = plan::initial_steps(&request);
+        steps.extend(
+            plan::plan(&request, &facts, Some(&etcd), &PlanSettings::default())
+                .unwrap()
+                .steps,
+        );
+        for kubeadm in [Kubeadm::Apply, Kubeadm::Node] {
+            steps.extend(plan::control_plane_steps(&ControlPlaneAction::Upgrade {
+                node: "cp".into(),
+                kubeadm,
+            }));
+        }
+        steps.extend(plan::control_plane_steps(&ControlPlaneAction::MoveLeader {
+            from: "cp".into(),
+            to: "cp".into(),
+        }));
+        steps
+    }
+
+    fn run_of(kind: RunKind, steps: Vec<Step>) -> Run {
+        Run::new(
+            uuid::Uuid::now_v7().to_string(),
+            kind,
+            serde_json::json!({}),
+            Some("1.35.0".into()),
+            steps,
+            Utc::now(),
+            "accepted",
+        )
+    }
+
+    #[tokio::test]
+    async fn every_step_kind_of_a_full_plan_round_trips_through_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store.db")).unwrap();
+        let upgrade = run_of(RunKind::K8sUpgrade, full_plan());
+        let names: std::collections::BTreeSet<&str> =
+            upgrade.steps.iter().map(|s| s.kind.name()).collect();
+        assert_eq!(names.len(), 24, "every upgrade step kind: {names:?}");
+        let mut roll_steps = roll_steps();
+        for action in [
+            Action::Restart {
+                id: 1,
+                name: "etcd-1".into(),
+            },
+            Action::MoveLeader {
+                to: 1,
+                name: "etcd-1".into(),
+            },
+            Action::Done,
+        ] {
+            roll_steps.extend(steps_for(&action));
+        }
+        let mut roll = run_of(RunKind::EtcdRoll, roll_steps);
+        roll.memory.etcd_start_term = Some(4);
+        roll.memory.leader_moves = vec!["cp-1 -> cp-2".into()];
+        for run in [upgrade, roll] {
+            assert!(store.insert_run_if_absent(&run).await.unwrap());
+            let back = store.get_run(&run.id).await.unwrap().unwrap();
+            assert_eq!(back, run);
+        }
+    }
+
+    /// A version-1 file as rollgate wrote it before steps were typed.
+    fn version_1_file(path: &Path, docs: &[(&str, &str, serde_json::Value)]) {
+        let mut conn = Connection::open(path).unwrap();
+        let tx = conn.transaction().unwrap();
+        tables(&tx).unwrap();
+        for (id, kind, doc) in docs {
+            tx.execute(
+                "INSERT INTO runs (id, kind, status, target, created_at, doc) VALUES (?1, ?2, 'running', NULL, 0, ?3)",
+                params![id, kind, doc.to_string()],
+            )
+            .unwrap();
+        }
+        tx.pragma_update(None, "user_version", 1).unwrap();
+        tx.commit().unwrap();
+    }
+
+    fn old_roll_doc(begin_outcome: &str, restart_name: &str) -> serde_json::Value {
+        let mut run = run_of(RunKind::EtcdRoll, roll_steps());
+        run.steps[0].status = StepStatus::Done;
+        run.steps[0].outcome = Some(begin_outcome.into());
+        let mut doc = serde_json::to_value(&run).unwrap();
+        doc.as_object_mut().unwrap().remove("memory");
+        doc["steps"][1]["name"] = restart_name.into();
+        doc
+    }
+
+    #[tokio::test]
+    async fn a_version_1_store_is_migrated_with_the_start_term_out_of_the_note() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db");
+        let doc = old_roll_doc(
+            "raft term 17 at the start; leader etcd-1; 3 members, 3 to roll",
+            "etcd-next",
+        );
+        let fresh = old_roll_doc("refused", "etcd-next");
+        version_1_file(
+            &path,
+            &[("old", "etcd-roll", doc), ("fresh", "etcd-roll", fresh)],
+        );
+        let store = Store::open(&path).unwrap();
+        let run = store.get_run("old").await.unwrap().unwrap();
+        assert_eq!(run.memory.etcd_start_term, Some(17));
+        assert_eq!(
+            run.steps[1].kind,
+            crate::domain::step::EtcdRollStep::Next.into()
+        );
+        let fresh = store.get_run("fresh").await.unwrap().unwrap();
+        assert_eq!(fresh.memory.etcd_start_term, None);
+        // The log of transitions is filled from the stored histories, run by run.
+        let logged = store.events_after(0, None, 100).await.unwrap();
+        let histories = run.history.len() + fresh.history.len();
+        assert_eq!(logged.len(), histories);
+        assert!(logged.windows(2).all(|w| w[0].seq < w[1].seq));
+        let conn = Connection::open(&path).unwrap();
+        assert_eq!(sqlite::version(&conn).unwrap(), MIGRATIONS.len() as u32);
+    }
+
+    #[tokio::test]
+    async fn transitions_are_logged_once_in_commit_order_and_read_after_a_number() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store.db")).unwrap();
+        let mut logged = store.transitions_logged();
+        let mut a = run_of(RunKind::K8sUpgrade, full_plan());
+        let b = run_of(RunKind::EtcdRoll, Vec::new());
+        assert!(store.insert_run_if_absent(&a).await.unwrap());
+        assert!(logged.has_changed().unwrap(), "the stream is told");
+        logged.mark_unchanged();
+        assert!(store.insert_run_if_absent(&b).await.unwrap());
+        assert!(
+            !store.insert_run_if_absent(&b).await.unwrap(),
+            "logged once"
+        );
+        let now = Utc::now();
+        a.transition(RunStatus::Running, "step plan (attempt 1)", now);
+        a.transition(RunStatus::Waiting, "gate closed", now);
+        a.blockers = vec!["NodeNotReady".into()];
+        for _ in 0..2 {
+            // The same state committed twice logs nothing new the second time.
+            let commit = Commit {
+                runs: vec![a.clone()],
+                ..Commit::default()
+            };
+            store.commit(commit).await.unwrap();
+        }
+        let all = store.events_after(0, None, 100).await.unwrap();
+        let order: Vec<(&str, RunStatus)> = all
+            .iter()
+            .map(|e| (e.run_id.as_str(), e.transition.to))
+            .collect();
+        assert_eq!(
+            order,
+            [
+                (a.id.as_str(), RunStatus::Queued),
+                (b.id.as_str(), RunStatus::Queued),
+                (a.id.as_str(), RunStatus::Running),
+                (a.id.as_str(), RunStatus::Waiting),
+            ]
+        );
+        assert!(all.windows(2).all(|w| w[0].seq < w[1].seq));
+        assert_eq!(all[3].blockers, ["NodeNotReady"], "the newest carries them");
+        assert!(all[2].blockers.is_empty());
+        assert_eq!(store.last_event_seq().await.unwrap(), all[3].seq);
+        let of_a = store
+            .events_after(all[0].seq, Some(a.id.clone()), 100)
+            .await
+            .unwrap();
+        assert_eq!(of_a.len(), 2);
+        assert_eq!(
+            store.events_after(0, None, 2).await.unwrap().len(),
+            2,
+            "a page at a time"
+        );
+    }
+
+    #[test]
+    fn a_stored_run_of_no_known_shape_stops_the_migration_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db");
+        let doc = old_roll_doc("raft term 3 at the start", "etcd-nxet");
+        version_1_file(&path, &[("typo", "etcd-roll", doc)]);
+        let Err(err) = Store::open(&path) else {
+            panic!("a run with an unknown step was migrated");
+        };
+        let err = crate::error_chain(&err);
+        assert!(
+            err.contains("store.db: migration to version 2: run typo does not decode")
+                && err.contains("step etcd-roll/etcd-nxet: no etcd roll step has this name"),
+            "{err}"
+        );
+        let conn = Connection::open(&path).unwrap();
+        assert_eq!(sqlite::version(&conn).unwrap(), 1, "left at version 1");
+    }
+
+    #[tokio::test]
+    async fn a_version_2_upgrade_keeps_running_apply_on_its_single_control_plane() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db");
+        let run = run_of(RunKind::K8sUpgrade, Vec::new());
+        let mut doc = serde_json::to_value(&run).unwrap();
+        let old = serde_json::json!({"stage": "control-plane", "name": "upgrade", "node": "cp", "status": "pending", "attempts": 0});
+        doc["steps"].as_array_mut().unwrap().push(old);
+        version_1_file(&path, &[]);
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute(
+                "INSERT INTO runs (id, kind, status, target, created_at, doc) VALUES ('v2', 'k8s-upgrade', 'running', NULL, 0, ?1)",
+                params![doc.to_string()],
+            )
+            .unwrap();
+            conn.pragma_update(None, "user_version", 2).unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        let back = store.get_run("v2").await.unwrap().unwrap();
+        let labels: Vec<String> = back.steps.iter().map(Step::label).collect();
+        assert_eq!(labels, ["control-plane/apply@cp"]);
+    }
+
+    /// A version-5 file (before the in-flight indexes) with `runs` as (id, target, status).
+    fn version_5_file(path: &Path, runs: &[(&str, &str, &str)]) {
+        let mut conn = Connection::open(path).unwrap();
+        sqlite::migrate(&mut conn, "store.db", &MIGRATIONS[..5]).unwrap();
+        for (id, target, status) in runs {
+            let run = run_of(RunKind::K8sUpgrade, Vec::new());
+            conn.execute(
+                "INSERT INTO runs (id, kind, status, target, created_at, doc, summary) VALUES (?1, 'k8s-upgrade', ?2, ?3, 0, ?4, '{}')",
+                params![id, status, target, serde_json::to_string(&Run { id: id.to_string(), ..run }).unwrap()],
+            )
+            .unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_version_5_file_gets_the_in_flight_indexes_or_names_the_runs_that_break_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db");
+        version_5_file(
+            &path,
+            &[
+                ("old", "1.35.0", "waiting"),
+                ("done", "1.35.0", "succeeded"),
+            ],
+        );
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.get_run("old").await.unwrap().unwrap().id, "old");
+        assert_eq!(
+            sqlite::version(&Connection::open(&path).unwrap()).unwrap(),
+            MIGRATIONS.len() as u32
+        );
+        let path = dir.path().join("twice.db");
+        version_5_file(
+            &path,
+            &[("one", "1.35.0", "queued"), ("two", "1.35.0", "halted")],
+        );
+        let Err(err) = Store::open(&path) else {
+            panic!("two runs in flight for one target were migrated");
+        };
+        let err = crate::error_chain(&err);
+        assert!(
+            err.contains("migration to version 6: runs one, two are all k8s-upgrade runs for 1.35.0 in flight"),
+            "{err}"
+        );
+        assert_eq!(
+            sqlite::version(&Connection::open(&path).unwrap()).unwrap(),
+            5
+        );
+    }
+
+    #[test]
+    fn an_empty_file_gets_the_newest_schema() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db");
+        drop(Store::open(&path).unwrap());
+        let conn = Connection::open(&path).unwrap();
+        assert_eq!(sqlite::version(&conn).unwrap(), MIGRATIONS.len() as u32);
+    }
+}

@@ -1,0 +1,345 @@
+//! The run store's contract, on both backends: SQLite in a temp dir and a real PostgreSQL
+//! started on loopback. Two `Store`s on one PostgreSQL database are two replicas.
+
+mod support;
+
+use chrono::Utc;
+use rollgate::domain::run::{Run, RunKind, RunStatus};
+use rollgate::queue::Outgoing;
+use rollgate::store::postgres::{MIGRATIONS, PgSettings};
+use rollgate::store::{Claim, Commit, Committed, Store, StoreError, WORKER_LEASE};
+use std::sync::OnceLock;
+use std::time::Duration;
+use support::postgres::Postgres;
+
+/// One server for the whole binary; each test has its own database.
+fn server() -> &'static Postgres {
+    static SERVER: OnceLock<Postgres> = OnceLock::new();
+    SERVER.get_or_init(Postgres::start)
+}
+
+fn settings(url: &str) -> PgSettings {
+    PgSettings {
+        url: url.into(),
+        password: None,
+        max_connections: 4,
+        timeout: Duration::from_secs(5),
+    }
+}
+
+async fn replica(url: &str) -> Store {
+    Store::connect(&settings(url)).await.expect("connect")
+}
+
+/// A SQLite store and a PostgreSQL one, to run the same checks on.
+async fn both() -> Vec<(Store, tempfile::TempDir)> {
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = Store::open(&dir.path().join("store.db")).unwrap();
+    let pg = replica(&server().database().await).await;
+    vec![(sqlite, dir), (pg, tempfile::tempdir().unwrap())]
+}
+
+fn upgrade(id: &str, target: &str) -> Run {
+    Run::new(
+        id.into(),
+        RunKind::K8sUpgrade,
+        serde_json::json!({}),
+        Some(target.into()),
+        Vec::new(),
+        Utc::now(),
+        "accepted",
+    )
+}
+
+fn start(id: &str) -> Outgoing {
+    Outgoing {
+        id: format!("start-{id}"),
+        routing_key: "detections".into(),
+        body: b"{}".to_vec(),
+        not_before: None,
+    }
+}
+
+#[tokio::test]
+async fn claims_dedup_and_the_log_behave_the_same_on_both_backends() {
+    for (store, _dir) in both().await {
+        let name = store.backend();
+        let a = upgrade("a", "1.35.0");
+        let Claim::New(seq) = store.claim_run(&a, &start("a")).await.unwrap() else {
+            panic!("{name}: first claim refused");
+        };
+        let outbox = store.outbox().await.unwrap();
+        assert_eq!(
+            outbox,
+            vec![(seq, start("a"))],
+            "{name}: start in the outbox"
+        );
+        assert!(
+            matches!(store.claim_run(&upgrade("a2", "1.35.0"), &start("a2")).await.unwrap(),
+                Claim::InFlight(r) if r.id == "a"),
+            "{name}: same target is in flight"
+        );
+        assert!(
+            matches!(store.claim_run(&upgrade("b", "1.34.9"), &start("b")).await.unwrap(),
+                Claim::Held(r) if r.id == "a"),
+            "{name}: a queued upgrade holds the cluster"
+        );
+        assert_eq!(
+            store.outbox().await.unwrap().len(),
+            1,
+            "{name}: nothing queued on a refusal"
+        );
+        store.outbox_sent(seq).await.unwrap();
+
+        // An event is processed once; a replayed one writes nothing.
+        let mut running = store.get_run("a").await.unwrap().unwrap();
+        running.transition(RunStatus::Running, "started", Utc::now());
+        let commit = |run: &Run| Commit {
+            event: Some(("e1".into(), "detection")),
+            runs: vec![run.clone()],
+            ..Commit::default()
+        };
+        assert_eq!(
+            store.commit(commit(&running)).await.unwrap(),
+            Committed::Done
+        );
+        let mut later = running.clone();
+        later.transition(RunStatus::Failed, "should not land", Utc::now());
+        assert_eq!(
+            store.commit(commit(&later)).await.unwrap(),
+            Committed::AlreadyProcessed,
+            "{name}"
+        );
+        assert_eq!(
+            store.get_run("a").await.unwrap().unwrap().status,
+            RunStatus::Running
+        );
+        let log: Vec<RunStatus> = store
+            .events_after(0, Some("a".into()), 100)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.transition.to)
+            .collect();
+        assert_eq!(log, [RunStatus::Queued, RunStatus::Running], "{name}");
+        assert_eq!(store.in_progress().await.unwrap().len(), 1, "{name}");
+
+        // The database refuses a second upgrade started beside the first.
+        let mut second = upgrade("c", "1.36.0");
+        second.transition(RunStatus::Running, "started", Utc::now());
+        let refused = store
+            .commit(Commit {
+                runs: vec![second],
+                ..Commit::default()
+            })
+            .await;
+        assert!(refused.is_err(), "{name}: two upgrades started");
+        assert!(
+            store.get_run("c").await.unwrap().is_none(),
+            "{name}: nothing half-written"
+        );
+    }
+}
+
+#[tokio::test]
+async fn concurrent_claims_from_two_replicas_make_one_run() {
+    let url = server().database().await;
+    let (one, two) = (replica(&url).await, replica(&url).await);
+    for round in 0..20 {
+        let target = format!("1.{}.0", 40 + round);
+        let mut tasks = Vec::new();
+        for i in 0..10 {
+            let store = if i % 2 == 0 { one.clone() } else { two.clone() };
+            let id = format!("r{round}-{i}");
+            let target = target.clone();
+            tasks.push(tokio::spawn(async move {
+                store
+                    .claim_run(&upgrade(&id, &target), &start(&id))
+                    .await
+                    .unwrap()
+            }));
+        }
+        let mut new = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                Claim::New(_) => new += 1,
+                Claim::InFlight(_) => {}
+                Claim::Held(r) => panic!("round {round}: held by {}", r.id),
+            }
+        }
+        assert_eq!(new, 1, "round {round}: one run per target");
+        // Finish it, so that the next round's target may start.
+        let mut run = one
+            .in_flight(RunKind::K8sUpgrade, &target)
+            .await
+            .unwrap()
+            .unwrap();
+        run.transition(RunStatus::Aborted, "next round", Utc::now());
+        one.commit(Commit {
+            runs: vec![run],
+            ..Commit::default()
+        })
+        .await
+        .unwrap();
+    }
+    // The log is numbered in commit order across both replicas.
+    let log = two.events_after(0, None, 1000).await.unwrap();
+    assert_eq!(log.len(), 40);
+    assert!(log.windows(2).all(|w| w[0].seq < w[1].seq));
+}
+
+#[tokio::test]
+async fn one_replica_holds_the_worker_lease_and_a_deposed_one_cannot_commit() {
+    let url = server().database().await;
+    let (one, two) = (replica(&url).await, replica(&url).await);
+    let ttl = Duration::from_secs(2);
+    assert!(one.take_lease(WORKER_LEASE, ttl).await.unwrap());
+    assert!(
+        !two.take_lease(WORKER_LEASE, ttl).await.unwrap(),
+        "held by the other"
+    );
+    assert!(one.take_lease(WORKER_LEASE, ttl).await.unwrap(), "renewed");
+    let fenced = |id: &str| Commit {
+        runs: vec![upgrade(id, id)],
+        fenced: true,
+        ..Commit::default()
+    };
+    one.commit(fenced("x")).await.unwrap();
+    let Err(StoreError::Fenced { .. }) = two.commit(fenced("y")).await else {
+        panic!("a replica without the lease committed");
+    };
+    assert!(two.get_run("y").await.unwrap().is_none());
+    // Expired: the other takes it, and the first is fenced out.
+    tokio::time::sleep(ttl + Duration::from_millis(200)).await;
+    assert!(
+        two.take_lease(WORKER_LEASE, ttl).await.unwrap(),
+        "taken after expiry"
+    );
+    assert!(!one.take_lease(WORKER_LEASE, ttl).await.unwrap());
+    assert!(matches!(
+        one.commit(fenced("z")).await,
+        Err(StoreError::Fenced { .. })
+    ));
+    // Given up: taken at once.
+    two.drop_lease(WORKER_LEASE).await.unwrap();
+    assert!(one.take_lease(WORKER_LEASE, ttl).await.unwrap());
+}
+
+#[tokio::test]
+async fn postgres_migrates_from_empty_and_from_the_previous_version() {
+    let pg = server();
+    // Empty: every version, once; two replicas starting together migrate once.
+    let url = pg.database().await;
+    let pg_settings = settings(&url);
+    let (a, b) = tokio::join!(Store::connect(&pg_settings), Store::connect(&pg_settings));
+    let (a, _b) = (a.unwrap(), b.unwrap());
+    let client = Postgres::client_of(&url).await;
+    let version: i32 = client
+        .query_one("SELECT version FROM rollgate_schema", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(version as usize, MIGRATIONS.len());
+    assert!(
+        a.take_lease(WORKER_LEASE, Duration::from_secs(1))
+            .await
+            .unwrap()
+    );
+
+    // The previous version, with a run in flight written by it.
+    let url = pg.database().await;
+    let client = Postgres::client_of(&url).await;
+    client
+        .batch_execute("CREATE TABLE rollgate_schema (version INTEGER NOT NULL); INSERT INTO rollgate_schema VALUES (1);")
+        .await
+        .unwrap();
+    for sql in MIGRATIONS[0] {
+        client.batch_execute(sql).await.unwrap();
+    }
+    let run = upgrade("old", "1.35.0");
+    client
+        .execute(
+            "INSERT INTO runs (id, kind, status, target, created_at, doc, summary) VALUES ($1, 'k8s-upgrade', 'queued', '1.35.0', 0, $2, $3)",
+            &[&run.id, &serde_json::to_string(&run).unwrap(), &serde_json::to_string(&run.summary()).unwrap()],
+        )
+        .await
+        .unwrap();
+    let store = replica(&url).await;
+    assert_eq!(store.get_run("old").await.unwrap().unwrap(), run);
+    assert!(matches!(
+        store.claim_run(&upgrade("new", "1.35.0"), &start("new")).await.unwrap(),
+        Claim::InFlight(r) if r.id == "old"
+    ));
+    let version: i32 = client
+        .query_one("SELECT version FROM rollgate_schema", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(version as usize, MIGRATIONS.len());
+
+    // A database from a newer rollgate is refused, naming what to do.
+    client
+        .execute("UPDATE rollgate_schema SET version = 99", &[])
+        .await
+        .unwrap();
+    let Err(err) = Store::connect(&settings(&url)).await else {
+        panic!("a newer schema was opened");
+    };
+    let err = rollgate::error_chain(&err);
+    assert!(err.contains("schema version 99, newer than the 2"), "{err}");
+}
+
+#[tokio::test]
+async fn an_unreachable_postgres_is_a_prompt_error_not_a_hang() {
+    let mut pg = Postgres::start();
+    let url = pg.database().await;
+    let store = Store::connect(&PgSettings {
+        timeout: Duration::from_millis(500),
+        ..settings(&url)
+    })
+    .await
+    .unwrap();
+    store.ping().await.unwrap();
+    pg.stop();
+    let asked = std::time::Instant::now();
+    assert!(store.ping().await.is_err());
+    assert!(store.get_run("x").await.is_err());
+    assert!(
+        asked.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        asked.elapsed()
+    );
+    pg.start_again();
+    support::eventually(
+        "the store answers again",
+        Duration::from_secs(20),
+        || async { store.ping().await.ok() },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn the_lease_of_a_replica_whose_session_is_gone_is_taken_at_once() {
+    let url = server().database().await;
+    let ttl = Duration::from_secs(30);
+    let (one, two) = (replica(&url).await, replica(&url).await);
+    assert!(one.take_lease(WORKER_LEASE, ttl).await.unwrap());
+    assert!(!two.take_lease(WORKER_LEASE, ttl).await.unwrap());
+    // The holder dies: its connections close (as a kill -9 closes them).
+    drop(one);
+    support::eventually(
+        "the lease taken long before it expires",
+        Duration::from_secs(5),
+        || async {
+            two.take_lease(WORKER_LEASE, ttl)
+                .await
+                .unwrap()
+                .then_some(())
+        },
+    )
+    .await;
+    // And the new holder keeps it against a third replica.
+    let three = replica(&url).await;
+    assert!(!three.take_lease(WORKER_LEASE, ttl).await.unwrap());
+    assert!(two.take_lease(WORKER_LEASE, ttl).await.unwrap());
+}
