@@ -1,12 +1,19 @@
 //! RabbitMQ stopped and started under rollgate. Alone in its test binary because it stops
-//! the broker every other AMQP test uses.
+//! the broker every other AMQP test uses; its tests take turns.
 
 mod support;
 
 use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+use support::postgres::Postgres;
 use support::rabbit::{self, Names};
+use support::replicas::{all_on_the_board_once, intake_load, post_alert as try_post, the_active};
 use support::{Rollgate, board, eventually, webhook};
+
+/// Held by a test while it may stop the broker.
+static BROKER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn post_alert(rg: &Rollgate, fp: &str) -> u16 {
     match rg
@@ -33,6 +40,7 @@ async fn post_alert(rg: &Rollgate, fp: &str) -> u16 {
 
 #[tokio::test]
 async fn a_broker_outage_gives_503_never_2xx_and_consumption_resumes_without_a_restart() {
+    let _turn = BROKER.lock().await;
     let names = Names::unique();
     let env = names.env();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
@@ -161,5 +169,72 @@ async fn a_broker_outage_gives_503_never_2xx_and_consumption_resumes_without_a_r
     .await;
     assert!(chrono::Utc::now() >= due);
     drop(rg);
+    rabbit::cleanup(&names).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rabbitmq_restarted_under_intake_load_on_two_replicas_loses_no_accepted_alert() {
+    let _turn = BROKER.lock().await;
+    let pg = Postgres::start();
+    let url = pg.database().await;
+    let names = Names::unique();
+    let mut env = names.env();
+    env.extend(Postgres::env(&url));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let replicas = vec![Rollgate::start(&env).await, Rollgate::start(&env).await];
+    the_active(&replicas).await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let loads = [
+        intake_load(&replicas[0], "a", stop.clone()),
+        intake_load(&replicas[1], "b", stop.clone()),
+    ];
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    rabbit::rabbitmqctl(&["stop_app"]);
+    // While the broker is down every replica refuses with 503 (the loads check Retry-After).
+    for rg in &replicas {
+        eventually(
+            "a 503 while RabbitMQ is down",
+            Duration::from_secs(10),
+            || async { (try_post(rg, "down").await == Some(503)).then_some(()) },
+        )
+        .await;
+        let (ready, _) = rg.get("/readyz").await;
+        assert_eq!(ready, 503, "ready without its broker");
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    rabbit::rabbitmqctl(&["start_app"]);
+    rabbit::rabbitmqctl(&["await_startup"]);
+    for (i, rg) in replicas.iter().enumerate() {
+        let fp = format!("back{i}");
+        eventually(
+            "a 202 after RabbitMQ is back",
+            Duration::from_secs(60),
+            || async { (try_post(rg, &fp).await == Some(202)).then_some(()) },
+        )
+        .await;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut accepted = vec!["back0".to_owned(), "back1".to_owned()];
+    let mut refused = 0;
+    for l in loads {
+        let mut posted = l.await.expect("load");
+        eprintln!(
+            "accepted {}, refused {}",
+            posted.accepted.len(),
+            posted.refused.len()
+        );
+        refused += posted.refused.len();
+        accepted.append(&mut posted.accepted);
+    }
+    assert!(refused > 0, "the loads never saw the outage");
+    assert!(accepted.len() > 50, "too little load: {}", accepted.len());
+    all_on_the_board_once(&replicas[1], &accepted, Duration::from_secs(90)).await;
+    eprintln!(
+        "{} alerts accepted across the broker restart, {refused} refused, none lost",
+        accepted.len()
+    );
+    drop(replicas);
     rabbit::cleanup(&names).await;
 }

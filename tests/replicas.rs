@@ -6,12 +6,16 @@ mod support;
 
 use serde_json::{Value, json};
 use std::collections::HashSet;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use support::ground::Ground;
 use support::postgres::Postgres;
 use support::rabbit::Names;
-use support::{Rollgate, eventually, webhook};
+use support::replicas::{
+    active, all_on_the_board_once, intake_load, post_alert, the_active, try_get,
+};
+use support::{Rollgate, eventually};
 
 /// One server for the tests that do not stop it; each test has its own database.
 fn server() -> &'static Postgres {
@@ -32,54 +36,6 @@ async fn start_replicas(ground: &Ground, n: usize, env: &[(&str, String)]) -> Ve
         replicas.push(ground.rollgate(env).await);
     }
     replicas
-}
-
-/// A GET that tolerates a replica that is down.
-async fn try_get(rg: &Rollgate, path: &str) -> Option<(u16, Value)> {
-    let r = rg
-        .http
-        .get(format!("{}{path}", rg.base()))
-        .bearer_auth(&rg.token)
-        .timeout(Duration::from_secs(3))
-        .send()
-        .await
-        .ok()?;
-    let status = r.status().as_u16();
-    Some((status, r.json().await.unwrap_or(Value::Null)))
-}
-
-/// Which replicas say their worker is the active one.
-async fn active(replicas: &[Rollgate]) -> Vec<usize> {
-    let mut out = Vec::new();
-    for (i, rg) in replicas.iter().enumerate() {
-        let text = match rg
-            .http
-            .get(format!("{}/metrics", rg.base()))
-            .timeout(Duration::from_secs(3))
-            .send()
-            .await
-        {
-            Ok(r) => r.text().await.unwrap_or_default(),
-            Err(_) => continue,
-        };
-        if text.lines().any(|l| l == "rollgate_worker_active 1") {
-            out.push(i);
-        }
-    }
-    out
-}
-
-/// The one active replica, once there is exactly one.
-async fn the_active(replicas: &[Rollgate]) -> usize {
-    eventually(
-        "exactly one active worker",
-        Duration::from_secs(30),
-        || async {
-            let now = active(replicas).await;
-            (now.len() == 1).then(|| now[0])
-        },
-    )
-    .await
 }
 
 /// The run as the first replica that answers sees it.
@@ -278,19 +234,6 @@ async fn one_detection_posted_to_two_replicas_at_once_makes_one_run_and_two_targ
     );
 }
 
-async fn post_alert(rg: &Rollgate, fp: &str) -> Option<u16> {
-    let r = rg
-        .http
-        .post(format!("{}/v1/alerts", rg.base()))
-        .bearer_auth(&rg.token)
-        .json(&webhook(fp))
-        .timeout(Duration::from_secs(5))
-        .send()
-        .await
-        .ok()?;
-    Some(r.status().as_u16())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_restarted_under_intake_load_loses_no_accepted_alert() {
     let mut pg = Postgres::start();
@@ -301,34 +244,11 @@ async fn postgres_restarted_under_intake_load_loses_no_accepted_alert() {
     let replicas = vec![Rollgate::start(&env).await, Rollgate::start(&env).await];
     the_active(&replicas).await;
 
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let load = |rg: &Rollgate, tag: &'static str| {
-        let (base, token, http, stop) =
-            (rg.base(), rg.token.clone(), rg.http.clone(), stop.clone());
-        tokio::spawn(async move {
-            let mut accepted = Vec::new();
-            let mut refused = 0u32;
-            let mut i = 0;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let fp = format!("{tag}{i:05}");
-                i += 1;
-                let status = http
-                    .post(format!("{base}/v1/alerts"))
-                    .bearer_auth(&token)
-                    .json(&webhook(&fp))
-                    .send()
-                    .await
-                    .map(|r| r.status().as_u16());
-                match status {
-                    Ok(s) if (200..300).contains(&s) => accepted.push(fp),
-                    Ok(503) => refused += 1,
-                    other => panic!("{fp}: {other:?}"),
-                }
-            }
-            (accepted, refused)
-        })
-    };
-    let loads = [load(&replicas[0], "a"), load(&replicas[1], "b")];
+    let stop = Arc::new(AtomicBool::new(false));
+    let loads = [
+        intake_load(&replicas[0], "a", stop.clone()),
+        intake_load(&replicas[1], "b", stop.clone()),
+    ];
     tokio::time::sleep(Duration::from_millis(1500)).await;
     pg.stop();
     // What needs the store answers 503 with Retry-After while it is down.
@@ -355,39 +275,22 @@ async fn postgres_restarted_under_intake_load_loses_no_accepted_alert() {
     pg.start_again();
     the_active(&replicas).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
     let mut accepted = Vec::new();
     for l in loads {
-        let (mut a, refused) = l.await.expect("load");
-        eprintln!("accepted {}, refused {refused}", a.len());
-        accepted.append(&mut a);
+        let mut posted = l.await.expect("load");
+        eprintln!(
+            "accepted {}, refused {}",
+            posted.accepted.len(),
+            posted.refused.len()
+        );
+        accepted.append(&mut posted.accepted);
     }
     assert!(accepted.len() > 50, "too little load: {}", accepted.len());
     let last = post_alert(&replicas[0], "after").await;
     assert_eq!(last, Some(202));
     accepted.push("after".into());
-    let missing = eventually(
-        "every 2xx'd alert on the board",
-        Duration::from_secs(90),
-        || async {
-            let (status, board) = try_get(&replicas[1], "/v1/alerts").await?;
-            if status != 200 {
-                return None;
-            }
-            let seen: HashSet<&str> = board
-                .as_array()?
-                .iter()
-                .filter_map(|e| e["alert"]["fingerprint"].as_str())
-                .collect();
-            let missing: Vec<&String> = accepted
-                .iter()
-                .filter(|fp| !seen.contains(fp.as_str()))
-                .collect();
-            missing.is_empty().then_some(missing.len())
-        },
-    )
-    .await;
-    assert_eq!(missing, 0);
+    all_on_the_board_once(&replicas[1], &accepted, Duration::from_secs(90)).await;
     eprintln!(
         "{} alerts accepted across the restart, none lost",
         accepted.len()

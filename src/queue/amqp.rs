@@ -11,9 +11,14 @@
 //!
 //! Reconnecting is done here rather than by lapin's auto-recovery, so that every attempt is
 //! bounded by `connect_timeout` and a publish during an outage fails fast (→ 503).
+//!
+//! Publishing goes through one task per connection (see [`publisher`]): requests hand it
+//! their message and wait for their own confirm, which the broker acknowledges many at a
+//! time; the task, not each request, is what lapin wakes.
 
 use chrono::{DateTime, TimeZone, Utc};
 use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use lapin::Confirmation;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
@@ -24,7 +29,7 @@ use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Consumer
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, mpsc, oneshot};
 
 use super::{Delivery, Handle, Outgoing, Queue, QueueError};
 use crate::config::QueueSettings;
@@ -49,12 +54,28 @@ const FAIL_FAST_FOR: Duration = Duration::from_millis(500);
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
 /// Delay queues outlive their last use by this much before the broker removes them.
 const DELAY_QUEUE_SPARE: Duration = Duration::from_secs(600);
+/// Messages waiting for the publisher task; a full inbox holds callers back.
+const PUBLISHER_INBOX: usize = 4096;
+/// Messages the publisher task takes from its inbox at once.
+const PUBLISHER_BATCH: usize = 256;
 
 struct Link {
     connection: Connection,
+    /// The confirm-mode channel: publishes (through `publisher`), declares, counts.
     publish: Channel,
+    /// The inbox of this connection's publisher task, which ends with the link.
+    publisher: mpsc::Sender<Publication>,
     generation: u64,
     delay_queues: std::sync::Mutex<HashSet<String>>,
+}
+
+/// One message for the publisher task, and where its outcome goes.
+struct Publication {
+    exchange: String,
+    routing_key: String,
+    body: Vec<u8>,
+    properties: BasicProperties,
+    confirmed: oneshot::Sender<Result<(), QueueError>>,
 }
 
 /// The RabbitMQ queue.
@@ -67,6 +88,9 @@ pub struct AmqpQueue {
     last_failure: std::sync::Mutex<Option<Instant>>,
     consumer: Mutex<Option<(u64, Channel, Consumer)>>,
     generation: std::sync::atomic::AtomicU64,
+    /// The runtime `connect` ran on, where publisher tasks live (a reconnect may be
+    /// started from an HTTP worker's thread).
+    runtime: tokio::runtime::Handle,
 }
 
 /// The broker credentials in a credentials file: `user:password`, or the `default_user =`
@@ -122,6 +146,7 @@ impl AmqpQueue {
             last_failure: std::sync::Mutex::new(None),
             consumer: Mutex::new(None),
             generation: std::sync::atomic::AtomicU64::new(0),
+            runtime: tokio::runtime::Handle::current(),
         };
         queue.link(false).await?;
         Ok(queue)
@@ -163,9 +188,12 @@ impl AmqpQueue {
             .await
             .map_err(|e| unavailable("confirm_select", e))?;
         self.declare(&publish).await?;
+        let (publisher, inbox) = mpsc::channel(PUBLISHER_INBOX);
+        self.runtime.spawn(publisher_task(publish.clone(), inbox));
         Ok(Link {
             connection,
             publish,
+            publisher,
             generation: self
                 .generation
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -305,41 +333,32 @@ impl AmqpQueue {
         }
     }
 
+    /// Publishes through the link's publisher task and waits for the broker's confirm;
+    /// any failure drops the link, so that the next publish reconnects.
     async fn confirm(
         &self,
         link: &Link,
         exchange: &str,
         routing_key: &str,
-        body: &[u8],
-        props: BasicProperties,
+        body: Vec<u8>,
+        properties: BasicProperties,
     ) -> Result<(), QueueError> {
+        let (confirmed, outcome) = oneshot::channel();
+        let publication = Publication {
+            exchange: exchange.to_owned(),
+            routing_key: routing_key.to_owned(),
+            body,
+            properties,
+            confirmed,
+        };
         let publish = async {
-            let confirm = link
-                .publish
-                .basic_publish(
-                    exchange.into(),
-                    routing_key.into(),
-                    BasicPublishOptions {
-                        mandatory: true,
-                        ..Default::default()
-                    },
-                    body,
-                    props,
-                )
+            link.publisher
+                .send(publication)
                 .await
-                .map_err(|e| unavailable("publish", e))?;
-            match confirm.await.map_err(|e| unavailable("confirm", e))? {
-                Confirmation::Ack(None) => Ok(()),
-                Confirmation::Ack(Some(_)) => Err(QueueError::Unavailable(format!(
-                    "RabbitMQ could not route the message ({exchange}/{routing_key}): is the queue bound?"
-                ))),
-                Confirmation::Nack(_) => Err(QueueError::Unavailable(
-                    "RabbitMQ refused the message (nack)".into(),
-                )),
-                Confirmation::NotRequested => {
-                    Err(QueueError::Unavailable("publisher confirms are off".into()))
-                }
-            }
+                .map_err(|_| unavailable("publish", "the publisher task has stopped"))?;
+            outcome
+                .await
+                .map_err(|_| unavailable("confirm", "the publisher task has stopped"))?
         };
         let result = tokio::time::timeout(CONFIRM_TIMEOUT, publish)
             .await
@@ -487,14 +506,14 @@ impl Queue for AmqpQueue {
                     &link,
                     &self.settings.exchange,
                     &msg.routing_key,
-                    &msg.body,
+                    msg.body,
                     props,
                 )
                 .await
             }
             Some(delay) => {
                 let queue = self.delay_queue(&link, &msg.routing_key, delay).await?;
-                self.confirm(&link, "", &queue, &msg.body, props).await
+                self.confirm(&link, "", &queue, msg.body, props).await
             }
         }
     }
@@ -590,7 +609,7 @@ impl Queue for AmqpQueue {
             &link,
             &self.dlx(),
             &delivery.routing_key,
-            &delivery.body,
+            delivery.body.clone(),
             properties(&id, headers),
         )
         .await?;
@@ -620,6 +639,69 @@ impl Queue for AmqpQueue {
             }
         }
     }
+}
+
+/// Publishes every message sent to `inbox` on `channel` (in confirm mode), each one's
+/// publish and confirm running side by side in this one task, and hands each caller its
+/// outcome. Ends when the link, which holds the inbox's sender, is gone.
+async fn publisher_task(channel: Channel, mut inbox: mpsc::Receiver<Publication>) {
+    let mut in_flight = FuturesUnordered::new();
+    let mut batch = Vec::with_capacity(PUBLISHER_BATCH);
+    loop {
+        tokio::select! {
+            taken = inbox.recv_many(&mut batch, PUBLISHER_BATCH) => {
+                if taken == 0 {
+                    break;
+                }
+                for publication in batch.drain(..) {
+                    in_flight.push(publish_one(&channel, publication));
+                }
+            }
+            Some(()) = in_flight.next(), if !in_flight.is_empty() => {}
+        }
+    }
+    while in_flight.next().await.is_some() {}
+}
+
+/// One message published and confirmed; the outcome goes to whoever is waiting for it.
+async fn publish_one(channel: &Channel, publication: Publication) {
+    let Publication {
+        exchange,
+        routing_key,
+        body,
+        properties,
+        confirmed,
+    } = publication;
+    let outcome = async {
+        let confirm = channel
+            .basic_publish(
+                exchange.as_str().into(),
+                routing_key.as_str().into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..Default::default()
+                },
+                &body,
+                properties,
+            )
+            .await
+            .map_err(|e| unavailable("publish", e))?;
+        match confirm.await.map_err(|e| unavailable("confirm", e))? {
+            Confirmation::Ack(None) => Ok(()),
+            Confirmation::Ack(Some(_)) => Err(QueueError::Unavailable(format!(
+                "RabbitMQ could not route the message ({exchange}/{routing_key}): is the queue bound?"
+            ))),
+            Confirmation::Nack(_) => Err(QueueError::Unavailable(
+                "RabbitMQ refused the message (nack)".into(),
+            )),
+            Confirmation::NotRequested => {
+                Err(QueueError::Unavailable("publisher confirms are off".into()))
+            }
+        }
+    }
+    .await;
+    // The caller may have given up (its timeout); the outcome then has no one to tell.
+    let _ = confirmed.send(outcome);
 }
 
 async fn start_consumer(link: &Link, s: &QueueSettings) -> Result<(Channel, Consumer), QueueError> {

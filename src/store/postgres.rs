@@ -537,9 +537,10 @@ impl Backend for PgStore {
     async fn is_processed(&self, id: &str) -> Result<bool, StoreError> {
         self.timed(async {
             let client = self.pool.get().await?;
-            let row = client
-                .query_opt("SELECT 1 FROM processed_events WHERE id = $1", &[&id])
+            let seen = client
+                .prepare_cached("SELECT 1 FROM processed_events WHERE id = $1")
                 .await?;
+            let row = client.query_opt(&seen, &[&id]).await?;
             Ok(row.is_some())
         })
         .await
@@ -552,11 +553,13 @@ impl Backend for PgStore {
             let now = chrono::Utc::now().timestamp_millis();
             if commit.fenced {
                 let held = tx
-                    .query_opt(
+                    .prepare_cached(
                         "SELECT 1 FROM leases WHERE name = $1 AND holder = $2
                          AND expires_at > now() FOR SHARE",
-                        &[&super::WORKER_LEASE, &holder],
                     )
+                    .await?;
+                let held = tx
+                    .query_opt(&held, &[&super::WORKER_LEASE, &holder])
                     .await?;
                 if held.is_none() {
                     return Err(StoreError::Fenced {
@@ -565,13 +568,13 @@ impl Backend for PgStore {
                 }
             }
             if let Some((id, event_type)) = &commit.event {
-                let fresh = tx
-                    .execute(
+                let insert = tx
+                    .prepare_cached(
                         "INSERT INTO processed_events (id, type, processed_at) VALUES ($1, $2, $3)
                          ON CONFLICT (id) DO NOTHING",
-                        &[id, event_type, &now],
                     )
                     .await?;
+                let fresh = tx.execute(&insert, &[id, event_type, &now]).await?;
                 if fresh == 0 {
                     return Ok(Committed::AlreadyProcessed);
                 }
@@ -583,15 +586,18 @@ impl Backend for PgStore {
                 upsert_run(&tx, run, true).await?;
                 log_transitions(&tx, run).await?;
             }
-            for alert in &commit.alerts {
-                let doc = serde_json::to_string(alert).unwrap_or_default();
-                tx.execute(
-                    "INSERT INTO alerts (fingerprint, doc, received, updated_at) VALUES ($1, $2, 1, $3)
-                     ON CONFLICT (fingerprint) DO UPDATE
-                     SET doc = excluded.doc, received = alerts.received + 1, updated_at = excluded.updated_at",
-                    &[&alert.fingerprint, &doc, &now],
-                )
-                .await?;
+            if !commit.alerts.is_empty() {
+                let upsert = tx
+                    .prepare_cached(
+                        "INSERT INTO alerts (fingerprint, doc, received, updated_at) VALUES ($1, $2, 1, $3)
+                         ON CONFLICT (fingerprint) DO UPDATE
+                         SET doc = excluded.doc, received = alerts.received + 1, updated_at = excluded.updated_at",
+                    )
+                    .await?;
+                for alert in &commit.alerts {
+                    let doc = serde_json::to_string(alert).unwrap_or_default();
+                    tx.execute(&upsert, &[&alert.fingerprint, &doc, &now]).await?;
+                }
             }
             for msg in &commit.outbox {
                 insert_outgoing(&tx, msg).await?;

@@ -13,6 +13,7 @@ pub mod openapi;
 pub mod postgres;
 pub mod rabbit;
 pub mod rehearsal;
+pub mod replicas;
 pub mod scripted;
 pub mod services;
 pub mod stacked;
@@ -72,6 +73,8 @@ pub struct Rollgate {
     child: Option<Child>,
     pub token: String,
     pub http: reqwest::Client,
+    /// `http`, or `https` for a TLS listener.
+    pub scheme: &'static str,
     starts: u32,
 }
 
@@ -84,6 +87,26 @@ impl Rollgate {
     /// Starts `rollgate serve` on loopback `port` (one a Prometheus is already told to
     /// scrape, say).
     pub async fn start_on(port: u16, env: &[(&str, &str)]) -> Self {
+        let http = Self::client_builder().build().expect("client");
+        Self::start_with(port, env, "http", http).await
+    }
+
+    /// The HTTP client the harness talks to rollgate with, before any TLS settings.
+    pub fn client_builder() -> reqwest::ClientBuilder {
+        reqwest::Client::builder()
+            .timeout(Duration::from_secs(15))
+            // Below actix's 5 s keep-alive: never reuse a connection the server is closing.
+            .pool_idle_timeout(Duration::from_secs(2))
+    }
+
+    /// Starts `rollgate serve` reached at `scheme://127.0.0.1:port` with `http` (an
+    /// HTTPS listener: scheme `https` and a client that trusts its CA).
+    pub async fn start_with(
+        port: u16,
+        env: &[(&str, &str)],
+        scheme: &'static str,
+        http: reqwest::Client,
+    ) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut rg = Self {
             dir,
@@ -94,12 +117,8 @@ impl Rollgate {
                 .collect(),
             child: None,
             token: String::new(),
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(15))
-                // Below actix's 5 s keep-alive: never reuse a connection the server is closing.
-                .pool_idle_timeout(Duration::from_secs(2))
-                .build()
-                .expect("client"),
+            http,
+            scheme,
             starts: 0,
         };
         rg.spawn().await;
@@ -111,7 +130,7 @@ impl Rollgate {
     }
 
     pub fn base(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("{}://127.0.0.1:{}", self.scheme, self.port)
     }
 
     fn log_path(&self) -> PathBuf {
@@ -172,10 +191,10 @@ impl Rollgate {
             );
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
+        // No all-scopes token when only scoped tokens are configured.
         self.token = std::fs::read_to_string(self.data_dir().join("api-token"))
-            .expect("token file")
-            .trim()
-            .to_owned();
+            .map(|t| t.trim().to_owned())
+            .unwrap_or_default();
     }
 
     /// Every log written so far, for failure messages.

@@ -113,15 +113,26 @@ impl Postgres {
             .spawn()
             .expect("postgres starts");
         self.child = Some(child);
+        // Listening is not enough: a server still starting up refuses sessions.
         let start = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+        while !self.accepting() {
             assert!(
                 start.elapsed() < Duration::from_secs(30),
-                "PostgreSQL did not listen within 30 s: {}",
+                "PostgreSQL did not accept sessions within 30 s: {}",
                 self.log()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Whether the server accepts sessions now (`pg_isready`).
+    fn accepting(&self) -> bool {
+        Command::new(self.bin.join("pg_isready"))
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-t", "1"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
     }
 
     pub fn log(&self) -> String {
