@@ -23,6 +23,8 @@ use crate::adapters::ssh::{Ssh, SshSettings};
 use crate::config::{QueueBackend, Settings, StoreBackend};
 use crate::domain::k8s_upgrade::PlanSettings;
 use crate::domain::roll_watch::{WatchTarget, WatchedRoll};
+use crate::http::clients::{Clients, TokenSources};
+use crate::http::tls::{Tls, TlsFiles};
 use crate::http::{self, AppState, EtcdRollIntake};
 use crate::metrics::Metrics;
 use crate::ports::{
@@ -48,7 +50,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     std::fs::create_dir_all(&settings.data_dir)
         .with_context(|| format!("cannot create data_dir {}", settings.data_dir.display()))?;
     let _lock = lock_data_dir(&settings.data_dir)?;
-    let token = load_or_create_token(&settings)?;
+    let clients = Arc::new(load_clients(&settings)?);
     let store = open_store(&settings).await?;
     let queue: Arc<dyn Queue> = match settings.queue.backend {
         QueueBackend::Embedded => Arc::new(
@@ -158,7 +160,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         queue: queue.clone(),
         store: store.clone(),
         metrics: metrics.clone(),
-        token,
+        clients: clients.clone(),
         max_body_bytes: settings.server.max_body_bytes,
         cluster,
         etcd,
@@ -177,21 +179,40 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     })
     .workers(settings.server.workers)
     .disable_signals()
-    .shutdown_timeout(10)
-    .bind(settings.server.listen)
-    .with_context(|| {
-        format!(
-            "cannot listen on {} (server.listen)",
-            settings.server.listen
-        )
-    })?
+    .shutdown_timeout(10);
+    let tls = match (
+        &settings.server.tls_cert_file,
+        &settings.server.tls_key_file,
+    ) {
+        (Some(cert), Some(key)) => Some(
+            Tls::load(TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: settings.server.client_ca_file.clone(),
+            })
+            .context("cannot serve TLS")?,
+        ),
+        _ => None,
+    };
+    let listen = settings.server.listen;
+    let cannot_listen = || format!("cannot listen on {listen} (server.listen)");
+    let server = match &tls {
+        Some(tls) => server
+            .bind_rustls_0_23(listen, tls.server_config().context("cannot serve TLS")?)
+            .with_context(cannot_listen)?,
+        None => server.bind(listen).with_context(cannot_listen)?,
+    }
     .run();
     let server_handle = server.handle();
     let server_task = tokio::spawn(server);
-    info!(listen = %settings.server.listen, backend = queue.backend(), store = store.backend(), replica = store.replica(), data_dir = %settings.data_dir.display(), "rollgate serving");
+    info!(listen = %settings.server.listen, tls = settings.server.tls_cert_file.is_some(), mutual_tls = settings.server.client_ca_file.is_some(), backend = queue.backend(), store = store.backend(), replica = store.replica(), data_dir = %settings.data_dir.display(), "rollgate serving");
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(watch_gate(gate.clone(), stop_rx.clone()));
+    tokio::spawn(clients.watch(stop_rx.clone()));
+    if let Some(tls) = tls {
+        tokio::spawn(tls.watch(stop_rx.clone()));
+    }
     let leading = crate::workflows::leader::campaign(
         store.clone(),
         settings.store.lease_ttl,
@@ -572,8 +593,28 @@ fn lock_data_dir(dir: &Path) -> anyhow::Result<File> {
     }
 }
 
-/// Reads the API token; generates it on first start when the default path is used.
-fn load_or_create_token(settings: &Settings) -> anyhow::Result<Arc<str>> {
+/// The API's clients: those of `server.tokens_dir`, and `server.token_file`'s all-scopes
+/// token (client `admin`) unless only scoped tokens are wanted (`tokens_dir` set and
+/// `token_file` left at its default).
+fn load_clients(settings: &Settings) -> anyhow::Result<Clients> {
+    let server = &settings.server;
+    let admin_file = if server.tokens_dir.is_none() || !server.token_file_is_default {
+        load_or_create_token(settings)?;
+        Some(server.token_file.clone())
+    } else {
+        info!("server.tokens_dir without server.token_file: no all-scopes token");
+        None
+    };
+    Clients::load(TokenSources {
+        admin_file,
+        dir: server.tokens_dir.clone(),
+        scopes: server.scopes.clone(),
+    })
+    .context("cannot read the API tokens (server.token_file, server.tokens_dir)")
+}
+
+/// Checks the API token file; generates it on first start when the default path is used.
+fn load_or_create_token(settings: &Settings) -> anyhow::Result<()> {
     let path = &settings.server.token_file;
     if !path.exists() && settings.server.token_file_is_default {
         let mut bytes = [0u8; 32];
@@ -589,13 +630,13 @@ fn load_or_create_token(settings: &Settings) -> anyhow::Result<Arc<str>> {
         file.sync_all()?;
         info!(token_file = %path.display(), "generated an API token");
     }
-    let token = read_token(path)?;
+    read_token(path)?;
     if let Ok(meta) = std::fs::metadata(path)
         && meta.permissions().mode() & 0o077 != 0
     {
         warn!(token_file = %path.display(), "the API token file is readable by group or others");
     }
-    Ok(token.into())
+    Ok(())
 }
 
 /// Reads a token file: trimmed, at least 16 characters. The value is never logged.

@@ -9,7 +9,7 @@ use prometheus::{
 #[derive(Clone)]
 pub struct Metrics {
     registry: Registry,
-    /// HTTP requests by route pattern, method and status code.
+    /// HTTP requests by route pattern, method, status code and client.
     pub http_requests: IntCounterVec,
     /// HTTP request latency by route pattern.
     pub http_duration: HistogramVec,
@@ -93,8 +93,8 @@ impl Metrics {
         };
         let http_requests = counter(
             "rollgate_http_requests_total",
-            "HTTP requests by route and code.",
-            &["route", "method", "code"],
+            "HTTP requests by route, code and client (the token's name; - when unauthenticated).",
+            &["route", "method", "code", "client"],
         );
         let events_queued = counter(
             "rollgate_events_queued_total",

@@ -431,7 +431,10 @@ impl Worker {
                         RunKind::K8sUpgrade,
                         &request.target_version.to_string(),
                         run_id,
-                        |id| Run::k8s_upgrade(id, &request, on_failure, Utc::now()),
+                        |id| {
+                            Run::k8s_upgrade(id, &request, on_failure, Utc::now())
+                                .credited(&event.source)
+                        },
                         &mut commit,
                         &mut notices,
                     )
@@ -444,7 +447,10 @@ impl Worker {
                         RunKind::EtcdRoll,
                         &request.target(),
                         run_id,
-                        |id| Run::etcd_roll(id, &request, on_failure, Utc::now()),
+                        |id| {
+                            Run::etcd_roll(id, &request, on_failure, Utc::now())
+                                .credited(&event.source)
+                        },
                         &mut commit,
                         &mut notices,
                     )
@@ -454,12 +460,19 @@ impl Worker {
                 run_id,
                 action,
                 reason,
+                by,
             }) => match self.store.get_run(&run_id).await? {
                 None => warn!(%run_id, "control for an unknown run; ignored"),
                 Some(mut run) => {
+                    let by = by.unwrap_or_else(|| event.source.clone());
+                    info!(%run_id, %action, %by, "control");
                     step = self.apply(
                         &mut run,
-                        Input::Control { action, reason },
+                        Input::Control {
+                            action,
+                            reason,
+                            by: Some(by),
+                        },
                         &mut commit,
                         &mut notices,
                     );
@@ -525,6 +538,8 @@ impl Worker {
         }
         let mut run = match existing {
             Some(run) => run,
+            // Born here, from a message published straight to the exchange: `build`
+            // credits its source. (The HTTP intake writes its runs, credited, itself.)
             None => build(run_id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string())),
         };
         let holder = match (kind, run.status) {

@@ -144,7 +144,7 @@ async fn an_alertmanager_webhook_closes_the_gate_and_its_resolution_opens_it() {
     wait_verdict(&rg, "open").await;
     assert!(
         rg.metric(
-            "rollgate_http_requests_total{code=\"202\",method=\"POST\",route=\"/v1/alerts\"}"
+            "rollgate_http_requests_total{client=\"admin\",code=\"202\",method=\"POST\",route=\"/v1/alerts\"}"
         )
         .await
             >= 2.0
@@ -290,7 +290,7 @@ async fn a_gate_closed_past_halt_after_halts_the_run_tells_slack_and_resume_cont
             slack.received().into_iter().find(|m| {
                 m["text"]
                     .as_str()
-                    .is_some_and(|t| t.contains("resume by operator: looking"))
+                    .is_some_and(|t| t.contains("resume by admin: looking"))
             })
         },
     )
@@ -440,7 +440,7 @@ async fn a_transition_committed_before_a_kill_9_reaches_slack_after_the_restart_
     // would have come before it.
     assert_eq!(rg.control(&id, "abort", "the end").await, 202);
     eventually("the abort told", Duration::from_secs(20), || async {
-        (told(&slack, back_from, "abort by operator: the end") >= 1).then_some(())
+        (told(&slack, back_from, "abort by admin: the end") >= 1).then_some(())
     })
     .await;
     assert_eq!(told(&slack, back_from, "outbox check"), 1, "told once");

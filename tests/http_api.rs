@@ -335,7 +335,7 @@ async fn halt_resume_abort_move_a_run_through_its_statuses_with_history() {
     let run = rg
         .wait_run(&id, "halted", |r| r["status"] == "halted")
         .await;
-    assert_eq!(run["reason"], "halt by operator: change freeze");
+    assert_eq!(run["reason"], "halt by admin: change freeze");
     let (status, _) = rg.post(&format!("/v1/runs/{id}/halt"), &json!({})).await;
     assert_eq!(status, 409, "halting a halted run");
 
@@ -425,7 +425,7 @@ async fn health_readiness_metrics_and_openapi_answer() {
     rg.post("/v1/alerts", &webhook("bb01")).await;
     let metrics = get("/metrics").await.unwrap().text().await.unwrap();
     for name in [
-        "rollgate_http_requests_total{code=\"202\",method=\"POST\",route=\"/v1/alerts\"}",
+        "rollgate_http_requests_total{client=\"admin\",code=\"202\",method=\"POST\",route=\"/v1/alerts\"}",
         "rollgate_events_queued_total{type=\"alerts\"}",
         "rollgate_queue_depth",
         "rollgate_runs{status=\"queued\"}",
@@ -712,7 +712,7 @@ async fn the_cli_lists_shows_and_controls_runs() {
     let run = rg
         .wait_run(&id, "halted by the cli", |r| r["status"] == "halted")
         .await;
-    assert_eq!(run["reason"], "halt by operator: from the cli");
+    assert_eq!(run["reason"], "halt by admin: from the cli");
     let show = cli(&["runs", "show", &id]);
     let shown: Value = serde_json::from_slice(&show.stdout).unwrap();
     assert_eq!(shown["status"], "halted");

@@ -488,7 +488,7 @@ async fn a_budget_that_never_lets_a_pod_go_holds_the_node_uncordoned_then_halts_
     assert!(
         run["history"]
             .to_string()
-            .contains("resume by operator: PDB relaxed")
+            .contains("resume by admin: PDB relaxed")
     );
 }
 

@@ -443,7 +443,9 @@ fn init_logging(settings: &Settings) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // Colour only for a person at a terminal, never in a log file or a pod's log.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     match settings.log.format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),

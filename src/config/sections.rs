@@ -3,7 +3,7 @@
 //! keys that go together). A key's doc comment is its documentation.
 
 use serde::Deserialize;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -11,6 +11,7 @@ use std::time::Duration;
 use super::values::{self, Problems, host_list, matcher_list, string_list};
 use crate::domain::gate::Matcher;
 use crate::domain::run::FailurePolicy;
+use crate::domain::scope::Scope;
 
 /// Which queue backend carries events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -143,6 +144,25 @@ pub struct ServerSettings {
     /// HTTP worker threads (default 1: the API is light, and on small nodes every thread
     /// competes with the queue and the broker).
     pub workers: usize,
+    /// Directory of API clients' token files (default: none, only `token_file`): each
+    /// file's name is a client's name, its first line the client's token (16 characters or
+    /// more). Re-read while rollgate runs: a replaced file rotates the token, a removed
+    /// file revokes it, within a second.
+    pub tokens_dir: Option<PathBuf>,
+    /// What each client in `tokens_dir` may do: `scopes.<client> = ["alerts:write"]`, from
+    /// `alerts:write`, `detections:write`, `etcd-rolls:write`, `runs:control` and `read`
+    /// (from the environment, one comma-separated string). A client without an entry may
+    /// do nothing; `token_file`'s token (client `admin`) may do everything.
+    #[serde(deserialize_with = "values::scope_map")]
+    pub scopes: BTreeMap<String, BTreeSet<Scope>>,
+    /// Certificate chain (PEM) to serve HTTPS with (default: none, plain HTTP); needs
+    /// `tls_key_file`. Re-read when the file changes (cert-manager renews in place).
+    pub tls_cert_file: Option<PathBuf>,
+    /// Private key (PEM) of `tls_cert_file`.
+    pub tls_key_file: Option<PathBuf>,
+    /// CA bundle (PEM) for mutual TLS: when set, only clients with a certificate it signed
+    /// may connect (their bearer token is still required).
+    pub client_ca_file: Option<PathBuf>,
 }
 
 impl Default for ServerSettings {
@@ -153,6 +173,11 @@ impl Default for ServerSettings {
             token_file_is_default: true,
             max_body_bytes: 1 << 20,
             workers: 1,
+            tokens_dir: None,
+            scopes: BTreeMap::new(),
+            tls_cert_file: None,
+            tls_key_file: None,
+            client_ca_file: None,
         }
     }
 }
@@ -161,6 +186,34 @@ impl ServerSettings {
     fn check(&self, p: &mut Problems) {
         p.range("max_body_bytes", self.max_body_bytes, 1024, 64 << 20);
         p.range("workers", self.workers, 1, 64);
+        p.path("tokens_dir", self.tokens_dir.as_ref());
+        p.path("tls_cert_file", self.tls_cert_file.as_ref());
+        p.path("tls_key_file", self.tls_key_file.as_ref());
+        p.path("client_ca_file", self.client_ca_file.as_ref());
+        for client in self.scopes.keys() {
+            if client.is_empty()
+                || client.starts_with('.')
+                || client.contains(['/', '\\'])
+                || client == crate::http::clients::ADMIN
+            {
+                p.add(
+                    &format!("scopes.{client}"),
+                    "is not a client name a token file can have (no dot first, no slash, not admin)",
+                );
+            }
+        }
+        if self.tls_cert_file.is_some() != self.tls_key_file.is_some() {
+            p.add(
+                "tls_cert_file",
+                "tls_cert_file and tls_key_file go together: set both, or neither for plain HTTP",
+            );
+        }
+        if self.client_ca_file.is_some() && self.tls_cert_file.is_none() {
+            p.add(
+                "client_ca_file",
+                "mutual TLS needs TLS: set tls_cert_file and tls_key_file too",
+            );
+        }
     }
 }
 

@@ -13,6 +13,7 @@ use super::sections::SshHost;
 use crate::domain::gate::Matcher;
 use crate::domain::k8s_upgrade::MaxUnavailable;
 use crate::domain::schedule::{Window, WindowError, Windows};
+use crate::domain::scope::Scope;
 
 /// A TOML array of strings, or one comma-separated string (as the environment gives it).
 pub fn string_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
@@ -38,6 +39,34 @@ pub fn string_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Er
         }
     }
     d.deserialize_any(List)
+}
+
+/// `server.scopes`: per client, a list of scope names (or one comma-separated string, as
+/// the environment gives it).
+pub fn scope_map<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<std::collections::BTreeMap<String, std::collections::BTreeSet<Scope>>, D::Error> {
+    #[derive(serde::Deserialize)]
+    struct Names(#[serde(deserialize_with = "string_list")] Vec<String>);
+    let raw: std::collections::BTreeMap<String, Names> = serde::Deserialize::deserialize(d)?;
+    let mut out = std::collections::BTreeMap::new();
+    for (client, Names(names)) in raw {
+        let mut scopes = std::collections::BTreeSet::new();
+        for name in names {
+            let scope = Scope::ALL
+                .into_iter()
+                .find(|s| s.name() == name)
+                .ok_or_else(|| {
+                    de::Error::custom(format!(
+                        "client {client}: unknown scope {name:?} (scopes: {})",
+                        Scope::ALL.map(Scope::name).join(", ")
+                    ))
+                })?;
+            scopes.insert(scope);
+        }
+        out.insert(client, scopes);
+    }
+    Ok(out)
 }
 
 /// A list of `name=value` / `name!=value` matchers.

@@ -134,6 +134,8 @@ pub enum Input {
         action: ControlAction,
         /// Why, in words; recorded in the run's history.
         reason: String,
+        /// Who asked: the API client or the AMQP source; credited in the history.
+        by: Option<String>,
     },
 }
 
@@ -199,9 +201,14 @@ pub fn advance(run: &mut Run, input: Input, ctx: &Context) -> Result<Next, NotAl
             RunStatus::Queued => start(run, ctx),
             _ => Next::Nothing,
         }),
-        Input::Control { action, reason } => {
+        Input::Control { action, reason, by } => {
             check_control(run, action)?;
-            Ok(control(run, action, reason, ctx))
+            let since = run.history.len();
+            let next = control(run, action, reason, by.as_deref(), ctx);
+            if let Some(by) = &by {
+                run.credit(since, by);
+            }
+            Ok(next)
         }
         Input::Wake { epoch } => Ok(wake(run, epoch, ctx)),
         Input::StepFinished { epoch, outcome } => Ok(step_finished(run, epoch, outcome, ctx)),
@@ -263,19 +270,40 @@ fn hold(run: &mut Run, reason: String, ctx: &Context) {
     run.epoch += 1;
     run.wake_at = None;
     run.halt_requested = false;
+    run.halt_requested_by = None;
     run.transition(RunStatus::Halted, reason, ctx.now);
 }
 
-fn control(run: &mut Run, action: ControlAction, reason: String, ctx: &Context) -> Next {
+/// Applies a halt asked for while a step ran (`halted by <who> <detail>`), crediting
+/// whoever asked.
+fn hold_as_requested(run: &mut Run, detail: String, ctx: &Context) {
+    let by = run.halt_requested_by.take();
+    let since = run.history.len();
+    let who = by.as_deref().unwrap_or("operator");
+    hold(run, format!("halted by {who} {detail}"), ctx);
+    if let Some(by) = &by {
+        run.credit(since, by);
+    }
+}
+
+fn control(
+    run: &mut Run,
+    action: ControlAction,
+    reason: String,
+    by: Option<&str>,
+    ctx: &Context,
+) -> Next {
+    let who = by.unwrap_or("operator");
     let reason = if reason.is_empty() {
-        format!("{action} by operator")
+        format!("{action} by {who}")
     } else {
-        format!("{action} by operator: {reason}")
+        format!("{action} by {who}: {reason}")
     };
     match action {
         ControlAction::Halt if run.status == RunStatus::Running => {
             // The step in hand finishes first; its outcome applies the halt.
             run.halt_requested = true;
+            run.halt_requested_by = by.map(str::to_owned);
             run.note(format!("{reason} (after the step in hand)"), ctx.now);
             Next::Nothing
         }
@@ -302,6 +330,7 @@ fn control(run: &mut Run, action: ControlAction, reason: String, ctx: &Context) 
             run.epoch += 1;
             run.wake_at = None;
             run.halt_requested = false;
+            run.halt_requested_by = None;
             run.transition(RunStatus::Aborted, reason, ctx.now);
             Next::Nothing
         }
@@ -315,7 +344,7 @@ fn wake(run: &mut Run, epoch: u64, ctx: &Context) -> Next {
     match (run.status, run.current_step) {
         (RunStatus::Waiting | RunStatus::Running, Some(index)) => {
             if run.halt_requested {
-                hold(run, "halted by operator after the step in hand".into(), ctx);
+                hold_as_requested(run, "after the step in hand".into(), ctx);
                 return Next::Nothing;
             }
             if !(ctx.can_execute)(&run.steps[index]) {
@@ -348,7 +377,7 @@ fn step_done(run: &mut Run, index: usize, note: String, ctx: &Context) -> Next {
         );
     }
     if run.halt_requested {
-        hold(run, format!("halted by operator after step {label}"), ctx);
+        hold_as_requested(run, format!("after step {label}"), ctx);
         return Next::Nothing;
     }
     let next = run.steps.iter().position(|s| s.status != StepStatus::Done);
@@ -408,11 +437,7 @@ fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context)
             run.blockers.clear();
             run.blocked_since = None;
             if run.halt_requested {
-                hold(
-                    run,
-                    format!("halted by operator at step {label}: {reason}"),
-                    ctx,
-                );
+                hold_as_requested(run, format!("at step {label}: {reason}"), ctx);
                 return Next::Nothing;
             }
             schedule_wake(run, until, format!("step {label}: {reason}"), ctx)
@@ -422,11 +447,7 @@ fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context)
             step.outcome = Some(error.clone());
             let attempts = step.attempts;
             if run.halt_requested {
-                hold(
-                    run,
-                    format!("halted by operator at step {label}: {error}"),
-                    ctx,
-                );
+                hold_as_requested(run, format!("at step {label}: {error}"), ctx);
                 return Next::Nothing;
             }
             let reason = format!(
@@ -453,11 +474,7 @@ fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context)
                 return Next::Nothing;
             }
             if run.halt_requested {
-                hold(
-                    run,
-                    format!("halted by operator at step {label}: gate closed: {summary}"),
-                    ctx,
-                );
+                hold_as_requested(run, format!("at step {label}: gate closed: {summary}"), ctx);
                 return Next::Nothing;
             }
             schedule_wake(
@@ -566,6 +583,7 @@ mod tests {
         Input::Control {
             action,
             reason: String::new(),
+            by: None,
         }
     }
 

@@ -656,6 +656,10 @@ pub struct ControlRequest {
     pub action: ControlAction,
     /// Why, for the history.
     pub reason: String,
+    /// Who asks: the API client's name (set by the HTTP intake). When absent (a message
+    /// published straight to the exchange), the envelope's `source` is credited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
 }
 
 /// A persisted timer firing for one run.
@@ -1117,6 +1121,7 @@ mod tests {
             run_id: "r1".into(),
             action: ControlAction::Halt,
             reason: "maintenance".into(),
+            by: Some("alice".into()),
         });
         let wake = EventData::Wake(WakeRequest {
             run_id: "r1".into(),

@@ -13,6 +13,7 @@ pub mod k8s_upgrade;
 pub mod roll_watch;
 pub mod run;
 pub mod schedule;
+pub mod scope;
 pub mod self_silence;
 pub mod step;
 pub mod version;

@@ -159,6 +159,10 @@ pub struct Transition {
     pub step: Option<String>,
     /// Why, in words an operator can act on; kept in the history.
     pub reason: String,
+    /// Who caused it: the API client (its token's name) or the AMQP message's source;
+    /// none when rollgate did it on its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
 }
 
 /// One transition of one run as the event stream (`GET /v1/events`) carries it: numbered
@@ -279,6 +283,9 @@ pub struct Run {
     pub epoch: u64,
     /// An operator asked to halt while a step was in hand.
     pub halt_requested: bool,
+    /// Who asked for that halt, credited when it is applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub halt_requested_by: Option<String>,
     /// Since when the step in hand has been held by a closed gate.
     #[serde(default)]
     pub blocked_since: Option<DateTime<Utc>>,
@@ -322,6 +329,7 @@ impl Run {
             wake_at: None,
             epoch: 0,
             halt_requested: false,
+            halt_requested_by: None,
             blocked_since: None,
             blockers: Vec::new(),
             on_failure: FailurePolicy::default(),
@@ -334,6 +342,7 @@ impl Run {
                 to: RunStatus::Queued,
                 step: None,
                 reason,
+                by: None,
             }],
         }
     }
@@ -391,8 +400,24 @@ impl Run {
             to: self.status,
             step: self.current().map(Step::label),
             reason: reason.into(),
+            by: None,
         });
         self.updated_at = now;
+    }
+
+    /// Credits `by` with the transitions from `since` on that no one is credited with yet.
+    pub fn credit(&mut self, since: usize, by: &str) {
+        for t in self.history.iter_mut().skip(since) {
+            if t.by.is_none() {
+                t.by = Some(by.to_owned());
+            }
+        }
+    }
+
+    /// The run with its whole history so far credited to `by` (who asked for it).
+    pub fn credited(mut self, by: &str) -> Self {
+        self.credit(0, by);
+        self
     }
 
     /// The run in a line.
@@ -428,6 +453,7 @@ impl Run {
             to,
             step: self.current().map(Step::label),
             reason: reason.clone(),
+            by: None,
         });
         self.status = to;
         self.reason = reason;

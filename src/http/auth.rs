@@ -1,17 +1,33 @@
-//! Bearer-token check for everything under `/v1`, in constant time.
+//! Who is calling, and may they: the bearer token names the client (401 when it names
+//! none), the route's scope must be among the client's (403 naming the missing scope).
+//! The client rides on the request for the handlers' audit and the request metrics.
 
 use actix_web::body::{BoxBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::StatusCode;
 use actix_web::middleware::Next;
-use actix_web::{Error, ResponseError, web};
-use subtle::ConstantTimeEq;
+use actix_web::{Error, HttpMessage, HttpRequest, ResponseError, web};
+use std::sync::Arc;
 
 use super::AppState;
+use super::clients::Client;
 use super::error::ApiError;
+use crate::domain::scope;
 
-/// Lets the request through only with `Authorization: Bearer <token>`.
-pub async fn require_token(
+/// The client that made a request, once its token was checked.
+#[derive(Debug, Clone)]
+pub struct Caller(pub Arc<Client>);
+
+impl Caller {
+    /// The name of the client that made `req`, if it was authenticated.
+    pub fn name_of(req: &HttpRequest) -> Option<String> {
+        req.extensions().get::<Caller>().map(|c| c.0.name.clone())
+    }
+}
+
+/// Lets the request through only with `Authorization: Bearer <token>` of a client that
+/// holds the route's scope.
+pub async fn require_scope(
     req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<BoxBody>, Error> {
@@ -20,30 +36,51 @@ pub async fn require_token(
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    let expected = req
+        .map(str::trim)
+        .filter(|t| !t.is_empty());
+    let clients = req
         .app_data::<web::Data<AppState>>()
-        .map(|s| s.token.clone());
-    let verdict = match (presented, expected) {
-        (None, _) => Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "missing bearer token: send Authorization: Bearer <the token in server.token_file>",
-        )),
-        (Some(given), Some(token)) if bool::from(given.as_bytes().ct_eq(token.as_bytes())) => {
-            Ok(())
+        .map(|s| s.clients.clone());
+    let client = match (presented, clients) {
+        (None, _) => {
+            return Ok(req.into_response(
+                ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "unauthorized",
+                    "missing bearer token: send Authorization: Bearer <your client's token>",
+                )
+                .error_response(),
+            ));
         }
-        (Some(_), _) => Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "invalid bearer token: use the token in server.token_file",
-        )),
+        (Some(token), Some(clients)) => clients.identify(token),
+        (Some(_), None) => None,
     };
-    match verdict {
-        Ok(()) => next
-            .call(req)
-            .await
-            .map(ServiceResponse::map_into_boxed_body),
-        Err(e) => Ok(req.into_response(e.error_response())),
+    let Some(client) = client else {
+        return Ok(req.into_response(
+            ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "unknown bearer token: use the token of a client in server.tokens_dir, or the one in server.token_file",
+            )
+            .error_response(),
+        ));
+    };
+    let needed = scope::required(req.method().as_str(), req.path());
+    if !client.may(needed) {
+        tracing::info!(client = %client.name, scope = %needed, path = %req.path(), "refused: missing scope");
+        return Ok(req.into_response(
+            ApiError::forbidden(
+                needed.name(),
+                format!(
+                    "client {} lacks scope {needed}: grant it in server.scopes.{}",
+                    client.name, client.name
+                ),
+            )
+            .error_response(),
+        ));
     }
+    req.extensions_mut().insert(Caller(client));
+    next.call(req)
+        .await
+        .map(ServiceResponse::map_into_boxed_body)
 }

@@ -16,6 +16,8 @@ pub struct ApiError {
     pub message: String,
     /// Seconds after which a retry may succeed (503).
     pub retry_after: Option<u32>,
+    /// The scope the client lacks (403).
+    pub missing_scope: Option<&'static str>,
 }
 
 /// The error body, for the API description.
@@ -25,6 +27,9 @@ pub struct ErrorBody {
     pub error: String,
     /// Text a person can act on.
     pub message: String,
+    /// On a 403: the scope the client's token lacks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub missing_scope: Option<String>,
 }
 
 impl ApiError {
@@ -35,6 +40,14 @@ impl ApiError {
             code,
             message: message.into(),
             retry_after: None,
+            missing_scope: None,
+        }
+    }
+    /// 403: the client is known but its token lacks `scope`.
+    pub fn forbidden(scope: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            missing_scope: Some(scope),
+            ..Self::new(StatusCode::FORBIDDEN, "forbidden", message)
         }
     }
     /// 400: the body is not parsable JSON.
@@ -80,6 +93,7 @@ impl ResponseError for ApiError {
         resp.json(ErrorBody {
             error: self.code.into(),
             message: self.message.clone(),
+            missing_scope: self.missing_scope.map(str::to_owned),
         })
     }
 }

@@ -1,16 +1,18 @@
 //! The HTTP API (actix-web).
 
 pub mod auth;
+pub mod clients;
 pub mod error;
 pub mod events;
 pub mod openapi;
 pub mod routes;
+pub mod tls;
 pub mod ui;
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::middleware::{Next, from_fn};
-use actix_web::{Error, web};
+use actix_web::{Error, HttpMessage, web};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -28,8 +30,8 @@ pub struct AppState {
     pub store: Store,
     /// Where it counts what it does.
     pub metrics: Metrics,
-    /// The API bearer token.
-    pub token: Arc<str>,
+    /// The API's clients and their tokens.
+    pub clients: Arc<clients::Clients>,
     /// Largest accepted body.
     pub max_body_bytes: usize,
     /// The cluster, when configured: detections are planned against it before they are
@@ -70,7 +72,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .route("/openapi.json", web::get().to(openapi::openapi_json))
         .service(
             web::scope("/v1")
-                .wrap(from_fn(auth::require_token))
+                .wrap(from_fn(auth::require_scope))
                 .route("/alerts", web::post().to(routes::post_alerts))
                 .route("/alerts", web::get().to(routes::get_alerts))
                 .route("/detections", web::post().to(routes::post_detections))
@@ -98,8 +100,14 @@ pub async fn observe(
             .request()
             .match_pattern()
             .unwrap_or_else(|| "unmatched".into());
+        let client = res
+            .request()
+            .extensions()
+            .get::<auth::Caller>()
+            .map(|c| c.0.name.clone())
+            .unwrap_or_else(|| "-".into());
         m.http_requests
-            .with_label_values(&[&route, &method, res.status().as_str()])
+            .with_label_values(&[&route, &method, res.status().as_str(), &client])
             .inc();
         m.http_duration
             .with_label_values(&[&route])

@@ -150,6 +150,11 @@ async fn enqueue(state: &AppState, data: &EventData) -> Result<CloudEvent, ApiEr
     }
 }
 
+/// The name of the client that made `req` (`-` if none was authenticated), for the audit.
+fn caller(req: &HttpRequest) -> String {
+    super::auth::Caller::name_of(req).unwrap_or_else(|| "-".into())
+}
+
 /// A 503 for a store that failed, logged.
 pub(super) fn store_down(e: crate::store::StoreError) -> ApiError {
     tracing::warn!(error = %crate::error_chain(&e), "run store failed");
@@ -171,6 +176,7 @@ pub async fn post_alerts(
     let batch = read_request(&req, payload, &state, AlertBatch::from_json).await?;
     let alerts = batch.alerts.len();
     let event = enqueue(&state, &EventData::Alerts(batch)).await?;
+    tracing::info!(client = %caller(&req), alerts, event_id = %event.id, "alerts accepted");
     Ok(HttpResponse::Accepted().json(AlertsAccepted {
         event_id: event.id,
         alerts,
@@ -220,7 +226,8 @@ pub async fn post_detections(
 ) -> Result<HttpResponse, ApiError> {
     let request = read_request(&req, payload, &state, DetectionRequest::from_json).await?;
     let run_id = uuid::Uuid::now_v7().to_string();
-    let run = Run::k8s_upgrade(run_id.clone(), &request, state.on_failure, Utc::now());
+    let run = Run::k8s_upgrade(run_id.clone(), &request, state.on_failure, Utc::now())
+        .credited(&caller(&req));
     let event = EventData::Detection {
         run_id: Some(run_id),
         request: request.clone(),
@@ -297,6 +304,7 @@ async fn take_run(
         Claim::InFlight(existing) => Ok(in_flight(existing)),
         Claim::Held(holder) => Err(held_by(&holder)),
         Claim::New(seq) => {
+            tracing::info!(run_id = %run.id, kind = run.kind.name(), target = %target, by = run.history.first().and_then(|t| t.by.as_deref()).unwrap_or("-"), "run taken");
             state
                 .metrics
                 .events_queued
@@ -403,7 +411,8 @@ pub async fn post_etcd_rolls(
         ));
     }
     let run_id = uuid::Uuid::now_v7().to_string();
-    let run = Run::etcd_roll(run_id.clone(), &request, state.on_failure, Utc::now());
+    let run = Run::etcd_roll(run_id.clone(), &request, state.on_failure, Utc::now())
+        .credited(&caller(&req));
     let check = check_members(&state, request.endpoints.clone());
     let event = EventData::EtcdRoll {
         run_id: Some(run_id),
@@ -586,15 +595,18 @@ pub async fn control_run(
         })?;
     check_control(&run, action)
         .map_err(|e| ApiError::new(StatusCode::CONFLICT, "conflict", e.to_string()))?;
+    let by = caller(&req);
     let event = enqueue(
         &state,
         &EventData::Control(ControlRequest {
             run_id: run_id.clone(),
             action,
             reason,
+            by: Some(by.clone()),
         }),
     )
     .await?;
+    tracing::info!(%run_id, %action, client = %by, event_id = %event.id, "control accepted");
     Ok(HttpResponse::Accepted().json(ControlAccepted {
         run_id,
         action,

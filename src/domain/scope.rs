@@ -1,0 +1,110 @@
+//! What each API client may do: the scopes, and the scope every API route needs.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// One permission a client's token carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Scope {
+    /// `POST /v1/alerts` (Alertmanager).
+    #[serde(rename = "alerts:write")]
+    AlertsWrite,
+    /// `POST /v1/detections` (the detection CronJob).
+    #[serde(rename = "detections:write")]
+    DetectionsWrite,
+    /// `POST /v1/etcd-rolls`.
+    #[serde(rename = "etcd-rolls:write")]
+    EtcdRollsWrite,
+    /// `POST /v1/runs/{id}/{halt|resume|abort}`.
+    #[serde(rename = "runs:control")]
+    RunsControl,
+    /// Every `GET` under `/v1`: runs, alerts, gates, the event stream.
+    #[serde(rename = "read")]
+    Read,
+}
+
+impl Scope {
+    /// Every scope, as `server.token_file` grants them.
+    pub const ALL: [Scope; 5] = [
+        Scope::AlertsWrite,
+        Scope::DetectionsWrite,
+        Scope::EtcdRollsWrite,
+        Scope::RunsControl,
+        Scope::Read,
+    ];
+
+    /// The scope's name, as written in config and in 403 answers.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scope::AlertsWrite => "alerts:write",
+            Scope::DetectionsWrite => "detections:write",
+            Scope::EtcdRollsWrite => "etcd-rolls:write",
+            Scope::RunsControl => "runs:control",
+            Scope::Read => "read",
+        }
+    }
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The scope a request to `path` (under `/v1`) with `method` needs. Reads need `read`;
+/// each kind of write its own scope; a write to a path no route serves needs `runs:control`,
+/// the widest, so that probing unknown paths tells an under-scoped client nothing.
+pub fn required(method: &str, path: &str) -> Scope {
+    let rest = path.strip_prefix("/v1").unwrap_or(path);
+    let segments: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
+    if method.eq_ignore_ascii_case("GET") || method.eq_ignore_ascii_case("HEAD") {
+        return Scope::Read;
+    }
+    match segments.as_slice() {
+        ["alerts"] => Scope::AlertsWrite,
+        ["detections"] => Scope::DetectionsWrite,
+        ["etcd-rolls"] => Scope::EtcdRollsWrite,
+        _ => Scope::RunsControl,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_route_needs_its_scope() {
+        let cases = [
+            ("POST", "/v1/alerts", Scope::AlertsWrite),
+            ("GET", "/v1/alerts", Scope::Read),
+            ("POST", "/v1/detections", Scope::DetectionsWrite),
+            ("POST", "/v1/etcd-rolls", Scope::EtcdRollsWrite),
+            ("GET", "/v1/gates", Scope::Read),
+            ("GET", "/v1/events", Scope::Read),
+            ("GET", "/v1/runs", Scope::Read),
+            ("GET", "/v1/runs/r-1", Scope::Read),
+            ("HEAD", "/v1/runs/r-1", Scope::Read),
+            ("POST", "/v1/runs/r-1/halt", Scope::RunsControl),
+            ("POST", "/v1/runs/r-1/resume", Scope::RunsControl),
+            ("POST", "/v1/runs/r-1/abort", Scope::RunsControl),
+            ("POST", "/v1/alerts/", Scope::AlertsWrite),
+            ("POST", "/v1/nothing-here", Scope::RunsControl),
+            ("DELETE", "/v1/alerts", Scope::AlertsWrite),
+            ("PUT", "/v1/runs", Scope::RunsControl),
+        ];
+        for (method, path, scope) in cases {
+            assert_eq!(required(method, path), scope, "{method} {path}");
+        }
+    }
+
+    #[test]
+    fn scope_names_round_trip_through_config() {
+        for scope in Scope::ALL {
+            let json = serde_json::to_string(&scope).expect("serialize");
+            assert_eq!(json, format!("\"{}\"", scope.name()));
+            let back: Scope = serde_json::from_str(&json).expect("parse");
+            assert_eq!(back, scope);
+        }
+        assert!(serde_json::from_str::<Scope>("\"admin\"").is_err());
+    }
+}
