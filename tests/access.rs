@@ -4,55 +4,10 @@
 mod support;
 
 use serde_json::{Value, json};
-use std::path::Path;
 use std::time::{Duration, Instant};
+use support::clients::{CLIENTS, clients_dir, token_of, write_token};
 use support::cluster::IntakeCluster;
 use support::{Rollgate, eventually, webhook};
-
-/// The clients of these tests: name, token, scopes (as configured).
-const CLIENTS: &[(&str, &str, &str)] = &[
-    ("alertmanager", "am-0123456789abcdef", "alerts:write"),
-    ("detector", "det-0123456789abcdef", "detections:write"),
-    ("roller", "roll-0123456789abcdef", "etcd-rolls:write"),
-    ("alice", "alice-0123456789abcdef", "runs:control,read"),
-    ("bob", "bob-0123456789abcdef", "runs:control,read"),
-    ("viewer", "view-0123456789abcdef", "read"),
-    ("nobody", "nobody-0123456789abcdef", ""),
-];
-
-fn token_of(name: &str) -> &'static str {
-    CLIENTS
-        .iter()
-        .find(|(n, _, _)| *n == name)
-        .map(|(_, t, _)| *t)
-        .expect("known client")
-}
-
-/// Writes a token file the way a Secret volume update lands: a new file renamed over.
-fn write_token(dir: &Path, name: &str, token: &str) {
-    let tmp = dir.join(format!(".{name}.tmp"));
-    std::fs::write(&tmp, format!("{token}\n")).expect("write token");
-    std::fs::rename(&tmp, dir.join(name)).expect("rename token");
-}
-
-/// A tokens directory with every client of [`CLIENTS`], and the settings naming it.
-fn clients_dir() -> (tempfile::TempDir, Vec<(String, String)>) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut env = vec![(
-        "ROLLGATE__SERVER__TOKENS_DIR".to_owned(),
-        dir.path().display().to_string(),
-    )];
-    for (name, token, scopes) in CLIENTS {
-        write_token(dir.path(), name, token);
-        if !scopes.is_empty() {
-            env.push((
-                format!("ROLLGATE__SERVER__SCOPES__{}", name.to_uppercase()),
-                (*scopes).to_owned(),
-            ));
-        }
-    }
-    (dir, env)
-}
 
 fn borrowed(env: &[(String, String)]) -> Vec<(&str, &str)> {
     env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
@@ -254,15 +209,11 @@ async fn a_replaced_token_file_rotates_within_a_second_and_a_removed_one_revokes
     assert_eq!(status, 200);
 }
 
-#[tokio::test]
-async fn the_history_names_who_asked_for_the_run_who_halted_it_and_who_resumed_it() {
-    let cluster = IntakeCluster::start().await;
-    let (dir, env) = clients_dir();
-    let mut rg = cluster.rollgate(&borrowed(&env)).await;
-    rg.token = token_of("viewer").to_owned();
-
+/// A run asked for by the detector, once its gate holds it (the intake cluster has no
+/// Prometheus: the gate is unknown, closed).
+async fn held_run(rg: &Rollgate) -> String {
     let (status, accepted) = send(
-        &rg,
+        rg,
         "POST",
         "/v1/detections",
         Some(&json!({"target_version": "1.34.6", "kind": "patch"})),
@@ -273,6 +224,17 @@ async fn the_history_names_who_asked_for_the_run_who_halted_it_and_who_resumed_i
     let id = accepted["run_id"].as_str().expect("run id").to_owned();
     rg.wait_run(&id, "held at its gate", support::held_at_preflight_gate)
         .await;
+    id
+}
+
+#[tokio::test]
+async fn the_history_names_who_asked_for_the_run_who_halted_it_and_who_resumed_it() {
+    let cluster = IntakeCluster::start().await;
+    let (dir, env) = clients_dir();
+    let mut rg = cluster.rollgate(&borrowed(&env)).await;
+    rg.token = token_of("viewer").to_owned();
+
+    let id = held_run(&rg).await;
 
     let (status, body) = send(
         &rg,
@@ -328,5 +290,93 @@ async fn the_history_names_who_asked_for_the_run_who_halted_it_and_who_resumed_i
     for line in ["client=alice", "client=bob"] {
         assert!(logs.contains(line), "the log does not name {line}");
     }
+    drop(dir);
+}
+
+#[tokio::test]
+async fn rollgate_runs_with_a_read_token_lists_and_shows_but_controls_nothing() {
+    let cluster = IntakeCluster::start().await;
+    let (dir, env) = clients_dir();
+    let mut rg = cluster.rollgate(&borrowed(&env)).await;
+    rg.token = token_of("viewer").to_owned();
+    let id = held_run(&rg).await;
+
+    let cli = |client: &str, args: &[&str]| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"));
+        command
+            .arg("runs")
+            .arg("--token-file")
+            .arg(dir.path().join(client))
+            .args(args)
+            .env("ROLLGATE__SERVER__LISTEN", format!("127.0.0.1:{}", rg.port))
+            .env("ROLLGATE__DATA_DIR", rg.data_dir());
+        command.output().expect("rollgate runs")
+    };
+    let list = cli("viewer", &["list"]);
+    assert!(
+        list.status.success(),
+        "{}",
+        String::from_utf8_lossy(&list.stderr)
+    );
+    assert!(String::from_utf8_lossy(&list.stdout).contains(&id));
+    let show = cli("viewer", &["show", &id]);
+    assert!(show.status.success());
+    for action in ["halt", "abort"] {
+        let refused = cli("viewer", &[action, &id]);
+        assert!(!refused.status.success(), "{action} with a read token");
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            stderr.contains("403") && stderr.contains("lacks scope runs:control"),
+            "{stderr}"
+        );
+    }
+    // The Alertmanager's token cannot even look.
+    let looked = cli("alertmanager", &["list"]);
+    assert!(!looked.status.success());
+    assert!(String::from_utf8_lossy(&looked.stderr).contains("lacks scope read"));
+    // Nothing moved the run.
+    let run = rg.run(&id).await;
+    assert!(!run["history"].to_string().contains("halt by"), "{run}");
+    // An operator's token does.
+    let halted = cli("alice", &["halt", &id, "--reason", "change freeze"]);
+    assert!(
+        halted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&halted.stderr)
+    );
+    rg.wait_run(&id, "halted by alice", |r| {
+        r["reason"] == "halt by alice: change freeze"
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn whoami_names_the_client_and_its_scopes_for_any_known_token() {
+    let (dir, env) = clients_dir();
+    let rg = Rollgate::start(&borrowed(&env)).await;
+    for (name, token, scopes) in CLIENTS {
+        let (status, me) = send(&rg, "GET", "/v1/whoami", None, Some(token)).await;
+        assert_eq!(status, 200, "{name}: {me}");
+        assert_eq!(me["client"], *name);
+        let mut want: Vec<&str> = scopes.split(',').filter(|s| !s.is_empty()).collect();
+        want.sort();
+        let mut got: Vec<&str> = me["scopes"]
+            .as_array()
+            .expect("scopes")
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        got.sort();
+        assert_eq!(got, want, "{name}");
+    }
+    let (status, _) = send(
+        &rg,
+        "GET",
+        "/v1/whoami",
+        None,
+        Some("not-a-known-token-at-all"),
+    )
+    .await;
+    assert_eq!(status, 401);
     drop(dir);
 }

@@ -9,6 +9,7 @@ mod support;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::CronJob;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -102,6 +103,23 @@ struct MonitorEndpoint {
     port: String,
     path: String,
     interval: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    scheme: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tls_config: Option<MonitorTls>,
+}
+
+#[derive(Deserialize, serde::Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct MonitorTls {
+    ca: MonitorSecretRef,
+    server_name: String,
+}
+
+#[derive(Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+struct MonitorSecretRef {
+    secret: k8s_openapi::api::core::v1::SecretKeySelector,
 }
 
 /// A kustomization, the fields deploy/ uses.
@@ -154,6 +172,8 @@ struct Manifests {
     budgets: Vec<(PathBuf, PodDisruptionBudget)>,
     /// The operators' clusters (RabbitmqCluster, CloudNativePG's Cluster), untyped.
     operated: Vec<(PathBuf, Value)>,
+    /// cert-manager's Certificates, untyped.
+    certificates: Vec<(PathBuf, Value)>,
     kinds: BTreeMap<String, usize>,
 }
 
@@ -166,6 +186,7 @@ fn manifests() -> Manifests {
         rules: Vec::new(),
         budgets: Vec::new(),
         operated: Vec::new(),
+        certificates: Vec::new(),
         kinds: BTreeMap::new(),
     };
     for path in yaml_files(&root().join("deploy")) {
@@ -217,6 +238,8 @@ fn manifests() -> Manifests {
                 "ServiceMonitor" => drop(typed::<ServiceMonitor>(&doc, &path)),
                 "PodDisruptionBudget" => m.budgets.push((path.clone(), typed(&doc, &path))),
                 "RabbitmqCluster" | "Cluster" => m.operated.push((path.clone(), doc.clone())),
+                "NetworkPolicy" => drop(typed::<NetworkPolicy>(&doc, &path)),
+                "Certificate" => m.certificates.push((path.clone(), doc.clone())),
                 other => panic!("{}: no test knows kind {other:?}", path.display()),
             }
         }
@@ -524,37 +547,91 @@ fn the_configuration_in_every_config_map_loads() {
     }
 }
 
-#[test]
-fn every_secret_file_the_example_overlay_configures_is_in_its_secret() {
-    let dir = root().join("deploy/overlays/example");
-    let kustomization = &documents(&dir.join("kustomization.yaml"))[0];
-    let generator = kustomization["secretGenerator"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|g| g["name"] == "rollgate-secrets")
-        .expect("the overlay makes rollgate-secrets");
-    let keys: BTreeSet<String> = generator["files"]
+/// The keys a secret generator of the example overlay puts in Secret `name`.
+fn generated_keys(name: &str) -> BTreeSet<String> {
+    example_secret_generators()
+        .into_iter()
+        .find(|g| g["name"] == name)
+        .unwrap_or_else(|| panic!("the example overlay makes {name}"))["files"]
         .as_array()
         .unwrap()
         .iter()
         .map(|f| f.as_str().unwrap().split('=').next().unwrap().to_owned())
-        .collect();
-    let config = &documents(&dir.join("site-config.yaml"))[0]["data"]["rollgate.toml"];
-    let mount = "/var/run/secrets/rollgate/";
-    let used: BTreeSet<String> = config
-        .as_str()
-        .unwrap()
-        .split('"')
+        .collect()
+}
+
+/// Every file under `mount` a configuration names, relative to it.
+fn files_under(toml: &str, mount: &str) -> BTreeSet<String> {
+    toml.split('"')
         .filter_map(|s| s.strip_prefix(mount))
         .map(str::to_owned)
-        .collect();
-    assert!(!used.is_empty());
-    let missing: Vec<_> = used.difference(&keys).collect();
-    assert!(
-        missing.is_empty(),
-        "configured but not in the Secret: {missing:?}"
+        .collect()
+}
+
+#[test]
+fn every_secret_file_the_example_overlay_configures_is_in_its_secret() {
+    let dir = root().join("deploy/overlays/example");
+    let config = documents(&dir.join("site-config.yaml"))[0]["data"]["rollgate.toml"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let certificate = &documents(&dir.join("certificate.yaml"))[0];
+    let tls_secret = certificate["spec"]["secretName"].as_str().unwrap();
+    // The keys cert-manager writes into its Secret.
+    let tls_keys: BTreeSet<String> = ["tls.crt", "tls.key", "ca.crt"].map(str::to_owned).into();
+    for (mount, secret, keys) in [
+        (
+            "/var/run/secrets/rollgate/",
+            "rollgate-secrets",
+            generated_keys("rollgate-secrets"),
+        ),
+        (
+            "/var/run/secrets/rollgate-clients/",
+            "rollgate-clients",
+            generated_keys("rollgate-clients"),
+        ),
+        ("/var/run/secrets/rollgate-tls/", tls_secret, tls_keys),
+    ] {
+        let used = files_under(&config, mount);
+        assert!(!used.is_empty(), "nothing under {mount}");
+        let missing: Vec<_> = used.difference(&keys).collect();
+        assert!(
+            missing.is_empty(),
+            "configured but not in {secret}: {missing:?}"
+        );
+    }
+    // Every client with scopes has its token file, and every token file its scopes.
+    let settings = config_map_settings(
+        &dir.join("site-config.yaml"),
+        &typed(&documents(&dir.join("site-config.yaml"))[0], &dir),
     );
+    let scoped: BTreeSet<String> = settings.server.scopes.keys().cloned().collect();
+    assert_eq!(scoped, generated_keys("rollgate-clients"));
+    assert!(
+        settings.server.tokens_dir.is_some() && settings.server.tls_cert_file.is_some(),
+        "the example site serves HTTPS with scoped tokens"
+    );
+    // No client may do everything, and the ones that feed rollgate may do only that.
+    use rollgate::domain::scope::Scope;
+    for (client, scopes) in &settings.server.scopes {
+        assert!(
+            scopes.len() < Scope::ALL.len(),
+            "{client} may do everything"
+        );
+    }
+    assert_eq!(
+        settings.server.scopes["alertmanager"],
+        BTreeSet::from([Scope::AlertsWrite])
+    );
+    assert_eq!(
+        settings.server.scopes["detect"],
+        BTreeSet::from([Scope::DetectionsWrite])
+    );
+    assert_eq!(
+        settings.detect.token_file,
+        PathBuf::from("/var/run/secrets/rollgate-clients/detect")
+    );
+    assert!(settings.detect.rollgate_url.starts_with("https://"));
 }
 
 #[test]
@@ -571,7 +648,19 @@ fn the_alertmanager_example_is_valid_and_sends_the_token_as_a_bearer() {
     assert!(hook["url"].as_str().unwrap().ends_with("/v1/alerts"));
     assert_eq!(hook["send_resolved"], true);
     assert_eq!(hook["http_config"]["authorization"]["type"], "Bearer");
-    assert!(hook["http_config"]["authorization"]["credentials_file"].is_string());
+    let credentials = hook["http_config"]["authorization"]["credentials_file"]
+        .as_str()
+        .unwrap();
+    // The token of the client that may only post alerts, over HTTPS trusting rollgate's CA.
+    assert!(
+        credentials.ends_with("/rollgate-clients/alertmanager"),
+        "{credentials}"
+    );
+    assert!(hook["url"].as_str().unwrap().starts_with("https://"));
+    let ca_file = hook["http_config"]["tls_config"]["ca_file"]
+        .as_str()
+        .unwrap();
+    assert!(ca_file.ends_with("/rollgate-tls/ca.crt"), "{ca_file}");
     // The inhibition's source is a shipped rule without the gate label, matched by node.
     let inhibit = &doc["inhibit_rules"][0];
     assert_eq!(inhibit["equal"], serde_json::json!(["node"]), "{inhibit}");
@@ -592,12 +681,11 @@ fn the_alertmanager_example_is_valid_and_sends_the_token_as_a_bearer() {
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("api-token");
     std::fs::write(&token, "0123456789abcdef0123").unwrap();
-    let text = std::fs::read_to_string(&path).unwrap().replace(
-        hook["http_config"]["authorization"]["credentials_file"]
-            .as_str()
-            .unwrap(),
-        token.to_str().unwrap(),
-    );
+    let ca = support::pki::TestCa::new("rollgate test CA").write(dir.path(), "ca.crt");
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace(credentials, token.to_str().unwrap())
+        .replace(ca_file, ca.to_str().unwrap());
     let config = dir.path().join("alertmanager.yml");
     std::fs::write(&config, text).unwrap();
     let out = Command::new("amtool")
@@ -648,10 +736,21 @@ fn copy_tree(from: &Path, to: &Path) {
     }
 }
 
+/// The example overlay's secret generators (rollgate-secrets, rollgate-clients).
+fn example_secret_generators() -> Vec<Value> {
+    let overlay = root().join("deploy/overlays/example");
+    documents(&overlay.join("kustomization.yaml"))[0]["secretGenerator"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
 /// The example overlay's generator of rollgate-secrets.
 fn example_secret_generator() -> Value {
-    let overlay = root().join("deploy/overlays/example");
-    documents(&overlay.join("kustomization.yaml"))[0]["secretGenerator"][0].clone()
+    example_secret_generators()
+        .into_iter()
+        .find(|g| g["name"] == "rollgate-secrets")
+        .expect("rollgate-secrets")
 }
 
 /// `kubectl kustomize deploy/overlays/NAME` in a copy of deploy/ with the secret files
@@ -666,10 +765,13 @@ fn kustomize(name: &str) -> (tempfile::TempDir, Vec<Value>) {
     let deploy = dir.path().join("deploy");
     copy_tree(&root().join("deploy"), &deploy);
     let example = deploy.join("overlays/example");
-    std::fs::create_dir(example.join("secrets")).unwrap();
-    for file in example_secret_generator()["files"].as_array().unwrap() {
-        let (key, path) = file.as_str().unwrap().split_once('=').unwrap();
-        std::fs::write(example.join(path), format!("test {key}\n")).unwrap();
+    for generator in example_secret_generators() {
+        for file in generator["files"].as_array().unwrap() {
+            let (key, path) = file.as_str().unwrap().split_once('=').unwrap();
+            let path = example.join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, format!("test {key}\n")).unwrap();
+        }
     }
     let out = Command::new("kubectl")
         .arg("kustomize")
@@ -825,7 +927,6 @@ fn the_ha_overlay_builds_three_replicas_apart_on_the_operators_clusters() {
 fn the_example_overlay_builds_with_kustomize() {
     let (dir, docs) = kustomize("example");
     let built = dir.path().join("built.yaml");
-    let generator = &example_secret_generator();
 
     let mut kinds = BTreeMap::<String, usize>::new();
     for doc in &docs {
@@ -848,10 +949,37 @@ fn the_example_overlay_builds_with_kustomize() {
             "StatefulSet" => {
                 let sts: StatefulSet = typed(doc, &built);
                 let pod = sts.spec.unwrap().template.spec.unwrap();
-                assert_eq!(
-                    pod.containers[0].image.as_deref(),
-                    Some("ghcr.io/rollgate/rollgate:0.1.0")
-                );
+                let c = &pod.containers[0];
+                assert_eq!(c.image.as_deref(), Some("ghcr.io/rollgate/rollgate:0.1.0"));
+                for probe in [&c.readiness_probe, &c.liveness_probe] {
+                    let scheme = probe
+                        .as_ref()
+                        .and_then(|p| p.http_get.as_ref()?.scheme.clone());
+                    assert_eq!(scheme.as_deref(), Some("HTTPS"), "probes over HTTPS");
+                }
+                // Rotated tokens and renewed certificates appear in place only in a whole
+                // Secret volume: no items, no subPath.
+                for (volume, secret) in [("clients", "rollgate-clients"), ("tls", "rollgate-tls")] {
+                    let v = pod
+                        .volumes
+                        .iter()
+                        .flatten()
+                        .find(|v| v.name == volume)
+                        .unwrap();
+                    let source = v.secret.as_ref().unwrap();
+                    assert_eq!(source.secret_name.as_deref(), Some(secret));
+                    assert!(source.items.is_none(), "{volume}: items freeze the files");
+                    let mount = c
+                        .volume_mounts
+                        .iter()
+                        .flatten()
+                        .find(|m| m.name == volume)
+                        .unwrap();
+                    assert!(
+                        mount.sub_path.is_none(),
+                        "{volume}: subPath freezes the files"
+                    );
+                }
             }
             "CronJob" => {
                 let cj: CronJob = typed(doc, &built);
@@ -878,11 +1006,22 @@ fn the_example_overlay_builds_with_kustomize() {
             }
             "Secret" => {
                 let secret: k8s_openapi::api::core::v1::Secret = typed(doc, &built);
-                assert_eq!(secret.metadata.name.as_deref(), Some("rollgate-secrets"));
-                assert_eq!(
-                    secret.data.unwrap().len(),
-                    generator["files"].as_array().unwrap().len()
-                );
+                let name = secret.metadata.name.clone().unwrap_or_default();
+                let keys: BTreeSet<String> = secret.data.unwrap().into_keys().collect();
+                assert_eq!(keys, generated_keys(&name), "{name}");
+            }
+            "NetworkPolicy" => drop(typed::<NetworkPolicy>(doc, &built)),
+            "Certificate" => {
+                assert_eq!(doc["apiVersion"], "cert-manager.io/v1");
+                assert_eq!(doc["spec"]["secretName"], "rollgate-tls");
+                let names: Vec<&str> = doc["spec"]["dnsNames"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .collect();
+                // The name the clients use is on the certificate.
+                assert!(names.contains(&"rollgate.rollgate.svc"), "{names:?}");
             }
             "Namespace" => drop(typed::<Namespace>(doc, &built)),
             "ServiceAccount" => drop(typed::<ServiceAccount>(doc, &built)),
@@ -890,7 +1029,14 @@ fn the_example_overlay_builds_with_kustomize() {
             "ClusterRoleBinding" => drop(typed::<ClusterRoleBinding>(doc, &built)),
             "Service" => drop(typed::<Service>(doc, &built)),
             "PrometheusRule" => drop(typed::<PrometheusRule>(doc, &built)),
-            "ServiceMonitor" => drop(typed::<ServiceMonitor>(doc, &built)),
+            "ServiceMonitor" => {
+                let monitor: ServiceMonitor = typed(doc, &built);
+                let endpoint = &monitor.spec.endpoints[0];
+                assert_eq!(endpoint.scheme.as_deref(), Some("https"));
+                let tls = endpoint.tls_config.as_ref().expect("tlsConfig");
+                assert_eq!(tls.ca.secret.name, "rollgate-tls");
+                assert_eq!(tls.ca.secret.key, "ca.crt");
+            }
             other => panic!("kustomize built a {other} no test knows"),
         }
     }
@@ -899,8 +1045,9 @@ fn the_example_overlay_builds_with_kustomize() {
         Some(&2),
         "the patch merged (rollgate's and the dashboard's): {kinds:?}"
     );
-    assert_eq!(kinds.get("Secret"), Some(&1), "{kinds:?}");
-    assert_eq!(kinds.values().sum::<usize>(), 16, "{kinds:?}");
+    assert_eq!(kinds.get("Secret"), Some(&2), "{kinds:?}");
+    assert_eq!(kinds.get("NetworkPolicy"), Some(&2), "{kinds:?}");
+    assert_eq!(kinds.values().sum::<usize>(), 20, "{kinds:?}");
     let namespaces: BTreeSet<&str> = docs
         .iter()
         .filter(|d| d["kind"] == "Namespace")
@@ -1050,4 +1197,385 @@ fn every_runbook_link_in_the_rules_is_a_readme_heading() {
         }
     }
     assert!(links >= 10, "{links} runbook links");
+}
+
+/// Where a connection goes, as a NetworkPolicy sees it.
+#[derive(Debug, Clone)]
+enum Peer {
+    /// An address outside the pod network.
+    Ip(std::net::Ipv4Addr),
+    /// Pods of `namespace` labelled `labels`.
+    Pods {
+        namespace: String,
+        labels: BTreeMap<String, String>,
+    },
+}
+
+/// Pods of the site's Services, by host name: kube-prometheus' and the operators' labels.
+fn service_pods(host: &str) -> Peer {
+    let (namespace, label, value) = match host {
+        "prometheus-operated.monitoring.svc" => {
+            ("monitoring", "app.kubernetes.io/name", "prometheus")
+        }
+        "alertmanager-operated.monitoring.svc" => {
+            ("monitoring", "app.kubernetes.io/name", "alertmanager")
+        }
+        "prometheus-pushgateway.monitoring.svc" => (
+            "monitoring",
+            "app.kubernetes.io/name",
+            "prometheus-pushgateway",
+        ),
+        "rollgate-mq.rollgate.svc" => ("rollgate", "app.kubernetes.io/name", "rollgate-mq"),
+        "rollgate-db-rw.rollgate.svc" => ("rollgate", "cnpg.io/cluster", "rollgate-db"),
+        "rollgate.rollgate.svc" => ("rollgate", "app.kubernetes.io/name", "rollgate"),
+        "kube-dns" => ("kube-system", "k8s-app", "kube-dns"),
+        other => match other.parse() {
+            Ok(ip) => return Peer::Ip(ip),
+            Err(_) => panic!("no pods known for {other}: add them to service_pods"),
+        },
+    };
+    Peer::Pods {
+        namespace: namespace.into(),
+        labels: BTreeMap::from([(label.into(), value.into())]),
+    }
+}
+
+fn selects(
+    selector: &Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
+    labels: &BTreeMap<String, String>,
+) -> bool {
+    match selector {
+        None => true,
+        Some(s) => {
+            assert!(s.match_expressions.is_none(), "only matchLabels here");
+            s.match_labels
+                .iter()
+                .flatten()
+                .all(|(k, v)| labels.get(k) == Some(v))
+        }
+    }
+}
+
+fn in_block(block: &k8s_openapi::api::networking::v1::IPBlock, ip: std::net::Ipv4Addr) -> bool {
+    let contains = |cidr: &str| {
+        let (net, bits) = cidr.split_once('/').expect("a CIDR");
+        let net: std::net::Ipv4Addr = net.parse().expect("IPv4");
+        let bits: u32 = bits.parse().expect("prefix");
+        let mask = if bits == 0 {
+            0
+        } else {
+            u32::MAX << (32 - bits)
+        };
+        u32::from(ip) & mask == u32::from(net) & mask
+    };
+    contains(&block.cidr) && !block.except.iter().flatten().any(|e| contains(e))
+}
+
+/// Whether `peer` matches one NetworkPolicy peer of a policy in `own` namespace.
+fn matches(
+    peer: &Peer,
+    rule: &k8s_openapi::api::networking::v1::NetworkPolicyPeer,
+    own: &str,
+) -> bool {
+    match peer {
+        Peer::Ip(ip) => rule.ip_block.as_ref().is_some_and(|b| in_block(b, *ip)),
+        Peer::Pods { namespace, labels } => {
+            if rule.ip_block.is_some() {
+                return false;
+            }
+            let namespace_ok = match &rule.namespace_selector {
+                None => namespace == own,
+                Some(_) => selects(
+                    &rule.namespace_selector,
+                    &BTreeMap::from([(
+                        "kubernetes.io/metadata.name".to_owned(),
+                        namespace.clone(),
+                    )]),
+                ),
+            };
+            namespace_ok && selects(&rule.pod_selector, labels)
+        }
+    }
+}
+
+/// The egress rules of `policy` that let a connection to `peer` on `port`/`protocol` out.
+fn egress_to(policy: &NetworkPolicy, peer: &Peer, port: u16, protocol: &str) -> Vec<usize> {
+    let spec = policy.spec.as_ref().unwrap();
+    let own = policy.metadata.namespace.as_deref().unwrap();
+    spec.egress
+        .iter()
+        .flatten()
+        .enumerate()
+        .filter(|(_, rule)| {
+            let port_ok = rule.ports.iter().flatten().any(|p| {
+                p.protocol.as_deref().unwrap_or("TCP") == protocol
+                    && p.port
+                        == Some(
+                            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(
+                                i32::from(port),
+                            ),
+                        )
+            });
+            port_ok && rule.to.iter().flatten().any(|to| matches(peer, to, own))
+        })
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// host and port of a URL.
+fn host_port(url: &str) -> (String, u16) {
+    let url = reqwest::Url::parse(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+    (
+        url.host_str().unwrap().to_owned(),
+        url.port_or_known_default().unwrap(),
+    )
+}
+
+/// What every pod of rollgate's talks to: the cluster's DNS and the API server (on the
+/// control planes).
+fn cluster_basics(control_plane: &Peer) -> Vec<(String, Peer, u16, &'static str)> {
+    vec![
+        ("DNS".to_owned(), service_pods("kube-dns"), 53, "UDP"),
+        (
+            "DNS over TCP".to_owned(),
+            service_pods("kube-dns"),
+            53,
+            "TCP",
+        ),
+        (
+            "the API server".to_owned(),
+            control_plane.clone(),
+            6443,
+            "TCP",
+        ),
+    ]
+}
+
+/// Checks that `policy` lets out exactly `needed` (every egress rule used by one of them;
+/// every rule bounded by ports and peers).
+fn lets_out_exactly(policy: &NetworkPolicy, needed: &[(String, Peer, u16, &str)]) {
+    let name = policy.metadata.name.clone().unwrap_or_default();
+    let rules = policy
+        .spec
+        .as_ref()
+        .unwrap()
+        .egress
+        .clone()
+        .unwrap_or_default();
+    let mut used = BTreeSet::new();
+    for (what, peer, port, protocol) in needed {
+        let by = egress_to(policy, peer, *port, protocol);
+        assert!(
+            !by.is_empty(),
+            "{name}: nothing lets {what} out ({peer:?}:{port}/{protocol})"
+        );
+        used.extend(by);
+    }
+    for (i, rule) in rules.iter().enumerate() {
+        assert!(
+            rule.ports.as_ref().is_some_and(|p| !p.is_empty())
+                && rule.to.as_ref().is_some_and(|t| !t.is_empty()),
+            "{name}: egress rule {i} is not bounded by ports and peers"
+        );
+        assert!(
+            used.contains(&i),
+            "{name}: egress rule {i} serves nothing rollgate talks to: {rule:?}"
+        );
+    }
+}
+
+/// The example and HA overlays' NetworkPolicies: rollgate's port open to Alertmanager,
+/// Prometheus, the detection CronJob and the operators' namespace only; rollgate let out
+/// to exactly what its configuration names (the API server, Prometheus, Alertmanager,
+/// etcd, the nodes' SSH, Slack, and for HA its RabbitMQ and PostgreSQL), the detection to
+/// what it talks to.
+#[test]
+fn the_network_policies_let_in_only_rollgates_clients_and_out_only_what_it_is_configured_to_reach()
+{
+    for overlay in ["example", "ha"] {
+        let (dir, docs) = kustomize(overlay);
+        let built = dir.path().join("built.yaml");
+        let policy = |name: &str| -> NetworkPolicy {
+            let doc = docs
+                .iter()
+                .find(|d| d["kind"] == "NetworkPolicy" && d["metadata"]["name"] == name)
+                .unwrap_or_else(|| panic!("{overlay}: no NetworkPolicy {name}"));
+            typed(doc, &built)
+        };
+        let cm = docs
+            .iter()
+            .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "rollgate")
+            .unwrap();
+        let settings = config_map_settings(&built, &typed(cm, &built));
+        let pod_labels = |kind: &str| -> BTreeMap<String, String> {
+            let doc = docs.iter().find(|d| d["kind"] == kind).unwrap();
+            let template = match kind {
+                "StatefulSet" => &doc["spec"]["template"],
+                _ => &doc["spec"]["jobTemplate"]["spec"]["template"],
+            };
+            serde_json::from_value(template["metadata"]["labels"].clone()).unwrap()
+        };
+        let serve = policy("rollgate");
+        let spec = serve.spec.clone().unwrap();
+        assert!(selects(&spec.pod_selector, &pod_labels("StatefulSet")));
+        assert_eq!(
+            spec.policy_types,
+            Some(vec!["Ingress".to_owned(), "Egress".to_owned()])
+        );
+
+        // In: exactly these clients, on rollgate's port only.
+        let port = i32::from(settings.server.listen.port());
+        let ingress = spec.ingress.clone().unwrap();
+        for rule in &ingress {
+            let ports: Vec<_> = rule
+                .ports
+                .iter()
+                .flatten()
+                .map(|p| p.port.clone())
+                .collect();
+            assert_eq!(
+                ports,
+                vec![Some(
+                    k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(port)
+                )],
+                "{overlay}: ingress only to the API port"
+            );
+        }
+        let peers: Vec<_> = ingress
+            .iter()
+            .flat_map(|r| r.from.clone().unwrap_or_default())
+            .collect();
+        let admitted = |peer: &Peer| peers.iter().any(|p| matches(peer, p, "rollgate"));
+        let pods = |namespace: &str, name: &str| Peer::Pods {
+            namespace: namespace.into(),
+            labels: BTreeMap::from([("app.kubernetes.io/name".into(), name.into())]),
+        };
+        for (who, peer) in [
+            ("Alertmanager", pods("monitoring", "alertmanager")),
+            ("Prometheus", pods("monitoring", "prometheus")),
+            (
+                "the detection",
+                Peer::Pods {
+                    namespace: "rollgate".into(),
+                    labels: pod_labels("CronJob"),
+                },
+            ),
+            ("an operator", pods("operators", "anything")),
+        ] {
+            assert!(admitted(&peer), "{overlay}: {who} cannot reach rollgate");
+        }
+        for (who, peer) in [
+            ("Grafana", pods("monitoring", "grafana")),
+            ("a workload", pods("default", "shop")),
+            (
+                "rollgate's own namespace at large",
+                pods("rollgate", "anything"),
+            ),
+            ("the node network", Peer::Ip("10.0.20.7".parse().unwrap())),
+        ] {
+            assert!(!admitted(&peer), "{overlay}: {who} may reach rollgate");
+        }
+
+        // Out: what the configuration names, and nothing else.
+        let etcd_host = host_port(&settings.etcd.endpoints[0]);
+        let control_plane = service_pods(&etcd_host.0);
+        let mut needed = cluster_basics(&control_plane);
+        needed.extend([
+            (
+                "the control plane's etcd".to_owned(),
+                control_plane.clone(),
+                etcd_host.1,
+                "TCP",
+            ),
+            (
+                "SSH to the nodes".to_owned(),
+                control_plane.clone(),
+                settings.ssh.port,
+                "TCP",
+            ),
+            (
+                "Slack".to_owned(),
+                Peer::Ip("34.226.1.10".parse().unwrap()),
+                443,
+                "TCP",
+            ),
+            (
+                "an etcd StatefulSet's members".to_owned(),
+                Peer::Pods {
+                    namespace: "keyspace".into(),
+                    labels: BTreeMap::from([("app.kubernetes.io/name".into(), "etcd".into())]),
+                },
+                2379,
+                "TCP",
+            ),
+        ]);
+        let mut urls = vec![("gate.prometheus_url", settings.gate.prometheus_url.clone())];
+        urls.push((
+            "gate.alertmanager_url",
+            settings.gate.alertmanager_url.clone(),
+        ));
+        if settings.queue.backend == rollgate::config::QueueBackend::Amqp {
+            urls.push(("queue.amqp_url", Some(settings.queue.amqp_url.clone())));
+        }
+        urls.push(("store.url", settings.store.url.clone()));
+        for (key, url) in urls {
+            if let Some(url) = url {
+                let (host, port) = host_port(&url);
+                needed.push((key.to_owned(), service_pods(&host), port, "TCP"));
+            }
+        }
+        lets_out_exactly(&serve, &needed);
+        assert!(
+            egress_to(&serve, &pods("default", "shop"), 8080, "TCP").is_empty(),
+            "{overlay}: rollgate may reach any pod"
+        );
+
+        // The detection: its facts, its releases, its metrics and rollgate.
+        let detect = policy("rollgate-detect");
+        let dspec = detect.spec.clone().unwrap();
+        assert!(selects(&dspec.pod_selector, &pod_labels("CronJob")));
+        assert_eq!(
+            dspec.ingress.as_ref().map(Vec::len),
+            Some(0),
+            "nothing calls the detection"
+        );
+        let (rg_host, rg_port) = host_port(&settings.detect.rollgate_url);
+        let (pg_host, pg_port) = host_port(settings.detect.pushgateway_url.as_deref().unwrap());
+        let (_, repo_port) = host_port(&settings.detect.repo_url);
+        lets_out_exactly(
+            &detect,
+            &[
+                cluster_basics(&control_plane),
+                vec![
+                    (
+                        "SSH to the nodes".to_owned(),
+                        control_plane.clone(),
+                        settings.ssh.port,
+                        "TCP",
+                    ),
+                    (
+                        "detect.rollgate_url".to_owned(),
+                        service_pods(&rg_host),
+                        rg_port,
+                        "TCP",
+                    ),
+                    (
+                        "detect.pushgateway_url".to_owned(),
+                        service_pods(&pg_host),
+                        pg_port,
+                        "TCP",
+                    ),
+                    (
+                        "detect.repo_url".to_owned(),
+                        Peer::Ip("151.101.1.1".parse().unwrap()),
+                        repo_port,
+                        "TCP",
+                    ),
+                ],
+            ]
+            .concat(),
+        );
+        // rollgate admits the detection on the port it posts to.
+        assert_eq!(i32::from(rg_port), port);
+    }
 }

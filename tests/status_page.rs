@@ -240,3 +240,88 @@ async fn the_page_is_inside_the_binary_under_a_strict_policy() {
         "nothing inline"
     );
 }
+
+#[tokio::test]
+async fn a_read_token_sees_the_run_and_who_asked_for_it_but_cannot_control_it() {
+    use support::clients::{clients_dir, token_of};
+    let cluster = support::cluster::IntakeCluster::start().await;
+    let (_dir, env) = clients_dir();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let mut rg = cluster.rollgate(&env).await;
+    rg.token = token_of("detector").to_owned();
+    let id = rg.detect("1.34.6", "patch").await;
+    rg.token = token_of("viewer").to_owned();
+    rg.wait_run(&id, "held at its gate", support::held_at_preflight_gate)
+        .await;
+    let browser = Browser::start(1280, 900).await;
+    browser.goto(&format!("{}/ui", rg.base())).await;
+
+    // A token that may not read is refused at the login, naming the scope.
+    browser
+        .wait_text("#login-form h1", "the login", LIVE, |t| {
+            t.contains("Log in")
+        })
+        .await;
+    browser.type_into("#token", token_of("alertmanager")).await;
+    browser.click("#login").await;
+    let refused = browser
+        .wait_text("#login-reason", "the refusal", LIVE, |t| !t.is_empty())
+        .await;
+    assert!(
+        refused.contains("alertmanager lacks scope read"),
+        "{refused}"
+    );
+
+    // A read token: the run, its history crediting the detector, the controls off.
+    browser.type_into("#token", token_of("viewer")).await;
+    browser.click("#login").await;
+    let who = browser
+        .wait_text("#who", "who is logged in", LIVE, |t| !t.is_empty())
+        .await;
+    assert_eq!(who, "viewer (read only)");
+    let row = format!("tr[data-run-id='{id}']");
+    browser
+        .wait_text(&format!("{row} .status"), "the run listed", LIVE, |t| {
+            !t.is_empty()
+        })
+        .await;
+    browser.click(&format!("{row} a")).await;
+    browser
+        .wait_text("#run-id", "the run's page", LIVE, |t| t == id)
+        .await;
+    let denied = browser
+        .wait_text("#control-error", "why the controls are off", LIVE, |t| {
+            !t.is_empty()
+        })
+        .await;
+    assert!(
+        denied.contains("viewer lacks scope runs:control"),
+        "{denied}"
+    );
+    for button in ["#halt", "#resume", "#abort"] {
+        let disabled = browser
+            .script(&format!(
+                "return document.querySelector('{button}').disabled"
+            ))
+            .await;
+        assert_eq!(disabled, json!(true), "{button} usable with a read token");
+    }
+    let by = browser
+        .wait_text("#history", "the history", LIVE, |t| t.contains("detector"))
+        .await;
+    assert!(by.contains("queued"), "{by}");
+    browser
+        .wait_text("#gate-verdict", "the gate's verdict", LIVE, |t| {
+            t == "unknown"
+        })
+        .await;
+    let page = browser.text("main").await.unwrap_or_default();
+    assert!(
+        !page.contains("null"),
+        "an absent part shown as null:\n{page}"
+    );
+    browser
+        .screenshot(&screenshots().join("read-only.png"))
+        .await;
+    assert_eq!(rg.run(&id).await["status"], "waiting");
+}

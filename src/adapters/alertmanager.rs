@@ -46,6 +46,7 @@ impl AlertmanagerApi {
             basic_auth_user: settings.alertmanager_basic_auth_user.as_ref(),
             basic_auth_password_file: settings.alertmanager_basic_auth_password_file.as_ref(),
             ca_file: settings.alertmanager_ca_file.as_ref(),
+            identity: None,
         }
         .client()?;
         Ok(Self {

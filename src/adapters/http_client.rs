@@ -1,5 +1,7 @@
-//! The reqwest client the gate's HTTP sources share: connect and request timeouts, and
-//! the optional bearer token, basic auth and CA, each read from a file (never a value).
+//! The reqwest client the HTTP sources share (the gate's Prometheus and Alertmanager, and
+//! rollgate's own API for detect and the CLI): connect and request timeouts, and the
+//! optional bearer token, basic auth, CA and client certificate, each read from a file
+//! (never a value).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -19,6 +21,8 @@ pub struct HttpSource<'a> {
     pub basic_auth_password_file: Option<&'a PathBuf>,
     /// PEM CA bundle to trust over HTTPS.
     pub ca_file: Option<&'a PathBuf>,
+    /// PEM client certificate and its key, for mutual TLS.
+    pub identity: Option<(&'a PathBuf, &'a PathBuf)>,
 }
 
 /// Why a client could not be built; names the key, never a secret.
@@ -40,8 +44,17 @@ fn sensitive(value: String, what: &str) -> Result<reqwest::header::HeaderValue, 
 }
 
 impl HttpSource<'_> {
-    /// The client.
+    /// The client: every request bounded by `timeout`.
     pub fn client(&self) -> Result<reqwest::Client, BuildError> {
+        self.builder()?
+            .timeout(self.timeout)
+            .build()
+            .map_err(|e| BuildError(e.to_string()))
+    }
+
+    /// The client's builder with everything but the bound on whole requests (a stream
+    /// stays open): connecting is bounded by `timeout`.
+    pub fn builder(&self) -> Result<reqwest::ClientBuilder, BuildError> {
         let key = |name: &str| format!("{}{name}", self.section);
         let mut headers = reqwest::header::HeaderMap::new();
         if let Some(path) = self.bearer_token_file {
@@ -63,21 +76,27 @@ impl HttpSource<'_> {
         }
         let mut builder = reqwest::Client::builder()
             .connect_timeout(self.timeout)
-            .timeout(self.timeout)
             .default_headers(headers);
+        let read = |path: &PathBuf, name: &str| {
+            std::fs::read(path).map_err(|e| {
+                BuildError(format!("cannot read {} {}: {e}", key(name), path.display()))
+            })
+        };
         if let Some(path) = self.ca_file {
-            let pem = std::fs::read(path).map_err(|e| {
-                BuildError(format!(
-                    "cannot read {} {}: {e}",
-                    key("ca_file"),
-                    path.display()
-                ))
-            })?;
-            let cert = reqwest::Certificate::from_pem(&pem)
+            let cert = reqwest::Certificate::from_pem(&read(path, "ca_file")?)
                 .map_err(|e| BuildError(format!("{}: {e}", key("ca_file"))))?;
             builder = builder.add_root_certificate(cert);
         }
-        builder.build().map_err(|e| BuildError(e.to_string()))
+        if let Some((cert_file, key_file)) = self.identity {
+            let mut pem = read(cert_file, "cert_file")?;
+            pem.push(b'\n');
+            pem.extend(read(key_file, "key_file")?);
+            let identity = reqwest::Identity::from_pem(&pem).map_err(|e| {
+                BuildError(format!("{} and {}: {e}", key("cert_file"), key("key_file")))
+            })?;
+            builder = builder.identity(identity);
+        }
+        Ok(builder)
     }
 }
 

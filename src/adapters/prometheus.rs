@@ -27,6 +27,7 @@ impl Prometheus {
             basic_auth_user: settings.basic_auth_user.as_ref(),
             basic_auth_password_file: settings.basic_auth_password_file.as_ref(),
             ca_file: settings.ca_file.as_ref(),
+            identity: None,
         }
         .client()?;
         let client = prometheus_http_query::Client::from(http, url)

@@ -8,6 +8,7 @@ use crate::config::Settings;
 /// `rollgate detect`: the report as JSON on stdout, the exit code of what happened.
 /// Errors are configuration problems (exit 2).
 pub(super) async fn detect(settings: &Settings, args: DetectArgs) -> anyhow::Result<u8> {
+    use crate::adapters::http_client::HttpSource;
     use crate::adapters::pushgateway::Pushgateway;
     use crate::adapters::repo::PackageRepo;
     use crate::adapters::submit::{AmqpSubmitter, HttpSubmitter};
@@ -37,7 +38,19 @@ pub(super) async fn detect(settings: &Settings, args: DetectArgs) -> anyhow::Res
         (false, DetectSubmit::Http) => Some(Box::new(HttpSubmitter {
             url: d.rollgate_url.clone(),
             token: crate::app::read_token(&d.token_file)?,
-            http: reqwest::Client::builder().timeout(d.timeout).build()?,
+            http: HttpSource {
+                section: "detect.rollgate_",
+                timeout: d.timeout,
+                bearer_token_file: None,
+                basic_auth_user: None,
+                basic_auth_password_file: None,
+                ca_file: d.rollgate_ca_file.as_ref(),
+                identity: d
+                    .rollgate_cert_file
+                    .as_ref()
+                    .zip(d.rollgate_key_file.as_ref()),
+            }
+            .client()?,
         })),
         (false, DetectSubmit::Amqp) => Some(Box::new(AmqpSubmitter(Arc::new(
             crate::queue::amqp::AmqpQueue::connect(settings.queue.clone())

@@ -53,16 +53,35 @@ pub enum Command {
     Detect(DetectArgs),
     /// Look at and control runs through the API.
     Runs {
-        /// API base URL (default: from server.listen).
+        /// API base URL (default: from server.listen, https when server.tls_cert_file is
+        /// set).
         #[arg(long)]
         url: Option<String>,
-        /// API token file (default: server.token_file).
+        /// API token file (default: server.token_file): a client with `read` looks, one
+        /// with `runs:control` also halts, resumes and aborts.
         #[arg(long)]
         token_file: Option<PathBuf>,
+        /// How to reach an HTTPS listener.
+        #[command(flatten)]
+        tls: ApiTlsArgs,
         /// What to do.
         #[command(subcommand)]
         action: RunsAction,
     },
+}
+
+/// TLS to rollgate's API for `rollgate runs`.
+#[derive(clap::Args, Debug, Default)]
+pub struct ApiTlsArgs {
+    /// CA bundle (PEM) to trust the listener's certificate with, besides the system's.
+    #[arg(long)]
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate (PEM) for mutual TLS; needs --key-file.
+    #[arg(long, requires = "key_file")]
+    pub cert_file: Option<PathBuf>,
+    /// Private key (PEM) of --cert-file.
+    #[arg(long, requires = "cert_file")]
+    pub key_file: Option<PathBuf>,
 }
 
 /// `detect` options.
@@ -405,9 +424,10 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Runs {
             url,
             token_file,
+            tls,
             action,
         } => {
-            let result = block_on(false, runs(&settings, url, token_file, action));
+            let result = block_on(false, runs(&settings, url, token_file, tls, action));
             match result {
                 Ok(code) => code,
                 Err(e) => {

@@ -4,7 +4,10 @@ use anyhow::{Context as _, bail};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use super::RunsAction;
+use std::time::Duration;
+
+use super::{ApiTlsArgs, RunsAction};
+use crate::adapters::http_client::HttpSource;
 use crate::config::Settings;
 
 /// `rollgate runs …` against the API at `url` (default: `server.listen`).
@@ -12,20 +15,28 @@ pub(super) async fn runs(
     settings: &Settings,
     url: Option<String>,
     token_file: Option<PathBuf>,
+    tls: ApiTlsArgs,
     action: RunsAction,
 ) -> anyhow::Result<ExitCode> {
-    let base = url.unwrap_or_else(|| format!("http://{}", settings.server.listen));
+    let base =
+        url.unwrap_or_else(|| format!("{}://{}", settings.server.scheme(), settings.server.listen));
     let base = reqwest::Url::parse(&base).with_context(|| format!("--url {base:?}"))?;
     let token = crate::app::read_token(token_file.as_ref().unwrap_or(&settings.server.token_file))?;
-    let client = reqwest::Client::builder()
-        .timeout(std::time::Duration::from_secs(10))
-        .build()?;
+    let source = HttpSource {
+        section: "--",
+        timeout: Duration::from_secs(10),
+        bearer_token_file: None,
+        basic_auth_user: None,
+        basic_auth_password_file: None,
+        ca_file: tls.ca_file.as_ref(),
+        identity: tls.cert_file.as_ref().zip(tls.key_file.as_ref()),
+    };
     if let RunsAction::Watch { id } = &action {
-        let client = reqwest::Client::builder()
-            .connect_timeout(std::time::Duration::from_secs(10))
-            .build()?;
+        // The event stream stays open: only connecting is bounded.
+        let client = source.builder()?.build()?;
         return super::watch::watch(&client, &base, &token, id).await;
     }
+    let client = source.client()?;
     let (method, target, body) = runs_request(&base, &action)?;
     let mut req = client.request(method, target).bearer_auth(token);
     if let Some(body) = body {

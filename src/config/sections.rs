@@ -183,6 +183,15 @@ impl Default for ServerSettings {
 }
 
 impl ServerSettings {
+    /// `https` when the listener serves TLS, else `http`.
+    pub fn scheme(&self) -> &'static str {
+        if self.tls_cert_file.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
     fn check(&self, p: &mut Problems) {
         p.range("max_body_bytes", self.max_body_bytes, 1024, 64 << 20);
         p.range("workers", self.workers, 1, 64);
@@ -914,8 +923,17 @@ pub struct DetectConfig {
     pub submit: DetectSubmit,
     /// The rollgate API for `http` (default `http://<server.listen>`).
     pub rollgate_url: String,
-    /// The API token for `http` (default `server.token_file`).
+    /// The API token for `http` (default `server.token_file`): a client with
+    /// `detections:write` is enough.
     pub token_file: PathBuf,
+    /// CA bundle (PEM) to trust `rollgate_url`'s HTTPS certificate with, besides the
+    /// system's (default: none).
+    pub rollgate_ca_file: Option<PathBuf>,
+    /// Client certificate (PEM) to present to rollgate when it asks for mutual TLS
+    /// (`server.client_ca_file`); needs `rollgate_key_file`.
+    pub rollgate_cert_file: Option<PathBuf>,
+    /// Private key (PEM) of `rollgate_cert_file`.
+    pub rollgate_key_file: Option<PathBuf>,
     /// The stages the requested upgrade runs (default `all`).
     pub stages: String,
     /// Bound on every HTTP request (default `10s`).
@@ -932,6 +950,9 @@ impl Default for DetectConfig {
             submit: DetectSubmit::Http,
             rollgate_url: String::new(),
             token_file: PathBuf::new(),
+            rollgate_ca_file: None,
+            rollgate_cert_file: None,
+            rollgate_key_file: None,
             stages: "all".into(),
             timeout: Duration::from_secs(10),
         }
@@ -942,7 +963,7 @@ impl DetectConfig {
     /// Fills in what depends on other keys: the API and token of this rollgate.
     fn resolve(&mut self, server: &ServerSettings) {
         if self.rollgate_url.is_empty() {
-            self.rollgate_url = format!("http://{}", server.listen);
+            self.rollgate_url = format!("{}://{}", server.scheme(), server.listen);
         }
         if self.token_file.as_os_str().is_empty() {
             self.token_file = server.token_file.clone();
@@ -959,6 +980,15 @@ impl DetectConfig {
     fn check(&self, p: &mut Problems) {
         p.http_url("repo_url", &self.repo_url);
         p.http_url("rollgate_url", &self.rollgate_url);
+        p.path("rollgate_ca_file", self.rollgate_ca_file.as_ref());
+        p.path("rollgate_cert_file", self.rollgate_cert_file.as_ref());
+        p.path("rollgate_key_file", self.rollgate_key_file.as_ref());
+        if self.rollgate_cert_file.is_some() != self.rollgate_key_file.is_some() {
+            p.add(
+                "rollgate_cert_file",
+                "rollgate_cert_file and rollgate_key_file go together: set both, or neither",
+            );
+        }
         if let Some(url) = &self.pushgateway_url {
             p.http_url("pushgateway_url", url);
         }

@@ -95,54 +95,77 @@ pub fn read_body<W: serde::de::DeserializeOwned + Default>(
             Ok(read) => return read,
             Err(e) => e,
         };
-        let path = error.path().to_string();
+        let mut path = segments(error.path());
         let message = error.into_inner().to_string();
-        let (field, problem) = match message.strip_prefix("unknown field `") {
+        let problem = match message.strip_prefix("unknown field `") {
             Some(rest) => {
-                let name = rest.split('`').next().unwrap_or_default();
-                let known = rest
-                    .split_once("expected one of ")
-                    .map_or(String::new(), |(_, k)| k.replace('`', ""));
-                let field = match path.rsplit_once('.') {
-                    Some((parent, _)) => format!("{parent}.{name}"),
-                    None => name.to_owned(),
+                let (name, known) = match rest.rsplit_once("`, expected one of ") {
+                    Some((name, known)) => (name, known.replace('`', "")),
+                    None => (
+                        rest.rsplit_once('`').map_or(rest, |(n, _)| n),
+                        String::new(),
+                    ),
                 };
-                (field, format!("is not a known field (known: {known})"))
+                // The path may stop at the object that holds the unknown key.
+                if path.last() != Some(&Segment::Key(name.to_owned())) {
+                    path.push(Segment::Key(name.to_owned()));
+                }
+                format!("is not a known field (known: {known})")
             }
-            None => (path, refused(&message)),
+            None => refused(&message),
         };
-        if !dropped.insert(field.clone()) {
+        if !dropped.insert(path.clone()) {
             // Emptying it was not enough: give up on the whole top-level field.
-            let top = field.split(['.', '[']).next().unwrap_or_default();
-            if !drop_at(&mut body, top) {
+            if !drop_at(&mut body, &path[..path.len().min(1)]) {
                 return W::default();
             }
             continue;
         }
-        errors.push(&field, problem);
-        if !drop_at(&mut body, &field) {
+        errors.push(&field_name(&path), problem);
+        if !drop_at(&mut body, &path) {
             return W::default();
         }
     }
 }
 
 /// One step of a field path: a key of an object or an index of an array.
-enum Segment<'a> {
-    Key(&'a str),
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Segment {
+    Key(String),
     Index(usize),
 }
 
-/// `alerts[0].labels.x` as its segments.
-fn segments(path: &str) -> Vec<Segment<'_>> {
-    let mut out = Vec::new();
-    for part in path.split('.') {
-        let mut pieces = part.split('[');
-        if let Some(key) = pieces.next().filter(|k| !k.is_empty()) {
-            out.push(Segment::Key(key));
-        }
-        for index in pieces {
-            if let Ok(i) = index.trim_end_matches(']').parse() {
-                out.push(Segment::Index(i));
+/// The steps of the path serde stopped at.
+fn segments(path: &serde_path_to_error::Path) -> Vec<Segment> {
+    path.iter()
+        .filter_map(|s| match s {
+            serde_path_to_error::Segment::Seq { index } => Some(Segment::Index(*index)),
+            serde_path_to_error::Segment::Map { key } => Some(Segment::Key(key.clone())),
+            serde_path_to_error::Segment::Enum { variant } => Some(Segment::Key(variant.clone())),
+            serde_path_to_error::Segment::Unknown => None,
+        })
+        .collect()
+}
+
+/// A path as the API names fields: `alerts[0].labels.x`; a key that is empty or would
+/// read as more than one step is quoted (`labels."a.b"`, `""`).
+fn field_name(path: &[Segment]) -> String {
+    let mut out = String::new();
+    for segment in path {
+        match segment {
+            Segment::Index(i) => out.push_str(&format!("[{i}]")),
+            Segment::Key(k) => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                let plain = !k.is_empty()
+                    && k.chars()
+                        .all(|c| c.is_alphanumeric() || matches!(c, '_' | '-' | '/'));
+                if plain {
+                    out.push_str(k);
+                } else {
+                    out.push_str(&serde_json::to_string(k).unwrap_or_default());
+                }
             }
         }
     }
@@ -152,15 +175,14 @@ fn segments(path: &str) -> Vec<Segment<'_>> {
 /// Drops what `path` points at so the body can be read again: a key is removed from its
 /// object; an array element is emptied (`{}`), so the others keep their indices. False
 /// when there is nothing there.
-fn drop_at(body: &mut Value, path: &str) -> bool {
-    let segments = segments(path);
-    let Some((last, parents)) = segments.split_last() else {
+fn drop_at(body: &mut Value, path: &[Segment]) -> bool {
+    let Some((last, parents)) = path.split_last() else {
         return false;
     };
     let mut at = body;
     for segment in parents {
         let next = match segment {
-            Segment::Key(k) => at.get_mut(*k),
+            Segment::Key(k) => at.get_mut(k.as_str()),
             Segment::Index(i) => at.get_mut(*i),
         };
         match next {
@@ -169,7 +191,7 @@ fn drop_at(body: &mut Value, path: &str) -> bool {
         }
     }
     match (last, at) {
-        (Segment::Key(k), Value::Object(obj)) => obj.remove(*k).is_some(),
+        (Segment::Key(k), Value::Object(obj)) => obj.remove(k).is_some(),
         (Segment::Index(i), Value::Array(items)) => match items.get_mut(*i) {
             Some(item) => {
                 *item = Value::Object(Map::new());
@@ -815,6 +837,7 @@ pub enum DecodeError {
 }
 
 const MAX_ID_LEN: usize = 256;
+const MAX_SOURCE_LEN: usize = 256;
 
 impl CloudEvent {
     /// A new event of `data`'s type with a fresh id.
@@ -857,8 +880,14 @@ impl CloudEvent {
                 "id: must be 1-{MAX_ID_LEN} characters"
             )));
         }
-        if event.source.is_empty() {
-            return Err(DecodeError::Attribute("source: must not be empty".into()));
+        // The source is credited in runs' histories and logs: a name, not a document.
+        if event.source.is_empty()
+            || event.source.chars().count() > MAX_SOURCE_LEN
+            || event.source.chars().any(char::is_control)
+        {
+            return Err(DecodeError::Attribute(format!(
+                "source: must be 1-{MAX_SOURCE_LEN} characters, none of them control characters"
+            )));
         }
         let Some(event_type) = EventType::from_type_name(&event.event_type) else {
             return Err(DecodeError::Attribute(format!(
@@ -1144,8 +1173,34 @@ mod tests {
             br#"{"specversion":"1.0","id":"1","source":"s","type":"other","data":{}}"#,
             br#"{"specversion":"1.0","id":"1","source":"s","type":"rollgate.detection.v1","data":{"target_version":"1.2","kind":"patch"}}"#,
             br#"{"specversion":"1.0","id":"1","source":"s","type":"rollgate.wake.v1","data":{"run_id":5}}"#,
+            br#"{"specversion":"1.0","id":"1","source":"","type":"rollgate.wake.v1","data":{"run_id":"r","epoch":1}}"#,
+            br#"{"specversion":"1.0","id":"1","source":"ops\nforged line","type":"rollgate.wake.v1","data":{"run_id":"r","epoch":1}}"#,
         ] {
             assert!(CloudEvent::decode(body).is_err(), "{}", String::from_utf8_lossy(body));
+        }
+        let long = format!(
+            r#"{{"specversion":"1.0","id":"1","source":"{}","type":"rollgate.wake.v1","data":{{"run_id":"r","epoch":1}}}}"#,
+            "s".repeat(257)
+        );
+        let refused = CloudEvent::decode(long.as_bytes()).expect_err("refused");
+        assert!(refused.to_string().contains("source"), "{refused}");
+    }
+
+    #[test]
+    fn a_refused_key_that_is_empty_or_dotted_is_named_quoted() {
+        for (body, field) in [
+            (
+                json!({"": 1, "target_version": "1.34.5", "kind": "patch"}),
+                "\"\"",
+            ),
+            (
+                json!({"a.b": 1, "target_version": "1.34.5", "kind": "patch"}),
+                "\"a.b\"",
+            ),
+        ] {
+            let errors = DetectionRequest::from_json(&body).expect_err("refused");
+            let named: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
+            assert_eq!(named, [field], "{body}: only the unknown key is refused");
         }
     }
 }

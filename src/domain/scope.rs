@@ -4,7 +4,19 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// One permission a client's token carries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+)]
 pub enum Scope {
     /// `POST /v1/alerts` (Alertmanager).
     #[serde(rename = "alerts:write")]
@@ -51,21 +63,23 @@ impl fmt::Display for Scope {
     }
 }
 
-/// The scope a request to `path` (under `/v1`) with `method` needs. Reads need `read`;
-/// each kind of write its own scope; a write to a path no route serves needs `runs:control`,
-/// the widest, so that probing unknown paths tells an under-scoped client nothing.
-pub fn required(method: &str, path: &str) -> Scope {
+/// The scope a request to `path` (under `/v1`) with `method` needs; `None` for
+/// `GET /v1/whoami`, which any known client may ask (so that a page or a script can say
+/// what its token lacks). Reads need `read`; each kind of write its own scope; a write to
+/// a path no route serves needs `runs:control`, the widest, so that probing unknown paths
+/// tells an under-scoped client nothing.
+pub fn required(method: &str, path: &str) -> Option<Scope> {
     let rest = path.strip_prefix("/v1").unwrap_or(path);
     let segments: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
-    if method.eq_ignore_ascii_case("GET") || method.eq_ignore_ascii_case("HEAD") {
-        return Scope::Read;
-    }
-    match segments.as_slice() {
+    let read = method.eq_ignore_ascii_case("GET") || method.eq_ignore_ascii_case("HEAD");
+    Some(match segments.as_slice() {
+        ["whoami"] if read => return None,
+        _ if read => Scope::Read,
         ["alerts"] => Scope::AlertsWrite,
         ["detections"] => Scope::DetectionsWrite,
         ["etcd-rolls"] => Scope::EtcdRollsWrite,
         _ => Scope::RunsControl,
-    }
+    })
 }
 
 #[cfg(test)]
@@ -91,10 +105,12 @@ mod tests {
             ("POST", "/v1/nothing-here", Scope::RunsControl),
             ("DELETE", "/v1/alerts", Scope::AlertsWrite),
             ("PUT", "/v1/runs", Scope::RunsControl),
+            ("POST", "/v1/whoami", Scope::RunsControl),
         ];
         for (method, path, scope) in cases {
-            assert_eq!(required(method, path), scope, "{method} {path}");
+            assert_eq!(required(method, path), Some(scope), "{method} {path}");
         }
+        assert_eq!(required("GET", "/v1/whoami"), None);
     }
 
     #[test]

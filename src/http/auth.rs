@@ -19,9 +19,9 @@ use crate::domain::scope;
 pub struct Caller(pub Arc<Client>);
 
 impl Caller {
-    /// The name of the client that made `req`, if it was authenticated.
-    pub fn name_of(req: &HttpRequest) -> Option<String> {
-        req.extensions().get::<Caller>().map(|c| c.0.name.clone())
+    /// The client that made `req`, if it was authenticated.
+    pub fn of(req: &HttpRequest) -> Option<Arc<Client>> {
+        req.extensions().get::<Caller>().map(|c| c.0.clone())
     }
 }
 
@@ -65,8 +65,9 @@ pub async fn require_scope(
             .error_response(),
         ));
     };
-    let needed = scope::required(req.method().as_str(), req.path());
-    if !client.may(needed) {
+    if let Some(needed) = scope::required(req.method().as_str(), req.path())
+        && !client.may(needed)
+    {
         tracing::info!(client = %client.name, scope = %needed, path = %req.path(), "refused: missing scope");
         return Ok(req.into_response(
             ApiError::forbidden(

@@ -128,7 +128,7 @@ async fn start_after(
 #[utoipa::path(get, path = "/v1/events", params(EventsQuery),
     responses((status = 200, description = "text/event-stream: `event: transition` frames (id = the transition's number; data = RunEvent) and `event: gate` frames (data = GateReport)", content_type = "text/event-stream", body = RunEvent),
         (status = 401, body = super::error::ErrorBody), (status = 503, body = super::error::ErrorBody)),
-    security(("bearer" = [])))]
+    security(("bearer" = ["read"])))]
 pub async fn stream(
     state: web::Data<AppState>,
     req: HttpRequest,

@@ -73,6 +73,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .service(
             web::scope("/v1")
                 .wrap(from_fn(auth::require_scope))
+                .route("/whoami", web::get().to(routes::whoami))
                 .route("/alerts", web::post().to(routes::post_alerts))
                 .route("/alerts", web::get().to(routes::get_alerts))
                 .route("/detections", web::post().to(routes::post_detections))

@@ -9,6 +9,7 @@ use utoipa::{Modify, OpenApi};
 #[openapi(
     info(title = "rollgate", description = "Gated, event-driven Kubernetes and etcd upgrades"),
     paths(
+        super::routes::whoami,
         super::routes::post_alerts,
         super::routes::get_alerts,
         super::routes::get_gates,
@@ -39,4 +40,36 @@ impl Modify for Bearer {
 /// Serves the description.
 pub async fn openapi_json() -> HttpResponse {
     HttpResponse::Ok().json(ApiDoc::openapi())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::scope;
+
+    /// The scopes the description lists are the ones the API enforces.
+    #[test]
+    fn every_documented_route_names_the_scope_it_needs() {
+        let doc = serde_json::to_value(ApiDoc::openapi()).expect("description");
+        let paths = doc["paths"].as_object().expect("paths");
+        let mut checked = 0;
+        for (path, operations) in paths {
+            for (method, operation) in operations.as_object().expect("operations") {
+                let listed: Vec<&str> = operation["security"][0]["bearer"]
+                    .as_array()
+                    .unwrap_or_else(|| panic!("{method} {path}: no bearer security"))
+                    .iter()
+                    .filter_map(|s| s.as_str())
+                    .collect();
+                let needed = scope::required(&method.to_uppercase(), path);
+                assert_eq!(
+                    listed,
+                    needed.map(|s| s.name()).into_iter().collect::<Vec<_>>(),
+                    "{method} {path}"
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked >= 10, "only {checked} operations");
+    }
 }

@@ -52,6 +52,15 @@ pub struct ControlAccepted {
     pub event_id: String,
 }
 
+/// Who a token belongs to and what it may do.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Whoami {
+    /// The client's name (its token file's name; `admin` for `server.token_file`).
+    pub client: String,
+    /// What it may do.
+    pub scopes: Vec<crate::domain::scope::Scope>,
+}
+
 /// Reads a JSON body: 415 unless JSON, 413 over the limit, 400 unless it parses.
 /// A request body read as JSON and validated by `parse`: 422 with every bad field.
 async fn read_request<T, E: std::fmt::Display>(
@@ -152,7 +161,7 @@ async fn enqueue(state: &AppState, data: &EventData) -> Result<CloudEvent, ApiEr
 
 /// The name of the client that made `req` (`-` if none was authenticated), for the audit.
 fn caller(req: &HttpRequest) -> String {
-    super::auth::Caller::name_of(req).unwrap_or_else(|| "-".into())
+    super::auth::Caller::of(req).map_or_else(|| "-".into(), |c| c.name.clone())
 }
 
 /// A 503 for a store that failed, logged.
@@ -167,7 +176,7 @@ pub(super) fn store_down(e: crate::store::StoreError) -> ApiError {
         (status = 401, body = super::error::ErrorBody), (status = 413, body = super::error::ErrorBody),
         (status = 415, body = super::error::ErrorBody), (status = 422, body = super::error::ErrorBody),
         (status = 503, body = super::error::ErrorBody)),
-    security(("bearer" = [])))]
+    security(("bearer" = ["alerts:write"])))]
 pub async fn post_alerts(
     state: State,
     req: HttpRequest,
@@ -184,10 +193,22 @@ pub async fn post_alerts(
 }
 
 /// `GET /v1/alerts`: the alert board built from Alertmanager notifications.
-#[utoipa::path(get, path = "/v1/alerts", responses((status = 200, body = Vec<crate::store::BoardEntry>)), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/alerts", responses((status = 200, body = Vec<crate::store::BoardEntry>)), security(("bearer" = ["read"])))]
 pub async fn get_alerts(state: State) -> Result<HttpResponse, ApiError> {
     let board = state.store.board(Utc::now()).await.map_err(store_down)?;
     Ok(HttpResponse::Ok().json(board))
+}
+
+/// `GET /v1/whoami`: the client the token names and its scopes; any known client may ask.
+#[utoipa::path(get, path = "/v1/whoami", responses((status = 200, body = Whoami), (status = 401, body = super::error::ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn whoami(req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    let caller = super::auth::Caller::of(&req)
+        .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "no client"))?;
+    Ok(HttpResponse::Ok().json(Whoami {
+        client: caller.name.clone(),
+        scopes: caller.scopes.iter().copied().collect(),
+    }))
 }
 
 /// Options of `GET /v1/gates`.
@@ -199,7 +220,7 @@ pub struct GateQuery {
 }
 
 /// `GET /v1/gates`: the verdict, each source's state and the evaluation time.
-#[utoipa::path(get, path = "/v1/gates", params(GateQuery), responses((status = 200, body = crate::workflows::gate::GateReport)), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/gates", params(GateQuery), responses((status = 200, body = crate::workflows::gate::GateReport)), security(("bearer" = ["read"])))]
 pub async fn get_gates(state: State, query: web::Query<GateQuery>) -> HttpResponse {
     let last = if query.cached == Some(true) {
         state.gate.last()
@@ -218,7 +239,7 @@ pub async fn get_gates(state: State, query: web::Query<GateQuery>) -> HttpRespon
         (status = 200, body = DetectionAccepted, description = "a run for this target is already in flight"),
         (status = 409, body = super::error::ErrorBody, description = "another upgrade run holds the cluster"),
         (status = 422, body = super::error::ErrorBody), (status = 503, body = super::error::ErrorBody)),
-    security(("bearer" = [])))]
+    security(("bearer" = ["detections:write"])))]
 pub async fn post_detections(
     state: State,
     req: HttpRequest,
@@ -395,7 +416,7 @@ pub async fn start_watched_roll(
     responses((status = 202, body = DetectionAccepted, description = "a new run"),
         (status = 200, body = DetectionAccepted, description = "a roll of this StatefulSet is already in flight"),
         (status = 422, body = super::error::ErrorBody), (status = 503, body = super::error::ErrorBody)),
-    security(("bearer" = [])))]
+    security(("bearer" = ["etcd-rolls:write"])))]
 pub async fn post_etcd_rolls(
     state: State,
     req: HttpRequest,
@@ -495,7 +516,7 @@ pub struct RunFilter {
 }
 
 /// `GET /v1/runs`: runs, newest first.
-#[utoipa::path(get, path = "/v1/runs", params(RunFilter), responses((status = 200, description = "the runs: whole (`view=full`) or a `RunSummary` each (`view=summary`)", body = Vec<Run>), (status = 422, body = super::error::ErrorBody)), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/runs", params(RunFilter), responses((status = 200, description = "the runs: whole (`view=full`) or a `RunSummary` each (`view=summary`)", body = Vec<Run>), (status = 422, body = super::error::ErrorBody)), security(("bearer" = ["read"])))]
 pub async fn list_runs(
     state: State,
     filter: web::Query<RunFilter>,
@@ -537,7 +558,7 @@ pub async fn list_runs(
 }
 
 /// `GET /v1/runs/{id}`: one run with its steps and history.
-#[utoipa::path(get, path = "/v1/runs/{id}", responses((status = 200, body = Run), (status = 404, body = super::error::ErrorBody)), security(("bearer" = [])))]
+#[utoipa::path(get, path = "/v1/runs/{id}", responses((status = 200, body = Run), (status = 404, body = super::error::ErrorBody)), security(("bearer" = ["read"])))]
 pub async fn get_run(state: State, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     match state.store.get_run(&id).await.map_err(store_down)? {
         Some(run) => Ok(HttpResponse::Ok().json(run)),
@@ -552,7 +573,7 @@ pub async fn get_run(state: State, id: web::Path<String>) -> Result<HttpResponse
     params(("id" = String, Path), ("action" = String, Path, description = "halt, resume or abort")),
     responses((status = 202, body = ControlAccepted), (status = 404, body = super::error::ErrorBody),
         (status = 409, body = super::error::ErrorBody)),
-    security(("bearer" = [])))]
+    security(("bearer" = ["runs:control"])))]
 pub async fn control_run(
     state: State,
     path: web::Path<(String, String)>,

@@ -2,6 +2,7 @@
 //! RabbitMQ on 127.0.0.1:5672 with names unique to each test.
 #![allow(dead_code)]
 
+pub mod clients;
 pub mod cluster;
 pub mod etcd;
 pub mod etcd_pods;
@@ -10,6 +11,7 @@ pub mod kube;
 pub mod manifests;
 pub mod nodes;
 pub mod openapi;
+pub mod pki;
 pub mod postgres;
 pub mod rabbit;
 pub mod rehearsal;

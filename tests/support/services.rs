@@ -180,14 +180,27 @@ pub struct Alertmanager {
 
 impl Alertmanager {
     pub async fn start(webhook_url: &str, token_file: &Path) -> Self {
-        Self::with_config(
-            &format!(
-                "route:\n  receiver: rollgate\n  group_by: ['...']\n  group_wait: 0s\n  group_interval: 1s\n  repeat_interval: 1h\nreceivers:\n  - name: rollgate\n    webhook_configs:\n      - url: {webhook_url}\n        send_resolved: true\n        http_config:\n          authorization:\n            type: Bearer\n            credentials_file: {}\n",
-                token_file.display()
-            ),
-            free_port(),
-        )
-        .await
+        Self::with_tls(webhook_url, token_file, None).await
+    }
+
+    /// Alertmanager whose webhook receiver also sets `tls_config` with `tls` (name, path
+    /// pairs such as `("ca_file", …)`, `("cert_file", …)`).
+    pub async fn with_tls(
+        webhook_url: &str,
+        token_file: &Path,
+        tls: Option<&[(&str, &Path)]>,
+    ) -> Self {
+        let mut config = format!(
+            "route:\n  receiver: rollgate\n  group_by: ['...']\n  group_wait: 0s\n  group_interval: 1s\n  repeat_interval: 1h\nreceivers:\n  - name: rollgate\n    webhook_configs:\n      - url: {webhook_url}\n        send_resolved: true\n        http_config:\n          authorization:\n            type: Bearer\n            credentials_file: {}\n",
+            token_file.display()
+        );
+        if let Some(tls) = tls {
+            config.push_str("          tls_config:\n");
+            for (key, path) in tls {
+                config.push_str(&format!("            {key}: {}\n", path.display()));
+            }
+        }
+        Self::with_config(&config, free_port()).await
     }
 
     /// Alertmanager on loopback `port` with `config` (alertmanager.yml), once ready.

@@ -4,7 +4,7 @@
 'use strict';
 
 const TOKEN_KEY = 'rollgate-token';
-const view = { runs: [], run: null, gate: null, lastEventId: null, stream: null, refresh: null };
+const view = { runs: [], run: null, gate: null, me: null, lastEventId: null, stream: null, refresh: null };
 
 class AuthError extends Error {}
 
@@ -27,9 +27,14 @@ function el(tag, attrs, ...children) {
   return node;
 }
 
+// replaceChildren would show a null as the text "null": absent parts are dropped.
+function present(nodes) {
+  return nodes.filter((n) => n !== null && n !== undefined);
+}
+
 function show(...nodes) {
   const main = document.getElementById('main');
-  main.replaceChildren(...nodes);
+  main.replaceChildren(...present(nodes));
 }
 
 async function api(path, options) {
@@ -54,10 +59,11 @@ function time(at) {
 function showLogin(reason) {
   stopStream();
   document.getElementById('logout').hidden = true;
+  document.getElementById('who').hidden = true;
   const input = el('input', { id: 'token', type: 'password', autocomplete: 'off', placeholder: 'API token' });
   const form = el('form', { class: 'login', id: 'login-form', onsubmit: (e) => { e.preventDefault(); login(input.value.trim()); } },
     el('h1', {}, 'Log in to rollgate'),
-    el('label', { for: 'token' }, 'API token (server.token_file)'),
+    el('label', { for: 'token' }, 'API token (a client in server.tokens_dir, or server.token_file)'),
     input,
     el('p', { id: 'login-reason', class: 'reason' }, reason || ''),
     el('button', { id: 'login', type: 'submit' }, 'Log in'));
@@ -65,20 +71,28 @@ function showLogin(reason) {
   input.focus();
 }
 
-async function login(value) {
-  sessionStorage.setItem(TOKEN_KEY, value);
-  try {
-    await api('/v1/runs?limit=1');
-  } catch (e) {
-    sessionStorage.removeItem(TOKEN_KEY);
-    showLogin(e instanceof AuthError ? e.message : 'rollgate does not answer: ' + e.message);
-    return;
+// Who the token belongs to and what it may do; the page needs `read`.
+async function whoami() {
+  const me = await api('/v1/whoami');
+  if (!me.scopes.includes('read')) {
+    throw new AuthError('client ' + me.client + ' lacks scope read, which the status page needs: grant it in server.scopes.' + me.client);
   }
+  return me;
+}
+
+function may(scope) {
+  return Boolean(view.me && view.me.scopes.includes(scope));
+}
+
+function login(value) {
+  sessionStorage.setItem(TOKEN_KEY, value);
+  view.me = null;
   start();
 }
 
 function logout() {
   sessionStorage.removeItem(TOKEN_KEY);
+  view.me = null;
   showLogin('logged out');
 }
 
@@ -167,10 +181,10 @@ function renderGatePanel() {
   const items = (v.blockers || []).map((b) => el('li', { class: 'blocker' },
     el('strong', { class: 'blocker-name' }, b.name), ' (' + b.source + (b.since ? ', since ' + time(b.since) : '') + ') ',
     el('span', { class: 'labels' }, Object.entries(b.labels || {}).map(([k, val]) => k + '=' + val).join(', '))));
-  panel.replaceChildren(
+  panel.replaceChildren(...present([
     el('p', {}, 'Gate now: ', el('span', { id: 'gate-verdict', class: 'status verdict-' + v.verdict }, v.verdict),
       v.reason ? ' — ' + v.reason : '', el('span', { class: 'muted' }, ' (asked ' + time(gate.evaluated_at) + ')')),
-    items.length ? el('ul', { id: 'blockers', class: 'blockers' }, items) : null);
+    items.length ? el('ul', { id: 'blockers', class: 'blockers' }, items) : null]));
 }
 
 async function control(action) {
@@ -187,11 +201,15 @@ async function control(action) {
 function renderRun() {
   const run = view.run;
   const terminal = ['succeeded', 'failed', 'aborted'].includes(run.status);
+  // A token without runs:control sees the controls but cannot use them, and is told why.
+  const controlling = may('runs:control');
+  const denied = controlling ? null : 'client ' + view.me.client + ' lacks scope runs:control';
+  const button = (id, label, off) => el('button', { id, type: 'button', disabled: off || !controlling, title: denied, onclick: () => control(id) }, label);
   const controls = el('div', { class: 'controls' },
-    el('button', { id: 'halt', type: 'button', disabled: terminal || run.status === 'halted', onclick: () => control('halt') }, 'Halt'),
-    el('button', { id: 'resume', type: 'button', disabled: run.status !== 'halted', onclick: () => control('resume') }, 'Resume'),
-    el('button', { id: 'abort', type: 'button', disabled: terminal, onclick: () => control('abort') }, 'Abort'),
-    el('span', { id: 'control-error', class: 'reason' }));
+    button('halt', 'Halt', terminal || run.status === 'halted'),
+    button('resume', 'Resume', run.status !== 'halted'),
+    button('abort', 'Abort', terminal),
+    el('span', { id: 'control-error', class: 'reason' }, denied ? denied + ': read only' : ''));
   const timeline = stages(run).map(({ stage, steps, nodes }) => {
     const done = steps.filter((s) => s.status === 'done').length;
     const body = nodes.length
@@ -208,7 +226,8 @@ function renderRun() {
     return el('section', { class: 'stage', 'data-stage': stage }, el('h3', {}, stage + ' ', el('span', { class: 'muted' }, done + '/' + steps.length)), body);
   });
   const history = [...(run.history || [])].reverse().map((h) => el('tr', {},
-    el('td', { class: 'muted' }, time(h.at)), el('td', {}, h.to), el('td', {}, h.step || ''), el('td', {}, h.reason)));
+    el('td', { class: 'muted' }, time(h.at)), el('td', {}, h.to), el('td', {}, h.step || ''),
+    el('td', { class: 'by' }, h.by || ''), el('td', {}, h.reason)));
   show(
     el('h1', {}, run.kind + ' ' + (run.target || '') + ' — ', el('span', { id: 'run-status', class: 'status status-' + run.status }, run.status)),
     el('p', { id: 'run-id', class: 'muted' }, run.id),
@@ -221,7 +240,7 @@ function renderRun() {
     el('div', { id: 'timeline' }, timeline),
     el('h2', {}, 'History'),
     el('div', { class: 'scroll' }, el('table', { id: 'history' },
-      el('thead', {}, el('tr', {}, el('th', {}, 'at'), el('th', {}, 'to'), el('th', {}, 'step'), el('th', {}, 'why'))),
+      el('thead', {}, el('tr', {}, el('th', {}, 'at'), el('th', {}, 'to'), el('th', {}, 'step'), el('th', {}, 'by'), el('th', {}, 'why'))),
       el('tbody', {}, history))));
   renderGatePanel();
 }
@@ -330,7 +349,19 @@ async function runStream() {
   }
 }
 
-function start() {
+async function start() {
+  if (!view.me) {
+    try {
+      view.me = await whoami();
+    } catch (e) {
+      sessionStorage.removeItem(TOKEN_KEY);
+      showLogin(e instanceof AuthError ? e.message : 'rollgate does not answer: ' + e.message);
+      return;
+    }
+  }
+  const who = document.getElementById('who');
+  who.textContent = view.me.client + (may('runs:control') ? '' : ' (read only)');
+  who.hidden = false;
   document.getElementById('logout').hidden = false;
   api('/v1/gates?cached=true').then((g) => { view.gate = g; renderGatePanel(); }).catch(() => {});
   refresh();
