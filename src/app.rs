@@ -593,24 +593,29 @@ fn lock_data_dir(dir: &Path) -> anyhow::Result<File> {
     }
 }
 
-/// The API's clients: those of `server.tokens_dir`, and `server.token_file`'s all-scopes
-/// token (client `admin`) unless only scoped tokens are wanted (`tokens_dir` set and
-/// `token_file` left at its default).
-fn load_clients(settings: &Settings) -> anyhow::Result<Clients> {
+/// Where the API's tokens come from: `server.tokens_dir`, and `server.token_file`'s
+/// all-scopes token (client `admin`) unless only scoped tokens are wanted (`tokens_dir`
+/// set and `token_file` left at its default).
+pub fn token_sources(settings: &Settings) -> TokenSources {
     let server = &settings.server;
-    let admin_file = if server.tokens_dir.is_none() || !server.token_file_is_default {
-        load_or_create_token(settings)?;
-        Some(server.token_file.clone())
-    } else {
-        info!("server.tokens_dir without server.token_file: no all-scopes token");
-        None
-    };
-    Clients::load(TokenSources {
-        admin_file,
+    let with_admin = server.tokens_dir.is_none() || !server.token_file_is_default;
+    TokenSources {
+        admin_file: with_admin.then(|| server.token_file.clone()),
         dir: server.tokens_dir.clone(),
         scopes: server.scopes.clone(),
-    })
-    .context("cannot read the API tokens (server.token_file, server.tokens_dir)")
+    }
+}
+
+/// The API's clients for `serve`, the all-scopes token generated on first start.
+fn load_clients(settings: &Settings) -> anyhow::Result<Clients> {
+    let sources = token_sources(settings);
+    if sources.admin_file.is_some() {
+        load_or_create_token(settings)?;
+    } else {
+        info!("server.tokens_dir without server.token_file: no all-scopes token");
+    }
+    Clients::load(sources)
+        .context("cannot read the API tokens (server.token_file, server.tokens_dir)")
 }
 
 /// Checks the API token file; generates it on first start when the default path is used.

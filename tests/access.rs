@@ -178,6 +178,20 @@ async fn a_replaced_token_file_rotates_within_a_second_and_a_removed_one_revokes
     let old = token_of("viewer");
     let (status, _) = send(&rg, "GET", "/v1/runs", None, Some(old)).await;
     assert_eq!(status, 200);
+    // A stream opened with the old token, read until it ends.
+    let mut stream = reqwest::Client::new()
+        .get(format!("{}/v1/events", rg.base()))
+        .bearer_auth(old)
+        .send()
+        .await
+        .expect("the event stream");
+    assert_eq!(stream.status().as_u16(), 200);
+    let first = stream.chunk().await.expect("a frame");
+    assert!(first.is_some(), "the stream opened");
+    let ended = tokio::spawn(async move {
+        while let Ok(Some(_)) = stream.chunk().await {}
+        Instant::now()
+    });
 
     let new = "view-rotated-0123456789";
     write_token(dir.path(), "viewer", new);
@@ -193,6 +207,15 @@ async fn a_replaced_token_file_rotates_within_a_second_and_a_removed_one_revokes
     )
     .await;
     eprintln!("rotation seen after {:?}", rotated.elapsed());
+    // The old token's open stream ends too: a rotation is not a reconnect away.
+    let ended = tokio::time::timeout(Duration::from_secs(5), ended)
+        .await
+        .expect("the old token's stream ended")
+        .expect("reader");
+    eprintln!(
+        "the old token's stream ended {:?} after the rotation",
+        ended.saturating_duration_since(rotated)
+    );
 
     std::fs::remove_file(dir.path().join("viewer")).expect("remove");
     eventually(
@@ -379,4 +402,47 @@ async fn whoami_names_the_client_and_its_scopes_for_any_known_token() {
     .await;
     assert_eq!(status, 401);
     drop(dir);
+}
+
+#[test]
+fn check_config_lists_the_clients_with_their_scopes_and_names_a_bad_token_file() {
+    let (dir, env) = clients_dir();
+    let check = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
+            .arg("check-config")
+            .env_clear()
+            .env("ROLLGATE__DATA_DIR", dir.path().join("data"))
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .output()
+            .expect("check-config")
+    };
+    let good = check();
+    let text = String::from_utf8_lossy(&good.stdout);
+    assert!(
+        good.status.success(),
+        "{}",
+        String::from_utf8_lossy(&good.stderr)
+    );
+    assert!(
+        text.contains("clients     alertmanager (alerts:write), alice (runs:control, read), bob"),
+        "{text}"
+    );
+    assert!(
+        text.contains("viewer (read)") && text.contains("nobody ()"),
+        "{text}"
+    );
+    assert!(text.contains("tls         off (plain HTTP)"), "{text}");
+
+    write_token(dir.path(), "alice", "short");
+    let bad = check();
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert_eq!(bad.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("alice") && err.contains("shorter than 16"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("short\n") && !err.contains(": short"),
+        "the token is shown: {err}"
+    );
 }

@@ -236,6 +236,15 @@ async fn an_unrelated_alert_holds_the_run_and_it_goes_on_when_the_alert_resolves
             },
         )
         .await;
+    // Alertmanager told rollgate as well: over HTTPS, with the token that may only post
+    // alerts, as the example site configures it.
+    let from_alertmanager = "rollgate_http_requests_total{client=\"alertmanager\",code=\"202\",method=\"POST\",route=\"/v1/alerts\"}";
+    eventually(
+        "Alertmanager's webhook taken over HTTPS",
+        Duration::from_secs(60),
+        || async { (r.rg.metric(from_alertmanager).await >= 1.0).then_some(()) },
+    )
+    .await;
     let gate = current_label(&held);
     let node = gate
         .strip_prefix("workers/gate@")

@@ -261,3 +261,37 @@ async fn a_certificate_replaced_in_place_is_served_without_a_restart() {
         "rollgate restarted:\n{logs}"
     );
 }
+
+#[test]
+fn check_config_names_a_key_that_does_not_fit_its_certificate() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = TestCa::new("rollgate test CA");
+    let files = ca.server("rollgate").write(dir.path(), "tls");
+    let client_ca = ca.write(dir.path(), "client-ca.crt");
+    let check = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
+            .arg("check-config")
+            .env_clear()
+            .env("ROLLGATE__DATA_DIR", dir.path().join("data"))
+            .envs(borrowed(&tls_env(&files, Some(&client_ca))))
+            .output()
+            .expect("check-config")
+    };
+    let good = check();
+    let text = String::from_utf8_lossy(&good.stdout);
+    assert!(
+        good.status.success(),
+        "{}",
+        String::from_utf8_lossy(&good.stderr)
+    );
+    assert!(text.contains("tls         https, mutual TLS"), "{text}");
+
+    std::fs::write(&files.key, ca.server("another").key_pem).expect("write key");
+    let bad = check();
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert_eq!(bad.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("tls_key_file") && err.contains("does not fit the certificate"),
+        "{err}"
+    );
+}

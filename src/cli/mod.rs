@@ -265,6 +265,50 @@ pub enum RunsAction {
     },
 }
 
+/// What the listener will serve, read as `serve` reads it: the API's clients with their
+/// scopes, and TLS. An error names the file that cannot be used (never a token).
+fn check_listener(settings: &Settings) -> anyhow::Result<(String, String)> {
+    use crate::http::clients::Clients;
+    let mut sources = crate::app::token_sources(settings);
+    let with_admin = sources.admin_file.is_some();
+    // serve generates the default token file on first start.
+    if settings.server.token_file_is_default {
+        sources.admin_file = sources.admin_file.filter(|p| p.exists());
+    }
+    let clients = Clients::load(sources)
+        .context("cannot read the API tokens (server.token_file, server.tokens_dir)")?;
+    let listed: Vec<String> = clients
+        .list()
+        .iter()
+        .map(|c| {
+            let scopes: Vec<&str> = c.scopes.iter().map(|s| s.name()).collect();
+            format!("{} ({})", c.name, scopes.join(", "))
+        })
+        .collect();
+    let clients = match (listed.is_empty(), with_admin) {
+        (false, _) => listed.join(", "),
+        (true, true) => "admin (every scope; its token is generated at the first start)".into(),
+        (true, false) => "none: every request under /v1 is refused".into(),
+    };
+    let s = &settings.server;
+    let tls = match (&s.tls_cert_file, &s.tls_key_file) {
+        (Some(cert), Some(key)) => {
+            crate::http::tls::Tls::load(crate::http::tls::TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: s.client_ca_file.clone(),
+            })
+            .context("cannot serve TLS")?;
+            match &s.client_ca_file {
+                Some(ca) => format!("https, mutual TLS (clients signed by {})", ca.display()),
+                None => "https".to_owned(),
+            }
+        }
+        _ => "off (plain HTTP)".to_owned(),
+    };
+    Ok((clients, tls))
+}
+
 /// Runs the parsed command line.
 pub fn run(cli: Cli) -> ExitCode {
     let settings = match Settings::load(cli.config.as_deref()) {
@@ -280,6 +324,16 @@ pub fn run(cli: Cli) -> ExitCode {
             println!("  listen      {}", settings.server.listen);
             println!("  data_dir    {}", settings.data_dir.display());
             println!("  token_file  {}", settings.server.token_file.display());
+            match check_listener(&settings) {
+                Ok((clients, tls)) => {
+                    println!("  clients     {clients}");
+                    println!("  tls         {tls}");
+                }
+                Err(e) => {
+                    eprintln!("rollgate: {e:#}");
+                    return ExitCode::from(2);
+                }
+            }
             println!("  queue       {:?}", settings.queue.backend);
             let cluster = match (&settings.cluster.kubeconfig, settings.cluster.in_cluster) {
                 (Some(path), _) => format!("kubeconfig {}", path.display()),

@@ -25,19 +25,23 @@ impl Caller {
     }
 }
 
+/// The token of `Authorization: Bearer <token>`, if one is sent.
+pub fn bearer(headers: &actix_web::http::header::HeaderMap) -> Option<&str> {
+    headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+}
+
 /// Lets the request through only with `Authorization: Bearer <token>` of a client that
 /// holds the route's scope.
 pub async fn require_scope(
     req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<BoxBody>, Error> {
-    let presented = req
-        .headers()
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
-        .filter(|t| !t.is_empty());
+    let presented = bearer(req.headers());
     let clients = req
         .app_data::<web::Data<AppState>>()
         .map(|s| s.clients.clone());

@@ -109,14 +109,19 @@ impl Clients {
         found
     }
 
-    /// The names of the clients known now, sorted.
-    pub fn names(&self) -> Vec<String> {
+    /// The clients known now, by name.
+    pub fn list(&self) -> Vec<Arc<Client>> {
         let Ok(table) = self.table.read() else {
             return Vec::new();
         };
-        let mut names: Vec<String> = table.entries.iter().map(|(_, c)| c.name.clone()).collect();
-        names.sort();
-        names
+        let mut clients: Vec<Arc<Client>> = table.entries.iter().map(|(_, c)| c.clone()).collect();
+        clients.sort_by(|a, b| a.name.cmp(&b.name));
+        clients
+    }
+
+    /// The names of the clients known now, sorted.
+    pub fn names(&self) -> Vec<String> {
+        self.list().iter().map(|c| c.name.clone()).collect()
     }
 
     /// Reads the files again; keeps the clients as they were when the files cannot be read

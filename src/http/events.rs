@@ -4,6 +4,8 @@
 //! number as the SSE `id`, so a client that reconnects with `Last-Event-ID` (browsers do
 //! it by themselves) gets every transition it missed, across restarts of rollgate. Gate
 //! changes are live only: the current verdict is sent on connect, then each change.
+//! A stream ends once its token no longer may read (rotated, revoked, its scope taken
+//! away): within a poll, not at the next reconnect.
 
 use actix_web::web::Bytes;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -57,6 +59,9 @@ fn gate_frame(report: &GateReport) -> Bytes {
 
 /// Where a stream stands.
 struct Feed {
+    /// The token the stream was opened with, asked again before every frame.
+    token: String,
+    clients: std::sync::Arc<super::clients::Clients>,
     store: Store,
     run: Option<String>,
     after: i64,
@@ -71,6 +76,14 @@ impl Feed {
     /// client reconnects and resumes from its last id).
     async fn next(&mut self) -> Option<Bytes> {
         loop {
+            let reads = self
+                .clients
+                .identify(&self.token)
+                .is_some_and(|c| c.may(crate::domain::scope::Scope::Read));
+            if !reads {
+                tracing::info!("event stream ended: its token may no longer read");
+                return None;
+            }
             if let Some(frame) = self.ready.pop_front() {
                 return Some(frame);
             }
@@ -144,6 +157,10 @@ pub async fn stream(
         ready.push_back(gate_frame(report));
     }
     let feed = Feed {
+        token: super::auth::bearer(req.headers())
+            .unwrap_or_default()
+            .to_owned(),
+        clients: state.clients.clone(),
         logged: store.transitions_logged(),
         store,
         run: query.into_inner().run,

@@ -45,8 +45,17 @@ impl TestCa {
 
     /// A server certificate for 127.0.0.1 and localhost, common name `name`.
     pub fn server(&self, name: &str) -> Issued {
-        let mut params =
-            CertificateParams::new(vec!["localhost".to_owned()]).expect("server params");
+        self.server_for(name, &[])
+    }
+
+    /// A server certificate for 127.0.0.1, localhost and `dns_names` (the names a
+    /// production client checks, such as `rollgate.rollgate.svc`).
+    pub fn server_for(&self, name: &str, dns_names: &[&str]) -> Issued {
+        let names = std::iter::once("localhost")
+            .chain(dns_names.iter().copied())
+            .map(str::to_owned)
+            .collect::<Vec<_>>();
+        let mut params = CertificateParams::new(names).expect("server params");
         params
             .subject_alt_names
             .push(SanType::IpAddress([127, 0, 0, 1].into()));

@@ -15,6 +15,7 @@ use std::time::Duration;
 use super::Rollgate;
 use super::free_port;
 use super::ground::Ground;
+use super::pki::{TestCa, TlsFiles};
 use super::services::{Alertmanager, Process, rules_dir, wait_http_ok};
 
 /// Rehearsal time over real time: 10 minutes of soak take 5 seconds.
@@ -175,6 +176,75 @@ fn host_port(url: &str) -> String {
         .to_owned()
 }
 
+/// The operators' token of the rehearsal (every scope, as `server.token_file`).
+const ADMIN_TOKEN: &str = "rehearsal-admin-0123456789";
+
+/// rollgate's listener as the example site runs it: HTTPS with a certificate for
+/// `rollgate.rollgate.svc` from a CA Alertmanager and Prometheus trust, and Alertmanager
+/// holding a token that may only post alerts.
+struct Listener {
+    ca: TestCa,
+    ca_file: PathBuf,
+    tls: TlsFiles,
+    tokens_dir: PathBuf,
+    alertmanager_token: PathBuf,
+    admin_token: PathBuf,
+}
+
+impl Listener {
+    fn write(d: &Path) -> Self {
+        let ca = TestCa::new("rehearsal CA");
+        let tls = ca
+            .server_for("rollgate", &["rollgate.rollgate.svc"])
+            .write(d, "tls");
+        let ca_file = ca.write(d, "ca.crt");
+        let tokens_dir = d.join("clients");
+        std::fs::create_dir(&tokens_dir).expect("clients");
+        let alertmanager_token = tokens_dir.join("alertmanager");
+        std::fs::write(&alertmanager_token, "rehearsal-am-0123456789\n").expect("token");
+        let admin_token = d.join("admin-token");
+        std::fs::write(&admin_token, format!("{ADMIN_TOKEN}\n")).expect("token");
+        Self {
+            ca,
+            ca_file,
+            tls,
+            tokens_dir,
+            alertmanager_token,
+            admin_token,
+        }
+    }
+
+    fn env(&self) -> Vec<(String, String)> {
+        let path = |p: &Path| p.display().to_string();
+        vec![
+            (
+                "ROLLGATE__SERVER__TLS_CERT_FILE".into(),
+                path(&self.tls.cert),
+            ),
+            ("ROLLGATE__SERVER__TLS_KEY_FILE".into(), path(&self.tls.key)),
+            (
+                "ROLLGATE__SERVER__TOKENS_DIR".into(),
+                path(&self.tokens_dir),
+            ),
+            (
+                "ROLLGATE__SERVER__SCOPES__ALERTMANAGER".into(),
+                "alerts:write".into(),
+            ),
+            (
+                "ROLLGATE__SERVER__TOKEN_FILE".into(),
+                path(&self.admin_token),
+            ),
+        ]
+    }
+
+    fn client(&self) -> reqwest::Client {
+        Rollgate::client_builder()
+            .add_root_certificate(self.ca.trust())
+            .build()
+            .expect("client")
+    }
+}
+
 impl Rehearsal {
     /// A control plane and `workers` workers at `kubelet`, and everything watching them.
     pub async fn start(kubelet: &str, workers: usize) -> Self {
@@ -185,6 +255,7 @@ impl Rehearsal {
 
         std::fs::write(d.join("rules.yml"), scaled_rules()).expect("rules");
         std::fs::write(d.join("kube-token"), &ground.api.token).expect("token");
+        let listener = Listener::write(d);
         let prometheus =
             start_prometheus(d, &ground, rg_port, prometheus_port, alertmanager_port).await;
 
@@ -198,13 +269,16 @@ impl Rehearsal {
             "ROLLGATE__GATE__PROMETHEUS_URL".into(),
             format!("http://127.0.0.1:{prometheus_port}"),
         ));
+        env.extend(listener.env());
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let rg = Rollgate::start_on(rg_port, &env).await;
+        let mut rg = Rollgate::start_with(rg_port, &env, "https", listener.client()).await;
+        rg.token = ADMIN_TOKEN.to_owned();
 
         let alertmanager = Alertmanager::with_config(
             &alertmanager_config(
                 &format!("{}/v1/alerts", rg.base()),
-                &rg.data_dir().join("api-token"),
+                &listener.alertmanager_token,
+                &listener.ca_file,
             ),
             alertmanager_port,
         )
@@ -323,6 +397,13 @@ async fn start_prometheus(
     let plain = |job: &str, target: &str| {
         format!("  - job_name: {job}\n    static_configs:\n      - targets: ['{target}']\n")
     };
+    // As the example's ServiceMonitor scrapes it: HTTPS, trusting the CA, by its name.
+    let https = |job: &str, target: &str| {
+        format!(
+            "  - job_name: {job}\n    scheme: https\n    tls_config:\n      ca_file: {}\n      server_name: rollgate.rollgate.svc\n    static_configs:\n      - targets: ['{target}']\n",
+            d.join("ca.crt").display()
+        )
+    };
     let config = format!(
         "global:\n  scrape_interval: {scrape}\n  evaluation_interval: {eval}\n\
          alerting:\n  alertmanagers:\n    - static_configs:\n        - targets: ['127.0.0.1:{alertmanager_port}']\n\
@@ -332,7 +413,7 @@ async fn start_prometheus(
         apiserver = kube("apiserver", "/metrics"),
         kubelet = kube("kubelet", "/metrics/kubelet"),
         ksm = kube("kube-state-metrics", "/metrics/kube-state"),
-        rollgate = plain("rollgate", &format!("127.0.0.1:{rg_port}")),
+        rollgate = https("rollgate", &format!("127.0.0.1:{rg_port}")),
         etcd = plain("etcd", &etcd),
     );
     let file = d.join("prometheus.yml");
@@ -363,7 +444,7 @@ async fn start_prometheus(
 
 /// The shipped Alertmanager example (`deploy/examples/alertmanager-receiver.yaml`), its
 /// receiver pointed at `webhook` with `token_file`, its timings scaled.
-fn alertmanager_config(webhook: &str, token_file: &Path) -> String {
+fn alertmanager_config(webhook: &str, token_file: &Path, ca_file: &Path) -> String {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("deploy/examples/alertmanager-receiver.yaml");
     let text = std::fs::read_to_string(path).expect("example");
@@ -392,6 +473,8 @@ fn alertmanager_config(webhook: &str, token_file: &Path) -> String {
             hook["url"] = webhook.into();
             hook["http_config"]["authorization"]["credentials_file"] =
                 token_file.display().to_string().into();
+            // The example's server_name stays: the rehearsal's certificate carries it.
+            hook["http_config"]["tls_config"]["ca_file"] = ca_file.display().to_string().into();
         }
     }
     serde_norway::to_string(&doc).expect("yaml")
