@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tracing::{Instrument, info, info_span, warn};
 
+use crate::domain::alert::AlertBatch;
 use crate::domain::backoff::Backoff;
 use crate::domain::engine::{self, Context, Input, Next, StepOutcome};
 use crate::domain::event::{
@@ -20,7 +21,7 @@ use crate::domain::schedule::Windows;
 use crate::metrics::Metrics;
 use crate::ports::{Executors, Notice, Notifier};
 use crate::queue::{Delivery, Outgoing, Queue, QueueError};
-use crate::store::{Commit, Committed, Store, StoreError};
+use crate::store::{AlertEvent, Commit, Committed, Store, StoreError};
 
 /// The worker.
 pub struct Worker {
@@ -70,6 +71,16 @@ impl WorkerPolicy {
 const EVENT_RETRY: Backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(60));
 /// How often messages left in the outbox (broker down) are tried again.
 const OUTBOX_RETRY: Duration = Duration::from_secs(5);
+/// Most alert notifications committed together.
+const ALERT_BATCH: usize = 64;
+
+/// Whether `delivery` may be committed with the alert notifications beside it: one on
+/// time and delivered for the first time (a redelivery is asked about alone).
+fn alerts_batchable(delivery: &Delivery) -> bool {
+    delivery.routing_key == EventType::Alerts.routing_key()
+        && !delivery.redelivered
+        && delivery.not_before.is_none()
+}
 
 /// Why an event could not be processed now; the delivery is released and retried.
 #[derive(Debug, thiserror::Error)]
@@ -208,10 +219,19 @@ impl Worker {
         info!("worker stopped");
     }
 
-    /// Handles what the queue gave; false when the queue is closed.
+    /// Handles what the queue gave, with the alert notifications in hand behind it;
+    /// false when the queue is closed.
     async fn receive(&self, delivery: Result<Delivery, QueueError>) -> bool {
         {
             match delivery {
+                Ok(d) if alerts_batchable(&d) => {
+                    let more = self.queue.ready(ALERT_BATCH - 1).await;
+                    if more.is_empty() {
+                        self.handle(d).await;
+                    } else {
+                        self.handle_in_order(d, more).await;
+                    }
+                }
                 Ok(d) => self.handle(d).await,
                 Err(QueueError::Closed) => return false,
                 Err(e) => {
@@ -320,6 +340,107 @@ impl Worker {
         Ok(committed)
     }
 
+    /// Handles `first` and `more` in their order, each run of alert notifications in one
+    /// commit (a board update is the same whichever of them it comes from; what else is in
+    /// hand keeps its place).
+    async fn handle_in_order(&self, first: Delivery, more: Vec<Delivery>) {
+        let mut alerts: Vec<(Delivery, CloudEvent, AlertBatch)> = Vec::new();
+        for delivery in std::iter::once(first).chain(more) {
+            if alerts_batchable(&delivery)
+                && let Ok((event, EventData::Alerts(batch))) = CloudEvent::decode(&delivery.body)
+            {
+                alerts.push((delivery, event, batch));
+                continue;
+            }
+            self.handle_alerts(std::mem::take(&mut alerts)).await;
+            self.handle(delivery).await;
+        }
+        self.handle_alerts(alerts).await;
+    }
+
+    /// Several alert notifications in one commit: each marked processed (one seen before
+    /// is skipped alone), every alert on the board, then each acked.
+    async fn handle_alerts(&self, mut alerts: Vec<(Delivery, CloudEvent, AlertBatch)>) {
+        if alerts.len() <= 1 {
+            if let Some((delivery, ..)) = alerts.pop() {
+                self.handle(delivery).await;
+            }
+            return;
+        }
+        let span = info_span!("events", events = alerts.len(), event_type = "alerts");
+        async {
+            let result = async {
+                let mut commit = Commit::default();
+                let mut may_open = false;
+                for (_, event, batch) in &alerts {
+                    info!(event_id = %event.id, alerts = batch.alerts.len(), receiver = %batch.receiver, "alerts received");
+                    may_open |= crate::workflows::gate::may_open(&batch.alerts);
+                    commit.alert_events.push(AlertEvent {
+                        id: event.id.clone(),
+                        alerts: batch.alerts.clone(),
+                    });
+                }
+                if may_open {
+                    commit.outbox.extend(self.gate_rechecks().await?);
+                }
+                Ok::<_, Transient>(match self.commit(commit).await? {
+                    Committed::Done { skipped } => skipped,
+                    Committed::AlreadyProcessed => 0,
+                })
+            }
+            .await;
+            match result {
+                Ok(skipped) => {
+                    self.consecutive_failures.store(0, Ordering::Relaxed);
+                    let label = [EventType::Alerts.label()];
+                    self.metrics
+                        .events_processed
+                        .with_label_values(&label)
+                        .inc_by((alerts.len() - skipped) as u64);
+                    self.metrics
+                        .events_duplicate
+                        .with_label_values(&label)
+                        .inc_by(skipped as u64);
+                    info!(events = alerts.len(), skipped, "alert notifications committed together");
+                    self.flush_or_keep().await;
+                    for (delivery, ..) in &alerts {
+                        if let Err(e) = self.queue.ack(delivery).await {
+                            warn!(error = %crate::error_chain(&e), "ack failed; the event will be redelivered and skipped");
+                        }
+                    }
+                }
+                Err(e) => {
+                    self.metrics
+                        .queue_errors
+                        .with_label_values(&["process"])
+                        .inc();
+                    let failures = self.consecutive_failures.fetch_add(1, Ordering::Relaxed);
+                    let pause = crate::jitter::pause(&EVENT_RETRY, failures.saturating_add(1));
+                    warn!(error = %crate::error_chain(&e), retry_in = ?pause, "cannot process now; releasing for redelivery");
+                    tokio::time::sleep(pause).await;
+                    for (delivery, ..) in &alerts {
+                        let _ = self.queue.release(delivery).await;
+                    }
+                }
+            }
+        }
+        .instrument(span)
+        .await;
+    }
+
+    /// Wakes for the runs a closed gate holds, so that they ask again at once rather than
+    /// at their next poll (an alert may have resolved).
+    async fn gate_rechecks(&self) -> Result<Vec<Outgoing>, Transient> {
+        Ok(self
+            .store
+            .unfinished()
+            .await?
+            .iter()
+            .filter(|run| run.status == RunStatus::Waiting && run.blocked_since.is_some())
+            .map(|run| wake_message(run, None))
+            .collect())
+    }
+
     async fn handle(&self, delivery: Delivery) {
         let (event, data) = match CloudEvent::decode(&delivery.body) {
             Ok(decoded) => decoded,
@@ -415,12 +536,7 @@ impl Worker {
             EventData::Alerts(batch) => {
                 info!(alerts = batch.alerts.len(), receiver = %batch.receiver, "alerts received");
                 if crate::workflows::gate::may_open(&batch.alerts) {
-                    // Runs held by a gate re-check at once rather than at their next poll.
-                    for run in self.store.unfinished().await? {
-                        if run.status == RunStatus::Waiting && run.blocked_since.is_some() {
-                            commit.outbox.push(wake_message(&run, None));
-                        }
-                    }
+                    commit.outbox.extend(self.gate_rechecks().await?);
                 }
                 commit.alerts = batch.alerts;
             }

@@ -202,3 +202,82 @@ async fn a_missing_broker_is_an_error_within_seconds() {
         started.elapsed()
     );
 }
+
+#[tokio::test]
+async fn alert_notifications_waiting_together_are_committed_together_each_once() {
+    let names = Names::unique();
+    let mut rg = start(&names).await;
+    // Queued while no worker consumes: the broker then hands them over a prefetch at a time.
+    assert!(rg.terminate().success());
+    let conn = rabbit::connect().await;
+    let ch = conn.create_channel().await.expect("channel");
+    ch.confirm_select(lapin::options::ConfirmSelectOptions::default())
+        .await
+        .expect("confirms");
+    let mut expected = Vec::new();
+    for i in 0..300 {
+        // Every tenth notification is published twice, as a retrying publisher does.
+        let id = format!("burst-{i}");
+        let fingerprint = format!("bb{i:04}");
+        let body = envelope(&id, "rollgate.alerts.v1", webhook(&fingerprint));
+        for _ in 0..if i % 10 == 0 { 2 } else { 1 } {
+            let confirm = ch
+                .basic_publish(
+                    names.exchange.as_str().into(),
+                    "alerts".into(),
+                    lapin::options::BasicPublishOptions::default(),
+                    &body,
+                    lapin::BasicProperties::default()
+                        .with_delivery_mode(2)
+                        .with_message_id(id.as_str().into()),
+                )
+                .await
+                .expect("publish")
+                .await
+                .expect("confirm");
+            assert!(confirm.is_ack());
+        }
+        expected.push(fingerprint);
+    }
+    let _ = conn.close(200, "done".into()).await;
+
+    rg.restart().await;
+    let seen = eventually(
+        "every notification on the board",
+        Duration::from_secs(60),
+        || async {
+            let seen = board(&rg).await;
+            expected
+                .iter()
+                .all(|f| seen.contains_key(f))
+                .then_some(seen)
+        },
+    )
+    .await;
+    for fingerprint in &expected {
+        assert_eq!(seen[fingerprint], 1, "{fingerprint} counted twice");
+    }
+    eventually(
+        "the 30 repeats counted as duplicates",
+        Duration::from_secs(20),
+        || async {
+            let duplicates = rg
+                .metric("rollgate_events_duplicate_total{type=\"alerts\"}")
+                .await;
+            (duplicates == 30.0).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        rg.metric("rollgate_events_processed_total{type=\"alerts\"}")
+            .await,
+        300.0
+    );
+    assert!(
+        rg.logs().contains("alert notifications committed together"),
+        "no batch was committed:\n{}",
+        rg.logs()
+    );
+    drop(rg);
+    rabbit::cleanup(&names).await;
+}

@@ -101,7 +101,7 @@ async fn claims_dedup_and_the_log_behave_the_same_on_both_backends() {
         };
         assert_eq!(
             store.commit(commit(&running)).await.unwrap(),
-            Committed::Done
+            Committed::Done { skipped: 0 }
         );
         let mut later = running.clone();
         later.transition(RunStatus::Failed, "should not land", Utc::now());
@@ -342,4 +342,55 @@ async fn the_lease_of_a_replica_whose_session_is_gone_is_taken_at_once() {
     let three = replica(&url).await;
     assert!(!three.take_lease(WORKER_LEASE, ttl).await.unwrap());
     assert!(two.take_lease(WORKER_LEASE, ttl).await.unwrap());
+}
+
+#[tokio::test]
+async fn alert_notifications_committed_together_each_count_once_and_a_seen_one_is_skipped_alone() {
+    use rollgate::domain::alert::AlertBatch;
+    use rollgate::store::AlertEvent;
+    let notification = |id: &str, fingerprint: &str| AlertEvent {
+        id: id.into(),
+        alerts: AlertBatch::from_json(&support::webhook(fingerprint))
+            .expect("a webhook")
+            .alerts,
+    };
+    for (store, _dir) in both().await {
+        let name = store.backend();
+        let one = Commit {
+            alert_events: vec![notification("n1", "aa01")],
+            ..Commit::default()
+        };
+        assert_eq!(
+            store.commit(one).await.unwrap(),
+            Committed::Done { skipped: 0 }
+        );
+        // n1 again (a publisher sent it twice), n2 and n3 new, n3 twice in the batch.
+        let batch = Commit {
+            alert_events: vec![
+                notification("n1", "aa01"),
+                notification("n2", "aa02"),
+                notification("n3", "aa03"),
+                notification("n3", "aa03"),
+            ],
+            ..Commit::default()
+        };
+        assert_eq!(
+            store.commit(batch).await.unwrap(),
+            Committed::Done { skipped: 2 },
+            "{name}"
+        );
+        let board: std::collections::HashMap<String, u64> = store
+            .board(Utc::now())
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.alert.fingerprint.clone(), e.received))
+            .collect();
+        for fingerprint in ["aa01", "aa02", "aa03"] {
+            assert_eq!(board.get(fingerprint), Some(&1), "{name}: {fingerprint}");
+        }
+        for id in ["n1", "n2", "n3"] {
+            assert!(store.is_processed(id).await.unwrap(), "{name}: {id}");
+        }
+    }
 }

@@ -546,15 +546,7 @@ impl Queue for AmqpQueue {
                 continue;
             };
             match stream.next().await {
-                Some(Ok(d)) => {
-                    return Ok(Delivery {
-                        routing_key: d.routing_key.to_string(),
-                        not_before: not_before(&d.properties),
-                        redelivered: d.redelivered,
-                        body: d.data,
-                        handle: Handle::Amqp { acker: d.acker },
-                    });
-                }
+                Some(Ok(d)) => return Ok(delivery(d)),
                 Some(Err(e)) => {
                     tracing::warn!(error = %crate::error_chain(&e), "RabbitMQ consumer failed; reconnecting")
                 }
@@ -565,6 +557,24 @@ impl Queue for AmqpQueue {
             drop(consumer);
             self.forget(generation).await;
         }
+    }
+
+    async fn ready(&self, max: usize) -> Vec<Delivery> {
+        use futures_util::FutureExt;
+        let mut consumer = self.consumer.lock().await;
+        let Some((_, _, stream)) = consumer.as_mut() else {
+            return Vec::new();
+        };
+        let mut ready = Vec::new();
+        // What the broker pushed already (at most the prefetch); a failure is left for the
+        // next `next`, which reconnects.
+        while ready.len() < max {
+            match stream.next().now_or_never() {
+                Some(Some(Ok(d))) => ready.push(delivery(d)),
+                _ => break,
+            }
+        }
+        ready
     }
 
     async fn ack(&self, delivery: &Delivery) -> Result<(), QueueError> {
@@ -702,6 +712,17 @@ async fn publish_one(channel: &Channel, publication: Publication) {
     .await;
     // The caller may have given up (its timeout); the outcome then has no one to tell.
     let _ = confirmed.send(outcome);
+}
+
+/// A broker delivery as the worker takes it.
+fn delivery(d: lapin::message::Delivery) -> Delivery {
+    Delivery {
+        routing_key: d.routing_key.to_string(),
+        not_before: not_before(&d.properties),
+        redelivered: d.redelivered,
+        body: d.data,
+        handle: Handle::Amqp { acker: d.acker },
+    }
 }
 
 async fn start_consumer(link: &Link, s: &QueueSettings) -> Result<(Channel, Consumer), QueueError> {

@@ -73,6 +73,12 @@ pub trait Queue: Send + Sync {
     async fn publish(&self, msg: Outgoing) -> Result<(), QueueError>;
     /// Waits for the next due message.
     async fn next(&self) -> Result<Delivery, QueueError>;
+    /// Up to `max` messages already delivered and in hand, without waiting (none when the
+    /// backend hands out one at a time): the worker commits alert notifications that
+    /// arrived together in one transaction.
+    async fn ready(&self, _max: usize) -> Vec<Delivery> {
+        Vec::new()
+    }
     /// Done with it: it will not be delivered again.
     async fn ack(&self, delivery: &Delivery) -> Result<(), QueueError>;
     /// Not processed: deliver it again later.

@@ -79,6 +79,10 @@ pub struct Commit {
     pub runs: Vec<Run>,
     /// Alerts to put on the board.
     pub alerts: Vec<Alert>,
+    /// Alert notifications committed together besides `event` (the worker takes those
+    /// that arrived at once in one transaction): each marked processed and its alerts put
+    /// on the board, unless it was processed before (then it alone is skipped).
+    pub alert_events: Vec<AlertEvent>,
     /// Messages to publish once committed.
     pub outbox: Vec<Outgoing>,
     /// Written only while this replica holds the worker lease (the worker's commits):
@@ -86,11 +90,24 @@ pub struct Commit {
     pub fenced: bool,
 }
 
+/// One alert notification of a batch: its event id and its alerts.
+#[derive(Debug, Clone)]
+pub struct AlertEvent {
+    /// The event's id.
+    pub id: String,
+    /// Its alerts.
+    pub alerts: Vec<Alert>,
+}
+
 /// What became of a commit.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Committed {
-    /// Written.
-    Done,
+    /// Written; `skipped` of the commit's `alert_events` had been processed before and
+    /// were left out.
+    Done {
+        /// Alert notifications left out as processed before.
+        skipped: usize,
+    },
     /// The event was processed before; nothing written.
     AlreadyProcessed,
 }
@@ -351,7 +368,7 @@ impl Store {
     /// lease ([`StoreError::Fenced`] otherwise).
     pub async fn commit(&self, commit: Commit) -> Result<Committed, StoreError> {
         let done = self.backend.commit(&commit, &self.replica).await?;
-        if done == Committed::Done {
+        if matches!(done, Committed::Done { .. }) {
             self.told_logged();
         }
         Ok(done)

@@ -586,7 +586,30 @@ impl Backend for PgStore {
                 upsert_run(&tx, run, true).await?;
                 log_transitions(&tx, run).await?;
             }
-            if !commit.alerts.is_empty() {
+            let mut board: Vec<&crate::domain::alert::Alert> = commit.alerts.iter().collect();
+            let mut skipped = 0;
+            if !commit.alert_events.is_empty() {
+                let insert = tx
+                    .prepare_cached(
+                        "INSERT INTO processed_events (id, type, processed_at) VALUES ($1, 'alerts', $2)
+                         ON CONFLICT (id) DO NOTHING",
+                    )
+                    .await?;
+                // Sent together (tokio-postgres pipelines what is polled at once), in order.
+                let (tx, insert) = (&tx, &insert);
+                let fresh = futures_util::future::try_join_all(commit.alert_events.iter().map(
+                    |batch| async move { tx.execute(insert, &[&batch.id, &now]).await },
+                ))
+                .await?;
+                for (batch, fresh) in commit.alert_events.iter().zip(fresh) {
+                    if fresh == 1 {
+                        board.extend(&batch.alerts);
+                    } else {
+                        skipped += 1;
+                    }
+                }
+            }
+            if !board.is_empty() {
                 let upsert = tx
                     .prepare_cached(
                         "INSERT INTO alerts (fingerprint, doc, received, updated_at) VALUES ($1, $2, 1, $3)
@@ -594,10 +617,17 @@ impl Backend for PgStore {
                          SET doc = excluded.doc, received = alerts.received + 1, updated_at = excluded.updated_at",
                     )
                     .await?;
-                for alert in &commit.alerts {
-                    let doc = serde_json::to_string(alert).unwrap_or_default();
-                    tx.execute(&upsert, &[&alert.fingerprint, &doc, &now]).await?;
-                }
+                let docs: Vec<String> = board
+                    .iter()
+                    .map(|alert| serde_json::to_string(alert).unwrap_or_default())
+                    .collect();
+                let (tx, upsert) = (&tx, &upsert);
+                futures_util::future::try_join_all(board.iter().zip(&docs).map(
+                    |(alert, doc)| async move {
+                        tx.execute(upsert, &[&alert.fingerprint, doc, &now]).await
+                    },
+                ))
+                .await?;
             }
             for msg in &commit.outbox {
                 insert_outgoing(&tx, msg).await?;
@@ -610,7 +640,7 @@ impl Backend for PgStore {
                 .await?;
             }
             tx.commit().await?;
-            Ok(Committed::Done)
+            Ok(Committed::Done { skipped })
         })
         .await
     }

@@ -422,10 +422,11 @@ impl Backend for SqliteStore {
     }
 
     async fn commit(&self, commit: &Commit, _holder: &str) -> Result<Committed, StoreError> {
-        let (event, runs, alerts, outbox) = (
+        let (event, runs, alerts, alert_events, outbox) = (
             commit.event.clone(),
             commit.runs.clone(),
             commit.alerts.clone(),
+            commit.alert_events.clone(),
             commit.outbox.clone(),
         );
         let purge = self.purge.clone();
@@ -451,7 +452,20 @@ impl Backend for SqliteStore {
                 )?;
                 log_transitions(&tx, run)?;
             }
-            for alert in &alerts {
+            let mut board = alerts.iter().collect::<Vec<_>>();
+            let mut skipped = 0;
+            for batch in &alert_events {
+                let fresh = tx.execute(
+                    "INSERT OR IGNORE INTO processed_events (id, type, processed_at) VALUES (?1, 'alerts', ?2)",
+                    params![batch.id, now],
+                )?;
+                if fresh == 1 {
+                    board.extend(&batch.alerts);
+                } else {
+                    skipped += 1;
+                }
+            }
+            for alert in board {
                 tx.execute(
                     "INSERT INTO alerts (fingerprint, doc, received, updated_at) VALUES (?1, ?2, 1, ?3)
                      ON CONFLICT (fingerprint) DO UPDATE
@@ -469,7 +483,7 @@ impl Backend for SqliteStore {
                 )?;
             }
             tx.commit()?;
-            Ok(Committed::Done)
+            Ok(Committed::Done { skipped })
         })
         .await
     }
