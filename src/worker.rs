@@ -373,7 +373,7 @@ impl Worker {
                 let mut commit = Commit::default();
                 let mut may_open = false;
                 for (_, event, batch) in &alerts {
-                    info!(event_id = %event.id, alerts = batch.alerts.len(), receiver = %batch.receiver, "alerts received");
+                    info!(event_id = %event.id, source = %event.source, alerts = batch.alerts.len(), receiver = %batch.receiver, "alerts received");
                     may_open |= crate::workflows::gate::may_open(&batch.alerts);
                     commit.alert_events.push(AlertEvent {
                         id: event.id.clone(),
@@ -534,7 +534,7 @@ impl Worker {
         let mut notices = Vec::new();
         match data {
             EventData::Alerts(batch) => {
-                info!(alerts = batch.alerts.len(), receiver = %batch.receiver, "alerts received");
+                info!(source = %event.source, alerts = batch.alerts.len(), receiver = %batch.receiver, "alerts received");
                 if crate::workflows::gate::may_open(&batch.alerts) {
                     commit.outbox.extend(self.gate_rechecks().await?);
                 }

@@ -168,6 +168,17 @@ async fn every_route_answers_each_scope_allowed_403_naming_it_or_401_and_refusal
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     assert!(unauthenticated >= 30.0, "401s counted: {unauthenticated}");
+    // The worker's log of each notification names the client it came from.
+    eventually(
+        "the notification logged with its client",
+        Duration::from_secs(10),
+        || async {
+            rg.logs()
+                .contains("source=rollgate/api/alertmanager")
+                .then_some(())
+        },
+    )
+    .await;
     drop(dir);
 }
 

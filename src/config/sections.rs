@@ -200,14 +200,12 @@ impl ServerSettings {
         p.path("tls_key_file", self.tls_key_file.as_ref());
         p.path("client_ca_file", self.client_ca_file.as_ref());
         for client in self.scopes.keys() {
-            if client.is_empty()
-                || client.starts_with('.')
-                || client.contains(['/', '\\'])
+            if !crate::http::clients::is_client_name(client)
                 || client == crate::http::clients::ADMIN
             {
                 p.add(
                     &format!("scopes.{client}"),
-                    "is not a client name a token file can have (no dot first, no slash, not admin)",
+                    "is not a client name (letters, digits, '.', '_', '-'; at most 64; no dot first; not admin)",
                 );
             }
         }

@@ -190,6 +190,17 @@ fn is_client_file(name: &str) -> bool {
     !name.starts_with('.') && !name.ends_with('~')
 }
 
+/// Whether `name` can name a client: it goes into logs, metric labels, runs' histories and
+/// the CloudEvents `source` of what the client sends, so letters, digits, `.`, `_` and `-`
+/// only, 1-64 of them, not starting with a dot.
+pub fn is_client_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
 fn present_clients(sources: &TokenSources) -> BTreeSet<String> {
     let mut present = BTreeSet::new();
     if sources.admin_file.as_ref().is_some_and(|p| p.is_file()) {
@@ -247,6 +258,10 @@ fn read_table(sources: &TokenSources) -> Result<Table, ClientsError> {
             .collect();
         files.sort();
         for (name, path) in files {
+            if !is_client_name(&name) {
+                tracing::warn!(file = %path.display(), "not a client name (letters, digits, '.', '_', '-'; at most 64); the file is not read");
+                continue;
+            }
             let token = read_token_file(&path)?;
             let scopes = sources.scopes.get(&name).cloned().unwrap_or_default();
             if scopes.is_empty() {
@@ -293,6 +308,7 @@ mod tests {
         write(dir.path(), "alice", "alice-token-0123456789");
         write(dir.path(), "stranger", "stranger-token-0123456789");
         write(dir.path(), ".hidden", "hidden-token-0123456789");
+        write(dir.path(), "bad\nname", "forged-token-0123456789");
         std::fs::create_dir(dir.path().join("..data")).expect("mkdir");
         let clients = Clients::load(sources(dir.path())).expect("load");
         assert_eq!(clients.names(), ["alertmanager", "alice", "stranger"]);
@@ -304,6 +320,7 @@ mod tests {
             .expect("known");
         assert!(stranger.scopes.is_empty());
         assert!(clients.identify("hidden-token-0123456789").is_none());
+        assert!(clients.identify("forged-token-0123456789").is_none());
         assert!(clients.identify("am-token-012345678").is_none());
         assert!(clients.identify("").is_none());
     }

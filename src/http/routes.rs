@@ -132,8 +132,12 @@ async fn read_json(
     serde_json::from_slice(&body).map_err(ApiError::bad_json)
 }
 
-async fn enqueue(state: &AppState, data: &EventData) -> Result<CloudEvent, ApiError> {
-    let event = CloudEvent::new(data, ROLLGATE_SOURCE, Utc::now());
+async fn enqueue(
+    state: &AppState,
+    req: &HttpRequest,
+    data: &EventData,
+) -> Result<CloudEvent, ApiError> {
+    let event = CloudEvent::new(data, &api_source(req), Utc::now());
     let kind = data.event_type();
     let msg = Outgoing::event(&event, kind);
     match state.queue.publish(msg).await {
@@ -157,6 +161,12 @@ async fn enqueue(state: &AppState, data: &EventData) -> Result<CloudEvent, ApiEr
             )))
         }
     }
+}
+
+/// The CloudEvents source of what a client sends through the API: `rollgate/api/<client>`,
+/// so that the worker's log of each event names who sent it.
+fn api_source(req: &HttpRequest) -> String {
+    format!("{ROLLGATE_SOURCE}/api/{}", caller(req))
 }
 
 /// The name of the client that made `req` (`-` if none was authenticated), for the audit.
@@ -184,8 +194,8 @@ pub async fn post_alerts(
 ) -> Result<HttpResponse, ApiError> {
     let batch = read_request(&req, payload, &state, AlertBatch::from_json).await?;
     let alerts = batch.alerts.len();
-    let event = enqueue(&state, &EventData::Alerts(batch)).await?;
-    tracing::info!(client = %caller(&req), alerts, event_id = %event.id, "alerts accepted");
+    // The worker logs it with its source, which names the client.
+    let event = enqueue(&state, &req, &EventData::Alerts(batch)).await?;
     Ok(HttpResponse::Accepted().json(AlertsAccepted {
         event_id: event.id,
         alerts,
@@ -619,6 +629,7 @@ pub async fn control_run(
     let by = caller(&req);
     let event = enqueue(
         &state,
+        &req,
         &EventData::Control(ControlRequest {
             run_id: run_id.clone(),
             action,
