@@ -141,8 +141,10 @@ pub struct ServerSettings {
     pub token_file_is_default: bool,
     /// Largest request body accepted (default 1 MiB).
     pub max_body_bytes: usize,
-    /// HTTP worker threads (default 1: the API is light, and on small nodes every thread
-    /// competes with the queue and the broker).
+    /// HTTP worker threads (default 2: one thread answering every connection became the
+    /// intake's bottleneck under load — `cargo bench --bench intake` measured 1.3-1.5× the
+    /// accepted notifications and half the p99 with two on 2 cores; more compete with the
+    /// worker, the broker and the database on small nodes).
     pub workers: usize,
     /// Directory of API clients' token files (default: none, only `token_file`): each
     /// file's name is a client's name, its first line the client's token (16 characters or
@@ -172,7 +174,7 @@ impl Default for ServerSettings {
             token_file: PathBuf::new(),
             token_file_is_default: true,
             max_body_bytes: 1 << 20,
-            workers: 1,
+            workers: 2,
             tokens_dir: None,
             scopes: BTreeMap::new(),
             tls_cert_file: None,
