@@ -403,29 +403,36 @@ impl Worker {
                         .inc_by(skipped as u64);
                     info!(events = alerts.len(), skipped, "alert notifications committed together");
                     self.flush_or_keep().await;
-                    for (delivery, ..) in &alerts {
-                        if let Err(e) = self.queue.ack(delivery).await {
-                            warn!(error = %crate::error_chain(&e), "ack failed; the event will be redelivered and skipped");
-                        }
+                    let deliveries: Vec<&Delivery> = alerts.iter().map(|(d, ..)| d).collect();
+                    if let Err(e) = self.queue.ack_all(&deliveries).await {
+                        warn!(error = %crate::error_chain(&e), "ack failed; the events will be redelivered and skipped");
                     }
                 }
                 Err(e) => {
-                    self.metrics
-                        .queue_errors
-                        .with_label_values(&["process"])
-                        .inc();
-                    let failures = self.consecutive_failures.fetch_add(1, Ordering::Relaxed);
-                    let pause = crate::jitter::pause(&EVENT_RETRY, failures.saturating_add(1));
-                    warn!(error = %crate::error_chain(&e), retry_in = ?pause, "cannot process now; releasing for redelivery");
-                    tokio::time::sleep(pause).await;
-                    for (delivery, ..) in &alerts {
-                        let _ = self.queue.release(delivery).await;
-                    }
+                    let deliveries: Vec<&Delivery> = alerts.iter().map(|(d, ..)| d).collect();
+                    self.release_later(&deliveries, &e).await;
                 }
             }
         }
         .instrument(span)
         .await;
+    }
+
+    /// Gives `deliveries` back for redelivery after a pause that grows with each failure in
+    /// a row, so that a passing store or broker fault does not use up the delivery limit of
+    /// a valid event.
+    async fn release_later(&self, deliveries: &[&Delivery], e: &Transient) {
+        self.metrics
+            .queue_errors
+            .with_label_values(&["process"])
+            .inc();
+        let failures = self.consecutive_failures.fetch_add(1, Ordering::Relaxed);
+        let pause = crate::jitter::pause(&EVENT_RETRY, failures.saturating_add(1));
+        warn!(error = %crate::error_chain(e), retry_in = ?pause, "cannot process now; releasing for redelivery");
+        tokio::time::sleep(pause).await;
+        for delivery in deliveries {
+            let _ = self.queue.release(delivery).await;
+        }
     }
 
     /// Wakes for the runs a closed gate holds, so that they ask again at once rather than
@@ -475,19 +482,7 @@ impl Worker {
                         self.drive(run, index, epoch).await;
                     }
                 }
-                Err(e) => {
-                    self.metrics
-                        .queue_errors
-                        .with_label_values(&["process"])
-                        .inc();
-                    // Back off before the redelivery, so that a passing store or broker
-                    // fault does not use up the delivery limit of a valid event.
-                    let failures = self.consecutive_failures.fetch_add(1, Ordering::Relaxed);
-                    let pause = crate::jitter::pause(&EVENT_RETRY, failures.saturating_add(1));
-                    warn!(error = %crate::error_chain(&e), retry_in = ?pause, "cannot process now; releasing for redelivery");
-                    tokio::time::sleep(pause).await;
-                    let _ = self.queue.release(&delivery).await;
-                }
+                Err(e) => self.release_later(&[&delivery], &e).await,
             }
         }
         .instrument(span)

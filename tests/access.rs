@@ -418,15 +418,7 @@ async fn whoami_names_the_client_and_its_scopes_for_any_known_token() {
 #[test]
 fn check_config_lists_the_clients_with_their_scopes_and_names_a_bad_token_file() {
     let (dir, env) = clients_dir();
-    let check = || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
-            .arg("check-config")
-            .env_clear()
-            .env("ROLLGATE__DATA_DIR", dir.path().join("data"))
-            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .output()
-            .expect("check-config")
-    };
+    let check = || support::check_config(dir.path(), &env);
     let good = check();
     let text = String::from_utf8_lossy(&good.stdout);
     assert!(

@@ -268,15 +268,7 @@ fn check_config_names_a_key_that_does_not_fit_its_certificate() {
     let ca = TestCa::new("rollgate test CA");
     let files = ca.server("rollgate").write(dir.path(), "tls");
     let client_ca = ca.write(dir.path(), "client-ca.crt");
-    let check = || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
-            .arg("check-config")
-            .env_clear()
-            .env("ROLLGATE__DATA_DIR", dir.path().join("data"))
-            .envs(borrowed(&tls_env(&files, Some(&client_ca))))
-            .output()
-            .expect("check-config")
-    };
+    let check = || support::check_config(dir.path(), &tls_env(&files, Some(&client_ca)));
     let good = check();
     let text = String::from_utf8_lossy(&good.stdout);
     assert!(

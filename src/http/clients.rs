@@ -160,19 +160,8 @@ impl Clients {
     }
 
     /// Re-reads the files every [`RELOAD_EVERY`] until `stop` fires.
-    pub async fn watch(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
-        let mut tick = tokio::time::interval(RELOAD_EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {
-                    let clients = self.clone();
-                    // File reads block; a slow volume must not stall the runtime.
-                    let _ = tokio::task::spawn_blocking(move || clients.reload()).await;
-                }
-                _ = stop.changed() => return,
-            }
-        }
+    pub async fn watch(self: Arc<Self>, stop: tokio::sync::watch::Receiver<bool>) {
+        super::reread_every(RELOAD_EVERY, stop, move || self.reload(), |()| {}).await;
     }
 }
 

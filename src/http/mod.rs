@@ -63,6 +63,30 @@ pub struct EtcdRollIntake {
     pub connect: Option<Arc<dyn crate::ports::EtcdConnect>>,
 }
 
+/// Calls `reread` (which reads files: blocking) on the blocking pool every `period` until
+/// `stop` fires, handing each result to `then`: how the token and certificate files are
+/// followed while rollgate runs.
+pub(crate) async fn reread_every<T: Send + 'static>(
+    period: std::time::Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    reread: impl Fn() -> T + Clone + Send + 'static,
+    mut then: impl FnMut(T),
+) {
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                // A slow volume must not stall the runtime.
+                if let Ok(result) = tokio::task::spawn_blocking(reread.clone()).await {
+                    then(result);
+                }
+            }
+            _ = stop.changed() => return,
+        }
+    }
+}
+
 /// Registers every route on an actix `App`.
 pub fn configure(cfg: &mut web::ServiceConfig) {
     ui::configure(cfg);

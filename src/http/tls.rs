@@ -137,22 +137,14 @@ impl Tls {
     }
 
     /// Re-reads the files every [`RELOAD_EVERY`] until `stop` fires.
-    pub async fn watch(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
-        let mut tick = tokio::time::interval(RELOAD_EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {
-                    let tls = self.clone();
-                    match tokio::task::spawn_blocking(move || tls.reload()).await {
-                        Ok(Ok(true)) => tracing::info!(cert = %self.files.cert.display(), "TLS certificate reloaded"),
-                        Ok(Ok(false)) | Err(_) => {}
-                        Ok(Err(e)) => tracing::warn!(error = %e, "TLS files changed but cannot be used; the previous certificate stays in service"),
-                    }
-                }
-                _ = stop.changed() => return,
-            }
-        }
+    pub async fn watch(self: Arc<Self>, stop: tokio::sync::watch::Receiver<bool>) {
+        let cert = self.files.cert.clone();
+        super::reread_every(RELOAD_EVERY, stop, move || self.reload(), |result| match result {
+            Ok(true) => tracing::info!(cert = %cert.display(), "TLS certificate reloaded"),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(error = %e, "TLS files changed but cannot be used; the previous certificate stays in service"),
+        })
+        .await;
     }
 
     fn loaded(&self) -> Option<Arc<Loaded>> {

@@ -590,6 +590,24 @@ impl Queue for AmqpQueue {
         }
     }
 
+    async fn ack_all(&self, deliveries: &[&Delivery]) -> Result<(), QueueError> {
+        // One frame for the lot: the last delivery's tag with `multiple` settles every
+        // earlier one on its channel, and the worker has settled all before them.
+        let Some(last) = deliveries.last() else {
+            return Ok(());
+        };
+        match &last.handle {
+            Handle::Amqp { acker } => acker
+                .ack(BasicAckOptions { multiple: true })
+                .await
+                .map(drop)
+                .map_err(|e| unavailable("ack", e)),
+            Handle::Embedded { .. } => Err(QueueError::Unavailable(
+                "a delivery from another backend".into(),
+            )),
+        }
+    }
+
     async fn release(&self, delivery: &Delivery) -> Result<(), QueueError> {
         match &delivery.handle {
             Handle::Amqp { acker } => acker

@@ -81,6 +81,14 @@ pub trait Queue: Send + Sync {
     }
     /// Done with it: it will not be delivered again.
     async fn ack(&self, delivery: &Delivery) -> Result<(), QueueError>;
+    /// Done with all of `deliveries`, taken in this order with none delivered before them
+    /// still outstanding (the worker's batch).
+    async fn ack_all(&self, deliveries: &[&Delivery]) -> Result<(), QueueError> {
+        for delivery in deliveries {
+            self.ack(delivery).await?;
+        }
+        Ok(())
+    }
     /// Not processed: deliver it again later.
     async fn release(&self, delivery: &Delivery) -> Result<(), QueueError>;
     /// Cannot be processed: move it to the dead-letter queue with `reason`.

@@ -482,6 +482,17 @@ pub fn held_at_preflight_gate(run: &Value) -> bool {
             .is_some_and(|r| r.contains("gate unknown"))
 }
 
+/// `rollgate check-config` with only `env` (and a data dir under `dir`): its output.
+pub fn check_config(dir: &std::path::Path, env: &[(String, String)]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_rollgate"))
+        .arg("check-config")
+        .env_clear()
+        .env("ROLLGATE__DATA_DIR", dir.join("data"))
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .output()
+        .expect("check-config")
+}
+
 /// The alert board as fingerprint → times received.
 pub async fn board(rg: &Rollgate) -> std::collections::HashMap<String, u64> {
     let (status, body) = rg.get("/v1/alerts").await;
