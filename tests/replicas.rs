@@ -296,3 +296,99 @@ async fn postgres_restarted_under_intake_load_loses_no_accepted_alert() {
         accepted.len()
     );
 }
+
+/// The Slack messages received from `from` on that contain `needle`.
+fn told(slack: &support::services::MiniServer, from: usize, needle: &str) -> usize {
+    slack.received()[from..]
+        .iter()
+        .filter(|m| m["text"].as_str().is_some_and(|t| t.contains(needle)))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_transition_committed_before_the_active_replica_dies_reaches_slack_once_from_another() {
+    let url = server().database().await;
+    let names = Names::unique();
+    let slack = support::services::MiniServer::start().await;
+    let secrets = tempfile::tempdir().expect("tempdir");
+    let slack_file = secrets.path().join("slack-url");
+    std::fs::write(&slack_file, format!("http://{}/hook", slack.address())).expect("write");
+    let mut env = shared(&names, &url);
+    env.push((
+        "ROLLGATE__NOTIFY__SLACK_WEBHOOK_FILE",
+        slack_file.display().to_string(),
+    ));
+    env.push(("ROLLGATE__NOTIFY__RETRIES", "0".into()));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let cluster = support::cluster::IntakeCluster::start().await;
+    let mut replicas = vec![cluster.rollgate(&env).await, cluster.rollgate(&env).await];
+    let first = the_active(&replicas).await;
+    let other = 1 - first;
+
+    // A run held at its gate (no Prometheus: unknown is closed); Slack is told.
+    let (status, accepted) = replicas[other]
+        .post(
+            "/v1/detections",
+            &json!({"target_version": "1.34.12", "kind": "patch"}),
+        )
+        .await;
+    assert_eq!(status, 202, "{accepted}");
+    let id = accepted["run_id"].as_str().expect("run id").to_owned();
+    replicas[other]
+        .wait_run(&id, "held at its gate", support::held_at_preflight_gate)
+        .await;
+    eventually(
+        "Slack told of the hold",
+        Duration::from_secs(20),
+        || async { (told(&slack, 0, "gate closed") >= 1).then_some(()) },
+    )
+    .await;
+
+    // Slack is down: the halt is committed by the active worker but cannot be told, and
+    // the active replica dies.
+    slack.set_reply(503, "down");
+    let refused_from = slack.received().len();
+    assert_eq!(
+        replicas[other].control(&id, "halt", "outbox check").await,
+        202
+    );
+    replicas[other]
+        .wait_run(&id, "halted", |r| r["status"] == "halted")
+        .await;
+    eventually(
+        "the halt tried and refused",
+        Duration::from_secs(20),
+        || async { (told(&slack, refused_from, "outbox check") >= 1).then_some(()) },
+    )
+    .await;
+    replicas[first].kill9();
+
+    // Slack is back: the replica that takes over tells the halt, once, in order.
+    slack.set_reply(200, "ok");
+    let back_from = slack.received().len();
+    eventually(
+        "the other replica active",
+        Duration::from_secs(30),
+        || async { (active(&replicas).await == [other]).then_some(()) },
+    )
+    .await;
+    eventually(
+        "the halt told by the replica that took over",
+        Duration::from_secs(30),
+        || async { (told(&slack, back_from, "outbox check") >= 1).then_some(()) },
+    )
+    .await;
+    assert_eq!(replicas[other].control(&id, "abort", "the end").await, 202);
+    eventually("the abort told", Duration::from_secs(20), || async {
+        (told(&slack, back_from, "the end") >= 1).then_some(())
+    })
+    .await;
+    assert_eq!(told(&slack, back_from, "outbox check"), 1, "told once");
+    assert_eq!(
+        told(&slack, back_from, "gate closed"),
+        0,
+        "nothing told before is told again"
+    );
+    drop(replicas);
+    support::rabbit::cleanup(&names).await;
+}
