@@ -20,8 +20,9 @@ apt_install openssh-server openssh-client curl shellcheck
 # PostgreSQL's server binaries for the PostgreSQL store and the replica tests (the tests
 # initdb and start their own server on loopback, and stop it by PID).
 apt_install postgresql
-# Headless Chromium and its WebDriver for the status page's browser test.
-apt_install chromium chromium-driver
+# Headless Chromium and its WebDriver for the status page's browser test; procps's pkill
+# ends what is left of a test's browser.
+apt_install chromium chromium-driver procps
 # kubectl for the kustomize build of deploy/ (Debian's kubernetes-client when none is here).
 command -v kubectl >/dev/null || apt_install kubernetes-client
 cargo test --locked "$@"

@@ -2,7 +2,7 @@
 //! against rollgate's own known_hosts file, a key file, a connect timeout, and a
 //! per-command timeout enforced on the node (`timeout` ends the remote command too).
 
-use openssh::{KnownHosts, SessionBuilder, Stdio};
+use openssh::{ControlPersist, KnownHosts, SessionBuilder, Stdio};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -11,6 +11,10 @@ use tracing::info;
 
 use crate::config::SshHost;
 use crate::ports::{ExecError, ExecOutput, Failure, NodeExec, NodeTarget};
+
+/// How long an SSH master with no command on it outlives the session that started it.
+const MASTER_IDLE: std::num::NonZeroUsize =
+    std::num::NonZeroUsize::new(60).expect("60 is not zero");
 
 /// How rollgate reaches nodes.
 #[derive(Debug, Clone)]
@@ -109,6 +113,10 @@ impl Ssh {
             .config_file("/dev/null")
             .connect_timeout(self.settings.connect_timeout)
             .server_alive_interval(Duration::from_secs(15))
+            // The master ends with the session; if rollgate dies first (kill -9), it ends
+            // by itself once no command uses it, instead of lingering (and its sshd
+            // session on the node) forever.
+            .control_persist(ControlPersist::IdleFor(MASTER_IDLE))
             .control_directory(&self.settings.control_dir);
         let connect = builder.connect_mux(&host);
         let bound = self.settings.connect_timeout + Duration::from_secs(5);

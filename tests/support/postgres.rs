@@ -123,6 +123,30 @@ impl Postgres {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+        self.stop_with_this_process();
+    }
+
+    /// Stops the server (SIGQUIT to its postmaster, by PID) and removes its files once this
+    /// test process is gone, however it ends: a server a `static` holds is never dropped.
+    fn stop_with_this_process(&self) {
+        let Some(pid) = self.postmaster_pid() else {
+            return;
+        };
+        let dir = self.dir.path().display().to_string();
+        // Only that postmaster: after a restart its PID may be another process's.
+        let script = format!(
+            "while kill -0 {me} 2>/dev/null; do sleep 1; done; \
+             if grep -qF '{dir}' /proc/{pid}/cmdline 2>/dev/null; then kill -QUIT {pid}; \
+             for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 {pid} 2>/dev/null || break; sleep 1; done; fi; \
+             rm -rf '{dir}'",
+            me = std::process::id()
+        );
+        let _ = Command::new("sh")
+            .args(["-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
     }
 
     /// Whether the server accepts sessions now (`pg_isready`).

@@ -241,19 +241,32 @@ impl Browser {
 
 impl Drop for Browser {
     fn drop(&mut self) {
-        // Best effort: the driver process is stopped by its own drop right after.
-        let http = self.http.clone();
+        // End the session, which closes Chromium, with a client of its own: the test's
+        // runtime, whose connections `self.http` pools, may be shutting down.
         let base = self.base.clone();
         std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build();
             if let Ok(rt) = rt {
-                rt.block_on(async { drop(http.delete(base).send().await) });
+                rt.block_on(async {
+                    let client = reqwest::Client::builder()
+                        .timeout(Duration::from_secs(10))
+                        .build();
+                    if let Ok(client) = client {
+                        drop(client.delete(base).send().await);
+                    }
+                });
             }
         })
         .join()
         .ok();
+        // Whatever is left of this browser (its profile directory is its own) goes too:
+        // chromedriver, stopped next, does not take Chromium down with it.
+        let profile = self._dir.path().join("profile");
+        let _ = std::process::Command::new("pkill")
+            .args(["-KILL", "-f", &format!("--user-data-dir={}", profile.display())])
+            .status();
     }
 }
 
