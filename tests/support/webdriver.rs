@@ -265,7 +265,11 @@ impl Drop for Browser {
         // chromedriver, stopped next, does not take Chromium down with it.
         let profile = self._dir.path().join("profile");
         let _ = std::process::Command::new("pkill")
-            .args(["-KILL", "-f", &format!("--user-data-dir={}", profile.display())])
+            .args([
+                "-KILL",
+                "-f",
+                &format!("--user-data-dir={}", profile.display()),
+            ])
             .status();
     }
 }
