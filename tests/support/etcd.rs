@@ -231,13 +231,23 @@ impl Cluster {
         .expect("client")
     }
 
+    /// Waits until every member answers and all follow one leader: a majority's leader is
+    /// not enough, a member may still be opening its client port.
     pub async fn wait_for_leader(&self) {
         let etcd = self.client();
         let started = Instant::now();
-        while etcd.leader().await.is_err() {
+        loop {
+            let statuses = etcd.statuses().await;
+            let leaders: std::collections::BTreeSet<u64> = statuses
+                .iter()
+                .map(|s| s.as_ref().map_or(0, |s| s.leader))
+                .collect();
+            if leaders.len() == 1 && !leaders.contains(&0) {
+                return;
+            }
             assert!(
                 started.elapsed() < Duration::from_secs(30),
-                "the etcd cluster elected no leader"
+                "the etcd cluster did not come up with one leader: {statuses:?}"
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
