@@ -253,3 +253,23 @@ impl Cluster {
         }
     }
 }
+
+/// Moves leadership to member `id` for a test's starting position, asking again until it
+/// leads: on a loaded machine one transfer can outlast the client's timeout (and then
+/// complete, or not).
+pub async fn lead_to(etcd: &Etcd, id: u64) {
+    super::eventually(
+        "leadership on the member asked",
+        Duration::from_secs(30),
+        || async {
+            if etcd.leader().await.is_ok_and(|l| l.id == id) {
+                return Some(());
+            }
+            if let Err(e) = etcd.move_leader(id, Duration::from_secs(10)).await {
+                eprintln!("moving leadership to {id:x}: {e}; asking again");
+            }
+            None
+        },
+    )
+    .await;
+}

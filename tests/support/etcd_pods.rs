@@ -36,7 +36,7 @@ impl EtcdStatefulSet {
             .find(|m| m.name == format!("etcd-{leader}"))
             .unwrap()
             .id;
-        etcd.move_leader(id, Duration::from_secs(10)).await.unwrap();
+        super::etcd::lead_to(&etcd, id).await;
 
         let api = FakeKube::start().await;
         let replicas = u32::try_from(n).unwrap();

@@ -215,9 +215,7 @@ impl StackedEtcd {
             .find(|m| m.name == name)
             .map(|m| m.id)
             .expect("member");
-        etcd.move_leader(id, Duration::from_secs(10))
-            .await
-            .expect("move leader");
+        super::etcd::lead_to(&etcd, id).await;
         assert_eq!(self.wait_for_leader().await, name);
     }
 }
