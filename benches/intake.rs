@@ -9,8 +9,10 @@
 //!   failover of the active worker: kill -9 of its replica, then the time until another
 //!   replica's worker has processed an event posted after the kill, over 20 kills.
 //!
+//! - tls: the same serve over plain HTTP and over TLS, side by side (the ratio is TLS / plain).
+//!
 //! Run: `cargo bench --bench intake` (BENCH_SECS=10 per scenario; RabbitMQ on 127.0.0.1:5672;
-//! BENCH_KILLS=20; BENCH_PARTS=embedded,amqp,replicas,failover picks parts).
+//! BENCH_KILLS=20; BENCH_PARTS=embedded,amqp,tls,replicas,failover picks parts).
 
 #[path = "../tests/support/mod.rs"]
 #[allow(unused_imports)]
@@ -189,17 +191,30 @@ async fn bench_rollgate(name: &str, env: &[(&str, String)]) -> Figures {
 /// `replicas` serves on `env`, the clients spread over them (client `i` posts to replica
 /// `i % replicas`); RSS is the largest replica's.
 async fn bench_replicas(name: &str, env: &[(&str, String)], replicas: usize) -> Figures {
+    bench_over(name, env, replicas, None).await
+}
+
+/// [`bench_replicas`], over HTTPS when `tls` holds the CA whose certificate the serves
+/// present (each of the 32 clients keeps its connection, as Alertmanager does).
+async fn bench_over(
+    name: &str,
+    env: &[(&str, String)],
+    replicas: usize,
+    tls: Option<&support::pki::TestCa>,
+) -> Figures {
     let serves: Vec<Serve> = (0..replicas).map(|_| Serve::start(env)).collect();
-    let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(CLIENTS)
-        .build()
-        .expect("client");
+    let mut builder = reqwest::Client::builder().pool_max_idle_per_host(CLIENTS);
+    if let Some(ca) = tls {
+        builder = builder.add_root_certificate(ca.trust());
+    }
+    let http = builder.build().expect("client");
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let targets: Arc<Vec<(String, String)>> = Arc::new(
         serves
             .iter()
             .map(|s| {
                 (
-                    format!("http://127.0.0.1:{}/v1/alerts", s.port),
+                    format!("{scheme}://127.0.0.1:{}/v1/alerts", s.port),
                     s.token.clone(),
                 )
             })
@@ -433,6 +448,127 @@ async fn cleanup(names: &str) {
     }
 }
 
+fn amqp_env(names: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("ROLLGATE__QUEUE__BACKEND", "amqp".to_owned()),
+        ("ROLLGATE__QUEUE__EXCHANGE", names.to_owned()),
+        ("ROLLGATE__QUEUE__QUEUE", format!("{names}.events")),
+        ("ROLLGATE__QUEUE__DEAD_QUEUE", format!("{names}.dead")),
+    ]
+}
+
+fn bench_names() -> String {
+    format!("rg-bench-{}", uuid::Uuid::now_v7().simple())
+}
+
+async fn part_embedded() {
+    let ceiling = bench_raw_sqlite().await;
+    let embedded = bench_rollgate("rollgate serve, embedded", &[]).await;
+    let paused = bench_rollgate(
+        "rollgate serve, embedded, worker paused",
+        &[("ROLLGATE__WORKER__PAUSED", "true".into())],
+    )
+    .await;
+    report(&[&ceiling, &embedded, &paused], &ceiling);
+}
+
+async fn part_amqp() {
+    let names = bench_names();
+    let env = amqp_env(&names);
+    let ceiling = bench_raw_amqp().await;
+    let amqp = bench_rollgate("rollgate serve, amqp", &env).await;
+    let paused_env = [
+        env.as_slice(),
+        &[("ROLLGATE__WORKER__PAUSED", "true".into())],
+    ]
+    .concat();
+    let paused = bench_rollgate("rollgate serve, amqp, worker paused", &paused_env).await;
+    report(&[&ceiling, &amqp, &paused], &ceiling);
+    cleanup(&names).await;
+}
+
+/// The same serve over plain HTTP and over TLS (a server certificate of a test CA, 32 kept
+/// connections), on the embedded store and on amqp, alternating plain and TLS twice so
+/// that drift of the machine falls on both alike.
+async fn part_tls() {
+    let ca = support::pki::TestCa::new("rollgate bench CA");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let files = ca.server("rollgate").write(dir.path(), "tls");
+    let tls_env = [
+        (
+            "ROLLGATE__SERVER__TLS_CERT_FILE",
+            files.cert.display().to_string(),
+        ),
+        (
+            "ROLLGATE__SERVER__TLS_KEY_FILE",
+            files.key.display().to_string(),
+        ),
+    ];
+    let names = bench_names();
+    let setups: [(&str, Vec<(&str, String)>); 2] =
+        [("embedded", Vec::new()), ("amqp", amqp_env(&names))];
+    for (backend, env) in setups {
+        let mut plain = Vec::new();
+        let mut tls = Vec::new();
+        for _ in 0..2 {
+            plain.push(bench_over(&format!("{backend}, plain HTTP"), &env, 1, None).await);
+            let with_tls = [env.as_slice(), tls_env.as_slice()].concat();
+            tls.push(bench_over(&format!("{backend}, TLS"), &with_tls, 1, Some(&ca)).await);
+        }
+        let rows: Vec<&Figures> = plain.iter().chain(&tls).collect();
+        report(&rows, &plain[0]);
+        let mean = |f: &[Figures]| f.iter().map(|f| f.accepted_per_s).sum::<f64>() / f.len() as f64;
+        let worst_p99 = |f: &[Figures]| f.iter().map(|f| f.p99_ms).fold(0.0, f64::max);
+        println!(
+            "{backend}: TLS / plain throughput {:.2} (TLS costs {:.0} %), p99 plain {:.2} ms, TLS {:.2} ms",
+            mean(&tls) / mean(&plain),
+            (1.0 - mean(&tls) / mean(&plain)) * 100.0,
+            worst_p99(&plain),
+            worst_p99(&tls),
+        );
+    }
+    cleanup(&names).await;
+}
+
+/// RabbitMQ under `names` and a new database on `pg`.
+async fn replicated_env(
+    names: &str,
+    pg: &support::postgres::Postgres,
+) -> Vec<(&'static str, String)> {
+    let mut env = amqp_env(names);
+    env.push(("ROLLGATE__STORE__BACKEND", "postgres".to_owned()));
+    env.push(("ROLLGATE__STORE__URL", pg.database().await));
+    env
+}
+
+async fn part_replicas(pg: &support::postgres::Postgres) {
+    let names = bench_names();
+    let env = replicated_env(&names, pg).await;
+    let ceiling = bench_raw_amqp().await;
+    let one = bench_replicas("rollgate serve, amqp + postgres, 1 replica", &env, 1).await;
+    let three = bench_replicas("rollgate serve, amqp + postgres, 3 replicas", &env, 3).await;
+    report(&[&ceiling, &one, &three], &ceiling);
+    println!(
+        "3 replicas / 1 replica: {:.2}",
+        three.accepted_per_s / one.accepted_per_s
+    );
+    cleanup(&names).await;
+}
+
+async fn part_failover(pg: &support::postgres::Postgres) {
+    let names = bench_names();
+    let env = replicated_env(&names, pg).await;
+    let (hist, kills) = bench_failover(&env).await;
+    println!(
+        "failover (store.lease_ttl 15s, the default): kill -9 of the active worker's replica \
+         -> an event processed by another, {kills} kills: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+        hist.value_at_quantile(0.5) as f64 / 1000.0,
+        hist.value_at_quantile(0.99) as f64 / 1000.0,
+        hist.max() as f64 / 1000.0,
+    );
+    cleanup(&names).await;
+}
+
 fn main() {
     // `cargo test --benches` lists or runs bench targets; this one only runs under `cargo bench`.
     if !std::env::args().any(|a| a == "--bench") {
@@ -452,84 +588,25 @@ fn main() {
             "scenario", "accepted/s", "p50 ms", "p99 ms", "RSS MB", "ratio"
         );
         let parts = std::env::var("BENCH_PARTS")
-            .unwrap_or_else(|_| "embedded,amqp,replicas,failover".into());
+            .unwrap_or_else(|_| "embedded,amqp,tls,replicas,failover".into());
         let part = |name: &str| parts.split(',').any(|p| p.trim() == name);
         if part("embedded") {
-        let ceiling = bench_raw_sqlite().await;
-        let embedded = bench_rollgate("rollgate serve, embedded", &[]).await;
-        let paused = bench_rollgate(
-            "rollgate serve, embedded, worker paused",
-            &[("ROLLGATE__WORKER__PAUSED", "true".into())],
-        )
-        .await;
-        report(&[&ceiling, &embedded, &paused], &ceiling);
+            part_embedded().await;
         }
         if part("amqp") {
-
-        let names = format!("rg-bench-{}", uuid::Uuid::now_v7().simple());
-        let amqp_env = [
-            ("ROLLGATE__QUEUE__BACKEND", "amqp".to_owned()),
-            ("ROLLGATE__QUEUE__EXCHANGE", names.clone()),
-            ("ROLLGATE__QUEUE__QUEUE", format!("{names}.events")),
-            ("ROLLGATE__QUEUE__DEAD_QUEUE", format!("{names}.dead")),
-        ];
-        let amqp_ceiling = bench_raw_amqp().await;
-        let amqp = bench_rollgate("rollgate serve, amqp", &amqp_env).await;
-        let amqp_paused = bench_rollgate(
-            "rollgate serve, amqp, worker paused",
-            &[
-                amqp_env.as_slice(),
-                &[("ROLLGATE__WORKER__PAUSED", "true".into())],
-            ]
-            .concat(),
-        )
-        .await;
-        report(&[&amqp_ceiling, &amqp, &amqp_paused], &amqp_ceiling);
-        cleanup(&names).await;
+            part_amqp().await;
         }
-
-        // Several replicas: RabbitMQ and a PostgreSQL run store.
-        let pg = support::postgres::Postgres::start();
-        if part("replicas") {
-        let names = format!("rg-bench-{}", uuid::Uuid::now_v7().simple());
-        let url = pg.database().await;
-        let replicated = [
-            ("ROLLGATE__QUEUE__BACKEND", "amqp".to_owned()),
-            ("ROLLGATE__QUEUE__EXCHANGE", names.clone()),
-            ("ROLLGATE__QUEUE__QUEUE", format!("{names}.events")),
-            ("ROLLGATE__QUEUE__DEAD_QUEUE", format!("{names}.dead")),
-            ("ROLLGATE__STORE__BACKEND", "postgres".to_owned()),
-            ("ROLLGATE__STORE__URL", url),
-        ];
-        let amqp_ceiling = bench_raw_amqp().await;
-        let one = bench_replicas("rollgate serve, amqp + postgres, 1 replica", &replicated, 1).await;
-        let three =
-            bench_replicas("rollgate serve, amqp + postgres, 3 replicas", &replicated, 3).await;
-        report(&[&amqp_ceiling, &one, &three], &amqp_ceiling);
-        println!(
-            "3 replicas / 1 replica: {:.2}",
-            three.accepted_per_s / one.accepted_per_s
-        );
-        cleanup(&names).await;
+        if part("tls") {
+            part_tls().await;
         }
-        if part("failover") {
-        let names = format!("rg-bench-{}", uuid::Uuid::now_v7().simple());
-        let failover_env = [
-            ("ROLLGATE__QUEUE__BACKEND", "amqp".to_owned()),
-            ("ROLLGATE__QUEUE__EXCHANGE", names.clone()),
-            ("ROLLGATE__QUEUE__QUEUE", format!("{names}.events")),
-            ("ROLLGATE__QUEUE__DEAD_QUEUE", format!("{names}.dead")),
-            ("ROLLGATE__STORE__BACKEND", "postgres".to_owned()),
-            ("ROLLGATE__STORE__URL", pg.database().await),
-        ];
-        let (hist, kills) = bench_failover(&failover_env).await;
-        println!(
-            "failover (store.lease_ttl 15s, the default): kill -9 of the active worker's replica -> an event processed by another, {kills} kills: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
-            hist.value_at_quantile(0.5) as f64 / 1000.0,
-            hist.value_at_quantile(0.99) as f64 / 1000.0,
-            hist.max() as f64 / 1000.0,
-        );
-        cleanup(&names).await;
+        if part("replicas") || part("failover") {
+            let pg = support::postgres::Postgres::start();
+            if part("replicas") {
+                part_replicas(&pg).await;
+            }
+            if part("failover") {
+                part_failover(&pg).await;
+            }
         }
     });
 }
