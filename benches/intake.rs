@@ -11,8 +11,12 @@
 //!
 //! - tls: the same serve over plain HTTP and over TLS, side by side (the ratio is TLS / plain).
 //!
+//! The amqp ceilings come twice: publishing alone, and publishing while a raw consumer takes
+//! every message (the broker's work for one event end to end, without rollgate).
+//!
 //! Run: `cargo bench --bench intake` (BENCH_SECS=10 per scenario; RabbitMQ on 127.0.0.1:5672;
-//! BENCH_KILLS=20; BENCH_PARTS=embedded,amqp,tls,replicas,failover picks parts).
+//! BENCH_ROUNDS=3 rounds of the amqp and replicas parts, medians reported; BENCH_KILLS=20;
+//! BENCH_PARTS=embedded,amqp,tls,replicas,failover picks parts).
 
 #[path = "../tests/support/mod.rs"]
 #[allow(unused_imports)]
@@ -20,7 +24,8 @@ mod support;
 
 use hdrhistogram::Histogram;
 use lapin::options::{
-    BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
@@ -362,7 +367,10 @@ async fn bench_raw_sqlite() -> Figures {
     figures("ceiling: raw fsync'd SQLite append", result, None)
 }
 
-async fn bench_raw_amqp() -> Figures {
+/// The broker's ceiling: 32 publishers with confirms on one channel, persistent messages to
+/// a quorum queue; with `consume`, a consumer on a connection of its own also takes every
+/// message (prefetch 256, one `basic.ack multiple` per 32), as rollgate's worker must.
+async fn bench_raw_amqp(consume: bool) -> Figures {
     let conn = Connection::connect(AMQP_URL, ConnectionProperties::default())
         .await
         .expect("RabbitMQ");
@@ -386,6 +394,11 @@ async fn bench_raw_amqp() -> Figures {
     ch.confirm_select(ConfirmSelectOptions::default())
         .await
         .expect("confirms");
+    let consumer = if consume {
+        Some(raw_consumer(&queue).await)
+    } else {
+        None
+    };
     let q = queue.clone();
     let channel = ch.clone();
     let result = drive(move |client, seq| {
@@ -409,10 +422,66 @@ async fn bench_raw_amqp() -> Figures {
         }
     })
     .await;
+    if let Some((connection, task)) = consumer {
+        task.abort();
+        let _ = connection.close(200, "bench done".into()).await;
+    }
     let _ = ch
         .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
         .await;
-    figures("ceiling: raw lapin publish+confirm", result, None)
+    let name = if consume {
+        "ceiling: raw publish+confirm, and consume"
+    } else {
+        "ceiling: raw lapin publish+confirm"
+    };
+    figures(name, result, None)
+}
+
+/// A consumer of `queue` that acks everything it is given, 32 at a time.
+async fn raw_consumer(queue: &str) -> (Connection, tokio::task::JoinHandle<()>) {
+    use futures_util::StreamExt;
+    let conn = Connection::connect(AMQP_URL, ConnectionProperties::default())
+        .await
+        .expect("RabbitMQ");
+    let ch = conn.create_channel().await.expect("channel");
+    ch.basic_qos(256, BasicQosOptions::default())
+        .await
+        .expect("qos");
+    let mut deliveries = ch
+        .basic_consume(
+            queue.into(),
+            "bench".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("consume");
+    let task = tokio::spawn(async move {
+        let mut taken = 0u64;
+        while let Some(Ok(d)) = deliveries.next().await {
+            taken += 1;
+            if taken.is_multiple_of(32) {
+                let _ = d.ack(BasicAckOptions { multiple: true }).await;
+            }
+        }
+    });
+    (conn, task)
+}
+
+/// Scenario rounds in the amqp and replicas parts (`BENCH_ROUNDS`, default 3): the machine
+/// drifts between scenarios, so each round measures its own ceilings and the summary takes
+/// the median of the rounds' ratios.
+fn rounds() -> usize {
+    std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(3)
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 fn report(rows: &[&Figures], ceiling: &Figures) {
@@ -475,15 +544,29 @@ async fn part_embedded() {
 async fn part_amqp() {
     let names = bench_names();
     let env = amqp_env(&names);
-    let ceiling = bench_raw_amqp().await;
-    let amqp = bench_rollgate("rollgate serve, amqp", &env).await;
     let paused_env = [
         env.as_slice(),
         &[("ROLLGATE__WORKER__PAUSED", "true".into())],
     ]
     .concat();
-    let paused = bench_rollgate("rollgate serve, amqp, worker paused", &paused_env).await;
-    report(&[&ceiling, &amqp, &paused], &ceiling);
+    let (mut whole, mut intake, mut whole_consumed) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds() {
+        let ceiling = bench_raw_amqp(false).await;
+        let consumed = bench_raw_amqp(true).await;
+        let amqp = bench_rollgate("rollgate serve, amqp", &env).await;
+        let paused = bench_rollgate("rollgate serve, amqp, worker paused", &paused_env).await;
+        report(&[&ceiling, &consumed, &amqp, &paused], &ceiling);
+        whole.push(amqp.accepted_per_s / ceiling.accepted_per_s);
+        intake.push(paused.accepted_per_s / ceiling.accepted_per_s);
+        whole_consumed.push(amqp.accepted_per_s / consumed.accepted_per_s);
+    }
+    println!(
+        "amqp, median of {} rounds: {:.2} of the publish ceiling ({:.2} of publish+consume), worker paused {:.2}",
+        whole.len(),
+        median(whole),
+        median(whole_consumed),
+        median(intake),
+    );
     cleanup(&names).await;
 }
 
@@ -544,13 +627,23 @@ async fn replicated_env(
 async fn part_replicas(pg: &support::postgres::Postgres) {
     let names = bench_names();
     let env = replicated_env(&names, pg).await;
-    let ceiling = bench_raw_amqp().await;
-    let one = bench_replicas("rollgate serve, amqp + postgres, 1 replica", &env, 1).await;
-    let three = bench_replicas("rollgate serve, amqp + postgres, 3 replicas", &env, 3).await;
-    report(&[&ceiling, &one, &three], &ceiling);
+    let (mut one_ratio, mut one_consumed, mut scaling) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds() {
+        let ceiling = bench_raw_amqp(false).await;
+        let consumed = bench_raw_amqp(true).await;
+        let one = bench_replicas("rollgate serve, amqp + postgres, 1 replica", &env, 1).await;
+        let three = bench_replicas("rollgate serve, amqp + postgres, 3 replicas", &env, 3).await;
+        report(&[&ceiling, &consumed, &one, &three], &ceiling);
+        one_ratio.push(one.accepted_per_s / ceiling.accepted_per_s);
+        one_consumed.push(one.accepted_per_s / consumed.accepted_per_s);
+        scaling.push(three.accepted_per_s / one.accepted_per_s);
+    }
     println!(
-        "3 replicas / 1 replica: {:.2}",
-        three.accepted_per_s / one.accepted_per_s
+        "amqp + postgres, median of {} rounds: 1 replica {:.2} of the publish ceiling ({:.2} of publish+consume); 3 replicas / 1 replica {:.2}",
+        scaling.len(),
+        median(one_ratio),
+        median(one_consumed),
+        median(scaling),
     );
     cleanup(&names).await;
 }

@@ -58,6 +58,13 @@ const DELAY_QUEUE_SPARE: Duration = Duration::from_secs(600);
 const PUBLISHER_INBOX: usize = 4096;
 /// Messages the publisher task takes from its inbox at once.
 const PUBLISHER_BATCH: usize = 256;
+/// Bound on an ack or nack. lapin can leave one unanswered for good when the connection
+/// dies under it (seen in CI: RabbitMQ restarted just as the worker acked a batch), which
+/// would hold the worker until the process restarts.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often a waiting consumer checks that its channel is still open: its stream, like an
+/// ack, may stay pending after the connection is gone.
+const CONSUMER_WATCH: Duration = Duration::from_secs(1);
 
 struct Link {
     connection: Connection,
@@ -441,6 +448,37 @@ impl AmqpQueue {
         Ok(name)
     }
 
+    /// Waits for an ack or nack, at most [`SETTLE_TIMEOUT`]. When it fails because the
+    /// consumer's channel is broken (closed, or no answer), that consumer is dropped (its
+    /// unsettled deliveries go back to the queue with it) and the next `next` consumes on a
+    /// new one.
+    async fn settled(
+        &self,
+        what: &str,
+        settle: impl std::future::Future<Output = lapin::Result<bool>>,
+    ) -> Result<(), QueueError> {
+        let (failure, timed_out) = match tokio::time::timeout(SETTLE_TIMEOUT, settle).await {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(e)) => (unavailable(what, e), false),
+            Err(_) => (
+                unavailable(what, format!("no answer within {SETTLE_TIMEOUT:?}")),
+                true,
+            ),
+        };
+        let mut consumer = self.consumer.lock().await;
+        // A delivery of an earlier consumer fails on its closed channel without a word
+        // about the current one, which is kept while it is open.
+        if consumer
+            .as_ref()
+            .is_some_and(|(_, channel, _)| timed_out || !channel.status().connected())
+            && let Some((generation, _, _)) = consumer.take()
+        {
+            drop(consumer);
+            self.forget(generation).await;
+        }
+        Err(failure)
+    }
+
     async fn count(&self, queue: &str) -> Result<u64, QueueError> {
         let link = self.link(false).await?;
         let q = link
@@ -539,18 +577,23 @@ impl Queue for AmqpQueue {
                     }
                 }
             }
-            let Some((generation, _, stream)) = consumer.as_mut() else {
+            let Some((generation, channel, stream)) = consumer.as_mut() else {
                 drop(consumer);
                 failures = failures.saturating_add(1);
                 tokio::time::sleep(crate::jitter::pause(&RECONNECT, failures)).await;
                 continue;
             };
-            match stream.next().await {
-                Some(Ok(d)) => return Ok(delivery(d)),
-                Some(Err(e)) => {
-                    tracing::warn!(error = %crate::error_chain(&e), "RabbitMQ consumer failed; reconnecting")
+            tokio::select! {
+                next = stream.next() => match next {
+                    Some(Ok(d)) => return Ok(delivery(d)),
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %crate::error_chain(&e), "RabbitMQ consumer failed; reconnecting")
+                    }
+                    None => tracing::warn!("RabbitMQ consumer ended; reconnecting"),
+                },
+                () = closed(channel) => {
+                    tracing::warn!("the RabbitMQ consumer's channel is no longer open; reconnecting")
                 }
-                None => tracing::warn!("RabbitMQ consumer ended; reconnecting"),
             }
             let generation = *generation;
             *consumer = None;
@@ -578,16 +621,9 @@ impl Queue for AmqpQueue {
     }
 
     async fn ack(&self, delivery: &Delivery) -> Result<(), QueueError> {
-        match &delivery.handle {
-            Handle::Amqp { acker } => acker
-                .ack(BasicAckOptions::default())
-                .await
-                .map(drop)
-                .map_err(|e| unavailable("ack", e)),
-            Handle::Embedded { .. } => Err(QueueError::Unavailable(
-                "a delivery from another backend".into(),
-            )),
-        }
+        let acker = acker_of(delivery)?;
+        self.settled("ack", acker.ack(BasicAckOptions::default()))
+            .await
     }
 
     async fn ack_all(&self, deliveries: &[&Delivery]) -> Result<(), QueueError> {
@@ -596,32 +632,18 @@ impl Queue for AmqpQueue {
         let Some(last) = deliveries.last() else {
             return Ok(());
         };
-        match &last.handle {
-            Handle::Amqp { acker } => acker
-                .ack(BasicAckOptions { multiple: true })
-                .await
-                .map(drop)
-                .map_err(|e| unavailable("ack", e)),
-            Handle::Embedded { .. } => Err(QueueError::Unavailable(
-                "a delivery from another backend".into(),
-            )),
-        }
+        let acker = acker_of(last)?;
+        self.settled("ack", acker.ack(BasicAckOptions { multiple: true }))
+            .await
     }
 
     async fn release(&self, delivery: &Delivery) -> Result<(), QueueError> {
-        match &delivery.handle {
-            Handle::Amqp { acker } => acker
-                .nack(BasicNackOptions {
-                    requeue: true,
-                    ..Default::default()
-                })
-                .await
-                .map(drop)
-                .map_err(|e| unavailable("nack", e)),
-            Handle::Embedded { .. } => Err(QueueError::Unavailable(
-                "a delivery from another backend".into(),
-            )),
-        }
+        let acker = acker_of(delivery)?;
+        let requeue = BasicNackOptions {
+            requeue: true,
+            ..Default::default()
+        };
+        self.settled("nack", acker.nack(requeue)).await
     }
 
     async fn dead_letter(&self, delivery: &Delivery, reason: &str) -> Result<(), QueueError> {
@@ -730,6 +752,28 @@ async fn publish_one(channel: &Channel, publication: Publication) {
     .await;
     // The caller may have given up (its timeout); the outcome then has no one to tell.
     let _ = confirmed.send(outcome);
+}
+
+/// The acker of a delivery from this backend.
+fn acker_of(delivery: &Delivery) -> Result<&lapin::Acker, QueueError> {
+    match &delivery.handle {
+        Handle::Amqp { acker } => Ok(acker),
+        Handle::Embedded { .. } => Err(QueueError::Unavailable(
+            "a delivery from another backend".into(),
+        )),
+    }
+}
+
+/// Resolves once `channel` is no longer open.
+async fn closed(channel: &Channel) {
+    let mut watch = tokio::time::interval(CONSUMER_WATCH);
+    watch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        watch.tick().await;
+        if !channel.status().connected() {
+            return;
+        }
+    }
 }
 
 /// A broker delivery as the worker takes it.
