@@ -394,3 +394,88 @@ async fn alert_notifications_committed_together_each_count_once_and_a_seen_one_i
         }
     }
 }
+
+/// A resolved alert leaves the board a day after its last notification; a firing one
+/// stays however old (the board must not forget a blocker). Both backends.
+#[tokio::test]
+async fn resolved_alerts_leave_the_board_after_a_day_and_firing_ones_stay() {
+    use rollgate::domain::alert::AlertBatch;
+    use rollgate::store::AlertEvent;
+    let notification = |id: &str, fingerprint: &str, status: &str| {
+        let mut body = support::webhook(fingerprint);
+        body["status"] = status.into();
+        body["alerts"][0]["status"] = status.into();
+        AlertEvent {
+            id: id.into(),
+            alerts: AlertBatch::from_json(&body).expect("a webhook").alerts,
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let url = server().database().await;
+    let day_and_an_hour_ago = Utc::now().timestamp_millis() - 25 * 3_600_000;
+    for backend in ["sqlite", "postgres"] {
+        let open = || async {
+            match backend {
+                "sqlite" => Store::open(&path).unwrap(),
+                _ => replica(&url).await,
+            }
+        };
+        let store = open().await;
+        let alerts = Commit {
+            alert_events: vec![
+                notification("r-old", "aa0ld0res", "resolved"),
+                notification("f-old", "aa0ld0fir", "firing"),
+                notification("r-new", "aa0new0res", "resolved"),
+            ],
+            ..Commit::default()
+        };
+        store.commit(alerts).await.unwrap();
+        drop(store);
+        // Their last notifications came 25 hours ago.
+        let backdate =
+            "UPDATE alerts SET updated_at = $1 WHERE fingerprint IN ('aa0ld0res', 'aa0ld0fir')";
+        match backend {
+            "sqlite" => {
+                let c = rusqlite::Connection::open(&path).unwrap();
+                let changed = c
+                    .execute(&backdate.replace("$1", "?1"), [day_and_an_hour_ago])
+                    .unwrap();
+                assert_eq!(changed, 2);
+            }
+            _ => {
+                let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                    .await
+                    .unwrap();
+                tokio::spawn(connection);
+                let changed = client
+                    .execute(backdate, &[&day_and_an_hour_ago])
+                    .await
+                    .unwrap();
+                assert_eq!(changed, 2);
+            }
+        }
+        // A store that has not purged yet commits the next notification.
+        let store = open().await;
+        store
+            .commit(Commit {
+                alert_events: vec![notification("later", "aa1ater0fir", "firing")],
+                ..Commit::default()
+            })
+            .await
+            .unwrap();
+        let mut board: Vec<String> = store
+            .board(Utc::now())
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.alert.fingerprint)
+            .collect();
+        board.sort();
+        assert_eq!(
+            board,
+            ["aa0ld0fir", "aa0new0res", "aa1ater0fir"],
+            "{backend}"
+        );
+    }
+}

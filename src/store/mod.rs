@@ -26,6 +26,11 @@ use crate::sqlite::MigrationError;
 
 /// Processed event ids are kept this long for deduplication.
 const DEDUP_DAYS: i64 = 14;
+/// A resolved alert stays on the board this long after its last notification, for people
+/// to see; then it is removed. Firing alerts are never removed: the board must not forget
+/// a blocker, and every gate evaluation reads the whole board, which would otherwise grow
+/// by every fingerprint ever resolved.
+const RESOLVED_ALERT_HOURS: i64 = 24;
 
 /// The unique indexes behind "one run of a kind and target in flight" and "one
 /// Kubernetes upgrade started at a time" (the same SQL on both backends).
@@ -551,8 +556,14 @@ fn dedup_horizon(now_ms: i64) -> i64 {
     now_ms - DEDUP_DAYS * 86_400_000
 }
 
-/// When processed ids older than [`DEDUP_DAYS`] were last removed: a commit removes them
-/// at most once a minute, not at every event.
+/// Resolved alerts last updated before this are removed from the board.
+fn resolved_alert_horizon(now_ms: i64) -> i64 {
+    now_ms - RESOLVED_ALERT_HOURS * 3_600_000
+}
+
+/// When processed ids older than [`DEDUP_DAYS`] and resolved alerts older than
+/// [`RESOLVED_ALERT_HOURS`] were last removed: a commit removes them at most once a minute,
+/// not at every event.
 #[derive(Debug, Default)]
 struct Purge(std::sync::atomic::AtomicI64);
 

@@ -16,7 +16,7 @@ use tokio_postgres::{NoTls, Transaction};
 
 use super::{
     AlertRow, Backend, Claim, Column, Commit, Committed, IN_FLIGHT_INDEXES, Purge, RunRow,
-    StoreError, Which, dedup_horizon, run_row, unlogged_events,
+    StoreError, Which, dedup_horizon, resolved_alert_horizon, run_row, unlogged_events,
 };
 use crate::domain::run::{Run, RunKind, RunStatus};
 use crate::queue::Outgoing;
@@ -636,6 +636,11 @@ impl Backend for PgStore {
                 tx.execute(
                     "DELETE FROM processed_events WHERE processed_at < $1",
                     &[&dedup_horizon(now)],
+                )
+                .await?;
+                tx.execute(
+                    "DELETE FROM alerts WHERE updated_at < $1 AND doc::jsonb ->> 'status' = 'resolved'",
+                    &[&resolved_alert_horizon(now)],
                 )
                 .await?;
             }

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use super::{
     AlertRow, Backend, Claim, Column, Commit, Committed, IN_FLIGHT_INDEXES, Purge, RunRow,
-    StoreError, Which, dedup_horizon, encode, encode_summary, run_row, unlogged_events,
+    StoreError, Which, dedup_horizon, encode, encode_summary, resolved_alert_horizon, run_row,
+    unlogged_events,
 };
 use crate::domain::run::{Run, RunKind, RunStatus};
 use crate::queue::Outgoing;
@@ -480,6 +481,10 @@ impl Backend for SqliteStore {
                 tx.execute(
                     "DELETE FROM processed_events WHERE processed_at < ?1",
                     params![dedup_horizon(now)],
+                )?;
+                tx.execute(
+                    "DELETE FROM alerts WHERE updated_at < ?1 AND json_extract(doc, '$.status') = 'resolved'",
+                    params![resolved_alert_horizon(now)],
                 )?;
             }
             tx.commit()?;
