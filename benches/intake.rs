@@ -189,18 +189,15 @@ fn alert_body(client: usize, seq: u64) -> serde_json::Value {
     })
 }
 
+/// One serve on `env` over plain HTTP.
 async fn bench_rollgate(name: &str, env: &[(&str, String)]) -> Figures {
-    bench_replicas(name, env, 1).await
+    bench_over(name, env, 1, None).await
 }
 
 /// `replicas` serves on `env`, the clients spread over them (client `i` posts to replica
-/// `i % replicas`); RSS is the largest replica's.
-async fn bench_replicas(name: &str, env: &[(&str, String)], replicas: usize) -> Figures {
-    bench_over(name, env, replicas, None).await
-}
-
-/// [`bench_replicas`], over HTTPS when `tls` holds the CA whose certificate the serves
-/// present (each of the 32 clients keeps its connection, as Alertmanager does).
+/// `i % replicas`), over HTTPS when `tls` holds the CA whose certificate the serves present
+/// (each of the 32 clients keeps its connection, as Alertmanager does); RSS is the largest
+/// replica's.
 async fn bench_over(
     name: &str,
     env: &[(&str, String)],
@@ -633,9 +630,9 @@ async fn part_replicas(pg: &support::postgres::Postgres) {
         // A new database for each scenario: the board an earlier one left (every alert it
         // posted) would make this one's gate evaluations larger.
         let env = replicated_env(&names, pg).await;
-        let one = bench_replicas("rollgate serve, amqp + postgres, 1 replica", &env, 1).await;
+        let one = bench_over("rollgate serve, amqp + postgres, 1 replica", &env, 1, None).await;
         let env = replicated_env(&names, pg).await;
-        let three = bench_replicas("rollgate serve, amqp + postgres, 3 replicas", &env, 3).await;
+        let three = bench_over("rollgate serve, amqp + postgres, 3 replicas", &env, 3, None).await;
         report(&[&ceiling, &consumed, &one, &three], &ceiling);
         one_ratio.push(one.accepted_per_s / ceiling.accepted_per_s);
         one_consumed.push(one.accepted_per_s / consumed.accepted_per_s);
