@@ -257,14 +257,9 @@ async fn a_minor_upgrade_runs_end_to_end_amqp() {
     let names = Names::unique();
     let ground = Ground::start("1.34.2", 4).await;
     // The control plane's containerd is behind a worker's: stage 3 catches it up.
-    ground
-        .api
-        .state
-        .lock()
-        .unwrap()
-        .nodes
-        .get_mut("w3")
-        .unwrap()["status"]["nodeInfo"]["containerRuntimeVersion"] = json!("containerd://1.7.24");
+    ground.api.edit_node("w3", |n| {
+        n["status"]["nodeInfo"]["containerRuntimeVersion"] = json!("containerd://1.7.24");
+    });
     let rg = start(&ground, &names.env()).await;
     let id = detect(&rg, "1.35.0", "minor").await;
     let run = wait_status(&rg, &id, "succeeded").await;

@@ -1,0 +1,107 @@
+//! What a real cluster's exporters would say about the fake, as Prometheus targets:
+//! `/metrics` the API servers' `kubernetes_build_info` (one series per control plane, from
+//! its kube-apiserver mirror pod's image), `/metrics/kubelet` every kubelet's, and
+//! `/metrics/kube-state` kube-state-metrics' node conditions, unschedulable flags and
+//! container waiting reasons, with node-exporter's boot times.
+
+use super::state::State;
+use serde_json::json;
+
+/// The Prometheus text of the exporter at `/metrics/<path>`.
+pub fn exposition(s: &State, path: &[&str]) -> Option<String> {
+    let mut out = String::new();
+    let mut line = |metric: &str, labels: &[(&str, &str)], value: f64| {
+        let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+        out.push_str(&format!("{metric}{{{}}} {value}\n", labels.join(",")));
+    };
+    match path {
+        [] => {
+            for pod in s.all("pods") {
+                let name = pod["metadata"]["name"].as_str().unwrap_or("");
+                let Some(node) = name.strip_prefix("kube-apiserver-") else {
+                    continue;
+                };
+                if pod["metadata"]["namespace"] != "kube-system" {
+                    continue;
+                }
+                let image = pod["spec"]["containers"][0]["image"].as_str().unwrap_or("");
+                let version = image.rsplit_once(':').map_or("", |(_, v)| v);
+                line(
+                    "kubernetes_build_info",
+                    &[("git_version", version), ("node", node)],
+                    1.0,
+                );
+            }
+        }
+        ["kubelet"] => {
+            for node in s.all("nodes") {
+                let name = node["metadata"]["name"].as_str().unwrap_or("");
+                let version = node["status"]["nodeInfo"]["kubeletVersion"]
+                    .as_str()
+                    .unwrap_or("");
+                line(
+                    "kubernetes_build_info",
+                    &[("git_version", version), ("node", name)],
+                    1.0,
+                );
+            }
+        }
+        ["kube-state"] => {
+            for node in s.all("nodes") {
+                let name = node["metadata"]["name"].as_str().unwrap_or("");
+                let ready = node["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|c| c["type"] == "Ready")
+                    .and_then(|c| c["status"].as_str())
+                    .unwrap_or("Unknown")
+                    .to_lowercase();
+                for status in ["true", "false", "unknown"] {
+                    let value = f64::from(u8::from(ready == status));
+                    line(
+                        "kube_node_status_condition",
+                        &[("node", name), ("condition", "Ready"), ("status", status)],
+                        value,
+                    );
+                }
+                let cordoned = node["spec"]["unschedulable"] == json!(true);
+                line(
+                    "kube_node_spec_unschedulable",
+                    &[("node", name)],
+                    f64::from(u8::from(cordoned)),
+                );
+                line(
+                    "node_boot_time_seconds",
+                    &[("node", name)],
+                    s.booted_at as f64,
+                );
+            }
+            for pod in s.all("pods") {
+                let ns = pod["metadata"]["namespace"].as_str().unwrap_or("");
+                let name = pod["metadata"]["name"].as_str().unwrap_or("");
+                for c in pod["status"]["containerStatuses"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                {
+                    if let Some(reason) = c["state"]["waiting"]["reason"].as_str() {
+                        let container = c["name"].as_str().unwrap_or("");
+                        line(
+                            "kube_pod_container_status_waiting_reason",
+                            &[
+                                ("namespace", ns),
+                                ("pod", name),
+                                ("container", container),
+                                ("reason", reason),
+                            ],
+                            1.0,
+                        );
+                    }
+                }
+            }
+        }
+        _ => return None,
+    }
+    Some(out)
+}
