@@ -543,8 +543,9 @@ pub trait StatefulSets: Send + Sync {
     async fn pod_state(&self, namespace: &str, pod: &str)
     -> Result<Option<PodState>, ClusterError>;
     /// Watches `namespace/name` from `resource_version` and returns once it changed (or
-    /// was deleted), or after `timeout` without a change, whichever comes first. The
-    /// caller reads it again either way.
+    /// was deleted), once the server says the watch expired (410 Gone: its history is
+    /// compacted), or after `timeout` without a change, whichever comes first; bookmarks
+    /// are not changes. The caller reads it again either way.
     async fn wait_for_change(
         &self,
         namespace: &str,

@@ -502,3 +502,67 @@ async fn a_watched_statefulset_gets_one_roll_per_new_revision_and_none_while_one
         "the watch used the watch verb"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_answered_410_gone_in_the_middle_of_an_automatic_roll_misses_no_revision() {
+    let sts = EtcdStatefulSet::start(3, 0).await;
+    let around = Around::start().await;
+    let mut env = around.env(&sts);
+    let seed = sts.cluster.endpoints[0].clone();
+    env.push((
+        "ROLLGATE__ETCD_ROLL__WATCH".into(),
+        format!("default/etcd={seed}"),
+    ));
+    let rg = serve(env).await;
+
+    // In the middle of rev-2's roll, the API server ends every watch with 410 Gone.
+    let first = "watch-default-etcd-rev-2";
+    eventually(
+        "etcd-2 restarted by the rev-2 roll",
+        RUN_DEADLINE,
+        || async {
+            let (status, run) = rg.get(&format!("/v1/runs/{first}")).await;
+            (status == 200
+                && run["steps"].as_array()?.iter().any(|s| {
+                    s["name"] == "etcd-restart" && s["node"] == "etcd-2" && s["status"] == "done"
+                }))
+            .then_some(())
+        },
+    )
+    .await;
+    sts.api.expire_watches();
+    eventually("rollgate to see the 410", RUN_DEADLINE, || async {
+        rg.logs().contains("watch expired (410 Gone)").then_some(())
+    })
+    .await;
+    wait_status(&rg, first, "succeeded").await;
+    assert!(sts.all_at_update_revision());
+
+    // Once more, and the template moves on while no watch is open: the read after the
+    // 410 finds rev-3, and its roll starts.
+    let expired_before = rg.logs().matches("watch expired (410 Gone)").count();
+    sts.api.expire_watches();
+    sts.api.change_template("etcd", "rev-3");
+    let second = "watch-default-etcd-rev-3";
+    eventually("the rev-3 roll to start", RUN_DEADLINE, || async {
+        (rg.get(&format!("/v1/runs/{second}")).await.0 == 200).then_some(())
+    })
+    .await;
+    wait_status(&rg, second, "succeeded").await;
+    assert!(rg.logs().matches("watch expired (410 Gone)").count() > expired_before);
+    assert!(sts.all_at_update_revision());
+
+    let all = runs(&rg).await;
+    let mut ids: Vec<&str> = all.iter().filter_map(|r| r["id"].as_str()).collect();
+    ids.sort();
+    assert_eq!(
+        ids,
+        [first, second],
+        "exactly one roll per revision: {all:?}"
+    );
+    assert_eq!(
+        sts.restarted(),
+        ["etcd-2", "etcd-1", "etcd-0", "etcd-2", "etcd-1", "etcd-0"],
+        "each member once per revision"
+    );
+}

@@ -746,14 +746,27 @@ impl StatefulSets for Kube {
             .map_err(|e| api_error(&what, e))?;
         let mut events = std::pin::pin!(events);
         // The server ends the watch at its timeout; this bound covers one that does not.
-        let first = tokio::time::timeout(timeout + Duration::from_secs(5), events.next()).await;
-        match first {
-            Ok(Some(Err(e))) => Err(api_error(&what, e)),
-            Ok(Some(Ok(WatchEvent::Error(status)))) => Err(ClusterError::new(format!(
-                "{what}: {} ({})",
-                status.message, status.code
-            ))),
-            _ => Ok(()),
+        let until = tokio::time::Instant::now() + timeout + Duration::from_secs(5);
+        loop {
+            match tokio::time::timeout_at(until, events.next()).await {
+                // A bookmark only moves the watch's resourceVersion on: nothing changed.
+                Ok(Some(Ok(WatchEvent::Bookmark(_)))) => continue,
+                Ok(Some(Err(e))) => return Err(api_error(&what, e)),
+                // 410 Gone: the history this watch started from is compacted away. As a
+                // reflector does, the caller reads the object again at once (anything
+                // missed shows in what it reads) and watches from there.
+                Ok(Some(Ok(WatchEvent::Error(status)))) if status.code == 410 => {
+                    info!(%namespace, %name, message = %status.message, "watch expired (410 Gone): reading again");
+                    return Ok(());
+                }
+                Ok(Some(Ok(WatchEvent::Error(status)))) => {
+                    return Err(ClusterError::new(format!(
+                        "{what}: {} ({})",
+                        status.message, status.code
+                    )));
+                }
+                _ => return Ok(()),
+            }
         }
     }
 

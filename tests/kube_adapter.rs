@@ -1,0 +1,175 @@
+//! rollgate's kube adapter against the fake API server over HTTPS, where the fake behaves
+//! as the API server does and the real kubectl has examined it (tests/fake_apiserver.rs):
+//! a concurrent writer between rollgate's read and its cordon, and drains under budgets
+//! given as percentages and with `matchExpressions`, judged by the fake's own count.
+
+mod support;
+
+use rollgate::adapters::kube::{Kube, KubeSettings, Source};
+use rollgate::domain::drain_holds;
+use rollgate::ports::{Cordon, DrainOptions, NodeDrain};
+use serde_json::{Value, json};
+use std::time::Duration;
+use support::kube::{Change, FakeKube};
+
+struct Fixture {
+    fake: FakeKube,
+    kube: Kube,
+    _dir: tempfile::TempDir,
+}
+
+/// Three workers and rollgate's adapter, over the fake's HTTPS listener.
+async fn fixture() -> Fixture {
+    let fake = FakeKube::start().await;
+    fake.add_namespace("default");
+    fake.add_namespace("kube-system");
+    for w in ["w1", "w2", "w3"] {
+        fake.add_node(w, false, "1.34.2", "1.7.24");
+        fake.add_node_agents(w);
+    }
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("kubeconfig");
+    fake.write_tls_kubeconfig(&path);
+    let kube = Kube::new(KubeSettings {
+        source: Source::Kubeconfig {
+            path,
+            context: None,
+        },
+        namespace: "default".into(),
+        annotation_prefix: "rollgate.io".into(),
+        request_timeout: Duration::from_secs(10),
+    })
+    .await
+    .expect("kube");
+    Fixture {
+        fake,
+        kube,
+        _dir: dir,
+    }
+}
+
+fn options() -> DrainOptions {
+    DrainOptions {
+        timeout: Duration::from_secs(60),
+        retry_every: Duration::from_millis(100),
+        grace_period: None,
+        own_pod: None,
+    }
+}
+
+fn names_on(fake: &FakeKube, node: &str) -> Vec<String> {
+    let mut names: Vec<String> = fake
+        .pods_on(node)
+        .iter()
+        .map(|p| p["metadata"]["name"].as_str().unwrap().to_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn a_write_between_rollgates_read_and_its_cordon_is_retried_and_kept() {
+    let f = fixture().await;
+    let mut n = 0;
+    f.fake
+        .write_after_reads_of_node("w1", 2, move |node: &mut Value| {
+            n += 1;
+            node["metadata"]["labels"]["example.com/other-writer"] = json!(n.to_string());
+        });
+    let before = f.fake.calls();
+    let outcome = f.kube.cordon("w1", "run-1").await.expect("cordon");
+    assert_eq!(outcome, Cordon::Ours);
+
+    let calls = f.fake.calls();
+    let refused = calls.get("patch node 409").copied().unwrap_or(0)
+        - before.get("patch node 409").copied().unwrap_or(0);
+    assert_eq!(refused, 2, "both stale patches were refused: {calls:?}");
+    let node = f.fake.node("w1");
+    assert_eq!(node["spec"]["unschedulable"], true);
+    assert_eq!(
+        node["metadata"]["annotations"]["rollgate.io/cordoned-by"],
+        "run-1"
+    );
+    assert_eq!(
+        node["metadata"]["labels"]["example.com/other-writer"], "2",
+        "the other writer's change is kept: {node}"
+    );
+    let cordons = f
+        .fake
+        .changes()
+        .into_iter()
+        .filter(|c| *c == Change::Cordon("w1".into()))
+        .count();
+    assert_eq!(cordons, 1, "cordoned once");
+    // Asked again, rollgate finds its own cordon and writes nothing.
+    assert_eq!(f.kube.cordon("w1", "run-1").await.unwrap(), Cordon::Ours);
+    assert_eq!(
+        f.fake.calls().get("patch node").copied(),
+        calls.get("patch node").copied()
+    );
+}
+
+/// Drains `w1` and checks, from the fake's own records, that the budget was never
+/// overrun and every evictable pod went.
+async fn drain_within(f: &Fixture, budget: &str, pods: usize) {
+    let facts = f.kube.drain_facts("w1").await.expect("facts");
+    let holds = drain_holds::holds(&facts.pods, &facts.budgets, &[]);
+    assert!(
+        holds.is_empty(),
+        "the budget lets the drain start: {holds:?}"
+    );
+    assert_eq!(f.kube.cordon("w1", "run-1").await.unwrap(), Cordon::Ours);
+    let report = f.kube.drain("w1", &options()).await.expect("drain");
+    assert_eq!(report.evicted, pods);
+    assert!(
+        report.refusals >= 1,
+        "the budget made some wait: {report:?}"
+    );
+    assert_eq!(names_on(&f.fake, "w1"), ["agent-w1", "static-w1"]);
+    let low = f.fake.budget_low(budget).expect("counted");
+    assert!(
+        low >= 0,
+        "the fake's own count went {low} past budget {budget}"
+    );
+}
+
+#[tokio::test]
+async fn a_drain_under_a_max_unavailable_50_percent_budget_never_overruns_it() {
+    let f = fixture().await;
+    f.fake.add_pods("w1", "web", 4, false);
+    f.fake.add_pdb(
+        "web",
+        json!({"maxUnavailable": "50%", "selector": {"matchLabels": {"app": "web"}}}),
+    );
+    // The controller brings the status up to date 200 ms after a change: evictions in
+    // that time are held by the decrement each one makes.
+    f.fake.set_pdb_lag(Duration::from_millis(200));
+    f.fake.lock().ready_after = Duration::from_millis(300);
+    drain_within(&f, "web", 4).await;
+    let evicted: Vec<Change> = f
+        .fake
+        .changes()
+        .into_iter()
+        .filter(|c| matches!(c, Change::Evicted { .. }))
+        .collect();
+    assert_eq!(evicted.len(), 4);
+}
+
+#[tokio::test]
+async fn a_drain_under_a_budget_selecting_with_match_expressions_never_overruns_it() {
+    let f = fixture().await;
+    f.fake.add_pods("w1", "db", 2, false);
+    f.fake.add_pods("w1", "cache", 2, false);
+    f.fake.add_pods("w2", "db", 1, false);
+    f.fake.add_pods("w1", "other", 1, false);
+    f.fake.add_pdb(
+        "stores",
+        json!({"minAvailable": 4, "selector": {"matchExpressions": [
+            {"key": "app", "operator": "In", "values": ["db", "cache"]},
+            {"key": "tier", "operator": "DoesNotExist"},
+        ]}}),
+    );
+    f.fake.set_pdb_lag(Duration::from_millis(100));
+    f.fake.lock().ready_after = Duration::from_millis(200);
+    drain_within(&f, "stores", 5).await;
+}
