@@ -1,22 +1,22 @@
 //! Drain and per-worker overhead, measured in one run:
 //!
-//! 1. Drain of a node with BENCH_PODS (default 200) pods on the fake API server: rollgate's
-//!    kube adapter (evictions in parallel, one list call per wait round) beside a baseline
-//!    that evicts one pod at a time and waits for it to go before the next — wall time and
-//!    API calls for each, and the ratio.
+//! 1. Drain of a node with BENCH_PODS (default 200) pods on the fake API server, over its
+//!    HTTPS listener: rollgate's kube adapter (cordon, evictions in parallel, one list call
+//!    per wait round) beside the real `kubectl drain --ignore-daemonsets
+//!    --delete-emptydir-data`, timed as a process, on the same cluster with the same pods
+//!    and grace periods. Two rounds, each tool draining first once; wall time and API
+//!    calls for each, and the ratios.
 //! 2. rollgate's own overhead per worker in a full patch upgrade (1 control plane + 4
 //!    workers, `rollgate serve`, embedded queue): the worker's wall time, from its gate
 //!    step's start to its soak's end, minus the soak and the node-script time.
 //!
-//! Run: `cargo bench --bench drain` (needs the test ground's Debian packages: etcd-server,
-//! prometheus, openssh-server, curl).
+//! Run: `cargo bench --bench drain` (needs kubectl and the test ground's Debian packages:
+//! etcd-server, prometheus, openssh-server, curl).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
 
 use chrono::{DateTime, Utc};
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, EvictParams, ListParams};
 use rollgate::adapters::kube::{Kube, KubeSettings, Source};
 use rollgate::ports::{DrainOptions, NodeDrain};
 use serde_json::{Value, json};
@@ -33,69 +33,47 @@ fn pods() -> usize {
 }
 
 fn total(calls: &BTreeMap<String, u64>) -> u64 {
-    calls.values().sum()
+    calls
+        .iter()
+        .filter(|(k, _)| !k.ends_with(|c: char| c.is_ascii_digit()))
+        .map(|(_, v)| v)
+        .sum()
 }
 
 fn diff(after: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>) -> u64 {
     total(after) - total(before)
 }
 
-async fn client(api: &FakeKube, dir: &std::path::Path) -> kube::Client {
-    let path = dir.join("kubeconfig");
-    api.write_kubeconfig(&path);
-    let file = kube::config::Kubeconfig::read_from(&path).expect("kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(file, &Default::default())
-        .await
-        .expect("config");
-    kube::Client::try_from(config).expect("client")
-}
-
-/// kubectl-drain-like, one pod at a time: evict, poll until gone, next.
-async fn baseline_drain(client: &kube::Client, node: &str) {
-    let all: Api<Pod> = Api::all(client.clone());
-    let params = ListParams::default().fields(&format!("spec.nodeName={node}"));
-    let pods = all.list(&params).await.expect("list").items;
-    for pod in pods {
-        let owners = pod.metadata.owner_references.clone().unwrap_or_default();
-        let mirror = pod
-            .metadata
-            .annotations
-            .as_ref()
-            .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
-        if mirror || owners.iter().any(|o| o.kind == "DaemonSet") {
-            continue;
-        }
-        let ns = pod.metadata.namespace.clone().unwrap_or_default();
-        let name = pod.metadata.name.clone().unwrap_or_default();
-        let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
-        api.evict(&name, &EvictParams::default())
-            .await
-            .expect("evict");
-        while api.get_opt(&name).await.expect("get").is_some() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
-
-async fn drain_bench() {
-    let n = pods();
+/// A fake cluster: nodes `a` and `b` with `n` pods each (emptyDir volumes, a 30 s grace
+/// period, gone 50 ms after SIGTERM), a DaemonSet and a mirror pod on every node, and
+/// three spare nodes for the replacements.
+async fn cluster(n: usize) -> FakeKube {
     let api = FakeKube::start().await;
     {
-        let mut s = api.state.lock().unwrap();
+        let mut s = api.lock();
         s.terminate_after = Duration::from_millis(50);
         s.ready_after = Duration::from_millis(50);
     }
+    api.add_namespace("default");
+    api.add_namespace("kube-system");
     for node in ["a", "b", "spare1", "spare2", "spare3"] {
         api.add_node(node, false, "1.34.2", "1.7.20");
         api.add_node_agents(node);
     }
     api.add_pods("a", "web", n, true);
     api.add_pods("b", "web", n, true);
-    let dir = tempfile::tempdir().expect("dir");
-    let raw = client(&api, dir.path()).await;
+    api
+}
+
+/// rollgate's cordon and drain of `node`: wall time and API calls.
+async fn rollgate_drain(
+    api: &FakeKube,
+    kubeconfig: &std::path::Path,
+    node: &str,
+) -> (Duration, u64) {
     let kube = Kube::new(KubeSettings {
         source: Source::Kubeconfig {
-            path: dir.path().join("kubeconfig"),
+            path: kubeconfig.to_owned(),
             context: None,
         },
         namespace: "default".into(),
@@ -104,53 +82,131 @@ async fn drain_bench() {
     })
     .await
     .expect("kube");
-
-    let before = api.calls();
-    let started = Instant::now();
-    kube.cordon("a", "bench").await.expect("cordon");
     let options = DrainOptions {
         timeout: Duration::from_secs(600),
         retry_every: Duration::from_millis(200),
         grace_period: None,
         own_pod: None,
     };
-    let report = kube.drain("a", &options).await.expect("drain");
-    let ours = started.elapsed();
-    let ours_calls = diff(&api.calls(), &before);
-    assert_eq!(report.evicted, n);
-
     let before = api.calls();
     let started = Instant::now();
-    kube.cordon("b", "bench").await.expect("cordon");
-    baseline_drain(&raw, "b").await;
-    let base = started.elapsed();
-    let base_calls = diff(&api.calls(), &before);
-    assert_eq!(
-        api.pods_on("b").len(),
-        2,
-        "only the DaemonSet and mirror pods stay"
-    );
+    kube.cordon(node, "bench").await.expect("cordon");
+    let report = kube.drain(node, &options).await.expect("drain");
+    let took = started.elapsed();
+    assert_eq!(report.evicted, pods());
+    (took, diff(&api.calls(), &before))
+}
 
-    println!(
-        "drain of a node with {n} pods (fake API server: a pod terminates 50 ms after its eviction)"
+/// `kubectl drain` of `node`, timed as a process: wall time and API calls.
+async fn kubectl_drain(
+    api: &FakeKube,
+    kubeconfig: &std::path::Path,
+    home: &std::path::Path,
+    node: &str,
+) -> (Duration, u64) {
+    let before = api.calls();
+    let started = Instant::now();
+    let out = tokio::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args([
+            "drain",
+            node,
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+            "--timeout=600s",
+        ])
+        .env("HOME", home)
+        .output()
+        .await
+        .expect("run kubectl drain");
+    let took = started.elapsed();
+    assert!(
+        out.status.success(),
+        "kubectl drain: {}",
+        String::from_utf8_lossy(&out.stderr)
     );
-    println!("{:<44} {:>10} {:>10}", "", "wall ms", "API calls");
+    (took, diff(&api.calls(), &before))
+}
+
+async fn drain_bench() {
+    let n = pods();
+    let mut rows = Vec::new();
+    for round in 0..2 {
+        let api = cluster(n).await;
+        let dir = tempfile::tempdir().expect("dir");
+        let kubeconfig = dir.path().join("kubeconfig");
+        api.write_tls_kubeconfig(&kubeconfig);
+        let home = dir.path().join("home");
+        std::fs::create_dir_all(&home).expect("home");
+        // Discovery cached for kubectl, as on an operator's machine.
+        kubectl_warm(&kubeconfig, &home).await;
+        let (ours, theirs) = if round == 0 {
+            let ours = rollgate_drain(&api, &kubeconfig, "a").await;
+            (ours, kubectl_drain(&api, &kubeconfig, &home, "b").await)
+        } else {
+            let theirs = kubectl_drain(&api, &kubeconfig, &home, "a").await;
+            (rollgate_drain(&api, &kubeconfig, "b").await, theirs)
+        };
+        for node in ["a", "b"] {
+            assert_eq!(
+                api.pods_on(node).len(),
+                2,
+                "only the DaemonSet and mirror pods stay on {node}"
+            );
+        }
+        rows.push((ours, theirs));
+        api.stop().await;
+    }
     println!(
-        "{:<44} {:>10.0} {:>10}",
-        "baseline: one eviction at a time",
-        base.as_secs_f64() * 1e3,
-        base_calls
+        "compares: cordon + drain of a node with {n} pods on the fake API server over HTTPS (each pod gone 50 ms after its eviction), rollgate's kube adapter against the real `kubectl drain`, each tool first in one round"
     );
     println!(
-        "{:<44} {:>10.0} {:>10}",
-        "rollgate: parallel evictions, list per round",
-        ours.as_secs_f64() * 1e3,
-        ours_calls
+        "{:<8} {:>14} {:>14} {:>14} {:>14} {:>10} {:>10}",
+        "round",
+        "rollgate ms",
+        "kubectl ms",
+        "rollgate calls",
+        "kubectl calls",
+        "wall ratio",
+        "call ratio"
     );
+    let mut ratios = Vec::new();
+    for (i, ((ours, ours_calls), (theirs, theirs_calls))) in rows.iter().enumerate() {
+        let wall = ours.as_secs_f64() / theirs.as_secs_f64();
+        let calls = *ours_calls as f64 / *theirs_calls as f64;
+        ratios.push(wall);
+        println!(
+            "{:<8} {:>14.0} {:>14.0} {:>14} {:>14} {:>10.3} {:>10.3}",
+            if i == 0 { "1 (rg 1st)" } else { "2 (kc 1st)" },
+            ours.as_secs_f64() * 1e3,
+            theirs.as_secs_f64() * 1e3,
+            ours_calls,
+            theirs_calls,
+            wall,
+            calls
+        );
+    }
     println!(
-        "ratio rollgate/baseline: wall {:.3}, API calls {:.3}",
-        ours.as_secs_f64() / base.as_secs_f64(),
-        ours_calls as f64 / base_calls as f64
+        "ratio rollgate/kubectl drain, wall time, mean of the rounds: {:.3}",
+        ratios.iter().sum::<f64>() / ratios.len() as f64
+    );
+}
+
+/// One `kubectl get nodes`, so that both rounds' kubectl has its discovery cached.
+async fn kubectl_warm(kubeconfig: &std::path::Path, home: &std::path::Path) {
+    let out = tokio::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["get", "nodes", "-o", "name"])
+        .env("HOME", home)
+        .output()
+        .await
+        .expect("run kubectl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }
 
