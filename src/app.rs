@@ -238,6 +238,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             on_failure: settings.worker.on_failure,
         };
         let worker = Worker::new(queue, store, metrics, executors, policy, notifier)
+            .telling(gate.clone())
             .refusing_detections(upgrades_unavailable)
             .within(settings.schedule.windows.clone())
             .led_by(leading);
@@ -569,6 +570,10 @@ async fn watch_gate(gate: Arc<Gate>, mut stop: tokio::sync::watch::Receiver<bool
             _ = tick.tick() => {
                 let report = gate.evaluate().await;
                 tracing::debug!(verdict = ?report.verdict, "gate evaluated");
+            }
+            () = gate.board_change() => {
+                let report = gate.evaluate().await;
+                tracing::debug!(verdict = ?report.verdict, "gate evaluated after a board change");
             }
         }
     }

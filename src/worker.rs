@@ -48,6 +48,8 @@ pub struct Worker {
     pub windows: Windows,
     /// True while this replica's worker is the active one; `None`: always (one replica).
     pub leading: Option<watch::Receiver<bool>>,
+    /// The gate, told when a commit changed the alert board.
+    pub gate: Option<Arc<crate::workflows::gate::Gate>>,
 }
 
 /// Limits the engine applies to every run.
@@ -114,7 +116,14 @@ impl Worker {
             detections_refused: None,
             windows: Windows::default(),
             leading: None,
+            gate: None,
         }
+    }
+
+    /// The same worker, telling `gate` whenever the alert board changes.
+    pub fn telling(mut self, gate: Arc<crate::workflows::gate::Gate>) -> Self {
+        self.gate = Some(gate);
+        self
     }
 
     /// The same worker, active only while `leading` is true (several replicas).
@@ -328,7 +337,11 @@ impl Worker {
                 && r.status.is_terminal()
                 && crate::workflows::k8s_upgrade::marked_in_flight(r)
         });
+        let board_changed = !commit.alerts.is_empty() || !commit.alert_events.is_empty();
         let committed = self.store.commit(commit).await?;
+        if board_changed && let Some(gate) = &self.gate {
+            gate.board_changed();
+        }
         if has_outbox {
             self.outbox_pending.store(true, Ordering::Release);
         }

@@ -600,3 +600,114 @@ async fn with_alertmanager_down_the_gate_is_unknown_names_it_and_nothing_goes_pa
     let _am = alertmanager_for(&rg, am_port).await;
     rg.wait_run(&id, "past the gate", past_the_gate).await;
 }
+
+/// The newest `event: gate` frame's data on the event stream, read for `span`.
+async fn last_gate_frame(rg: &Rollgate, span: Duration) -> Value {
+    let mut stream = reqwest::Client::new()
+        .get(format!("{}/v1/events", rg.base()))
+        .bearer_auth(&rg.token)
+        .send()
+        .await
+        .expect("the event stream");
+    assert_eq!(stream.status().as_u16(), 200);
+    let mut text = String::new();
+    let until = tokio::time::Instant::now() + span;
+    while let Ok(Ok(Some(chunk))) = tokio::time::timeout_at(until, stream.chunk()).await {
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let frame = text
+        .split("\n\n")
+        .filter(|f| f.lines().any(|l| l == "event: gate"))
+        .last()
+        .unwrap_or_else(|| panic!("no gate frame in {text}"));
+    let data = frame
+        .lines()
+        .find_map(|l| l.strip_prefix("data: "))
+        .expect("data");
+    serde_json::from_str(data).expect("JSON")
+}
+
+#[tokio::test]
+async fn every_view_of_the_gate_tells_one_evaluation_blockers_included() {
+    // As a new user tries it: embedded defaults, no Prometheus, one blocking alert. The
+    // poll is the default 30 s, so only the board change can bring the views along.
+    let rg = Rollgate::start(&[]).await;
+    let stream_before = last_gate_frame(&rg, Duration::from_millis(500)).await;
+    assert_eq!(
+        stream_before["verdict"]["verdict"], "unknown",
+        "{stream_before}"
+    );
+
+    let (status, _) = rg.post("/v1/alerts", &webhook("4e1c0ffee0ddba11")).await;
+    assert_eq!(status, 202);
+    let streamed = eventually(
+        "the stream to tell the closed gate",
+        Duration::from_secs(10),
+        || async {
+            let frame = last_gate_frame(&rg, Duration::from_millis(300)).await;
+            (frame["verdict"]["verdict"] == "closed").then_some(frame)
+        },
+    )
+    .await;
+    let (_, cached) = rg.get("/v1/gates?cached=true").await;
+    let (_, fresh) = rg.get("/v1/gates").await;
+    for (view, report) in [
+        ("stream", &streamed),
+        ("cached", &cached),
+        ("fresh", &fresh),
+    ] {
+        assert_eq!(report["verdict"]["verdict"], "closed", "{view}: {report}");
+        assert_eq!(
+            blocker_names(report),
+            [("NodeNotReady".to_owned(), "alertmanager".to_owned())],
+            "{view}: {report}"
+        );
+        assert_eq!(report["alertmanager"]["blocking"], 1, "{view}: {report}");
+        assert_eq!(report["prometheus"]["blocking"], 0, "{view}: {report}");
+        assert_eq!(
+            report["prometheus"]["state"], "not configured",
+            "{view}: {report}"
+        );
+    }
+    assert_eq!(
+        rg.metric("rollgate_gate_verdict{verdict=\"closed\"}").await,
+        1.0
+    );
+    assert_eq!(
+        rg.metric("rollgate_gate_verdict{verdict=\"unknown\"}")
+            .await,
+        0.0
+    );
+    let metrics = rg.metrics_text().await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("rollgate_gate_blockers{")
+                && l.contains("NodeNotReady")
+                && l.ends_with(" 1")),
+        "{metrics}"
+    );
+
+    // Resolved: back to unknown (no Prometheus), everywhere, with nothing named.
+    let (status, _) = rg.post("/v1/alerts", &support::resolved("4e1c0ffee0ddba11")).await;
+    assert_eq!(status, 202);
+    let streamed = eventually(
+        "the stream to tell the gate unknown again",
+        Duration::from_secs(10),
+        || async {
+            let frame = last_gate_frame(&rg, Duration::from_millis(300)).await;
+            (frame["verdict"]["verdict"] == "unknown").then_some(frame)
+        },
+    )
+    .await;
+    let (_, fresh) = rg.get("/v1/gates").await;
+    for report in [&streamed, &fresh] {
+        assert!(blocker_names(report).is_empty(), "{report}");
+        assert_eq!(report["alertmanager"]["blocking"], 0);
+    }
+    assert_eq!(
+        rg.metric("rollgate_gate_verdict{verdict=\"unknown\"}")
+            .await,
+        1.0
+    );
+}

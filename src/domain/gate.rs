@@ -260,6 +260,35 @@ pub fn evaluate(
             blockers: blockers.into_iter().collect(),
         };
     }
+    match unreadable(prom, am) {
+        None => Verdict::Open,
+        Some(reason) => Verdict::Unknown { reason },
+    }
+}
+
+/// What the gate's one verdict means for a run of `kind`: a blocker that names `kind` as
+/// its remedy does not hold it; with no other blocker, the sources that could not be read
+/// (`unreadable`) make it unknown, as they made the verdict before its blockers did.
+pub fn verdict_for(verdict: &Verdict, kind: &str, unreadable: Option<&str>) -> Verdict {
+    let Verdict::Closed { blockers } = verdict else {
+        return verdict.clone();
+    };
+    let holding: Vec<Blocker> = blockers
+        .iter()
+        .filter(|b| b.labels.get(REMEDY_LABEL).is_none_or(|r| r != kind))
+        .cloned()
+        .collect();
+    match (holding.is_empty(), unreadable) {
+        (false, _) => Verdict::Closed { blockers: holding },
+        (true, Some(reason)) => Verdict::Unknown {
+            reason: reason.to_owned(),
+        },
+        (true, None) => Verdict::Open,
+    }
+}
+
+/// Why the sources could not be read, if any could not: the reason of an unknown verdict.
+pub fn unreadable(prom: &PromReading, am: &AmReading) -> Option<String> {
     let failures: Vec<&str> = [
         match prom {
             PromReading::Failed(reason) => Some(reason.as_str()),
@@ -273,13 +302,7 @@ pub fn evaluate(
     .into_iter()
     .flatten()
     .collect();
-    if failures.is_empty() {
-        Verdict::Open
-    } else {
-        Verdict::Unknown {
-            reason: failures.join("; "),
-        }
-    }
+    (!failures.is_empty()).then(|| failures.join("; "))
 }
 
 /// The verdict of a quiet-period query: any series means a gate alert fired within the
@@ -601,6 +624,69 @@ mod tests {
             &policy,
         );
         assert!(!v.is_open());
+    }
+
+    #[test]
+    fn a_runs_answer_comes_from_the_one_verdict() {
+        let blocker = |name: &str, remedy: Option<&str>| {
+            let mut labels = BTreeMap::from([("alertname".to_owned(), name.to_owned())]);
+            if let Some(r) = remedy {
+                labels.insert(REMEDY_LABEL.into(), r.into());
+            }
+            Blocker {
+                name: name.into(),
+                labels,
+                source: Source::Alertmanager,
+                since: None,
+            }
+        };
+        let closed = |b: Vec<Blocker>| Verdict::Closed { blockers: b };
+        let skew = || blocker("K8sVersionSkew", Some("k8s-upgrade"));
+        let down = || blocker("KubeNodeNotReady", None);
+        // (the gate's verdict, asked by, unreadable sources, the run's answer)
+        let cases = [
+            (Verdict::Open, "k8s-upgrade", None, Verdict::Open),
+            (
+                closed(vec![down()]),
+                "k8s-upgrade",
+                None,
+                closed(vec![down()]),
+            ),
+            (closed(vec![skew()]), "k8s-upgrade", None, Verdict::Open),
+            (
+                closed(vec![skew()]),
+                "etcd-roll",
+                None,
+                closed(vec![skew()]),
+            ),
+            (
+                closed(vec![skew(), down()]),
+                "k8s-upgrade",
+                None,
+                closed(vec![down()]),
+            ),
+            (
+                closed(vec![skew()]),
+                "k8s-upgrade",
+                Some("Prometheus: down"),
+                Verdict::Unknown {
+                    reason: "Prometheus: down".into(),
+                },
+            ),
+            (
+                Verdict::Unknown { reason: "x".into() },
+                "k8s-upgrade",
+                Some("x"),
+                Verdict::Unknown { reason: "x".into() },
+            ),
+        ];
+        for (verdict, kind, unreadable, want) in cases {
+            assert_eq!(
+                verdict_for(&verdict, kind, unreadable),
+                want,
+                "{verdict:?} for {kind}"
+            );
+        }
     }
 
     #[test]

@@ -39,6 +39,18 @@ pub struct GateReport {
     pub alertmanager: SourceReport,
     /// The earliest time the wake may be delivered.
     pub evaluated_at: DateTime<Utc>,
+    /// Why a source could not be read, if one could not (a run's answer is unknown for it
+    /// when no blocker holds that run).
+    #[serde(skip)]
+    pub unreadable: Option<String>,
+}
+
+impl GateReport {
+    /// The answer for a run of `kind`, from this one evaluation: the same verdict, but for
+    /// the blockers the run is the remedy for.
+    pub fn verdict_for(&self, kind: RunKind) -> Verdict {
+        gate::verdict_for(&self.verdict, kind.name(), self.unreadable.as_deref())
+    }
 }
 
 #[derive(Default)]
@@ -58,6 +70,7 @@ pub struct Gate {
     memory: Mutex<PromMemory>,
     last: Mutex<Option<GateReport>>,
     changes: tokio::sync::watch::Sender<Option<GateReport>>,
+    board: tokio::sync::Notify,
 }
 
 impl Gate {
@@ -85,6 +98,7 @@ impl Gate {
             memory: Mutex::new(PromMemory::default()),
             last: Mutex::new(None),
             changes: tokio::sync::watch::Sender::new(None),
+            board: tokio::sync::Notify::new(),
         }
     }
 
@@ -141,22 +155,19 @@ impl Gate {
         }
     }
 
-    /// Evaluates both sources now, for no run in particular (`GET /v1/gates`).
+    /// Evaluates both sources now. Every view of the gate shows this evaluation: it is
+    /// what `GET /v1/gates` answers, what the event stream (and so the status page) and the
+    /// metrics are told, and what a `gate` step decides from ([`GateReport::verdict_for`]).
     pub async fn evaluate(&self) -> GateReport {
-        self.evaluate_with(&self.policy).await
-    }
-
-    /// Evaluates both sources now for a run of `kind`: alerts it is the remedy for do not
-    /// hold it.
-    pub async fn evaluate_for(&self, kind: RunKind) -> GateReport {
-        self.evaluate_with(&self.policy.asked_by(kind.name())).await
-    }
-
-    async fn evaluate_with(&self, policy: &Policy) -> GateReport {
         let now = Utc::now();
         let prom = self.read_prometheus(&self.settings.query, true).await;
         let (am, board_error) = self.read_alertmanager(now).await;
-        let mut verdict = gate::evaluate(&prom, &am, now, policy);
+        let unreadable = gate::unreadable(&prom, &am).or_else(|| {
+            board_error
+                .as_ref()
+                .map(|e| format!("the alert board cannot be read: {e}"))
+        });
+        let mut verdict = gate::evaluate(&prom, &am, now, &self.policy);
         if let Some(error) = &board_error
             && verdict.is_open()
         {
@@ -196,6 +207,7 @@ impl Gate {
             },
             verdict,
             evaluated_at: now,
+            unreadable,
         };
         for name in ["open", "closed", "unknown"] {
             let current = match &report.verdict {
@@ -234,6 +246,17 @@ impl Gate {
     /// (blockers included), holding that evaluation.
     pub fn verdict_changes(&self) -> tokio::sync::watch::Receiver<Option<GateReport>> {
         self.changes.subscribe()
+    }
+
+    /// Tells the gate the alert board changed: the next evaluation comes now, not at the
+    /// next poll, so every view follows the board at once.
+    pub fn board_changed(&self) {
+        self.board.notify_one();
+    }
+
+    /// Resolves when the board has changed since the last evaluation asked.
+    pub async fn board_change(&self) {
+        self.board.notified().await;
     }
 
     /// The Alertmanager side: its own list when it is configured, the board of webhooks
@@ -302,8 +325,8 @@ pub struct GateStep(pub Arc<Gate>);
 #[async_trait::async_trait]
 impl StepExecutor for GateStep {
     async fn execute(&self, run: &Run, _index: usize) -> StepOutcome {
-        let report = self.0.evaluate_for(run.kind).await;
-        match report.verdict {
+        let report = self.0.evaluate().await;
+        match report.verdict_for(run.kind) {
             Verdict::Open => StepOutcome::done("gate open"),
             verdict => self.0.held(&verdict),
         }

@@ -377,9 +377,9 @@ impl RestartGate {
         loop {
             let verdict = self
                 .gate
-                .evaluate_for(crate::domain::run::RunKind::EtcdRoll)
+                .evaluate()
                 .await
-                .verdict;
+                .verdict_for(crate::domain::run::RunKind::EtcdRoll);
             tracing::debug!(?verdict, "gate before a restart");
             if verdict.is_open() {
                 return Ok(());
