@@ -9,12 +9,15 @@
 mod support;
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use rollgate::domain::alert::AlertBatch;
+use proptest::test_runner::{
+    Config, FileFailurePersistence, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner,
+};
+use rollgate::domain::alert::{Alert, AlertBatch};
 use rollgate::domain::event::{
-    CloudEvent, DecodeError, DetectionRequest, EtcdRollRequest, FieldErrors,
+    CloudEvent, DecodeError, DetectionRequest, EtcdRollRequest, FieldErrors, StageSelection,
 };
 use serde_json::{Value, json};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use support::{Rollgate, webhook};
 
@@ -28,8 +31,58 @@ fn cases() -> u32 {
 fn config() -> Config {
     Config {
         cases: cases(),
-        failure_persistence: None,
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(REGRESSIONS))),
         ..Config::default()
+    }
+}
+
+/// Where a failing case's seed is kept: commit it, and every later run tries it first.
+const REGRESSIONS: &str = "tests/fuzz_intake.proptest-regressions";
+
+/// This run's seed: `FUZZ_SEED` (hex, 32 bytes) replays a run; otherwise a fresh one.
+fn seed() -> [u8; 32] {
+    static SEED: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
+    *SEED.get_or_init(|| {
+        let mut seed = [0u8; 32];
+        match std::env::var("FUZZ_SEED")
+            .ok()
+            .and_then(|h| hex::decode(h.trim()).ok())
+        {
+            Some(bytes) if bytes.len() == 32 => seed.copy_from_slice(&bytes),
+            _ => getrandom::fill(&mut seed).expect("random seed"),
+        }
+        seed
+    })
+}
+
+/// A runner for property `name`, seeded from this run's seed and the name, so that each
+/// property has its own cases and `FUZZ_SEED` replays all of them; the seed is printed,
+/// and named again when the property fails.
+fn runner(name: &str, config: Config) -> TestRunner {
+    let mut seed = seed();
+    for (i, b) in name.bytes().enumerate() {
+        seed[i % 32] ^= b;
+    }
+    eprintln!(
+        "{name}: FUZZ_SEED={} replays this run",
+        hex::encode(self::seed())
+    );
+    TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed))
+}
+
+/// A property's result, which panics on failure naming the seed that replays it.
+trait Replay {
+    fn replay(self, name: &str);
+}
+
+impl<T: std::fmt::Debug> Replay for Result<(), TestError<T>> {
+    fn replay(self, name: &str) {
+        if let Err(e) = self {
+            panic!(
+                "{name}: {e}\nreplay with FUZZ_SEED={} (the failing case is also saved in {REGRESSIONS}: commit it)",
+                hex::encode(seed())
+            );
+        }
     }
 }
 
@@ -263,28 +316,139 @@ fn keys_of(doc: &Value) -> Vec<&str> {
         .unwrap_or_default()
 }
 
-#[test]
-fn alertmanager_payloads_are_taken_or_refused_by_field() {
-    let valid = webhook("c0ffee01");
-    let known = keys_of(&valid);
-    TestRunner::new(config())
-        .run(&prop_oneof![mutated(valid.clone()), any_json()], |body| {
-            if let Err(errors) = AlertBatch::from_json(&body) {
-                names_fields(&errors, &body, &known)?;
-            }
-            Ok(())
+/// What an accepted Alertmanager body says, read independently of the parser: each
+/// alert's fingerprint, status, labels, annotations (none when absent) and times (no end
+/// for the zero time or one before 1970).
+fn said_alerts(body: &Value) -> Option<Vec<Alert>> {
+    let time = |v: &Value| {
+        v.as_str()
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            .map(|t| t.with_timezone(&chrono::Utc))
+    };
+    let strings = |v: &Value| -> Option<std::collections::BTreeMap<String, String>> {
+        v.as_object()?
+            .iter()
+            .map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+            .collect()
+    };
+    body["alerts"]
+        .as_array()?
+        .iter()
+        .map(|a| {
+            Some(Alert {
+                fingerprint: a["fingerprint"].as_str()?.to_owned(),
+                status: serde_json::from_value(a["status"].clone()).ok()?,
+                labels: strings(&a["labels"])?,
+                annotations: if a["annotations"].is_null() {
+                    Default::default()
+                } else {
+                    strings(&a["annotations"])?
+                },
+                starts_at: time(&a["startsAt"])?,
+                ends_at: if a["endsAt"].is_null() {
+                    None
+                } else {
+                    time(&a["endsAt"]).filter(|t| t.timestamp() > 0)
+                },
+            })
         })
-        .expect("alert payloads");
+        .collect()
+}
+
+/// An accepted detection is exactly what the body said, defaults filled in.
+fn said_detection(body: &Value, request: &DetectionRequest) -> Result<(), TestCaseError> {
+    let taken = request.to_json();
+    prop_assert_eq!(
+        &taken["target_version"],
+        &body["target_version"],
+        "the version as sent"
+    );
+    prop_assert_eq!(&taken["kind"], &body["kind"]);
+    let dry_run = if body["dry_run"].is_null() {
+        json!(false)
+    } else {
+        body["dry_run"].clone()
+    };
+    prop_assert_eq!(&taken["dry_run"], &dry_run);
+    let stages = match body["stages"].as_str() {
+        None => StageSelection::all(),
+        Some(text) => StageSelection::parse(text).map_err(TestCaseError::fail)?,
+    };
+    prop_assert_eq!(request.stages.to_text(), stages.to_text());
+    Ok(())
+}
+
+/// An accepted etcd roll is exactly what the body said, defaults filled in.
+fn said_etcd_roll(body: &Value, request: &EtcdRollRequest) -> Result<(), TestCaseError> {
+    prop_assert_eq!(
+        Some(request.statefulset.as_str()),
+        body["statefulset"].as_str()
+    );
+    prop_assert_eq!(Some(request.namespace.as_str()), body["namespace"].as_str());
+    let endpoints: Vec<&str> = body["endpoints"]
+        .as_array()
+        .map(|l| l.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    prop_assert_eq!(&request.endpoints, &endpoints);
+    let or = |key: &str, default: u64| body[key].as_u64().unwrap_or(default);
+    prop_assert_eq!(request.ready_timeout_secs, or("ready_timeout_secs", 300));
+    prop_assert_eq!(request.cooldown_secs, or("cooldown_secs", 10));
+    prop_assert_eq!(request.max_lag, or("max_lag", 1000));
+    Ok(())
 }
 
 #[test]
-fn detection_requests_are_taken_or_refused_by_field_and_only_clean_versions_pass() {
+fn alertmanager_payloads_are_taken_as_they_say_or_refused_by_field() {
+    let valid = webhook("c0ffee01");
+    let known = keys_of(&valid);
+    let name = "alert payloads";
+    let taken = AtomicUsize::new(0);
+    let result =
+        runner(name, config()).run(&prop_oneof![mutated(valid.clone()), any_json()], |body| {
+            match AlertBatch::from_json(&body) {
+                Ok(batch) => {
+                    taken.fetch_add(1, Ordering::Relaxed);
+                    let said = said_alerts(&body);
+                    prop_assert_eq!(
+                        Some(&batch.alerts),
+                        said.as_ref(),
+                        "the alerts as sent: {}",
+                        body
+                    );
+                    prop_assert_eq!(Some(batch.receiver.as_str()), body["receiver"].as_str());
+                    prop_assert_eq!(Some(batch.group_key.as_str()), body["groupKey"].as_str());
+                }
+                Err(errors) => names_fields(&errors, &body, &known)?,
+            }
+            Ok(())
+        });
+    result.replay(name);
+    assert!(
+        some_taken(&taken),
+        "no case was accepted: the checks of what is taken never ran"
+    );
+}
+
+/// Whether enough cases were accepted (one in 20) for the checks of what is taken to
+/// have run.
+fn some_taken(taken: &AtomicUsize) -> bool {
+    let n = taken.load(Ordering::Relaxed);
+    eprintln!("{n} of {} cases accepted", cases());
+    n * 20 >= cases() as usize
+}
+
+#[test]
+fn detection_requests_are_taken_as_they_say_or_refused_by_field_and_only_clean_versions_pass() {
     let valid = valid_detection();
     let known = keys_of(&valid);
-    TestRunner::new(config())
-        .run(&prop_oneof![mutated(valid.clone()), any_json()], |body| {
+    let name = "detection requests";
+    let taken = AtomicUsize::new(0);
+    let result =
+        runner(name, config()).run(&prop_oneof![mutated(valid.clone()), any_json()], |body| {
             match DetectionRequest::from_json(&body) {
                 Ok(request) => {
+                    taken.fetch_add(1, Ordering::Relaxed);
+                    said_detection(&body, &request)?;
                     // Whatever passes is exactly MAJOR.MINOR.PATCH, digits only: it may
                     // reach a node's shell.
                     let version = request.target_version.to_string();
@@ -301,22 +465,36 @@ fn detection_requests_are_taken_or_refused_by_field_and_only_clean_versions_pass
                 Err(errors) => names_fields(&errors, &body, &known)?,
             }
             Ok(())
-        })
-        .expect("detection requests");
+        });
+    result.replay(name);
+    assert!(
+        some_taken(&taken),
+        "no case was accepted: the checks of what is taken never ran"
+    );
 }
 
 #[test]
-fn etcd_roll_requests_are_taken_or_refused_by_field() {
+fn etcd_roll_requests_are_taken_as_they_say_or_refused_by_field() {
     let valid = valid_etcd_roll();
     let known = keys_of(&valid);
-    TestRunner::new(config())
-        .run(&prop_oneof![mutated(valid.clone()), any_json()], |body| {
-            if let Err(errors) = EtcdRollRequest::from_json(&body) {
-                names_fields(&errors, &body, &known)?;
+    let name = "etcd roll requests";
+    let taken = AtomicUsize::new(0);
+    let result =
+        runner(name, config()).run(&prop_oneof![mutated(valid.clone()), any_json()], |body| {
+            match EtcdRollRequest::from_json(&body) {
+                Ok(request) => {
+                    taken.fetch_add(1, Ordering::Relaxed);
+                    said_etcd_roll(&body, &request)?
+                }
+                Err(errors) => names_fields(&errors, &body, &known)?,
             }
             Ok(())
-        })
-        .expect("etcd roll requests");
+        });
+    result.replay(name);
+    assert!(
+        some_taken(&taken),
+        "no case was accepted: the checks of what is taken never ran"
+    );
 }
 
 #[test]
@@ -343,7 +521,7 @@ fn cloudevents_envelopes_are_decoded_or_refused_naming_the_attribute_or_field() 
         "data",
         "runid",
     ];
-    TestRunner::new(config())
+    runner("envelopes", config())
         .run(&envelopes, |doc| {
             let bytes = serde_json::to_vec(&doc).expect("bytes");
             match CloudEvent::decode(&bytes) {
@@ -359,9 +537,9 @@ fn cloudevents_envelopes_are_decoded_or_refused_naming_the_attribute_or_field() 
             }
             Ok(())
         })
-        .expect("envelopes");
+        .replay("envelopes");
     // And bytes that are not JSON at all.
-    TestRunner::new(config())
+    runner("bytes", config())
         .run(&prop::collection::vec(any::<u8>(), 0..512), |bytes| {
             prop_assert!(
                 CloudEvent::decode(&bytes).is_err()
@@ -369,7 +547,7 @@ fn cloudevents_envelopes_are_decoded_or_refused_naming_the_attribute_or_field() 
             );
             Ok(())
         })
-        .expect("bytes");
+        .replay("bytes");
 }
 
 /// A TOML value of any shape, for any key.
@@ -420,7 +598,7 @@ fn config_files_load_or_every_problem_names_its_key() {
     let files = prop::collection::vec((key, toml_value()), 0..8);
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("rollgate.toml");
-    TestRunner::new(config())
+    runner("config files", config())
         .run(&files, |entries| {
             // One table per section, each key once, so that the file is TOML.
             let mut sections: std::collections::BTreeMap<
@@ -463,7 +641,7 @@ fn config_files_load_or_every_problem_names_its_key() {
             }
             Ok(())
         })
-        .expect("config files");
+        .replay("config files");
 }
 
 /// What the intake answered one request.
@@ -510,6 +688,57 @@ impl Intake {
                 body: r.json().await.unwrap_or(Value::Null),
             }
         })
+    }
+
+    /// What a request may change: the alert board and the runs.
+    fn state(&self) -> (Value, Value) {
+        self.rt.block_on(async {
+            let (_, board) = self.rg.get("/v1/alerts").await;
+            let (_, runs) = self.rg.get("/v1/runs").await;
+            (board, runs)
+        })
+    }
+
+    /// Waits until every alert an accepted body said is on the board exactly as said (the
+    /// last of each fingerprint; a firing alert whose end has passed is hidden from it).
+    fn on_the_board(&self, body: &Value) -> Result<(), TestCaseError> {
+        let said =
+            said_alerts(body).ok_or_else(|| TestCaseError::fail("accepted, but says no alerts"))?;
+        let mut last: std::collections::BTreeMap<String, Alert> = Default::default();
+        for alert in said {
+            last.insert(alert.fingerprint.clone(), alert);
+        }
+        let now = chrono::Utc::now();
+        let started = std::time::Instant::now();
+        loop {
+            let (board, _) = self.state();
+            let on_board = |fp: &str| {
+                board.as_array().and_then(|b| {
+                    b.iter()
+                        .find(|e| e["alert"]["fingerprint"] == fp)
+                        .map(|e| e["alert"].clone())
+                })
+            };
+            let landed = last.values().all(|alert| {
+                let hidden = alert.status == rollgate::domain::alert::AlertStatus::Firing
+                    && alert.ends_at.is_some_and(|end| end <= now);
+                match on_board(&alert.fingerprint) {
+                    Some(shown) => {
+                        !hidden && shown == serde_json::to_value(alert).unwrap_or_default()
+                    }
+                    None => hidden,
+                }
+            });
+            if landed {
+                return Ok(());
+            }
+            if started.elapsed() > Duration::from_secs(10) {
+                return Err(TestCaseError::fail(format!(
+                    "accepted alerts not on the board as sent within 10 s: said {last:?}, board {board}"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     fn json(&self, path: &str, body: &Value) -> Answer {
@@ -561,14 +790,30 @@ fn the_http_intake_answers_every_input_with_a_2xx_or_a_4xx_that_names_the_field(
     ];
     for (path, valid) in routes {
         let known = keys_of(&valid);
-        TestRunner::new(Config {
-            cases: cases() / 2,
-            ..config()
-        })
+        runner(
+            path,
+            Config {
+                cases: cases() / 2,
+                ..config()
+            },
+        )
         .run(&prop_oneof![mutated(valid.clone()), any_json()], |body| {
-            sound(&intake.json(path, &body), &body, &known)
+            let before = intake.state();
+            let answer = intake.json(path, &body);
+            sound(&answer, &body, &known)?;
+            if answer.status >= 400 {
+                prop_assert_eq!(
+                    intake.state(),
+                    before,
+                    "a refusal changed something: {}",
+                    body
+                );
+            } else if path == "/v1/alerts" {
+                intake.on_the_board(&body)?;
+            }
+            Ok(())
         })
-        .unwrap_or_else(|e| panic!("{path}: {e}"));
+        .replay(path);
     }
 
     // Bytes that are not JSON, and other content types.
@@ -584,7 +829,7 @@ fn the_http_intake_answers_every_input_with_a_2xx_or_a_4xx_that_names_the_field(
         "",
     ]);
     let paths = prop::sample::select(vec!["/v1/alerts", "/v1/detections", "/v1/etcd-rolls"]);
-    TestRunner::new(config())
+    runner("bytes over HTTP", config())
         .run(
             &(paths, content_types, bodies),
             |(path, content_type, bytes)| {
@@ -605,7 +850,7 @@ fn the_http_intake_answers_every_input_with_a_2xx_or_a_4xx_that_names_the_field(
                 Ok(())
             },
         )
-        .expect("bytes over HTTP");
+        .replay("bytes over HTTP");
 
     // A body over the limit is a 413, and the next one is taken.
     let mut alerts = webhook("c0ffee04");

@@ -689,7 +689,9 @@ async fn every_view_of_the_gate_tells_one_evaluation_blockers_included() {
     );
 
     // Resolved: back to unknown (no Prometheus), everywhere, with nothing named.
-    let (status, _) = rg.post("/v1/alerts", &support::resolved("4e1c0ffee0ddba11")).await;
+    let (status, _) = rg
+        .post("/v1/alerts", &support::resolved("4e1c0ffee0ddba11"))
+        .await;
     assert_eq!(status, 202);
     let streamed = eventually(
         "the stream to tell the gate unknown again",
