@@ -7,6 +7,7 @@ use serde_json::Value;
 use std::process::Command;
 use std::time::{Duration, Instant};
 use support::scripted::Scripted;
+use support::witness::RaftWitness;
 
 fn report(stdout: &str) -> Value {
     serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap_or(Value::Null)
@@ -24,9 +25,15 @@ async fn roll_members_with_leader_at(n: usize, k: usize) {
     etcd.move_leader(target.id, Duration::from_secs(10))
         .await
         .unwrap();
+    let witness = RaftWitness::start(cluster.etcd()).await;
     let started = Instant::now();
     let (ok, stdout, stderr) = cluster.roll(&cluster.restart_command());
     assert!(ok, "roll failed:\n{stdout}\n{stderr}");
+    // Read from etcd itself, sampled all along: one term, one new leader.
+    let seen = witness.stop().await;
+    assert_eq!(seen.term_rise(), 1, "{seen:?}\n{stdout}");
+    assert_eq!(seen.leader_changes(), 1, "{seen:?}");
+    assert_eq!(seen.leaders[0], target.id, "{seen:?}");
     let report = report(&stdout);
     assert_eq!(report["transfers"], 1, "{stdout}");
     assert_eq!(report["uncontrolled_changes"], 0, "{stdout}");
@@ -55,17 +62,17 @@ async fn roll_members_with_leader_at(n: usize, k: usize) {
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_roll_with_the_leader_at_m0_moves_leadership_once_and_elects_nobody() {
     roll_with_leader_at(0).await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_roll_with_the_leader_at_m1_moves_leadership_once_and_elects_nobody() {
     roll_with_leader_at(1).await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_roll_with_the_leader_at_m2_moves_leadership_once_and_elects_nobody() {
     roll_with_leader_at(2).await;
 }
@@ -116,13 +123,17 @@ async fn a_member_that_does_not_come_back_stops_the_roll_before_any_other_restar
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_cluster_rolls_the_same_way() {
     let cluster = Scripted::start_tls(3).await;
     let etcd = cluster.etcd();
     let before = etcd.leader().await.expect("leader over TLS");
+    let witness = RaftWitness::start(cluster.etcd()).await;
     let (ok, stdout, stderr) = cluster.roll(&cluster.restart_command());
     assert!(ok, "{stdout}\n{stderr}");
+    let seen = witness.stop().await;
+    assert_eq!(seen.term_rise(), 1, "{seen:?}\n{stdout}");
+    assert_eq!(seen.leader_changes(), 1, "{seen:?}");
     assert_eq!(cluster.marked().len(), 3);
     let report = report(&stdout);
     assert_eq!(report["transfers"], 1, "{report}");
@@ -149,7 +160,7 @@ async fn a_tls_cluster_rolls_the_same_way() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_members_roll_with_one_move_from_every_starting_leader() {
     for k in 0..5 {
         roll_members_with_leader_at(5, k).await;
@@ -299,6 +310,7 @@ async fn the_gate_is_asked_before_every_restart_and_a_closed_gate_restarts_nothi
 /// revision) and marks it Ready once the member answers /health.
 async fn statefulset_roll_with_leader_at(k: usize, moves: u64) {
     let sts = support::etcd_pods::EtcdStatefulSet::start(3, k).await;
+    let witness = RaftWitness::start(sts.cluster.etcd()).await;
     let out = Command::new(env!("CARGO_BIN_EXE_rollgate"))
         .args([
             "etcd-roll",
@@ -324,6 +336,9 @@ async fn statefulset_roll_with_leader_at(k: usize, moves: u64) {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
+    let seen = witness.stop().await;
+    assert_eq!(seen.term_rise(), moves, "{seen:?}\n{stdout}");
+    assert_eq!(seen.leader_changes() as u64, moves, "{seen:?}");
     let report = report(&stdout);
     assert_eq!(report["transfers"], moves, "{stdout}");
     assert_eq!(report["leadership_changes"], moves, "{stdout}");

@@ -11,6 +11,7 @@ use std::time::Duration;
 use support::etcd_pods::EtcdStatefulSet;
 use support::rabbit::{self, Names};
 use support::services::{MiniServer, Prometheus};
+use support::witness::RaftWitness;
 use support::{Rollgate, eventually};
 
 const RUN_DEADLINE: Duration = Duration::from_secs(120);
@@ -98,10 +99,20 @@ async fn term(sts: &EtcdStatefulSet) -> u64 {
     .raft_term
 }
 
-/// Checks a finished roll: pods high to low, each once, every restart after a gate, the
-/// lock restored, `moves` transfers and leadership changes and none uncontrolled, in the
-/// run and in the metrics.
-async fn check_rolled(rg: &Rollgate, sts: &EtcdStatefulSet, run: &Value, moves: u64) {
+/// Checks a finished roll: `moves` leadership changes as the witness saw them in etcd,
+/// pods high to low, each once, every restart after a gate, the lock restored, and the
+/// same counts in the run and in the metrics.
+async fn check_rolled(
+    rg: &Rollgate,
+    sts: &EtcdStatefulSet,
+    run: &Value,
+    moves: u64,
+    witness: RaftWitness,
+) {
+    // Read from etcd itself, sampled all along the roll: `moves` terms and new leaders.
+    let seen = witness.stop().await;
+    assert_eq!(seen.term_rise(), moves, "{seen:?}");
+    assert_eq!(seen.leader_changes() as u64, moves, "{seen:?}");
     assert_eq!(sts.restarted(), ["etcd-2", "etcd-1", "etcd-0"]);
     assert!(sts.all_at_update_revision());
     assert_eq!(sts.partition(), 3, "the partition lock is restored");
@@ -142,6 +153,7 @@ async fn a_roll_asked_over_http_survives_kill_9_and_costs_one_leadership_move() 
     let around = Around::start().await;
     let mut rg = serve(around.env(&sts)).await;
     let term_before = term(&sts).await;
+    let witness = RaftWitness::start(sts.cluster.etcd()).await;
 
     // An endpoint that reaches etcd-0 by another name than it advertises: that member
     // could never be seen at the target, so the request is refused before anything runs.
@@ -195,7 +207,7 @@ async fn a_roll_asked_over_http_survives_kill_9_and_costs_one_leadership_move() 
     rg.restart().await;
 
     let run = wait_status(&rg, &id, "succeeded").await;
-    check_rolled(&rg, &sts, &run, 1).await;
+    check_rolled(&rg, &sts, &run, 1, witness).await;
     assert!(
         support::history_has(&run, "rollgate restarted"),
         "the restart is in the history"
@@ -216,6 +228,7 @@ async fn a_roll_published_on_amqp_with_the_leader_at_the_top_moves_it_twice() {
     let mut env = around.env(&sts);
     env.extend(names.env().into_iter().map(|(k, v)| (k.to_owned(), v)));
     let rg = serve(env).await;
+    let witness = RaftWitness::start(sts.cluster.etcd()).await;
 
     let event = serde_json::to_vec(&json!({
         "specversion": "1.0", "id": "roll-1", "source": "test/publisher",
@@ -233,7 +246,7 @@ async fn a_roll_published_on_amqp_with_the_leader_at_the_top_moves_it_twice() {
     .await;
     assert_eq!(run["target"], "default/etcd");
     let run = wait_status(&rg, run["id"].as_str().unwrap(), "succeeded").await;
-    check_rolled(&rg, &sts, &run, 2).await;
+    check_rolled(&rg, &sts, &run, 2, witness).await;
     rabbit::cleanup(&names).await;
 }
 
@@ -267,6 +280,7 @@ async fn a_firing_gate_alert_holds_the_roll_before_any_restart() {
     let sts = EtcdStatefulSet::start(3, 0).await;
     let around = Around::start().await;
     let rg = serve(around.env(&sts)).await;
+    let witness = RaftWitness::start(sts.cluster.etcd()).await;
     let (status, _) = rg.post("/v1/alerts", &support::webhook("e7c0")).await;
     assert_eq!(status, 202);
     let (status, body) = rg.post("/v1/etcd-rolls", &request(&sts)).await;
@@ -291,7 +305,7 @@ async fn a_firing_gate_alert_holds_the_roll_before_any_restart() {
     let (status, _) = rg.post("/v1/alerts", &support::resolved("e7c0")).await;
     assert_eq!(status, 202);
     let run = wait_status(&rg, &id, "succeeded").await;
-    check_rolled(&rg, &sts, &run, 1).await;
+    check_rolled(&rg, &sts, &run, 1, witness).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

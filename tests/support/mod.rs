@@ -20,6 +20,7 @@ pub mod scripted;
 pub mod services;
 pub mod stacked;
 pub mod webdriver;
+pub mod witness;
 
 use serde_json::{Value, json};
 use std::future::Future;
