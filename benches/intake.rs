@@ -554,6 +554,15 @@ fn median(mut values: Vec<f64>) -> f64 {
     values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
+/// What a part compares, in one line, then its table's header.
+fn compares(what: &str) {
+    println!("compares: {what}");
+    println!(
+        "{:<44} {:>10} {:>8} {:>9} {:>9} {:>9} {:>8}",
+        "scenario", "accepted/s", "failed", "p50 ms", "p99 ms", "RSS MB", "ratio"
+    );
+}
+
 fn report(rows: &[&Figures], ceiling: &Figures) {
     for f in rows {
         println!(
@@ -602,8 +611,8 @@ fn bench_names() -> String {
 }
 
 async fn part_embedded() {
-    println!(
-        "compares: rollgate serve on the embedded store beside raw SQLite appends with the same group commit (the ratios' ceiling) and with one fsync per append"
+    compares(
+        "rollgate serve on the embedded store beside raw SQLite appends with the same group commit (the ratios' ceiling) and with one fsync per append",
     );
     let ceiling = bench_raw_sqlite_grouped().await;
     let single = bench_raw_sqlite().await;
@@ -631,8 +640,8 @@ async fn on_fresh_queues(name: &str, extra: &[(&'static str, String)], replicas:
 }
 
 async fn part_amqp() {
-    println!(
-        "compares: rollgate serve on amqp (and with its worker paused) beside a raw lapin publish+confirm loop, alone and with a raw consumer, each scenario on fresh queues"
+    compares(
+        "rollgate serve on amqp (and with its worker paused) beside a raw lapin publish+confirm loop, alone and with a raw consumer, each scenario on fresh queues",
     );
     let paused_env = [("ROLLGATE__WORKER__PAUSED", "true".into())];
     let (mut whole, mut intake, mut whole_consumed) = (Vec::new(), Vec::new(), Vec::new());
@@ -659,8 +668,8 @@ async fn part_amqp() {
 /// connections), on the embedded store and on amqp, alternating plain and TLS twice so
 /// that drift of the machine falls on both alike.
 async fn part_tls() {
-    println!(
-        "compares: the same rollgate serve over plain HTTP and over TLS, embedded and amqp, alternating twice"
+    compares(
+        "the same rollgate serve over plain HTTP and over TLS, embedded and amqp, alternating twice",
     );
     let ca = support::pki::TestCa::new("rollgate bench CA");
     let dir = tempfile::tempdir().expect("tempdir");
@@ -721,8 +730,8 @@ async fn replicated_env(
 }
 
 async fn part_replicas(pg: &support::postgres::Postgres) {
-    println!(
-        "compares: rollgate serve on amqp + PostgreSQL, 1 and 3 replicas, beside the raw publish ceilings, each scenario on fresh queues and a new database"
+    compares(
+        "rollgate serve on amqp + PostgreSQL, 1 and 3 replicas, beside the raw publish ceilings, each scenario on fresh queues and a new database",
     );
     let (mut one_ratio, mut one_consumed, mut scaling) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds() {
@@ -779,10 +788,6 @@ fn main() {
         println!(
             "{CLIENTS} concurrent clients, {:?} per scenario after 1 s warm-up",
             secs()
-        );
-        println!(
-            "{:<44} {:>10} {:>8} {:>9} {:>9} {:>9} {:>8}",
-            "scenario", "accepted/s", "failed", "p50 ms", "p99 ms", "RSS MB", "ratio"
         );
         let parts = std::env::var("BENCH_PARTS")
             .unwrap_or_else(|_| "embedded,amqp,tls,replicas,failover".into());

@@ -115,6 +115,25 @@ async fn the_status_page_follows_a_run_live_and_controls_it() {
         })
         .await;
     assert!(blockers.contains("alertmanager"), "{blockers}");
+    // The page tells the same evaluation as the API: the same verdict, the same blockers.
+    let (_, told) = rg.get("/v1/gates?cached=true").await;
+    assert_eq!(told["verdict"]["verdict"], "closed", "{told}");
+    let named: Vec<&str> = told["verdict"]["blockers"]
+        .as_array()
+        .map(|b| b.iter().filter_map(|b| b["name"].as_str()).collect())
+        .unwrap_or_default();
+    assert!(!named.is_empty(), "{told}");
+    for name in &named {
+        assert!(
+            blockers.contains(name),
+            "the API names {name}, the page: {blockers}"
+        );
+    }
+    assert_eq!(
+        blockers.matches("NodeNotReady").count(),
+        named.len(),
+        "one line per blocker: {blockers}"
+    );
     browser.wait_text(w2, "w2 done", RUN, |t| t == "done").await;
     browser
         .wait_text(".node[data-node='w1'] .state", "w1 held", LIVE, |t| {

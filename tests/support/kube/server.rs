@@ -311,8 +311,8 @@ impl ObjectRequest {
         }
     }
 
-    fn filter(&self, query: &Query) -> Result<Filter, HttpResponse> {
-        let bad = |why: String| status(400, "BadRequest", &why, Value::Null);
+    fn filter(&self, query: &Query) -> Result<Filter, Box<HttpResponse>> {
+        let bad = |why: String| Box::new(status(400, "BadRequest", &why, Value::Null));
         Ok(Filter {
             resource: self.resource,
             namespace: self.namespace.clone(),
@@ -330,7 +330,7 @@ impl ObjectRequest {
     fn list(&self, s: &mut State, query: &Query, printing: Option<bool>) -> HttpResponse {
         let filter = match self.filter(query) {
             Ok(f) => f,
-            Err(answer) => return answer,
+            Err(answer) => return *answer,
         };
         let limit = query
             .get("limit")
@@ -402,7 +402,7 @@ impl ObjectRequest {
     ) -> HttpResponse {
         let filter = match self.filter(query) {
             Ok(f) => f,
-            Err(answer) => return answer,
+            Err(answer) => return *answer,
         };
         let from = query
             .get("resourceVersion")
@@ -456,7 +456,7 @@ impl ObjectRequest {
                 );
             }
             if let Err(answer) = validate_event(self.resource, self.ns(), &object) {
-                return answer;
+                return *answer;
             }
         }
         let name = object["metadata"]["name"].as_str().unwrap_or("").to_owned();
@@ -711,20 +711,22 @@ impl Watch {
 
 /// Refuses what the real API server's validation refuses for the Event fields rollgate
 /// sets.
-fn validate_event(resource: &Resource, ns: &str, event: &Value) -> Result<(), HttpResponse> {
+fn validate_event(resource: &Resource, ns: &str, event: &Value) -> Result<(), Box<HttpResponse>> {
     let name = event["metadata"]["name"].as_str().unwrap_or_default();
     let text = |field: &str| event[field].as_str().unwrap_or_default().to_owned();
-    let refuse = |field: &str, reason: &str, why: &str| invalid(resource, name, field, reason, why);
+    let refuse = |field: &str, reason: &str, why: &str| {
+        Box::new(invalid(resource, name, field, reason, why))
+    };
     if event["metadata"]["namespace"]
         .as_str()
         .is_some_and(|n| n != ns)
     {
-        return Err(status(
+        return Err(Box::new(status(
             400,
             "BadRequest",
             "the namespace of the provided object does not match the namespace sent on the request",
             Value::Null,
-        ));
+        )));
     }
     if name.is_empty() {
         return Err(refuse(
