@@ -674,3 +674,97 @@ async fn the_fake_answers_errors_with_status_bodies_as_the_api_server_does() {
         "{invalid}"
     );
 }
+
+/// The fake as a program (`cargo run --example fake-apiserver`), built beside this test.
+fn example_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary");
+    let profile = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target profile dir");
+    profile.join("examples").join("fake-apiserver")
+}
+
+#[tokio::test]
+async fn the_fake_as_a_program_prints_a_kubeconfig_that_kubectl_uses() {
+    let binary = example_binary();
+    assert!(
+        binary.exists(),
+        "{} (cargo test builds examples)",
+        binary.display()
+    );
+    let mut child = tokio::process::Command::new(&binary)
+        .args([
+            "--nodes",
+            "2",
+            "--pods-per-node",
+            "3",
+            "--pdb",
+            "maxUnavailable=50%",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("fake-apiserver");
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+    let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+        .await
+        .expect("a first line within 20 s")
+        .expect("read")
+        .expect("a line");
+    let kubeconfig = PathBuf::from(first.trim());
+    assert!(kubeconfig.is_file(), "{first}");
+    let home = tempfile::tempdir().unwrap();
+    let kubectl = |args: &[&str]| {
+        std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(args)
+            .env("HOME", home.path())
+            .output()
+            .expect("kubectl")
+    };
+    let nodes: Value =
+        serde_json::from_slice(&kubectl(&["get", "nodes", "-o", "json"]).stdout).unwrap();
+    assert_eq!(names(&nodes), ["node-1", "node-2"]);
+    let pods: Value = serde_json::from_slice(
+        &kubectl(&[
+            "get",
+            "pods",
+            "-l",
+            "app=web",
+            "--field-selector",
+            "spec.nodeName=node-2",
+            "-o",
+            "json",
+        ])
+        .stdout,
+    )
+    .unwrap();
+    assert_eq!(pods["items"].as_array().unwrap().len(), 3);
+    assert!(
+        pods["items"][0]["metadata"]["ownerReferences"][0]["kind"] == "ReplicaSet",
+        "{pods}"
+    );
+    let pdb: Value =
+        serde_json::from_slice(&kubectl(&["get", "pdb", "web", "-o", "json"]).stdout).unwrap();
+    assert_eq!(pdb["spec"]["maxUnavailable"], "50%");
+    assert_eq!(pdb["status"]["disruptionsAllowed"], 3);
+    let drained = kubectl(&["drain", "node-1", "--ignore-daemonsets", "--timeout=60s"]);
+    assert!(
+        drained.status.success(),
+        "{}",
+        String::from_utf8_lossy(&drained.stderr)
+    );
+    let _ = child.kill().await;
+
+    // A budget it cannot read is refused, naming it.
+    let bad = std::process::Command::new(&binary)
+        .args(["--pdb", "maxUnavailable=150%"])
+        .output()
+        .expect("fake-apiserver");
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("0% to 100%"));
+}

@@ -629,6 +629,16 @@ impl FakeKube {
         s.watch_epoch += 1;
     }
 
+    /// How many watches of `resource` (a plural: `statefulsets`) are open now.
+    pub fn open_watches(&self, resource: &str) -> usize {
+        self.lock()
+            .open_watches
+            .iter()
+            .filter(|(r, _)| **r == resource)
+            .map(|(_, n)| *n)
+            .sum()
+    }
+
     /// How often a watch that asked for them gets a BOOKMARK.
     pub fn set_bookmark_every(&self, every: Duration) {
         self.lock().bookmark_every = every;

@@ -424,6 +424,7 @@ impl ObjectRequest {
             .get("timeoutSeconds")
             .and_then(|t| t.parse::<u64>().ok())
             .unwrap_or(1800);
+        *s.open_watches.entry(self.resource.plural).or_default() += 1;
         let watch = Watch {
             state: Arc::downgrade(state),
             filter,
@@ -619,6 +620,17 @@ struct Watch {
     /// Objects printed as Tables (with the whole object when `Some(true)`).
     printing: Option<bool>,
     columns_sent: bool,
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        if let Some(state) = self.state.upgrade() {
+            let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(open) = s.open_watches.get_mut(self.filter.resource.plural) {
+                *open = open.saturating_sub(1);
+            }
+        }
+    }
 }
 
 impl Watch {

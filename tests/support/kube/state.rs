@@ -68,6 +68,8 @@ pub struct State {
     pub watch_epoch: u64,
     /// How often a watch that asked for them gets a BOOKMARK.
     pub bookmark_every: Duration,
+    /// Watches open now, by resource.
+    pub open_watches: BTreeMap<&'static str, usize>,
     pub(super) timers: BTreeMap<(String, String), PodTimers>,
     /// Pods the StatefulSet controller is restarting now.
     pub(super) restarting: BTreeSet<(String, String)>,
@@ -148,6 +150,7 @@ impl State {
             compacted: 0,
             watch_epoch: 0,
             bookmark_every: Duration::from_secs(1),
+            open_watches: BTreeMap::new(),
             timers: BTreeMap::new(),
             restarting: BTreeSet::new(),
             server_version: None,
