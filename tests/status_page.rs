@@ -130,7 +130,7 @@ async fn the_status_page_follows_a_run_live_and_controls_it() {
         );
     }
     assert_eq!(
-        blockers.matches("NodeNotReady").count(),
+        blockers.matches("alertname=").count(),
         named.len(),
         "one line per blocker: {blockers}"
     );
