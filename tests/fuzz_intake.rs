@@ -385,14 +385,20 @@ fn said_etcd_roll(body: &Value, request: &EtcdRollRequest) -> Result<(), TestCas
         body["statefulset"].as_str()
     );
     prop_assert_eq!(Some(request.namespace.as_str()), body["namespace"].as_str());
+    // As documented, a trailing slash is dropped.
     let endpoints: Vec<&str> = body["endpoints"]
         .as_array()
-        .map(|l| l.iter().filter_map(Value::as_str).collect())
+        .map(|l| {
+            l.iter()
+                .filter_map(Value::as_str)
+                .map(|e| e.strip_suffix('/').unwrap_or(e))
+                .collect()
+        })
         .unwrap_or_default();
     prop_assert_eq!(&request.endpoints, &endpoints);
     let or = |key: &str, default: u64| body[key].as_u64().unwrap_or(default);
     prop_assert_eq!(request.ready_timeout_secs, or("ready_timeout_secs", 300));
-    prop_assert_eq!(request.cooldown_secs, or("cooldown_secs", 10));
+    prop_assert_eq!(request.cooldown_secs, or("cooldown_secs", 0));
     prop_assert_eq!(request.max_lag, or("max_lag", 1000));
     Ok(())
 }

@@ -173,3 +173,38 @@ async fn a_drain_under_a_budget_selecting_with_match_expressions_never_overruns_
     f.fake.lock().ready_after = Duration::from_millis(200);
     drain_within(&f, "stores", 5).await;
 }
+
+#[tokio::test]
+async fn a_large_cluster_is_listed_a_page_at_a_time_and_an_expired_page_lists_again() {
+    use rollgate::ports::ClusterRead;
+    let f = fixture().await;
+    for w in ["w1", "w2", "w3"] {
+        f.fake.add_pods(w, "web", 400, false);
+    }
+    for n in 0..1100 {
+        f.fake
+            .add_node(&format!("n{n:04}"), false, "1.34.2", "1.7.24");
+    }
+    let pods = 3 * 400 + 3 * 2;
+    let calls = |key: &str| f.fake.calls().get(key).copied().unwrap_or(0);
+
+    let before = calls("list pods");
+    let (ready, total) = f.kube.pod_readiness().await.expect("readiness");
+    assert_eq!((ready, total), (pods, pods));
+    assert_eq!(calls("list pods") - before, 3, "pages of 500");
+    let facts = f.kube.facts().await.expect("facts");
+    assert_eq!(facts.nodes.len(), 1103);
+
+    // The continue token expires after the first page: the list starts again and counts
+    // nothing twice.
+    f.fake.expire_list_after("pods", 1);
+    let before = calls("list pods");
+    let (ready, total) = f.kube.pod_readiness().await.expect("readiness");
+    assert_eq!((ready, total), (pods, pods));
+    assert_eq!(calls("list pods 410"), 1, "{:?}", f.fake.calls());
+    assert_eq!(
+        calls("list pods") - before,
+        1 + 1 + 3,
+        "a page, the 410, then all again"
+    );
+}

@@ -289,6 +289,58 @@ fn blocking_budget(status: &kube::core::Status) -> String {
     from_causes.unwrap_or_else(|| status.message.clone())
 }
 
+/// How many objects one list request asks for: kubectl's own chunk size. A large cluster
+/// is read a page at a time, and only what each caller keeps stays in memory.
+const PAGE: u32 = 500;
+
+/// How often a list starts again after the API server expired its continue token (410).
+const LIST_RESTARTS: usize = 3;
+
+/// Lists `api` with `params` a page at a time, folding each object into the accumulator
+/// `init` makes. A continue token the server has compacted away (410 Gone) starts the list
+/// again from a fresh accumulator, as the API server advises.
+async fn fold_pages<K, A>(
+    api: &Api<K>,
+    params: &ListParams,
+    what: &str,
+    init: impl Fn() -> A,
+    mut step: impl FnMut(&mut A, K) -> Result<(), ClusterError>,
+) -> Result<A, ClusterError>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut restarts = 0;
+    'list: loop {
+        let mut acc = init();
+        let mut token: Option<String> = None;
+        loop {
+            let mut page = params.clone().limit(PAGE);
+            if let Some(t) = &token {
+                page = page.continue_token(t);
+            }
+            let list = match api.list(&page).await {
+                Ok(list) => list,
+                Err(e) if status_code(&e) == Some(410) && restarts < LIST_RESTARTS => {
+                    restarts += 1;
+                    info!(
+                        what,
+                        restarts, "list expired between pages (410 Gone): listing again"
+                    );
+                    continue 'list;
+                }
+                Err(e) => return Err(api_error(what, e)),
+            };
+            for item in list.items {
+                step(&mut acc, item)?;
+            }
+            match list.metadata.continue_.filter(|t| !t.is_empty()) {
+                Some(next) => token = Some(next),
+                None => return Ok(acc),
+            }
+        }
+    }
+}
+
 impl Kube {
     /// Builds the client; nothing is asked of the API server yet.
     pub async fn new(settings: KubeSettings) -> Result<Self, ClusterError> {
@@ -364,11 +416,17 @@ impl Kube {
 
     async fn pods_on(&self, node: &str) -> Result<Vec<Pod>, ClusterError> {
         let params = ListParams::default().fields(&format!("spec.nodeName={node}"));
-        Api::<Pod>::all(self.client.clone())
-            .list(&params)
-            .await
-            .map(|l| l.items)
-            .map_err(|e| api_error(&format!("list pods on {node}"), e))
+        fold_pages(
+            &Api::<Pod>::all(self.client.clone()),
+            &params,
+            &format!("list pods on {node}"),
+            Vec::new,
+            |pods, pod| {
+                pods.push(pod);
+                Ok(())
+            },
+        )
+        .await
     }
 
     /// Evicts one pod, retrying while a PodDisruptionBudget refuses, until `deadline`.
@@ -480,37 +538,39 @@ impl Kube {
 #[async_trait::async_trait]
 impl ClusterRead for Kube {
     async fn facts(&self) -> Result<ClusterFacts, ClusterError> {
-        let list = self
-            .nodes()
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| api_error("list nodes", e))?;
-        let nodes = list
-            .items
-            .iter()
-            .map(node_facts)
-            .collect::<Result<_, _>>()?;
+        let nodes = fold_pages(
+            &self.nodes(),
+            &ListParams::default(),
+            "list nodes",
+            Vec::new,
+            |nodes, node| {
+                nodes.push(node_facts(&node)?);
+                Ok(())
+            },
+        )
+        .await?;
         Ok(ClusterFacts { nodes })
     }
 
     async fn pod_readiness(&self) -> Result<(usize, usize), ClusterError> {
-        let pods = Api::<Pod>::all(self.client.clone())
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| api_error("list pods", e))?;
-        let mut ready = 0;
-        let mut total = 0;
-        for pod in &pods.items {
-            let status = pod.status.clone().unwrap_or_default();
-            if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
-                continue;
-            }
-            total += 1;
-            if pod_ready(pod) {
-                ready += 1;
-            }
-        }
-        Ok((ready, total))
+        // Only the two counts are kept: a cluster's pods are read a page at a time.
+        fold_pages(
+            &Api::<Pod>::all(self.client.clone()),
+            &ListParams::default(),
+            "list pods",
+            || (0, 0),
+            |(ready, total), pod| {
+                let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+                if !matches!(phase, Some("Succeeded" | "Failed")) {
+                    *total += 1;
+                    if pod_ready(&pod) {
+                        *ready += 1;
+                    }
+                }
+                Ok(())
+            },
+        )
+        .await
     }
 
     async fn static_pods(&self, node: &str) -> Result<Vec<StaticPod>, ClusterError> {
@@ -585,14 +645,17 @@ impl NodeDrain for Kube {
                 evictable: stays(pod).is_none(),
             })
             .collect();
-        let budgets = Api::<PodDisruptionBudget>::all(self.client.clone())
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| api_error("list poddisruptionbudgets", e))?
-            .items
-            .into_iter()
-            .map(budget_facts)
-            .collect();
+        let budgets = fold_pages(
+            &Api::<PodDisruptionBudget>::all(self.client.clone()),
+            &ListParams::default(),
+            "list poddisruptionbudgets",
+            Vec::new,
+            |budgets, pdb| {
+                budgets.push(budget_facts(pdb));
+                Ok(())
+            },
+        )
+        .await?;
         Ok(DrainFacts { pods, budgets })
     }
 

@@ -139,8 +139,9 @@ pub struct EtcdRollArgs {
     /// How long a leadership transfer may take to be confirmed by a majority.
     #[arg(long, default_value = "15s", value_parser = duration)]
     pub transfer_timeout: std::time::Duration,
-    /// Pause after each member is back.
-    #[arg(long, default_value = "5s", value_parser = duration)]
+    /// A fixed pause after each member is back, on top of the wait until it is caught
+    /// up (default none: go on as soon as it is).
+    #[arg(long, default_value = "0s", value_parser = duration)]
     pub cooldown: std::time::Duration,
     /// How far behind the leader's raft index another member may be.
     #[arg(long, default_value_t = 1000)]

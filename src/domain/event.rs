@@ -453,7 +453,8 @@ pub struct EtcdRollRequest {
     /// How long a restarted member may take to be healthy, at target and caught up
     /// (1–3600, default 300).
     pub ready_timeout_secs: u64,
-    /// Pause after each member is back (0–600, default 10).
+    /// A fixed pause after each member is back, on top of the wait until it is caught up
+    /// (0–600, default 0: go on as soon as it is).
     pub cooldown_secs: u64,
     /// How far behind the leader's raft index another member may be (1–10000000, default
     /// 1000).
@@ -479,8 +480,9 @@ pub struct EtcdRollBody {
     /// (1–3600, default 300).
     #[schema(required = false, value_type = u64, minimum = 1, maximum = 3600, default = 300)]
     pub ready_timeout_secs: Option<u64>,
-    /// Pause after each member is back (0–600, default 10).
-    #[schema(required = false, value_type = u64, minimum = 0, maximum = 600, default = 10)]
+    /// A fixed pause after each member is back, on top of the wait until it is caught up
+    /// (0–600, default 0: go on as soon as it is).
+    #[schema(required = false, value_type = u64, minimum = 0, maximum = 600, default = 0)]
     pub cooldown_secs: Option<u64>,
     /// How far behind the leader's raft index another member may be (1–10000000,
     /// default 1000).
@@ -549,7 +551,7 @@ impl EtcdRollRequest {
                     namespace,
                     endpoints,
                     ready_timeout_secs: read.ready_timeout_secs.unwrap_or(300),
-                    cooldown_secs: read.cooldown_secs.unwrap_or(10),
+                    cooldown_secs: read.cooldown_secs.unwrap_or(0),
                     max_lag: read.max_lag.unwrap_or(1000),
                 })
             }
@@ -977,7 +979,7 @@ mod tests {
         assert_eq!(req.endpoints[0], "https://etcd-0.etcd.etcd.svc:2379");
         assert_eq!(
             (req.ready_timeout_secs, req.cooldown_secs, req.max_lag),
-            (300, 10, 1000)
+            (300, 0, 1000)
         );
         assert!(req.uses_tls());
         assert_eq!(EtcdRollRequest::from_json(&req.to_json()).unwrap(), req);

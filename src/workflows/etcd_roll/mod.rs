@@ -514,11 +514,15 @@ async fn steps(
                 driver.restart(&name, &endpoint).await?;
                 report.restarted.push(name.clone());
                 wait_ready(etcd, driver, settings, id, &name).await?;
-                progress(&format!(
-                    "{name} is back, at the target and caught up; cooling down {:?}",
-                    settings.cooldown
-                ));
-                tokio::time::sleep(settings.cooldown).await;
+                if settings.cooldown.is_zero() {
+                    progress(&format!("{name} is back, at the target and caught up"));
+                } else {
+                    progress(&format!(
+                        "{name} is back, at the target and caught up; cooling down {:?}",
+                        settings.cooldown
+                    ));
+                    tokio::time::sleep(settings.cooldown).await;
+                }
             }
         }
     }
@@ -552,8 +556,9 @@ async fn wait_ready(
     }
 }
 
-/// Why member `id` (`name`) is not yet answering, caught up with an agreed leader and at
-/// the target; `None` when it is. Only that member is probed: the probe may be an ssh
+/// Why member `id` (`name`) is not yet answering, following the agreed leader, within
+/// `max_lag` of its raft index and at the target; `None` when it is: the condition a roll
+/// waits on after each restart, instead of a timer. Only that member is probed: the probe may be an ssh
 /// round trip.
 pub(crate) async fn not_ready(
     etcd: &dyn EtcdMembers,
@@ -571,6 +576,12 @@ pub(crate) async fn not_ready(
     else {
         return Some("no agreed leader".into());
     };
+    if status.leader != leader.id {
+        return Some(format!(
+            "follows {:x}, not the agreed leader {:x}",
+            status.leader, leader.id
+        ));
+    }
     if status.raft_index + max_lag < leader.raft_index {
         return Some(format!(
             "raft index {} behind the leader's {}",

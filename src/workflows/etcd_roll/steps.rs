@@ -463,6 +463,9 @@ impl StepExecutor for EtcdRollSteps {
             EtcdRollStep::Ready { member } => {
                 self.ready(&*etcd, &driver, step, &request, member).await
             }
+            EtcdRollStep::Cooldown { .. } if request.cooldown_secs == 0 => {
+                StepOutcome::done("no cooldown set: the member is caught up")
+            }
             EtcdRollStep::Cooldown { member } => {
                 let until = step.started_at.unwrap_or_else(Utc::now)
                     + chrono::Duration::seconds(request.cooldown_secs as i64);

@@ -629,6 +629,12 @@ impl FakeKube {
         s.watch_epoch += 1;
     }
 
+    /// After the next `pages` pages of a list of `resource`, other writes go on and the
+    /// history is compacted: the list's continue token expires (410 Gone).
+    pub fn expire_list_after(&self, resource: &'static str, pages: usize) {
+        self.lock().compact_after_pages.insert(resource, pages);
+    }
+
     /// How many watches of `resource` (a plural: `statefulsets`) are open now.
     pub fn open_watches(&self, resource: &str) -> usize {
         self.lock()

@@ -373,6 +373,14 @@ impl ObjectRequest {
             metadata["continue"] = json!(encode_continue(list_rv, &key));
             metadata["remainingItemCount"] = json!(remaining);
         }
+        if let Some(left) = s.compact_after_pages.get_mut(self.resource.plural) {
+            *left = left.saturating_sub(1);
+            if *left == 0 {
+                s.compact_after_pages.remove(self.resource.plural);
+                s.touch();
+                s.compact();
+            }
+        }
         if let Some(include) = printing {
             return HttpResponse::Ok().json(table::table(
                 self.resource,

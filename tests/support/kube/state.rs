@@ -96,6 +96,9 @@ pub struct State {
     /// Per budget, the lowest `healthy - desiredHealthy` the fake's own count has seen.
     pub budget_low: BTreeMap<String, i64>,
     pub(super) after_read: Vec<AfterRead>,
+    /// Per resource, after how many more pages of a list the history is compacted (so the
+    /// list's continue token expires).
+    pub(super) compact_after_pages: BTreeMap<&'static str, usize>,
 }
 
 pub(super) fn key_of(resource: &'static Resource, object: &Value) -> Key {
@@ -166,6 +169,7 @@ impl State {
             events_fail: false,
             budget_low: BTreeMap::new(),
             after_read: Vec::new(),
+            compact_after_pages: BTreeMap::new(),
         }
     }
 
@@ -311,6 +315,12 @@ impl State {
         }
         let start = self.history.partition_point(|r| r.rv <= rv);
         Ok(self.history.range(start..))
+    }
+
+    /// A write to something the fake does not serve (a node's Lease, renewed all the
+    /// time): the resourceVersion moves on.
+    pub fn touch(&mut self) {
+        self.rv += 1;
     }
 
     /// Drops the whole history: watches and continue tokens from before now get 410.
