@@ -8,6 +8,7 @@
 //!
 //! Nodes `node-1` … `node-N` each hold M pods in namespace `default`, labelled `app=web`
 //! and owned by a ReplicaSet (evicted, they are made again on another schedulable node);
+//! `--control-planes C` makes the first C of them control planes instead (no app pods);
 //! `--pdb` puts one PodDisruptionBudget `web` over `app=web`. The first line printed is
 //! the path of a kubeconfig for the server; it serves until killed.
 #![allow(dead_code)]
@@ -27,6 +28,11 @@ struct Args {
     /// How many nodes (node-1 … node-N).
     #[arg(long, default_value_t = 3)]
     nodes: usize,
+    /// How many of them, from node-1 on, are control planes (tainted: no app pods, and
+    /// their kube-apiserver, controller-manager and scheduler mirror pods), for
+    /// `rollgate plan` and upgrades.
+    #[arg(long, default_value_t = 0)]
+    control_planes: usize,
     /// How many app=web pods on each node.
     #[arg(long, default_value_t = 2)]
     pods_per_node: usize,
@@ -72,8 +78,13 @@ async fn main() {
     fake.add_namespace("kube-system");
     for n in 1..=args.nodes {
         let node = format!("node-{n}");
-        fake.add_node(&node, false, "1.34.2", "1.7.24");
-        fake.add_pods(&node, "web", args.pods_per_node, false);
+        let control_plane = n <= args.control_planes;
+        fake.add_node(&node, control_plane, "1.34.2", "1.7.24");
+        if control_plane {
+            fake.add_static_pods(&node, "1.34.2", false);
+        } else {
+            fake.add_pods(&node, "web", args.pods_per_node, false);
+        }
     }
     if let Some(spec) = spec {
         fake.add_pdb("web", spec);
