@@ -351,18 +351,20 @@ async fn bench_failover(env: &[(&str, String)]) -> (Histogram<u64>, usize) {
     (hist, kills)
 }
 
+/// The raw append log's one migration.
+fn log_table(tx: &rusqlite::Transaction<'_>) -> Result<(), rollgate::sqlite::MigrationError> {
+    tx.execute_batch(
+        "CREATE TABLE log (seq INTEGER PRIMARY KEY AUTOINCREMENT, body BLOB NOT NULL)",
+    )?;
+    Ok(())
+}
+
 /// The best plain embedded append: one writer thread takes what the callers queued, up to
 /// 512 appends, writes them in one fsync'd transaction and answers each caller, as
 /// rollgate's embedded queue commits.
 async fn bench_raw_sqlite_grouped() -> Figures {
     type Append = (Vec<u8>, tokio::sync::oneshot::Sender<bool>);
     let dir = tempfile::tempdir().expect("tempdir");
-    fn log_table(tx: &rusqlite::Transaction<'_>) -> Result<(), rollgate::sqlite::MigrationError> {
-        tx.execute_batch(
-            "CREATE TABLE log (seq INTEGER PRIMARY KEY AUTOINCREMENT, body BLOB NOT NULL)",
-        )?;
-        Ok(())
-    }
     let mut conn =
         rollgate::sqlite::open(&dir.path().join("raw.db"), &[log_table]).expect("sqlite");
     let (tx, rx) = std::sync::mpsc::channel::<Append>();
@@ -409,12 +411,6 @@ async fn bench_raw_sqlite_grouped() -> Figures {
 
 async fn bench_raw_sqlite() -> Figures {
     let dir = tempfile::tempdir().expect("tempdir");
-    fn log_table(tx: &rusqlite::Transaction<'_>) -> Result<(), rollgate::sqlite::MigrationError> {
-        tx.execute_batch(
-            "CREATE TABLE log (seq INTEGER PRIMARY KEY AUTOINCREMENT, body BLOB NOT NULL)",
-        )?;
-        Ok(())
-    }
     let conn = rollgate::sqlite::open(&dir.path().join("raw.db"), &[log_table]).expect("sqlite");
     let conn = Arc::new(std::sync::Mutex::new(conn));
     let result = drive(move |client, seq| {

@@ -414,6 +414,18 @@ async fn bad_roll_requests_are_refused_and_nothing_is_queued() {
     assert!(api.changes().is_empty(), "nothing changed in the cluster");
 }
 
+/// `serve` watching StatefulSet `default/etcd`, reached at one member (a roll's endpoints
+/// are what the members advertise).
+async fn watching(around: &Around, sts: &EtcdStatefulSet) -> Rollgate {
+    let mut env = around.env(sts);
+    let seed = sts.cluster.endpoints[0].clone();
+    env.push((
+        "ROLLGATE__ETCD_ROLL__WATCH".into(),
+        format!("default/etcd={seed}"),
+    ));
+    serve(env).await
+}
+
 /// The runs `serve` holds, newest first.
 async fn runs(rg: &Rollgate) -> Vec<Value> {
     let (_, runs) = rg.get("/v1/runs").await;
@@ -424,14 +436,7 @@ async fn runs(rg: &Rollgate) -> Vec<Value> {
 async fn a_watched_statefulset_gets_one_roll_per_new_revision_and_none_while_one_is_in_flight() {
     let sts = EtcdStatefulSet::start(3, 0).await;
     let around = Around::start().await;
-    let mut env = around.env(&sts);
-    // Reached at one member; the roll's endpoints are what the members advertise.
-    let seed = sts.cluster.endpoints[0].clone();
-    env.push((
-        "ROLLGATE__ETCD_ROLL__WATCH".into(),
-        format!("default/etcd={seed}"),
-    ));
-    let mut rg = serve(env).await;
+    let mut rg = watching(&around, &sts).await;
 
     // The template is at rev-2, the pods at rev-1: a roll starts by itself.
     let first = "watch-default-etcd-rev-2";
@@ -521,13 +526,7 @@ async fn a_watched_statefulset_gets_one_roll_per_new_revision_and_none_while_one
 async fn a_watch_answered_410_gone_in_the_middle_of_an_automatic_roll_misses_no_revision() {
     let sts = EtcdStatefulSet::start(3, 0).await;
     let around = Around::start().await;
-    let mut env = around.env(&sts);
-    let seed = sts.cluster.endpoints[0].clone();
-    env.push((
-        "ROLLGATE__ETCD_ROLL__WATCH".into(),
-        format!("default/etcd={seed}"),
-    ));
-    let rg = serve(env).await;
+    let rg = watching(&around, &sts).await;
 
     // In the middle of rev-2's roll, the API server ends every watch with 410 Gone.
     let first = "watch-default-etcd-rev-2";

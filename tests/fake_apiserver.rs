@@ -89,6 +89,15 @@ fn names(list: &Value) -> Vec<String> {
     names
 }
 
+/// The name of a pod of app `app` on `node`.
+fn pod_of(fake: &FakeKube, node: &str, app: &str) -> String {
+    fake.pods_on(node)
+        .into_iter()
+        .find(|p| p["metadata"]["labels"]["app"] == app)
+        .and_then(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| panic!("no {app} pod on {node}"))
+}
+
 /// One control plane and three workers, each worker with `pods` app=web pods.
 async fn cluster(pods: usize) -> FakeKube {
     let fake = FakeKube::start().await;
@@ -272,38 +281,35 @@ async fn kubectl_cordons_patches_three_ways_and_keeps_status_apart() {
         .as_str()
         .unwrap()
         .to_owned();
-    kubectl
-        .ok(&["patch", "pod", &pod, "--type", "merge", "-p",
-              r#"{"spec":{"containers":[{"name":"c","image":"x"},{"name":"sidecar","image":"s:1"}]}}"#])
-        .await;
-    kubectl
-        .ok(&[
-            "patch",
-            "pod",
-            &pod,
-            "--type",
-            "strategic",
-            "-p",
-            r#"{"spec":{"containers":[{"name":"sidecar","image":"s:2"}]}}"#,
-        ])
-        .await;
-    let containers = fake.pod(&pod)["spec"]["containers"].clone();
+    let patch = |kind: &'static str, body: &'static str| {
+        let pod = pod.clone();
+        let kubectl = &kubectl;
+        async move {
+            kubectl
+                .ok(&["patch", "pod", &pod, "--type", kind, "-p", body])
+                .await
+        }
+    };
+    patch(
+        "merge",
+        r#"{"spec":{"containers":[{"name":"c","image":"x"},{"name":"sidecar","image":"s:1"}]}}"#,
+    )
+    .await;
+    patch(
+        "strategic",
+        r#"{"spec":{"containers":[{"name":"sidecar","image":"s:2"}]}}"#,
+    )
+    .await;
     assert_eq!(
-        containers,
+        fake.pod(&pod)["spec"]["containers"],
         json!([{"name": "c", "image": "x"}, {"name": "sidecar", "image": "s:2"}]),
         "strategic: merged by name"
     );
-    kubectl
-        .ok(&[
-            "patch",
-            "pod",
-            &pod,
-            "--type",
-            "merge",
-            "-p",
-            r#"{"spec":{"containers":[{"name":"sidecar","image":"s:3"}]}}"#,
-        ])
-        .await;
+    patch(
+        "merge",
+        r#"{"spec":{"containers":[{"name":"sidecar","image":"s:3"}]}}"#,
+    )
+    .await;
     assert_eq!(
         fake.pod(&pod)["spec"]["containers"],
         json!([{"name": "sidecar", "image": "s:3"}]),
@@ -392,14 +398,7 @@ async fn kubectl_drains_under_a_percentage_budget_waiting_out_429s_and_grace_per
         json!({"maxUnavailable": "50%", "selector": {"matchLabels": {"app": "web"}}}),
     );
     fake.add_job_pod("w1", "slow");
-    let slow = fake
-        .pods_on("w1")
-        .into_iter()
-        .find(|p| p["metadata"]["labels"]["app"] == "slow")
-        .unwrap()["metadata"]["name"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let slow = pod_of(&fake, "w1", "slow");
     fake.ignore_sigterm("default", &slow, 2);
     let kubectl = Kubectl::new(&fake);
 
@@ -503,14 +502,7 @@ async fn kubectl_reads_budget_status_as_the_disruption_controller_computes_it() 
     assert_eq!(db["disruptionsAllowed"], 1);
 
     // The status follows a change only after the controller's lag.
-    let db_pod = fake
-        .pods_on("w2")
-        .into_iter()
-        .find(|p| p["metadata"]["labels"]["app"] == "db")
-        .unwrap()["metadata"]["name"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let db_pod = pod_of(&fake, "w2", "db");
     fake.set_pod_ready(&db_pod, false);
     let changed_at = Instant::now();
     eventually(

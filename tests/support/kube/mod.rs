@@ -690,11 +690,7 @@ fn next_pod_to_replace(s: &mut State) -> Option<((String, String), String)> {
     }
     let sets: Vec<Value> = s.all("statefulsets").cloned().collect();
     for sts in sets {
-        let ns = sts["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or("")
-            .to_owned();
-        let name = sts["metadata"]["name"].as_str().unwrap_or("").to_owned();
+        let (ns, name) = state::ns_name(&sts);
         let replicas = sts["spec"]["replicas"].as_u64().unwrap_or(0);
         let partition = sts["spec"]["updateStrategy"]["rollingUpdate"]["partition"]
             .as_u64()

@@ -847,41 +847,31 @@ fn evict(s: &mut State, ns: &str, name: &str, body: &[u8]) -> HttpResponse {
                 >= st["desiredHealthy"].as_i64().unwrap_or(0)
             && st["desiredHealthy"].as_i64().unwrap_or(0) > 0;
         if !unhealthy_goes {
-            let refuse = |why: String| {
-                HttpResponse::TooManyRequests().json(json!({
+            let observed = st["observedGeneration"].as_i64().unwrap_or(0);
+            let allowed = st["disruptionsAllowed"].as_i64().unwrap_or(0);
+            let refusal = if observed < pdb["metadata"]["generation"].as_i64().unwrap_or(1) {
+                Some(format!(
+                    "The disruption budget {pdb_name} is still being processed by the server."
+                ))
+            } else if allowed <= 0 {
+                Some(format!(
+                    "The disruption budget {pdb_name} needs {} healthy pods and has {} currently",
+                    st["desiredHealthy"].as_i64().unwrap_or(0),
+                    st["currentHealthy"].as_i64().unwrap_or(0)
+                ))
+            } else {
+                None
+            };
+            if let Some(why) = refusal {
+                let pod = name.to_owned();
+                s.changes
+                    .push((Instant::now(), Change::Refused { node, pod }));
+                return HttpResponse::TooManyRequests().json(json!({
                     "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                     "message": "Cannot evict pod as it would violate the pod's disruption budget.",
                     "reason": "TooManyRequests", "code": 429,
                     "details": {"causes": [{"reason": "DisruptionBudget", "message": why}]},
-                }))
-            };
-            let observed = st["observedGeneration"].as_i64().unwrap_or(0);
-            if observed < pdb["metadata"]["generation"].as_i64().unwrap_or(1) {
-                s.changes.push((
-                    Instant::now(),
-                    Change::Refused {
-                        node,
-                        pod: name.to_owned(),
-                    },
-                ));
-                return refuse(format!(
-                    "The disruption budget {pdb_name} is still being processed by the server."
-                ));
-            }
-            let allowed = st["disruptionsAllowed"].as_i64().unwrap_or(0);
-            if allowed <= 0 {
-                s.changes.push((
-                    Instant::now(),
-                    Change::Refused {
-                        node,
-                        pod: name.to_owned(),
-                    },
-                ));
-                return refuse(format!(
-                    "The disruption budget {pdb_name} needs {} healthy pods and has {} currently",
-                    st["desiredHealthy"].as_i64().unwrap_or(0),
-                    st["currentHealthy"].as_i64().unwrap_or(0)
-                ));
+                }));
             }
             let at = super::state::now_rfc3339(Duration::ZERO);
             let pdb_ns = pdb["metadata"]["namespace"]

@@ -117,6 +117,15 @@ pub(super) fn key_of(resource: &'static Resource, object: &Value) -> Key {
     )
 }
 
+/// An object's namespace and name ("" where missing).
+pub fn ns_name(object: &Value) -> (String, String) {
+    let meta = &object["metadata"];
+    (
+        meta["namespace"].as_str().unwrap_or("").to_owned(),
+        meta["name"].as_str().unwrap_or("").to_owned(),
+    )
+}
+
 pub fn pod_ready(pod: &Value) -> bool {
     pod["metadata"]["deletionTimestamp"].is_null()
         && pod["status"]["conditions"].as_array().is_some_and(|c| {
@@ -527,11 +536,7 @@ impl State {
     fn sync_statefulsets(&mut self) {
         let sets: Vec<Value> = self.all("statefulsets").cloned().collect();
         for sts in sets {
-            let ns = sts["metadata"]["namespace"]
-                .as_str()
-                .unwrap_or("")
-                .to_owned();
-            let name = sts["metadata"]["name"].as_str().unwrap_or("").to_owned();
+            let (ns, name) = ns_name(&sts);
             let replicas = sts["spec"]["replicas"].as_u64().unwrap_or(1);
             let current = sts["status"]["currentRevision"].clone();
             let update = sts["status"]["updateRevision"].clone();
@@ -565,11 +570,7 @@ impl State {
     fn sync_budgets(&mut self, now: Instant) {
         let budgets: Vec<Value> = self.all("poddisruptionbudgets").cloned().collect();
         for pdb in budgets {
-            let ns = pdb["metadata"]["namespace"]
-                .as_str()
-                .unwrap_or("")
-                .to_owned();
-            let name = pdb["metadata"]["name"].as_str().unwrap_or("").to_owned();
+            let (ns, name) = ns_name(&pdb);
             let mut disrupted = serde_json::Map::new();
             for (pod, at) in pdb["status"]["disruptedPods"]
                 .as_object()
