@@ -705,9 +705,27 @@ impl Intake {
         })
     }
 
-    /// Waits until every alert an accepted body said is on the board exactly as said (the
-    /// last of each fingerprint; a firing alert whose end has passed is hidden from it).
-    fn on_the_board(&self, body: &Value) -> Result<(), TestCaseError> {
+    /// Alert notifications the worker has committed so far (processed or found to be
+    /// duplicates): counted after each commit.
+    fn alert_events_handled(&self) -> f64 {
+        self.rt.block_on(async {
+            let text = self.rg.metrics_text().await;
+            text.lines()
+                .filter(|l| {
+                    (l.starts_with("rollgate_events_processed_total{")
+                        || l.starts_with("rollgate_events_duplicate_total{"))
+                        && l.contains("type=\"alerts\"")
+                })
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        })
+    }
+
+    /// Waits until the worker has committed the accepted notification (`handled` counted
+    /// before it was sent), then checks that every alert it said is on the board exactly
+    /// as said (the last of each fingerprint; a firing alert whose end has passed is
+    /// hidden from it).
+    fn on_the_board(&self, body: &Value, handled: f64) -> Result<(), TestCaseError> {
         let said =
             said_alerts(body).ok_or_else(|| TestCaseError::fail("accepted, but says no alerts"))?;
         let mut last: std::collections::BTreeMap<String, Alert> = Default::default();
@@ -717,6 +735,15 @@ impl Intake {
         let now = chrono::Utc::now();
         let started = std::time::Instant::now();
         loop {
+            if self.alert_events_handled() <= handled {
+                if started.elapsed() > Duration::from_secs(10) {
+                    return Err(TestCaseError::fail(
+                        "an accepted notification was not committed within 10 s",
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            }
             let (board, _) = self.state();
             let on_board = |fp: &str| {
                 board.as_array().and_then(|b| {
@@ -805,6 +832,7 @@ fn the_http_intake_answers_every_input_with_a_2xx_or_a_4xx_that_names_the_field(
         )
         .run(&prop_oneof![mutated(valid.clone()), any_json()], |body| {
             let before = intake.state();
+            let handled = intake.alert_events_handled();
             let answer = intake.json(path, &body);
             sound(&answer, &body, &known)?;
             if answer.status >= 400 {
@@ -815,7 +843,7 @@ fn the_http_intake_answers_every_input_with_a_2xx_or_a_4xx_that_names_the_field(
                     body
                 );
             } else if path == "/v1/alerts" {
-                intake.on_the_board(&body)?;
+                intake.on_the_board(&body, handled)?;
             }
             Ok(())
         })
