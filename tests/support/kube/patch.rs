@@ -3,7 +3,7 @@
 //! `$patch`, `$retainKeys`, `$deleteFromPrimitiveList` and `$setElementOrder` directives),
 //! and JSON patch (RFC 6902).
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 /// RFC 7386 JSON merge patch.
 pub fn merge(target: &mut Value, patch: &Value) {
@@ -44,7 +44,6 @@ fn merge_key(field: &str) -> Option<&'static str> {
         "volumeDevices" => "devicePath",
         "ports" => "containerPort",
         "ownerReferences" => "uid",
-        "tolerations" => return None,
         _ => return None,
     })
 }
@@ -294,19 +293,4 @@ pub fn json_patch(target: &mut Value, operations: &Value) -> Result<(), String> 
     }
     *target = doc;
     Ok(())
-}
-
-/// Removes the directive keys strategic merge patch leaves nowhere (for objects created
-/// from a patch body).
-pub fn without_directives(value: &Value) -> Value {
-    match value {
-        Value::Object(o) => Value::Object(
-            o.iter()
-                .filter(|(k, _)| !k.starts_with('$'))
-                .map(|(k, v)| (k.clone(), without_directives(v)))
-                .collect::<Map<String, Value>>(),
-        ),
-        Value::Array(a) => Value::Array(a.iter().map(without_directives).collect()),
-        other => other.clone(),
-    }
 }

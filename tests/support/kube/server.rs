@@ -495,7 +495,6 @@ impl ObjectRequest {
     /// Stores `new` in place of `old`: writes to the main resource keep the status, writes
     /// to `/status` change nothing but the status.
     fn commit(&self, s: &mut State, old: &Value, mut new: Value) -> HttpResponse {
-        let name = old["metadata"]["name"].as_str().unwrap_or("").to_owned();
         if new["metadata"]["name"] != old["metadata"]["name"]
             || (self.resource.namespaced
                 && !new["metadata"]["namespace"].is_null()
@@ -508,7 +507,9 @@ impl ObjectRequest {
                 Value::Null,
             );
         }
-        new["metadata"]["namespace"] = old["metadata"]["namespace"].clone();
+        if self.resource.namespaced {
+            new["metadata"]["namespace"] = old["metadata"]["namespace"].clone();
+        }
         if self.subresource.as_deref() == Some("status") {
             let mut kept = old.clone();
             kept["status"] = new["status"].clone();
@@ -516,7 +517,6 @@ impl ObjectRequest {
         } else if self.resource.status {
             new["status"] = old["status"].clone();
         }
-        let _ = name;
         HttpResponse::Ok().json(s.put(self.resource.plural, new))
     }
 

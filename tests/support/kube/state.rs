@@ -476,7 +476,7 @@ impl State {
             let schedulable = node["spec"]["unschedulable"] != json!(true);
             let control_plane =
                 !node["metadata"]["labels"]["node-role.kubernetes.io/control-plane"].is_null();
-            if !schedulable || !budget_ready_node(node) || control_plane || name == from {
+            if !schedulable || !node_ready(node) || control_plane || name == from {
                 continue;
             }
             let count = load.get(name).copied().unwrap_or(0);
@@ -648,7 +648,8 @@ impl State {
     }
 }
 
-fn budget_ready_node(node: &Value) -> bool {
+/// Whether a node's Ready condition is True.
+fn node_ready(node: &Value) -> bool {
     node["status"]["conditions"].as_array().is_some_and(|c| {
         c.iter()
             .any(|c| c["type"] == "Ready" && c["status"] == "True")
