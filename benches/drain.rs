@@ -17,7 +17,6 @@
 mod support;
 
 use chrono::{DateTime, Utc};
-use rollgate::adapters::kube::{Kube, KubeSettings, Source};
 use rollgate::ports::{DrainOptions, NodeDrain};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -71,17 +70,7 @@ async fn rollgate_drain(
     kubeconfig: &std::path::Path,
     node: &str,
 ) -> (Duration, u64) {
-    let kube = Kube::new(KubeSettings {
-        source: Source::Kubeconfig {
-            path: kubeconfig.to_owned(),
-            context: None,
-        },
-        namespace: "default".into(),
-        annotation_prefix: "rollgate.io".into(),
-        request_timeout: Duration::from_secs(10),
-    })
-    .await
-    .expect("kube");
+    let kube = support::rollgate_kube(kubeconfig).await;
     let options = DrainOptions {
         timeout: Duration::from_secs(600),
         retry_every: Duration::from_millis(200),

@@ -21,7 +21,7 @@
 mod support;
 
 use chrono::Utc;
-use rollgate::adapters::kube::{Kube, KubeSettings, Source};
+use rollgate::adapters::kube::Kube;
 use rollgate::domain::engine::{Context, Input, Next, StepOutcome, advance};
 use rollgate::domain::event::{DetectionRequest, StageSelection, UpgradeKind};
 use rollgate::domain::k8s_upgrade::{self, MaxUnavailable, PlanSettings};
@@ -86,17 +86,7 @@ async fn cluster(workers: usize) -> (FakeKube, Kube, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("dir");
     let path = dir.path().join("kubeconfig");
     fake.write_kubeconfig(&path);
-    let kube = Kube::new(KubeSettings {
-        source: Source::Kubeconfig {
-            path,
-            context: None,
-        },
-        namespace: "default".into(),
-        annotation_prefix: "rollgate.io".into(),
-        request_timeout: Duration::from_secs(30),
-    })
-    .await
-    .expect("kube");
+    let kube = support::rollgate_kube(&path).await;
     (fake, kube, dir)
 }
 

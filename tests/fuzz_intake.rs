@@ -403,103 +403,90 @@ fn said_etcd_roll(body: &Value, request: &EtcdRollRequest) -> Result<(), TestCas
     Ok(())
 }
 
-#[test]
-fn alertmanager_payloads_are_taken_as_they_say_or_refused_by_field() {
-    let valid = webhook("c0ffee01");
+/// Property `name` of a parser of outside input: mutations of `valid` and any JSON are
+/// either accepted and then exactly what they said (`said`), or refused naming a field;
+/// enough cases are accepted (one in 20) for the first check to have run.
+fn taken_as_said_or_refused<T>(
+    name: &str,
+    valid: Value,
+    parse: impl Fn(&Value) -> Result<T, FieldErrors>,
+    said: impl Fn(&Value, &T) -> Result<(), TestCaseError>,
+) {
     let known = keys_of(&valid);
-    let name = "alert payloads";
     let taken = AtomicUsize::new(0);
-    let result =
-        runner(name, config()).run(&prop_oneof![mutated(valid.clone()), any_json()], |body| {
-            match AlertBatch::from_json(&body) {
-                Ok(batch) => {
+    runner(name, config())
+        .run(
+            &prop_oneof![mutated(valid.clone()), any_json()],
+            |body| match parse(&body) {
+                Ok(parsed) => {
                     taken.fetch_add(1, Ordering::Relaxed);
-                    let said = said_alerts(&body);
-                    prop_assert_eq!(
-                        Some(&batch.alerts),
-                        said.as_ref(),
-                        "the alerts as sent: {}",
-                        body
-                    );
-                    prop_assert_eq!(Some(batch.receiver.as_str()), body["receiver"].as_str());
-                    prop_assert_eq!(Some(batch.group_key.as_str()), body["groupKey"].as_str());
+                    said(&body, &parsed)
                 }
-                Err(errors) => names_fields(&errors, &body, &known)?,
-            }
-            Ok(())
-        });
-    result.replay(name);
+                Err(errors) => names_fields(&errors, &body, &known),
+            },
+        )
+        .replay(name);
+    let n = taken.load(Ordering::Relaxed);
+    eprintln!("{name}: {n} of {} cases accepted", cases());
     assert!(
-        some_taken(&taken),
-        "no case was accepted: the checks of what is taken never ran"
+        n * 20 >= cases() as usize,
+        "{name}: {n} cases accepted: the checks of what is taken hardly ran"
     );
 }
 
-/// Whether enough cases were accepted (one in 20) for the checks of what is taken to
-/// have run.
-fn some_taken(taken: &AtomicUsize) -> bool {
-    let n = taken.load(Ordering::Relaxed);
-    eprintln!("{n} of {} cases accepted", cases());
-    n * 20 >= cases() as usize
+#[test]
+fn alertmanager_payloads_are_taken_as_they_say_or_refused_by_field() {
+    taken_as_said_or_refused(
+        "alert payloads",
+        webhook("c0ffee01"),
+        AlertBatch::from_json,
+        |body, batch| {
+            let said = said_alerts(body);
+            prop_assert_eq!(
+                Some(&batch.alerts),
+                said.as_ref(),
+                "the alerts as sent: {}",
+                body
+            );
+            prop_assert_eq!(Some(batch.receiver.as_str()), body["receiver"].as_str());
+            prop_assert_eq!(Some(batch.group_key.as_str()), body["groupKey"].as_str());
+            Ok(())
+        },
+    );
 }
 
 #[test]
 fn detection_requests_are_taken_as_they_say_or_refused_by_field_and_only_clean_versions_pass() {
-    let valid = valid_detection();
-    let known = keys_of(&valid);
-    let name = "detection requests";
-    let taken = AtomicUsize::new(0);
-    let result =
-        runner(name, config()).run(&prop_oneof![mutated(valid.clone()), any_json()], |body| {
-            match DetectionRequest::from_json(&body) {
-                Ok(request) => {
-                    taken.fetch_add(1, Ordering::Relaxed);
-                    said_detection(&body, &request)?;
-                    // Whatever passes is exactly MAJOR.MINOR.PATCH, digits only: it may
-                    // reach a node's shell.
-                    let version = request.target_version.to_string();
-                    let parts: Vec<&str> = version.split('.').collect();
-                    prop_assert_eq!(parts.len(), 3, "{}", version);
-                    prop_assert!(
-                        parts
-                            .iter()
-                            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())),
-                        "{}",
-                        version
-                    );
-                }
-                Err(errors) => names_fields(&errors, &body, &known)?,
-            }
+    taken_as_said_or_refused(
+        "detection requests",
+        valid_detection(),
+        DetectionRequest::from_json,
+        |body, request| {
+            said_detection(body, request)?;
+            // Whatever passes is exactly MAJOR.MINOR.PATCH, digits only: it may reach a
+            // node's shell.
+            let version = request.target_version.to_string();
+            let parts: Vec<&str> = version.split('.').collect();
+            prop_assert_eq!(parts.len(), 3, "{}", version);
+            prop_assert!(
+                parts
+                    .iter()
+                    .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())),
+                "{}",
+                version
+            );
             Ok(())
-        });
-    result.replay(name);
-    assert!(
-        some_taken(&taken),
-        "no case was accepted: the checks of what is taken never ran"
+        },
     );
 }
 
 #[test]
 fn etcd_roll_requests_are_taken_as_they_say_or_refused_by_field() {
-    let valid = valid_etcd_roll();
-    let known = keys_of(&valid);
-    let name = "etcd roll requests";
-    let taken = AtomicUsize::new(0);
-    let result =
-        runner(name, config()).run(&prop_oneof![mutated(valid.clone()), any_json()], |body| {
-            match EtcdRollRequest::from_json(&body) {
-                Ok(request) => {
-                    taken.fetch_add(1, Ordering::Relaxed);
-                    said_etcd_roll(&body, &request)?
-                }
-                Err(errors) => names_fields(&errors, &body, &known)?,
-            }
-            Ok(())
-        });
-    result.replay(name);
-    assert!(
-        some_taken(&taken),
-        "no case was accepted: the checks of what is taken never ran"
+    taken_as_said_or_refused(
+        "etcd roll requests",
+        valid_etcd_roll(),
+        EtcdRollRequest::from_json,
+        said_etcd_roll,
     );
 }
 

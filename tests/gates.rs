@@ -70,6 +70,19 @@ fn past_the_gate(run: &Value) -> bool {
     run["steps"][0]["status"] == "done" && run["steps"][1]["status"] == "done"
 }
 
+/// Waits until the stream's newest gate frame has verdict `want`; that frame.
+async fn stream_says(rg: &Rollgate, want: &str) -> Value {
+    eventually(
+        &format!("the stream to tell the gate {want}"),
+        Duration::from_secs(10),
+        || async {
+            let frame = last_gate_frame(rg, Duration::from_millis(300)).await;
+            (frame["verdict"]["verdict"] == want).then_some(frame)
+        },
+    )
+    .await
+}
+
 fn blocker_names(report: &Value) -> Vec<(String, String)> {
     report["verdict"]["blockers"]
         .as_array()
@@ -630,27 +643,11 @@ async fn every_view_of_the_gate_tells_one_evaluation_blockers_included() {
     // As a new user tries it: embedded defaults, no Prometheus, one blocking alert. The
     // poll is the default 30 s, so only the board change can bring the views along.
     let rg = Rollgate::start(&[]).await;
-    let stream_before = eventually("a first gate frame", Duration::from_secs(10), || async {
-        let frame = last_gate_frame(&rg, Duration::from_millis(300)).await;
-        (!frame.is_null()).then_some(frame)
-    })
-    .await;
-    assert_eq!(
-        stream_before["verdict"]["verdict"], "unknown",
-        "{stream_before}"
-    );
+    stream_says(&rg, "unknown").await;
 
     let (status, _) = rg.post("/v1/alerts", &webhook("4e1c0ffee0ddba11")).await;
     assert_eq!(status, 202);
-    let streamed = eventually(
-        "the stream to tell the closed gate",
-        Duration::from_secs(10),
-        || async {
-            let frame = last_gate_frame(&rg, Duration::from_millis(300)).await;
-            (frame["verdict"]["verdict"] == "closed").then_some(frame)
-        },
-    )
-    .await;
+    let streamed = stream_says(&rg, "closed").await;
     let (_, cached) = rg.get("/v1/gates?cached=true").await;
     let (_, fresh) = rg.get("/v1/gates").await;
     for (view, report) in [
@@ -695,15 +692,7 @@ async fn every_view_of_the_gate_tells_one_evaluation_blockers_included() {
         .post("/v1/alerts", &support::resolved("4e1c0ffee0ddba11"))
         .await;
     assert_eq!(status, 202);
-    let streamed = eventually(
-        "the stream to tell the gate unknown again",
-        Duration::from_secs(10),
-        || async {
-            let frame = last_gate_frame(&rg, Duration::from_millis(300)).await;
-            (frame["verdict"]["verdict"] == "unknown").then_some(frame)
-        },
-    )
-    .await;
+    let streamed = stream_says(&rg, "unknown").await;
     let (_, fresh) = rg.get("/v1/gates").await;
     for report in [&streamed, &fresh] {
         assert!(blocker_names(report).is_empty(), "{report}");

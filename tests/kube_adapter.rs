@@ -5,7 +5,7 @@
 
 mod support;
 
-use rollgate::adapters::kube::{Kube, KubeSettings, Source};
+use rollgate::adapters::kube::Kube;
 use rollgate::domain::drain_holds;
 use rollgate::ports::{Cordon, DrainOptions, NodeDrain};
 use serde_json::{Value, json};
@@ -30,17 +30,7 @@ async fn fixture() -> Fixture {
     let dir = tempfile::tempdir().expect("dir");
     let path = dir.path().join("kubeconfig");
     fake.write_tls_kubeconfig(&path);
-    let kube = Kube::new(KubeSettings {
-        source: Source::Kubeconfig {
-            path,
-            context: None,
-        },
-        namespace: "default".into(),
-        annotation_prefix: "rollgate.io".into(),
-        request_timeout: Duration::from_secs(10),
-    })
-    .await
-    .expect("kube");
+    let kube = support::rollgate_kube(&path).await;
     Fixture {
         fake,
         kube,

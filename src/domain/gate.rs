@@ -183,9 +183,14 @@ impl Policy {
         let remedied = self
             .asked_by
             .as_deref()
-            .is_some_and(|kind| labels.get(REMEDY_LABEL).is_some_and(|r| r == kind));
+            .is_some_and(|kind| remedied_by(labels, kind));
         !self.exclude_alerts.contains(name) && !remedied
     }
+}
+
+/// Whether an alert with `labels` names runs of `kind` as its remedy: it does not hold them.
+fn remedied_by(labels: &BTreeMap<String, String>, kind: &str) -> bool {
+    labels.get(REMEDY_LABEL).is_some_and(|r| r == kind)
 }
 
 /// One series the Prometheus query returned.
@@ -275,7 +280,7 @@ pub fn verdict_for(verdict: &Verdict, kind: &str, unreadable: Option<&str>) -> V
     };
     let holding: Vec<Blocker> = blockers
         .iter()
-        .filter(|b| b.labels.get(REMEDY_LABEL).is_none_or(|r| r != kind))
+        .filter(|b| !remedied_by(&b.labels, kind))
         .cloned()
         .collect();
     match (holding.is_empty(), unreadable) {

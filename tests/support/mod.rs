@@ -29,6 +29,23 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+/// rollgate's kube adapter for the cluster of `kubeconfig` (namespace `default`, the
+/// `rollgate.io` annotations, 10 s per request).
+pub async fn rollgate_kube(kubeconfig: &std::path::Path) -> rollgate::adapters::kube::Kube {
+    use rollgate::adapters::kube::{Kube, KubeSettings, Source};
+    Kube::new(KubeSettings {
+        source: Source::Kubeconfig {
+            path: kubeconfig.to_owned(),
+            context: None,
+        },
+        namespace: "default".into(),
+        annotation_prefix: "rollgate.io".into(),
+        request_timeout: Duration::from_secs(10),
+    })
+    .await
+    .expect("rollgate's kube client")
+}
+
 /// Polls `check` every 50 ms until it returns `Some`, or panics after `deadline`.
 pub async fn eventually<T, F, Fut>(what: &str, deadline: Duration, mut check: F) -> T
 where

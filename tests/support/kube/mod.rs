@@ -48,56 +48,6 @@ pub struct Access {
     pub name: Option<String>,
 }
 
-impl Access {
-    /// The access a request makes, as the real API server's RBAC authorizer derives it.
-    pub fn of(method: &str, path: &str, query: &str) -> Option<Self> {
-        let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
-        let (group, rest) = match parts.as_slice() {
-            ["api", "v1", rest @ ..] => ("", rest),
-            ["apis", group, _version, rest @ ..] => (*group, rest),
-            _ => return None,
-        };
-        let rest = match rest {
-            ["namespaces", _ns, tail @ ..]
-                if !tail.is_empty()
-                    && resources::Resource::find(group, tail[0]).is_some_and(|r| r.namespaced) =>
-            {
-                tail
-            }
-            other => other,
-        };
-        let (resource, name, sub) = match rest {
-            [resource] => (*resource, None, None),
-            [resource, name] => (*resource, Some(*name), None),
-            [resource, name, sub] => (*resource, Some(*name), Some(*sub)),
-            _ => return None,
-        };
-        let watching = query
-            .split('&')
-            .any(|p| p == "watch=true" || p == "watch=1");
-        let verb = match (method, name, sub) {
-            ("GET", None, _) if watching => "watch",
-            ("GET", None, _) => "list",
-            ("GET", Some(_), _) => "get",
-            ("POST", _, _) => "create",
-            ("PUT", _, _) => "update",
-            ("PATCH", _, _) => "patch",
-            ("DELETE", None, _) => "deletecollection",
-            ("DELETE", Some(_), _) => "delete",
-            _ => return None,
-        };
-        Some(Self {
-            group: group.to_owned(),
-            resource: match sub {
-                Some(sub) => format!("{resource}/{sub}"),
-                None => resource.to_owned(),
-            },
-            verb: verb.to_owned(),
-            name: name.map(str::to_owned),
-        })
-    }
-}
-
 /// The running fake API server.
 #[derive(Clone)]
 pub struct FakeKube {

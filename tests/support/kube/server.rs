@@ -142,9 +142,6 @@ pub(super) async fn handle(req: HttpRequest, body: web::Bytes, shared: Shared) -
     );
     let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
     s.tick();
-    if let Some(access) = Access::of(&method, &path, req.query_string()) {
-        s.access.insert(access);
-    }
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
     match (method.as_str(), parts.as_slice()) {
         ("GET", ["metrics", rest @ ..]) => {
@@ -172,6 +169,9 @@ pub(super) async fn handle(req: HttpRequest, body: web::Bytes, shared: Shared) -
                 name,
                 subresource,
             };
+            if let Some(access) = request.access(&method, &query) {
+                s.access.insert(access);
+            }
             let answer = request.serve(&mut s, &req, &method, &query, &body, state);
             let key = request.call_key(&method, &query);
             s.count(&key);
@@ -225,6 +225,30 @@ impl ObjectRequest {
             ("POST", _, _) => format!("create {}", r.singular),
             _ => format!("{} {}", method.to_lowercase(), r.plural),
         }
+    }
+
+    /// The access this request makes, as the API server's RBAC authorizer derives it.
+    fn access(&self, method: &str, query: &Query) -> Option<Access> {
+        let verb = match (method, &self.name) {
+            ("GET", None) if query.flag("watch") => "watch",
+            ("GET", None) => "list",
+            ("GET", Some(_)) => "get",
+            ("POST", _) => "create",
+            ("PUT", _) => "update",
+            ("PATCH", _) => "patch",
+            ("DELETE", None) => "deletecollection",
+            ("DELETE", Some(_)) => "delete",
+            _ => return None,
+        };
+        Some(Access {
+            group: self.resource.group.to_owned(),
+            resource: match &self.subresource {
+                Some(sub) => format!("{}/{sub}", self.resource.plural),
+                None => self.resource.plural.to_owned(),
+            },
+            verb: verb.to_owned(),
+            name: self.name.clone(),
+        })
     }
 
     fn ns(&self) -> &str {
