@@ -105,6 +105,7 @@ async fn planned_run(kube: &Kube) -> Run {
     let settings = PlanSettings {
         worker_order: Vec::new(),
         max_unavailable: MaxUnavailable::Count(1),
+        failure_budget: Default::default(),
         etcd_max_lag: 1000,
     };
     let plan = k8s_upgrade::plan(&request(), &facts, None, &settings).expect("plan");
@@ -143,6 +144,7 @@ async fn measure(
             Duration::from_secs(300),
         ),
         jitter: 0.5,
+        failure_budget: Default::default(),
     };
     let lsn = async |client: Option<&tokio_postgres::Client>| -> f64 {
         match client {
@@ -167,6 +169,7 @@ async fn measure(
             },
             // The worker delivers a wake through the queue, then runs the step.
             Next::WakeAt { epoch, .. } => Input::Wake { epoch },
+            Next::All(_) => unreachable!("one worker at a time: one step in hand"),
             Next::Nothing => {
                 // A fresh run of the same plan once one has ended.
                 assert!(

@@ -236,6 +236,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             max_attempts: settings.worker.max_attempts,
             halt_after: settings.gate.halt_after,
             on_failure: settings.worker.on_failure,
+            failure_budget: settings.cluster.failure_budget,
         };
         let worker = Worker::new(queue, store, metrics, executors, policy, notifier)
             .telling(gate.clone())
@@ -425,6 +426,7 @@ pub fn plan_settings(settings: &Settings) -> PlanSettings {
     PlanSettings {
         worker_order: settings.cluster.worker_order.clone(),
         max_unavailable: settings.cluster.max_unavailable,
+        failure_budget: settings.cluster.failure_budget,
         etcd_max_lag: settings.etcd.max_lag,
     }
 }

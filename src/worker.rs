@@ -3,6 +3,9 @@
 //! a step, execute it and persist its outcome the same way.
 
 use chrono::Utc;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -16,6 +19,7 @@ use crate::domain::event::{
     CloudEvent, ControlRequest, DetectionRequest, EventData, EventType, ROLLGATE_SOURCE,
     WakeRequest,
 };
+use crate::domain::k8s_upgrade::FailureBudget;
 use crate::domain::run::{FailurePolicy, Run, RunKind, RunStatus, Step};
 use crate::domain::schedule::Windows;
 use crate::metrics::Metrics;
@@ -61,6 +65,8 @@ pub struct WorkerPolicy {
     pub halt_after: Duration,
     /// What a run does when a step gives up.
     pub on_failure: FailurePolicy,
+    /// How many workers may be left behind while an upgrade goes on.
+    pub failure_budget: FailureBudget,
 }
 
 impl WorkerPolicy {
@@ -267,18 +273,29 @@ impl Worker {
             crate::workflows::k8s_upgrade::restore_gauges(&self.metrics, &runs);
         }
         for mut run in self.store.unfinished().await? {
+            run.adopt_single_step_in_hand();
             let step = run.current().map(Step::label).unwrap_or_default();
             match run.status {
                 RunStatus::Running => {
-                    info!(run_id = %run.id, %step, "resuming the step in hand after a restart");
+                    let redo = run.running_in_hand();
+                    let steps: Vec<String> =
+                        redo.iter().map(|&(i, _)| run.steps[i].label()).collect();
+                    let steps = if steps.is_empty() {
+                        step
+                    } else {
+                        steps.join(", ")
+                    };
+                    info!(run_id = %run.id, %steps, "resuming the steps in hand after a restart");
                     run.note(
                         format!(
-                            "rollgate restarted (worker {}): resuming step {step}, which was in hand",
+                            "rollgate restarted (worker {}): resuming step {steps}, which was in hand",
                             self.store.replica()
                         ),
                         now,
                     );
-                    commit.outbox.push(wake_message(&run, None));
+                    for (_, epoch) in redo {
+                        commit.outbox.push(wake_message(&run, epoch, None));
+                    }
                 }
                 RunStatus::Waiting => run.note(
                     format!("rollgate restarted: step {step} waits on (its wake is kept)"),
@@ -457,7 +474,16 @@ impl Worker {
             .await?
             .iter()
             .filter(|run| run.status == RunStatus::Waiting && run.blocked_since.is_some())
-            .map(|run| wake_message(run, None))
+            .flat_map(|run| {
+                run.steps_in_hand()
+                    .filter(|s| {
+                        s.outcome
+                            .as_deref()
+                            .is_some_and(|o| o.starts_with(engine::GATE_CLOSED))
+                    })
+                    .map(|s| wake_message(run, s.epoch, None))
+                    .collect::<Vec<_>>()
+            })
             .collect())
     }
 
@@ -491,8 +517,8 @@ impl Worker {
                         // Redelivery is harmless: the event is recorded as processed.
                         warn!(error = %crate::error_chain(&e), "ack failed; the event will be redelivered and skipped");
                     }
-                    if let Some((run, index, epoch)) = next {
-                        self.drive(run, index, epoch).await;
+                    if let Some((run, steps)) = next {
+                        self.drive(run, steps).await;
                     }
                 }
                 Err(e) => self.release_later(&[&delivery], &e).await,
@@ -508,7 +534,7 @@ impl Worker {
         delivery: &Delivery,
         event: &CloudEvent,
         data: EventData,
-    ) -> Result<Option<(Run, usize, u64)>, Transient> {
+    ) -> Result<Option<(Run, Vec<(usize, u64)>)>, Transient> {
         let kind = data.event_type();
         if let Some(not_before) = delivery.not_before
             && not_before > Utc::now()
@@ -538,7 +564,7 @@ impl Worker {
             event: Some((event.id.clone(), kind.type_name())),
             ..Commit::default()
         };
-        let mut step = None;
+        let mut step = Vec::new();
         let mut notices = Vec::new();
         match data {
             EventData::Alerts(batch) => {
@@ -630,7 +656,10 @@ impl Worker {
         // The event is processed either way: what cannot be published now stays in the
         // outbox and is retried, and the step it started must still be driven.
         self.flush_or_keep().await;
-        Ok(step.and_then(|(index, epoch)| runs.into_iter().next().map(|run| (run, index, epoch))))
+        if step.is_empty() {
+            return Ok(None);
+        }
+        Ok(runs.into_iter().next().map(|run| (run, step)))
     }
 
     /// Creates and starts the run a request asks for, unless a run of `kind` for `target`
@@ -644,7 +673,7 @@ impl Worker {
         build: impl FnOnce(String) -> Run,
         commit: &mut Commit,
         notices: &mut Vec<Notice>,
-    ) -> Result<Option<(usize, u64)>, Transient> {
+    ) -> Result<Vec<(usize, u64)>, Transient> {
         let mut existing = match &run_id {
             Some(id) => self.store.get_run(id).await?,
             None => None,
@@ -655,7 +684,7 @@ impl Worker {
                 Some(run) if run_id.as_ref() == Some(&run.id) => existing = Some(run),
                 Some(other) => {
                     info!(run_id = %other.id, %target, "a run for this target is in flight; no second run");
-                    return Ok(None);
+                    return Ok(Vec::new());
                 }
                 None => {}
             }
@@ -679,7 +708,7 @@ impl Worker {
             );
             warn!(run_id = %run.id, %reason, "refusing to start");
             run.transition(RunStatus::Failed, reason, Utc::now());
-            None
+            Vec::new()
         } else {
             self.apply(&mut run, Input::Start, commit, notices)
         };
@@ -689,15 +718,15 @@ impl Worker {
         Ok(step)
     }
 
-    /// Feeds `input` to the engine; puts a wake in the outbox or returns a step to run.
-    /// The transitions it adds go to `notices`, told once committed.
+    /// Feeds `input` to the engine; puts its wakes in the outbox and returns the steps to
+    /// run. The transitions it adds go to `notices`, told once committed.
     fn apply(
         &self,
         run: &mut Run,
         input: Input,
         commit: &mut Commit,
         notices: &mut Vec<Notice>,
-    ) -> Option<(usize, u64)> {
+    ) -> Vec<(usize, u64)> {
         let can_execute = |step: &Step| self.executors.get(step).is_some();
         let ctx = Context {
             now: Utc::now(),
@@ -707,6 +736,7 @@ impl Worker {
                 .unwrap_or(chrono::Duration::MAX),
             retry: WorkerPolicy::STEP_RETRY,
             jitter: crate::jitter::unit(),
+            failure_budget: self.policy.failure_budget,
         };
         let from = run.status;
         let told = run.history.len();
@@ -715,72 +745,145 @@ impl Worker {
         match result {
             Err(refused) => {
                 warn!(run_id = %run.id, error = %refused, "control refused");
-                None
+                Vec::new()
             }
             Ok(next) => {
                 if run.status != from {
                     info!(run_id = %run.id, from = %from, to = %run.status, reason = %run.reason, "run transition");
                 }
-                match next {
-                    Next::Nothing => None,
-                    Next::WakeAt { at, .. } => {
-                        commit.outbox.push(wake_message(run, Some(at)));
-                        None
+                let mut steps = Vec::new();
+                for next in next.into_each() {
+                    match next {
+                        Next::WakeAt { at, epoch } => {
+                            commit.outbox.push(wake_message(run, epoch, Some(at)));
+                        }
+                        Next::RunStep { index, epoch } => steps.push((index, epoch)),
+                        Next::Nothing | Next::All(_) => {}
                     }
-                    Next::RunStep { index, epoch } => Some((index, epoch)),
                 }
+                steps
             }
         }
     }
 
-    /// Executes steps while the engine asks for them, persisting each outcome.
-    async fn drive(&self, mut run: Run, mut index: usize, mut epoch: u64) {
-        loop {
-            let Some(executor) = self.executors.get(&run.steps[index]) else {
+    /// Executes steps while the engine asks for them, several at once when it hands out a
+    /// batch's workers, persisting each outcome as it comes. While steps of the run are in
+    /// hand, the run's other steps that wait (a worker's retry, a drain held by a budget)
+    /// are woken here at their time, so that one worker's wait does not sit in the queue
+    /// behind another's cycle; their queued wakes are then stale and ignored.
+    async fn drive(&self, mut run: Run, steps: Vec<(usize, u64)>) {
+        let mut work: FuturesUnordered<Pin<Box<dyn Future<Output = Driven> + Send + '_>>> =
+            FuturesUnordered::new();
+        let mut running = 0usize;
+        let mut timed = std::collections::HashSet::new();
+        for (index, epoch) in steps {
+            running += 1;
+            work.push(Box::pin(self.execute(run.clone(), index, epoch)));
+        }
+        self.time_wakes(&run, &mut timed, &mut work);
+        while running > 0 {
+            let Some(driven) = work.next().await else {
                 return;
             };
-            let label = run.steps[index].label();
-            let span = info_span!("step", run_id = %run.id, step = %label);
-            let started = Instant::now();
-            let outcome = match self.window_wait(&run, index) {
-                Some(wait) => wait,
-                None => tokio::select! {
-                    outcome = executor.execute(&run, index).instrument(span) => outcome,
-                    () = self.deposed() => {
-                        warn!(run_id = %run.id, step = %label, "no longer the active worker: the step is left to the replica that is");
-                        return;
-                    }
-                },
+            let input = match driven {
+                Driven::Deposed => return,
+                Driven::Finished {
+                    index,
+                    epoch,
+                    outcome,
+                    took,
+                } => {
+                    running -= 1;
+                    self.metrics
+                        .step_duration
+                        .with_label_values(&[run.kind.name(), run.steps[index].kind.name()])
+                        .observe(took.as_secs_f64());
+                    Input::StepFinished { epoch, outcome }
+                }
+                Driven::Woken { epoch } => Input::Wake { epoch },
             };
-            self.metrics
-                .step_duration
-                .with_label_values(&[run.kind.name(), run.steps[index].kind.name()])
-                .observe(started.elapsed().as_secs_f64());
             // Re-read: a control may have been applied while the step ran.
             if let Ok(Some(latest)) = self.store.get_run(&run.id).await {
                 run = latest;
             }
             let mut commit = Commit::default();
             let mut notices = Vec::new();
-            let next = self.apply(
-                &mut run,
-                Input::StepFinished { epoch, outcome },
-                &mut commit,
-                &mut notices,
-            );
+            let next = self.apply(&mut run, input, &mut commit, &mut notices);
             commit.runs.push(run.clone());
             if let Err(e) = self.commit(commit).await {
-                warn!(run_id = %run.id, error = %crate::error_chain(&e), "cannot persist a step outcome; the step runs again after recovery");
+                warn!(run_id = %run.id, error = %crate::error_chain(&e), "cannot persist a step outcome; the steps in hand run again after recovery");
                 return;
             }
             self.tell(notices);
             self.flush_or_keep().await;
-            match next {
-                Some((i, e)) => (index, epoch) = (i, e),
-                None => return,
+            for (index, epoch) in next {
+                running += 1;
+                work.push(Box::pin(self.execute(run.clone(), index, epoch)));
+            }
+            self.time_wakes(&run, &mut timed, &mut work);
+        }
+    }
+
+    /// Adds a timer for each step of `run` waiting on a wake that has none yet.
+    fn time_wakes<'a>(
+        &'a self,
+        run: &Run,
+        timed: &mut std::collections::HashSet<u64>,
+        work: &mut FuturesUnordered<Pin<Box<dyn Future<Output = Driven> + Send + 'a>>>,
+    ) {
+        for (epoch, at) in run.waiting_in_hand() {
+            if timed.insert(epoch) {
+                let pause = (at - Utc::now()).to_std().unwrap_or_default();
+                work.push(Box::pin(async move {
+                    tokio::time::sleep(pause).await;
+                    Driven::Woken { epoch }
+                }));
             }
         }
     }
+
+    /// Executes step `index` of `run` (or the wait a maintenance window owes).
+    async fn execute(&self, run: Run, index: usize, epoch: u64) -> Driven {
+        let Some(executor) = self.executors.get(&run.steps[index]) else {
+            return Driven::Deposed;
+        };
+        let label = run.steps[index].label();
+        let node = run.steps[index].kind.node().unwrap_or_default().to_owned();
+        let span = info_span!("step", run_id = %run.id, step = %label, %node);
+        let started = Instant::now();
+        let outcome = match self.window_wait(&run, index) {
+            Some(wait) => wait,
+            None => tokio::select! {
+                outcome = executor.execute(&run, index).instrument(span) => outcome,
+                () = self.deposed() => {
+                    warn!(run_id = %run.id, step = %label, "no longer the active worker: the step is left to the replica that is");
+                    return Driven::Deposed;
+                }
+            },
+        };
+        Driven::Finished {
+            index,
+            epoch,
+            outcome,
+            took: started.elapsed(),
+        }
+    }
+}
+
+/// What happened to something [`Worker::drive`] has in hand.
+enum Driven {
+    /// A step ended.
+    Finished {
+        index: usize,
+        epoch: u64,
+        outcome: StepOutcome,
+        took: Duration,
+    },
+    /// A waiting step's time came.
+    Woken { epoch: u64 },
+    /// This worker is no longer the active one (or nothing executes the step): the run is
+    /// left as stored.
+    Deposed,
 }
 
 impl Worker {
@@ -816,10 +919,11 @@ fn notices_since(run: &Run, from: usize) -> Vec<Notice> {
         .collect()
 }
 
-fn wake_message(run: &Run, at: Option<chrono::DateTime<Utc>>) -> Outgoing {
+/// A wake for the step of `run` in hand under `epoch`.
+fn wake_message(run: &Run, epoch: u64, at: Option<chrono::DateTime<Utc>>) -> Outgoing {
     let data = EventData::Wake(WakeRequest {
         run_id: run.id.clone(),
-        epoch: run.epoch,
+        epoch,
     });
     let event = CloudEvent::new(&data, ROLLGATE_SOURCE, Utc::now());
     Outgoing {

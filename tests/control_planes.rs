@@ -206,13 +206,7 @@ async fn kill_9_at_random_moments_keeps_one_leadership_change_and_drains_nothing
         .rollgate(&[("ROLLGATE__CLUSTER__SOAK", "2s".into())])
         .await;
     let id = detect(&rg).await;
-    let mut seed = std::process::id() as u64 | 1;
-    let mut next = || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut next = support::xorshift();
     let mut kills = 0;
     let mut last_done = 0;
     while kills < 12 {

@@ -32,6 +32,7 @@ fn spawn_worker(
         on_failure: rollgate::domain::run::FailurePolicy::Halt,
         max_attempts: 3,
         halt_after: Duration::from_secs(60),
+        failure_budget: Default::default(),
     };
     let worker = Worker::new(
         queue,
@@ -235,6 +236,7 @@ async fn a_step_in_hand_at_a_crash_is_run_again_at_start() {
         halt_after: chrono::Duration::minutes(30),
         retry: WorkerPolicy::STEP_RETRY,
         jitter: 0.5,
+        failure_budget: Default::default(),
     };
     advance(&mut run, Input::Start, &ctx).unwrap();
     assert_eq!(run.status, RunStatus::Running);

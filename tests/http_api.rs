@@ -592,6 +592,8 @@ async fn check_config_reports_every_bad_value_at_once() {
         "[[schedule.windows]]\ndays = [\"sat\", \"sun\"]\nstart = \"22:00\"\nend = \"06:00\"\n\n[[schedule.windows]]\ndays = \"mon-fri\"\nstart = \"02:00\"\nend = \"04:00\"\ntime_zone = \"Europe/Atlantis\"\n",
     )
     .unwrap();
+    let budget_file = dir.path().join("budget.toml");
+    std::fs::write(&budget_file, "[cluster]\nfailure_budget = 1.5\n").unwrap();
     let cases = [
         (
             vec![(
@@ -605,6 +607,26 @@ async fn check_config_reports_every_bad_value_at_once() {
             vec![("ROLLGATE__CLUSTER__MAX_UNAVAILABLE", "0")],
             None,
             "cluster.max_unavailable: \"0\" is not a count of workers",
+        ),
+        (
+            vec![("ROLLGATE__CLUSTER__FAILURE_BUDGET", "-1")],
+            None,
+            "cluster.failure_budget: \"-1\" is not a count of workers (0, 1, 2, …) or a percentage of them (0% to 100%)",
+        ),
+        (
+            vec![("ROLLGATE__CLUSTER__FAILURE_BUDGET", "one")],
+            None,
+            "cluster.failure_budget: \"one\" is not a count of workers",
+        ),
+        (
+            vec![("ROLLGATE__CLUSTER__FAILURE_BUDGET", "150%")],
+            None,
+            "cluster.failure_budget: \"150%\" is not a count of workers",
+        ),
+        (
+            vec![],
+            Some(&budget_file),
+            "cluster.failure_budget: \"1.5\" is not a count of workers",
         ),
         (
             vec![],
@@ -630,6 +652,7 @@ async fn check_config_reports_every_bad_value_at_once() {
             "sat,sun 22:00-06:00 Europe/Berlin",
         )
         .env("ROLLGATE__CLUSTER__MAX_UNAVAILABLE", "25%")
+        .env("ROLLGATE__CLUSTER__FAILURE_BUDGET", "10%")
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&good.stdout);

@@ -502,14 +502,7 @@ async fn kill_9_at_random_moments_of_a_run_loses_nothing_and_drains_nothing_twic
     // Twelve moments, each "after step k is done, plus a random pause into the next
     // steps", k drawn at random without repeats from the whole plan.
     let steps = run["steps"].as_array().unwrap().len();
-    let mut seed = std::process::id() as u64 | 1;
-    let mut next = || {
-        // A cheap xorshift: different moments each run.
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut next = support::xorshift();
     let mut moments = std::collections::BTreeSet::new();
     // Up to the last worker's soak: every moment comes before the run can finish.
     while moments.len() < 12 {
@@ -533,17 +526,7 @@ async fn kill_9_at_random_moments_of_a_run_loses_nothing_and_drains_nothing_twic
     assert!(kills >= 10, "only {kills} kills before the run finished");
     let run = rg.run(&id).await;
     assert_upgraded(&ground, &rg, &run, "1.34.5", Told::TheEnd).await;
-    let restarts = run["history"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|h| {
-            h["reason"]
-                .as_str()
-                .unwrap()
-                .starts_with("rollgate restarted")
-        })
-        .count();
+    let restarts = support::restarts_recorded(&run);
     assert!(
         restarts >= kills * 8 / 10,
         "{restarts} restarts recorded for {kills} kills: {run}"
@@ -1055,13 +1038,7 @@ async fn max_unavailable_2_takes_six_workers_in_three_gated_batches_never_three_
         "each batch out together"
     );
     // One gate per batch, in front of it, done before its first drain started.
-    let labels: Vec<String> = run["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(support::step_label)
-        .filter(|l| l.starts_with("workers/gate") || l.starts_with("workers/soak"))
-        .collect();
+    let labels = support::workers_gates_and_soaks(&run);
     assert_eq!(
         labels,
         [

@@ -618,6 +618,14 @@ pub struct ClusterSettings {
     /// Control planes always go one at a time.
     #[serde(deserialize_with = "values::max_unavailable")]
     pub max_unavailable: crate::domain::k8s_upgrade::MaxUnavailable,
+    /// How many workers may fail their cycle (drain, node script or verify, after their
+    /// attempts) and be left behind, cordoned and named, while the run goes on with the
+    /// others: a count (`1`) or a percentage of the workers (`"10%"`, rounded down);
+    /// default 0, the first failure halts. One failure more halts the run; a run with
+    /// workers left behind holds at its end until they are fixed (resume retries exactly
+    /// them) or it is aborted. Control planes have no budget.
+    #[serde(deserialize_with = "values::failure_budget")]
+    pub failure_budget: crate::domain::k8s_upgrade::FailureBudget,
     /// Pods that hold a node's drain while one runs on it (kured's blocking pods):
     /// `key=value`, `key!=value`, `key` or `!key`, any of which holds (default: none).
     #[serde(deserialize_with = "string_list")]
@@ -658,6 +666,7 @@ impl Default for ClusterSettings {
             annotation_prefix: "rollgate.io".into(),
             worker_order: Vec::new(),
             max_unavailable: Default::default(),
+            failure_budget: Default::default(),
             blocking_pod_selectors: Vec::new(),
             drain_timeout: Duration::from_secs(600),
             eviction_retry: Duration::from_secs(5),

@@ -11,7 +11,7 @@ use std::time::Duration;
 use super::Problem;
 use super::sections::SshHost;
 use crate::domain::gate::Matcher;
-use crate::domain::k8s_upgrade::MaxUnavailable;
+use crate::domain::k8s_upgrade::{FailureBudget, MaxUnavailable};
 use crate::domain::schedule::{Window, WindowError, Windows};
 use crate::domain::scope::Scope;
 
@@ -163,14 +163,27 @@ impl<'de> de::DeserializeSeed<'de> for DaysSeed {
 
 /// A count (`2`) or a percentage (`"25%"`) of workers.
 pub fn max_unavailable<'de, D: Deserializer<'de>>(d: D) -> Result<MaxUnavailable, D::Error> {
-    struct CountOrPercent;
-    impl<'de> Visitor<'de> for CountOrPercent {
-        type Value = MaxUnavailable;
+    count_or_percent(d, MaxUnavailable::parse)
+}
+
+/// A count (`1`) or a percentage (`"10%"`) of workers; `0` for none.
+pub fn failure_budget<'de, D: Deserializer<'de>>(d: D) -> Result<FailureBudget, D::Error> {
+    count_or_percent(d, FailureBudget::parse)
+}
+
+/// A count or a percentage of workers, as a number or a string, read by `parse`.
+fn count_or_percent<'de, D: Deserializer<'de>, T>(
+    d: D,
+    parse: fn(&str) -> Result<T, String>,
+) -> Result<T, D::Error> {
+    struct CountOrPercent<T>(fn(&str) -> Result<T, String>);
+    impl<'de, T> Visitor<'de> for CountOrPercent<T> {
+        type Value = T;
         fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             f.write_str("a count of workers (2) or a percentage (\"25%\")")
         }
         fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
-            MaxUnavailable::parse(s).map_err(E::custom)
+            (self.0)(s).map_err(E::custom)
         }
         fn visit_i64<E: de::Error>(self, n: i64) -> Result<Self::Value, E> {
             self.visit_str(&n.to_string())
@@ -178,8 +191,11 @@ pub fn max_unavailable<'de, D: Deserializer<'de>>(d: D) -> Result<MaxUnavailable
         fn visit_u64<E: de::Error>(self, n: u64) -> Result<Self::Value, E> {
             self.visit_str(&n.to_string())
         }
+        fn visit_f64<E: de::Error>(self, n: f64) -> Result<Self::Value, E> {
+            self.visit_str(&n.to_string())
+        }
     }
-    d.deserialize_any(CountOrPercent)
+    d.deserialize_any(CountOrPercent(parse))
 }
 
 /// A list of `node=[user@]host[:port]` entries, by node.

@@ -7,6 +7,7 @@ use chrono::{DateTime, Utc};
 
 use super::backoff::Backoff;
 use super::event::ControlAction;
+use super::k8s_upgrade::FailureBudget;
 use super::run::{Learned, Run, RunStatus, Step, StepStatus};
 
 /// What the engine needs to know about the world besides the run.
@@ -22,6 +23,8 @@ pub struct Context<'a> {
     pub halt_after: chrono::Duration,
     /// The pause before a failed step is tried again.
     pub retry: Backoff,
+    /// How many workers may be left behind while the run goes on.
+    pub failure_budget: FailureBudget,
     /// A uniform sample from `[0, 1)` that jitters this input's retry pause.
     pub jitter: f64,
 }
@@ -158,6 +161,29 @@ pub enum Next {
         /// The epoch to report with.
         epoch: u64,
     },
+    /// Several of the above, each on its own: the steps of a batch's workers.
+    All(Vec<Next>),
+}
+
+impl Next {
+    /// `nexts` as one: nothing, the one, or all of them.
+    pub fn all(nexts: impl IntoIterator<Item = Next>) -> Self {
+        let mut nexts: Vec<Next> = nexts.into_iter().flat_map(Next::into_each).collect();
+        match nexts.len() {
+            0 => Self::Nothing,
+            1 => nexts.remove(0),
+            _ => Self::All(nexts),
+        }
+    }
+
+    /// Each step to run and each wake, one by one.
+    pub fn into_each(self) -> Vec<Next> {
+        match self {
+            Self::Nothing => Vec::new(),
+            Self::All(nexts) => nexts.into_iter().flat_map(Next::into_each).collect(),
+            one => vec![one],
+        }
+    }
 }
 
 /// A control that the run's status does not allow.
@@ -196,6 +222,7 @@ pub fn check_control(run: &Run, action: ControlAction) -> Result<(), NotAllowed>
 
 /// Applies `input` to `run` and says what to do next.
 pub fn advance(run: &mut Run, input: Input, ctx: &Context) -> Result<Next, NotAllowed> {
+    run.adopt_single_step_in_hand();
     match input {
         Input::Start => Ok(match run.status {
             RunStatus::Queued => start(run, ctx),
@@ -215,36 +242,163 @@ pub fn advance(run: &mut Run, input: Input, ctx: &Context) -> Result<Next, NotAl
     }
 }
 
+/// The gate's blockers as a held step's outcome starts them: how the worker finds the
+/// steps a board change may release.
+pub const GATE_CLOSED: &str = "gate closed: ";
+
 fn start(run: &mut Run, ctx: &Context) -> Next {
-    let next = run
-        .current_step
-        .filter(|&i| {
-            run.steps
-                .get(i)
-                .is_some_and(|s| s.status != StepStatus::Done)
-        })
-        .or_else(|| run.steps.iter().position(|s| s.status != StepStatus::Done));
-    match next {
-        Some(index) if !(ctx.can_execute)(&run.steps[index]) => {
-            run.current_step = Some(index);
-            let reason = format!("{NO_EXECUTOR} (next step: {})", run.steps[index].label());
-            run.transition(RunStatus::Queued, reason, ctx.now);
-            Next::Nothing
+    proceed(run, ctx, false)
+}
+
+/// Whether step `index` needs nothing more: done, or in the cycle of a worker left behind.
+fn settled(run: &Run, index: usize) -> bool {
+    let step = &run.steps[index];
+    step.status == StepStatus::Done
+        || step
+            .kind
+            .lane()
+            .is_some_and(|lane| lane_left_behind(run, lane))
+}
+
+fn lane_left_behind(run: &Run, lane: &str) -> bool {
+    run.left_behind
+        .iter()
+        .any(|&i| run.steps.get(i).and_then(|s| s.kind.lane()) == Some(lane))
+}
+
+/// Moves the cursor past the settled steps; it never moves back except on a resume.
+fn advance_cursor(run: &mut Run) {
+    while run.cursor < run.steps.len()
+        && !run.in_hand.contains(&run.cursor)
+        && settled(run, run.cursor)
+    {
+        run.cursor += 1;
+    }
+}
+
+/// The steps that may start now and are not in hand: the step at the cursor when it runs
+/// alone; in a batch of workers, the next step of each worker's cycle. Only the batch is
+/// looked at, never the whole plan.
+fn ready_steps(run: &Run) -> Vec<usize> {
+    let cursor = run.cursor;
+    let Some(step) = run.steps.get(cursor) else {
+        return Vec::new();
+    };
+    if step.kind.lane().is_none() {
+        return if run.in_hand.contains(&cursor) {
+            Vec::new()
+        } else {
+            vec![cursor]
+        };
+    }
+    let mut met = std::collections::HashSet::new();
+    let mut ready = Vec::new();
+    for (index, step) in run.steps.iter().enumerate().skip(cursor) {
+        let Some(lane) = step.kind.lane() else { break };
+        if met.contains(lane) || step.status == StepStatus::Done {
+            continue;
         }
-        Some(index) => run_step(run, index, ctx),
-        None => {
-            run.current_step = None;
-            run.transition(RunStatus::Succeeded, "every step done", ctx.now);
-            Next::Nothing
+        met.insert(lane);
+        if !lane_left_behind(run, lane) && !run.in_hand.contains(&index) {
+            ready.push(index);
         }
     }
+    ready
+}
+
+/// Starts what may start now; ends the run when nothing is left. `via_queue`: a gate is
+/// started through the queue (see `step_done`).
+fn proceed(run: &mut Run, ctx: &Context, via_queue: bool) -> Next {
+    advance_cursor(run);
+    let ready = ready_steps(run);
+    let Some(&first) = ready.first() else {
+        if run.in_hand.is_empty() && run.cursor >= run.steps.len() {
+            return finish(run, ctx);
+        }
+        // The rest of the batch is in hand; when none of it runs, the run waits on it.
+        if !run.steps_in_hand().any(|s| s.status == StepStatus::Running) {
+            let waiting: Vec<String> = run.steps_in_hand().map(Step::label).collect();
+            run.transition(
+                RunStatus::Waiting,
+                format!("waiting on {}", waiting.join(", ")),
+                ctx.now,
+            );
+        }
+        return Next::Nothing;
+    };
+    if run.steps[first].kind.lane().is_none() {
+        if !run.left_behind.is_empty() && run.steps[first].kind.stage_name() != "workers" {
+            run.current_step = Some(first);
+            hold(run, left_behind_reason(run), ctx);
+            return Next::Nothing;
+        }
+        if !(ctx.can_execute)(&run.steps[first]) {
+            run.current_step = Some(first);
+            let reason = format!("{NO_EXECUTOR} (next step: {})", run.steps[first].label());
+            run.transition(RunStatus::Queued, reason, ctx.now);
+            return Next::Nothing;
+        }
+        if via_queue && run.steps[first].kind.is_gate() {
+            // A gate is asked only from the queue: alerts that arrived while earlier steps
+            // ran are on the board by then, so a gate never reads a board that is behind.
+            run.current_step = Some(first);
+            run.epoch += 1;
+            run.steps[first].epoch = run.epoch;
+            run.in_hand.push(first);
+            run.wake_at = Some(ctx.now);
+            return Next::WakeAt {
+                at: ctx.now,
+                epoch: run.epoch,
+            };
+        }
+        return run_step(run, first, ctx);
+    }
+    Next::all(ready.into_iter().map(|index| run_step(run, index, ctx)))
+}
+
+/// Every step is done or left behind: the run succeeds, or holds naming who is behind.
+fn finish(run: &mut Run, ctx: &Context) -> Next {
+    if run.left_behind.is_empty() {
+        run.current_step = None;
+        run.transition(RunStatus::Succeeded, "every step done", ctx.now);
+    } else {
+        hold(run, left_behind_reason(run), ctx);
+    }
+    Next::Nothing
+}
+
+/// The last step of a run with workers left behind: each named with what it needs.
+fn left_behind_reason(run: &Run) -> String {
+    let each: Vec<String> = run
+        .left_behind
+        .iter()
+        .map(|&i| {
+            let step = &run.steps[i];
+            format!(
+                "{} ({} gave up: {})",
+                step.kind.lane().unwrap_or("?"),
+                step.label(),
+                step.outcome.as_deref().unwrap_or("no outcome")
+            )
+        })
+        .collect();
+    format!(
+        "{} worker(s) left behind, each cordoned: {}; fix them and resume to retry exactly these, or abort to leave them cordoned",
+        each.len(),
+        each.join("; ")
+    )
 }
 
 fn run_step(run: &mut Run, index: usize, ctx: &Context) -> Next {
     run.current_step = Some(index);
     run.wake_at = None;
     run.epoch += 1;
+    if !run.in_hand.contains(&index) {
+        run.in_hand.push(index);
+    }
     let step = &mut run.steps[index];
+    step.epoch = run.epoch;
+    step.wake_at = None;
     step.status = StepStatus::Running;
     step.attempts += 1;
     step.started_at.get_or_insert(ctx.now);
@@ -256,10 +410,30 @@ fn run_step(run: &mut Run, index: usize, ctx: &Context) -> Next {
     }
 }
 
-fn schedule_wake(run: &mut Run, at: DateTime<Utc>, reason: String, ctx: &Context) -> Next {
+/// Whether a step in hand other than `index` is running.
+fn others_running(run: &Run, index: usize) -> bool {
+    run.in_hand
+        .iter()
+        .any(|&i| i != index && run.steps[i].status == StepStatus::Running)
+}
+
+/// Step `index` comes back at `at`; the run waits when nothing else is running.
+fn schedule_wake(
+    run: &mut Run,
+    index: usize,
+    at: DateTime<Utc>,
+    reason: String,
+    ctx: &Context,
+) -> Next {
     run.epoch += 1;
-    run.wake_at = Some(at);
-    run.transition(RunStatus::Waiting, reason, ctx.now);
+    run.steps[index].epoch = run.epoch;
+    run.steps[index].wake_at = Some(at);
+    if others_running(run, index) {
+        run.note(reason, ctx.now);
+    } else {
+        run.wake_at = Some(at);
+        run.transition(RunStatus::Waiting, reason, ctx.now);
+    }
     Next::WakeAt {
         at,
         epoch: run.epoch,
@@ -269,14 +443,39 @@ fn schedule_wake(run: &mut Run, at: DateTime<Utc>, reason: String, ctx: &Context
 fn hold(run: &mut Run, reason: String, ctx: &Context) {
     run.epoch += 1;
     run.wake_at = None;
+    run.in_hand.clear();
     run.halt_requested = false;
     run.halt_requested_by = None;
+    run.halt_pending = None;
     run.transition(RunStatus::Halted, reason, ctx.now);
 }
 
-/// Applies a halt asked for while a step ran (`halted by <who> <detail>`), crediting
-/// whoever asked.
-fn hold_as_requested(run: &mut Run, detail: String, ctx: &Context) {
+/// Holds for `reason` once no other step in hand is running; until then the steps in hand
+/// finish and no new one starts.
+fn hold_when_idle(run: &mut Run, index: usize, reason: String, ctx: &Context) -> Next {
+    if others_running(run, index) {
+        run.halt_requested = true;
+        run.note(
+            format!("{reason} (halting once the steps in hand have finished)"),
+            ctx.now,
+        );
+        run.halt_pending = Some(reason);
+        return Next::Nothing;
+    }
+    hold(run, reason, ctx);
+    Next::Nothing
+}
+
+/// A halt is pending and step `index` has finished: holds once nothing else runs.
+fn halt_after_step(run: &mut Run, index: usize, detail: String, ctx: &Context) -> Next {
+    run.in_hand.retain(|&i| i != index);
+    if others_running(run, index) {
+        return Next::Nothing;
+    }
+    if let Some(reason) = run.halt_pending.take() {
+        hold(run, reason, ctx);
+        return Next::Nothing;
+    }
     let by = run.halt_requested_by.take();
     let since = run.history.len();
     let who = by.as_deref().unwrap_or("operator");
@@ -284,6 +483,81 @@ fn hold_as_requested(run: &mut Run, detail: String, ctx: &Context) {
     if let Some(by) = &by {
         run.credit(since, by);
     }
+    Next::Nothing
+}
+
+/// The nodes a run leaves cordoned when it stops now: those whose cycle has begun and not
+/// ended, and those left behind.
+fn nodes_in_hand(run: &Run) -> Vec<String> {
+    let mut nodes: Vec<String> = run
+        .steps_in_hand()
+        .filter_map(|s| s.kind.lane().map(str::to_owned))
+        .collect();
+    nodes.extend(run.workers_left_behind().map(str::to_owned));
+    nodes.sort();
+    nodes.dedup();
+    nodes
+}
+
+/// Makes the steps a halted run held (in hand, given up, or left behind) pending again,
+/// with fresh attempts and a fresh clock, and the gate and soak of each batch a worker
+/// left behind is retried in; the cursor goes back to the first of them.
+fn reset_for_resume(run: &mut Run) {
+    let mut again: Vec<usize> = Vec::new();
+    let end = segment_end(run, run.cursor);
+    again.extend((run.cursor..end).filter(|&i| {
+        matches!(
+            run.steps[i].status,
+            StepStatus::Running | StepStatus::Waiting | StepStatus::Failed
+        )
+    }));
+    for &failed in &run.left_behind {
+        again.push(failed);
+        let start = segment_start(run, failed);
+        if start > 0 && run.steps[start - 1].kind.is_gate() {
+            again.push(start - 1);
+        }
+        let end = segment_end(run, failed);
+        if end < run.steps.len() && run.steps[end].kind.name() == "soak" {
+            again.push(end);
+        }
+    }
+    for &i in &again {
+        let step = &mut run.steps[i];
+        step.attempts = 0;
+        step.status = StepStatus::Pending;
+        step.started_at = None;
+        step.ended_at = None;
+    }
+    if let Some(&first) = again.iter().min() {
+        run.cursor = run.cursor.min(first);
+    }
+    run.left_behind.clear();
+    run.in_hand.clear();
+}
+
+/// The first index of the batch step `index` is in (itself when it runs alone).
+fn segment_start(run: &Run, index: usize) -> usize {
+    let mut start = index;
+    while start > 0
+        && run.steps[index].kind.lane().is_some()
+        && run.steps[start - 1].kind.lane().is_some()
+    {
+        start -= 1;
+    }
+    start
+}
+
+/// One past the last index of the batch step `index` is in.
+fn segment_end(run: &Run, index: usize) -> usize {
+    if run.steps.get(index).is_none_or(|s| s.kind.lane().is_none()) {
+        return (index + 1).min(run.steps.len());
+    }
+    let mut end = index;
+    while end < run.steps.len() && run.steps[end].kind.lane().is_some() {
+        end += 1;
+    }
+    end
 }
 
 fn control(
@@ -301,10 +575,19 @@ fn control(
     };
     match action {
         ControlAction::Halt if run.status == RunStatus::Running => {
-            // The step in hand finishes first; its outcome applies the halt.
+            // The steps in hand finish first; the last outcome applies the halt.
             run.halt_requested = true;
             run.halt_requested_by = by.map(str::to_owned);
-            run.note(format!("{reason} (after the step in hand)"), ctx.now);
+            let running = run
+                .steps_in_hand()
+                .filter(|s| s.status == StepStatus::Running)
+                .count();
+            let after = if running > 1 {
+                format!("after the {running} steps in hand")
+            } else {
+                "after the step in hand".to_owned()
+            };
+            run.note(format!("{reason} ({after})"), ctx.now);
             Next::Nothing
         }
         ControlAction::Halt => {
@@ -314,52 +597,63 @@ fn control(
         ControlAction::Resume => {
             // A fresh halt_after window: the operator has looked at the blockers.
             run.blocked_since = None;
-            if let Some(step) = run.current_step.and_then(|i| run.steps.get_mut(i))
-                && step.status != StepStatus::Done
-            {
-                // A fresh set of attempts: the operator fixed what made it give up.
-                step.attempts = 0;
-                step.status = StepStatus::Pending;
-                // And a fresh clock for the steps that wait with a bound (verify, health).
-                step.started_at = None;
-            }
+            reset_for_resume(run);
             run.transition(RunStatus::Queued, reason, ctx.now);
             start(run, ctx)
         }
         ControlAction::Abort => {
+            let cordoned = nodes_in_hand(run);
             run.epoch += 1;
             run.wake_at = None;
+            run.in_hand.clear();
             run.halt_requested = false;
             run.halt_requested_by = None;
+            run.halt_pending = None;
+            let reason = if cordoned.is_empty() {
+                reason
+            } else {
+                format!(
+                    "{reason}; left as they are, possibly cordoned: {}",
+                    cordoned.join(", ")
+                )
+            };
             run.transition(RunStatus::Aborted, reason, ctx.now);
             Next::Nothing
         }
     }
 }
 
+/// The step in hand that `epoch` was issued to, if it still is.
+fn in_hand_with(run: &Run, epoch: u64) -> Option<usize> {
+    run.in_hand
+        .iter()
+        .copied()
+        .find(|&i| run.steps.get(i).is_some_and(|s| s.epoch == epoch))
+}
+
 fn wake(run: &mut Run, epoch: u64, ctx: &Context) -> Next {
-    if epoch != run.epoch {
+    if !matches!(run.status, RunStatus::Waiting | RunStatus::Running) {
         return Next::Nothing;
     }
-    match (run.status, run.current_step) {
-        (RunStatus::Waiting | RunStatus::Running, Some(index)) => {
-            if run.halt_requested {
-                hold_as_requested(run, "after the step in hand".into(), ctx);
-                return Next::Nothing;
-            }
-            if !(ctx.can_execute)(&run.steps[index]) {
-                // E.g. restarted with a configuration that no longer executes this step.
-                run.epoch += 1;
-                run.wake_at = None;
-                run.steps[index].status = StepStatus::Pending;
-                let reason = format!("{NO_EXECUTOR} (next step: {})", run.steps[index].label());
-                run.transition(RunStatus::Queued, reason, ctx.now);
-                return Next::Nothing;
-            }
-            run_step(run, index, ctx)
-        }
-        _ => Next::Nothing,
+    let Some(index) = in_hand_with(run, epoch) else {
+        return Next::Nothing;
+    };
+    run.current_step = Some(index);
+    if run.halt_requested {
+        let label = run.steps[index].label();
+        return halt_after_step(run, index, format!("at step {label}"), ctx);
     }
+    if !(ctx.can_execute)(&run.steps[index]) {
+        // E.g. restarted with a configuration that no longer executes this step.
+        run.epoch += 1;
+        run.wake_at = None;
+        run.in_hand.clear();
+        run.steps[index].status = StepStatus::Pending;
+        let reason = format!("{NO_EXECUTOR} (next step: {})", run.steps[index].label());
+        run.transition(RunStatus::Queued, reason, ctx.now);
+        return Next::Nothing;
+    }
+    run_step(run, index, ctx)
 }
 
 fn step_done(run: &mut Run, index: usize, note: String, ctx: &Context) -> Next {
@@ -368,43 +662,39 @@ fn step_done(run: &mut Run, index: usize, note: String, ctx: &Context) -> Next {
     step.status = StepStatus::Done;
     step.ended_at = Some(ctx.now);
     step.outcome = Some(note);
-    run.blockers.clear();
-    if let Some(since) = run.blocked_since.take() {
-        let held = (ctx.now - since).num_seconds();
-        run.note(
-            format!("gate open again after {held}s: step {label} done"),
-            ctx.now,
-        );
+    let still_held = run.steps_in_hand().any(|s| {
+        s.status == StepStatus::Waiting
+            && s.outcome
+                .as_deref()
+                .is_some_and(|o| o.starts_with(GATE_CLOSED))
+    });
+    if !still_held {
+        run.blockers.clear();
+        if let Some(since) = run.blocked_since.take() {
+            let held = (ctx.now - since).num_seconds();
+            run.note(
+                format!("gate open again after {held}s: step {label} done"),
+                ctx.now,
+            );
+        }
     }
     if run.halt_requested {
-        hold_as_requested(run, format!("after step {label}"), ctx);
-        return Next::Nothing;
+        return halt_after_step(run, index, format!("after step {label}"), ctx);
     }
-    let next = run.steps.iter().position(|s| s.status != StepStatus::Done);
-    if let Some(next) = next
-        && run.steps[next].kind.is_gate()
-        && (ctx.can_execute)(&run.steps[next])
-    {
-        // A gate is asked only from the queue: alerts that arrived while earlier steps
-        // ran are on the board by then, so a gate never reads a board that is behind.
-        run.current_step = Some(next);
-        run.epoch += 1;
-        run.wake_at = Some(ctx.now);
-        return Next::WakeAt {
-            at: ctx.now,
-            epoch: run.epoch,
-        };
-    }
-    start(run, ctx)
+    run.in_hand.retain(|&i| i != index);
+    proceed(run, ctx, true)
 }
 
 fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context) -> Next {
-    if epoch != run.epoch || run.status != RunStatus::Running {
+    if run.status != RunStatus::Running {
         return Next::Nothing;
     }
-    let Some(index) = run.current_step else {
+    let Some(index) =
+        in_hand_with(run, epoch).filter(|&i| run.steps[i].status == StepStatus::Running)
+    else {
         return Next::Nothing;
     };
+    run.current_step = Some(index);
     let max_attempts = ctx.max_attempts.max(1);
     let step = &mut run.steps[index];
     let label = step.label();
@@ -437,30 +727,28 @@ fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context)
             run.blockers.clear();
             run.blocked_since = None;
             if run.halt_requested {
-                hold_as_requested(run, format!("at step {label}: {reason}"), ctx);
-                return Next::Nothing;
+                return halt_after_step(run, index, format!("at step {label}: {reason}"), ctx);
             }
-            schedule_wake(run, until, format!("step {label}: {reason}"), ctx)
+            schedule_wake(run, index, until, format!("step {label}: {reason}"), ctx)
         }
         StepOutcome::Retry { error } if step.attempts < max_attempts => {
             step.status = StepStatus::Waiting;
             step.outcome = Some(error.clone());
             let attempts = step.attempts;
             if run.halt_requested {
-                hold_as_requested(run, format!("at step {label}: {error}"), ctx);
-                return Next::Nothing;
+                return halt_after_step(run, index, format!("at step {label}: {error}"), ctx);
             }
             let reason = format!(
                 "step {label} failed (attempt {attempts} of {max_attempts}), retrying: {error}"
             );
             let pause = ctx.retry.pause(attempts, ctx.jitter);
             let at = ctx.now + chrono::Duration::from_std(pause).unwrap_or(chrono::Duration::MAX);
-            schedule_wake(run, at, reason, ctx)
+            schedule_wake(run, index, at, reason, ctx)
         }
         StepOutcome::Blocked { reasons, retry_at } => {
             step.status = StepStatus::Waiting;
             let summary = reasons.join("; ");
-            step.outcome = Some(format!("gate closed: {summary}"));
+            step.outcome = Some(format!("{GATE_CLOSED}{summary}"));
             let since = *run.blocked_since.get_or_insert(ctx.now);
             run.blockers = reasons;
             let held = ctx.now - since;
@@ -470,15 +758,19 @@ fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context)
                     held.num_seconds(),
                     ctx.halt_after.num_seconds()
                 );
-                hold(run, reason, ctx);
-                return Next::Nothing;
+                return hold_when_idle(run, index, reason, ctx);
             }
             if run.halt_requested {
-                hold_as_requested(run, format!("at step {label}: gate closed: {summary}"), ctx);
-                return Next::Nothing;
+                return halt_after_step(
+                    run,
+                    index,
+                    format!("at step {label}: gate closed: {summary}"),
+                    ctx,
+                );
             }
             schedule_wake(
                 run,
+                index,
                 retry_at,
                 format!("gate closed at step {label}: {summary}"),
                 ctx,
@@ -492,13 +784,58 @@ fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context)
                 "step {label} gave up after {} attempt(s): {error}",
                 step.attempts
             );
+            run.in_hand.retain(|&i| i != index);
+            if let Some(lane) = run.steps[index].kind.lane().map(str::to_owned) {
+                return worker_failed(run, index, &lane, reason, ctx);
+            }
             match run.on_failure {
-                super::run::FailurePolicy::Halt => hold(run, reason, ctx),
+                super::run::FailurePolicy::Halt => hold_when_idle(run, index, reason, ctx),
                 super::run::FailurePolicy::Fail => {
                     run.epoch += 1;
+                    run.in_hand.clear();
                     run.transition(RunStatus::Failed, reason, ctx.now);
+                    Next::Nothing
                 }
             }
+        }
+    }
+}
+
+/// A worker's cycle gave up at step `index`: within the failure budget it is left behind,
+/// cordoned, and the others go on; past it the run halts (or fails, by its policy) once
+/// the steps in hand have finished.
+fn worker_failed(run: &mut Run, index: usize, lane: &str, reason: String, ctx: &Context) -> Next {
+    let workers: std::collections::HashSet<&str> =
+        run.steps.iter().filter_map(|s| s.kind.lane()).collect();
+    let budget = ctx.failure_budget.of(workers.len());
+    let failed = run.left_behind.len() + 1;
+    if failed <= budget {
+        run.left_behind.push(index);
+        run.note(
+            format!(
+                "{reason}; {lane} is left behind, cordoned ({failed} of the failure budget's {budget} used); the others go on"
+            ),
+            ctx.now,
+        );
+        if run.halt_requested {
+            return halt_after_step(run, index, format!("after {lane} was left behind"), ctx);
+        }
+        return proceed(run, ctx, true);
+    }
+    let reason = if budget == 0 {
+        reason
+    } else {
+        format!("{reason}; failure budget ({budget} worker(s)) used up")
+    };
+    match run.on_failure {
+        super::run::FailurePolicy::Halt => {
+            run.left_behind.push(index);
+            hold_when_idle(run, index, reason, ctx)
+        }
+        super::run::FailurePolicy::Fail => {
+            run.epoch += 1;
+            run.in_hand.clear();
+            run.transition(RunStatus::Failed, reason, ctx.now);
             Next::Nothing
         }
     }
@@ -572,6 +909,7 @@ mod tests {
                 std::time::Duration::from_secs(60),
             ),
             jitter: 1.0,
+            failure_budget: FailureBudget::None,
         }
     }
 
@@ -1273,5 +1611,422 @@ mod tests {
         assert_eq!(run.status, RunStatus::Queued);
         assert!(run.reason.starts_with(NO_EXECUTOR), "{}", run.reason);
         assert_eq!(run.steps[0].status, StepStatus::Pending);
+    }
+
+    /// Gate, then workers `names`' cycles (drain, upgrade, verify, uncordon), one soak,
+    /// then a post-flight check.
+    fn batch_run(names: &[&str]) -> Run {
+        let stage = Stage::Workers;
+        let mut steps = vec![Step::new(UpgradeStep::Gate {
+            stage,
+            node: Some(names[0].into()),
+        })];
+        for n in names {
+            let node = || n.to_string();
+            steps.push(Step::new(UpgradeStep::Drain {
+                stage,
+                node: node(),
+            }));
+            steps.push(Step::new(UpgradeStep::Upgrade {
+                stage,
+                node: node(),
+            }));
+            steps.push(Step::new(UpgradeStep::Verify {
+                stage,
+                node: node(),
+            }));
+            steps.push(Step::new(UpgradeStep::Uncordon {
+                stage,
+                node: node(),
+            }));
+        }
+        steps.push(Step::new(UpgradeStep::Soak {
+            stage,
+            node: names[names.len() - 1].into(),
+        }));
+        steps.push(Step::new(UpgradeStep::NodesAtTarget));
+        Run::new(
+            "r1".into(),
+            RunKind::K8sUpgrade,
+            serde_json::json!({}),
+            Some("1.34.5".into()),
+            steps,
+            t(0),
+            "accepted",
+        )
+    }
+
+    /// The steps to run in `next`, by label, with their epochs.
+    fn started(run: &Run, next: Next) -> Vec<(String, u64)> {
+        next.into_each()
+            .into_iter()
+            .filter_map(|n| match n {
+                Next::RunStep { index, epoch } => Some((run.steps[index].label(), epoch)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn labels_of(started: &[(String, u64)]) -> Vec<&str> {
+        started.iter().map(|(l, _)| l.as_str()).collect()
+    }
+
+    /// Finishes the step in hand labelled `label` with `outcome`.
+    fn finish(run: &mut Run, label: &str, outcome: StepOutcome, ctx: &Context) -> Next {
+        let epoch = run
+            .steps_in_hand()
+            .find(|s| s.label() == label)
+            .unwrap_or_else(|| panic!("{label} is not in hand: {:?}", run.summary().in_hand))
+            .epoch;
+        advance(run, Input::StepFinished { epoch, outcome }, ctx).unwrap()
+    }
+
+    /// Finishes, one after another, every step in hand of the lanes `lanes` until their
+    /// cycles are done.
+    fn finish_cycles(run: &mut Run, lanes: &[&str], ctx: &Context) -> Next {
+        let mut last = Next::Nothing;
+        for stepname in ["drain", "upgrade", "verify", "uncordon"] {
+            for lane in lanes {
+                last = finish(run, &format!("workers/{stepname}@{lane}"), done(), ctx);
+            }
+        }
+        last
+    }
+
+    #[test]
+    fn a_batch_works_its_workers_cycles_together_and_soaks_once_after_the_last() {
+        let mut run = batch_run(&["w1", "w2", "w3"]);
+        let c = ctx(1);
+        let gate = advance(&mut run, Input::Start, &c).unwrap();
+        assert_eq!(labels_of(&started(&run, gate)), ["workers/gate@w1"]);
+        let drains = finish(&mut run, "workers/gate@w1", done(), &c);
+        assert_eq!(
+            labels_of(&started(&run, drains)),
+            ["workers/drain@w1", "workers/drain@w2", "workers/drain@w3"],
+            "one gate for the batch, then every worker's drain at once"
+        );
+        assert_eq!(run.summary().in_hand.len(), 3);
+        // Each worker goes on on its own: w2's drain ends first, its script starts alone.
+        let next = finish(&mut run, "workers/drain@w2", done(), &c);
+        assert_eq!(labels_of(&started(&run, next)), ["workers/upgrade@w2"]);
+        assert_eq!(run.status, RunStatus::Running);
+        for step in ["upgrade@w2", "verify@w2", "uncordon@w2"] {
+            finish(&mut run, &format!("workers/{step}"), done(), &c);
+        }
+        // w2's cycle is over; the soak waits for the batch.
+        assert!(!run.summary().in_hand.iter().any(|l| l.contains("soak")));
+        let last = finish_cycles(&mut run, &["w1", "w3"], &c);
+        assert_eq!(labels_of(&started(&run, last)), ["workers/soak@w3"]);
+        let next = finish(&mut run, "workers/soak@w3", done(), &c);
+        assert_eq!(
+            labels_of(&started(&run, next)),
+            ["postflight/nodes-at-target"]
+        );
+        finish(&mut run, "postflight/nodes-at-target", done(), &c);
+        assert_eq!(run.status, RunStatus::Succeeded);
+        assert!(run.steps.iter().all(|s| s.attempts == 1), "nothing redone");
+        assert!(run.in_hand.is_empty());
+    }
+
+    #[test]
+    fn a_worker_waiting_on_its_retry_holds_neither_the_others_nor_the_run_status() {
+        let mut run = batch_run(&["w1", "w2"]);
+        let c = ctx(1);
+        advance(&mut run, Input::Start, &c).unwrap();
+        finish(&mut run, "workers/gate@w1", done(), &c);
+        let wake = finish(&mut run, "workers/drain@w1", StepOutcome::retry("429"), &c);
+        let Next::WakeAt { epoch, .. } = wake else {
+            panic!("{wake:?}")
+        };
+        assert_eq!(run.status, RunStatus::Running, "w2's drain still runs");
+        let next = finish(&mut run, "workers/drain@w2", done(), &c);
+        assert_eq!(labels_of(&started(&run, next)), ["workers/upgrade@w2"]);
+        let again = advance(&mut run, Input::Wake { epoch }, &c).unwrap();
+        assert_eq!(labels_of(&started(&run, again)), ["workers/drain@w1"]);
+        assert_eq!(run.steps[1].attempts, 2);
+        // An old wake of a step started again since is stale.
+        assert_eq!(
+            advance(&mut run, Input::Wake { epoch }, &c).unwrap(),
+            Next::Nothing
+        );
+        // With w2 done and w1 waiting on its retry, the run waits.
+        finish(&mut run, "workers/upgrade@w2", done(), &c);
+        finish(&mut run, "workers/verify@w2", done(), &c);
+        let wait = finish(&mut run, "workers/drain@w1", StepOutcome::retry("429"), &c);
+        assert!(matches!(wait, Next::WakeAt { .. }), "{wait:?}");
+        assert_eq!(run.status, RunStatus::Running, "w2's uncordon runs");
+        finish(&mut run, "workers/uncordon@w2", done(), &c);
+        assert_eq!(run.status, RunStatus::Waiting, "{}", run.reason);
+        assert_eq!(run.reason, "waiting on workers/drain@w1");
+    }
+
+    #[test]
+    fn within_the_failure_budget_a_failed_worker_is_left_behind_and_resume_retries_only_it() {
+        let mut run = batch_run(&["w1", "w2", "w3"]);
+        let c = Context {
+            failure_budget: FailureBudget::Count(1),
+            ..ctx(1)
+        };
+        advance(&mut run, Input::Start, &c).unwrap();
+        finish(&mut run, "workers/gate@w1", done(), &c);
+        for lane in ["w1", "w2", "w3"] {
+            finish(&mut run, &format!("workers/drain@{lane}"), done(), &c);
+        }
+        let next = finish(
+            &mut run,
+            "workers/upgrade@w2",
+            StepOutcome::failed("exit 1"),
+            &c,
+        );
+        assert_eq!(next, Next::Nothing, "nothing new: w1 and w3 are in hand");
+        assert_eq!(run.status, RunStatus::Running);
+        assert_eq!(run.summary().left_behind, ["w2"]);
+        let noted = &run.history.last().unwrap().reason;
+        assert!(
+            noted.contains("w2 is left behind, cordoned (1 of the failure budget's 1 used)"),
+            "{noted}"
+        );
+        for step in ["upgrade", "verify", "uncordon"] {
+            for lane in ["w1", "w3"] {
+                finish(&mut run, &format!("workers/{step}@{lane}"), done(), &c);
+            }
+        }
+        // The soak follows the others; the run holds before post-flight naming w2.
+        let next = finish(&mut run, "workers/soak@w3", done(), &c);
+        assert_eq!(next, Next::Nothing);
+        assert_eq!(run.status, RunStatus::Halted);
+        assert_eq!(
+            run.reason,
+            "1 worker(s) left behind, each cordoned: w2 (workers/upgrade@w2 gave up: exit 1); \
+             fix them and resume to retry exactly these, or abort to leave them cordoned"
+        );
+        // Resume: the batch's gate again, then only w2's script onwards, then its soak.
+        let gate = advance(&mut run, control(ControlAction::Resume), &c).unwrap();
+        assert_eq!(labels_of(&started(&run, gate)), ["workers/gate@w1"]);
+        let next = finish(&mut run, "workers/gate@w1", done(), &c);
+        assert_eq!(labels_of(&started(&run, next)), ["workers/upgrade@w2"]);
+        finish(&mut run, "workers/upgrade@w2", done(), &c);
+        finish(&mut run, "workers/verify@w2", done(), &c);
+        let soak = finish(&mut run, "workers/uncordon@w2", done(), &c);
+        assert_eq!(labels_of(&started(&run, soak)), ["workers/soak@w3"]);
+        finish(&mut run, "workers/soak@w3", done(), &c);
+        finish(&mut run, "postflight/nodes-at-target", done(), &c);
+        assert_eq!(run.status, RunStatus::Succeeded);
+        let attempts = |label: &str| {
+            run.steps
+                .iter()
+                .find(|s| s.label() == label)
+                .unwrap()
+                .attempts
+        };
+        assert_eq!(attempts("workers/drain@w2"), 1, "w2 is not drained twice");
+        assert_eq!(
+            attempts("workers/upgrade@w1"),
+            1,
+            "the others are not redone"
+        );
+    }
+
+    #[test]
+    fn one_failure_past_the_budget_halts_once_the_steps_in_hand_have_finished() {
+        for (budget, first_left) in [
+            (FailureBudget::Count(1), true),
+            (FailureBudget::None, false),
+        ] {
+            let mut run = batch_run(&["w1", "w2", "w3"]);
+            let c = Context {
+                failure_budget: budget,
+                ..ctx(1)
+            };
+            advance(&mut run, Input::Start, &c).unwrap();
+            finish(&mut run, "workers/gate@w1", done(), &c);
+            finish(
+                &mut run,
+                "workers/drain@w1",
+                StepOutcome::failed("pods would not leave"),
+                &c,
+            );
+            if first_left {
+                assert_eq!(run.status, RunStatus::Running);
+                let next = finish(
+                    &mut run,
+                    "workers/drain@w2",
+                    StepOutcome::failed("exit 2"),
+                    &c,
+                );
+                assert_eq!(next, Next::Nothing);
+            }
+            assert_eq!(run.status, RunStatus::Running, "w3's drain finishes first");
+            let next = finish(&mut run, "workers/drain@w3", done(), &c);
+            assert_eq!(next, Next::Nothing, "no new step once halting");
+            if first_left {
+                // w2's drain had finished: with w3's, nothing runs any more.
+                assert_eq!(run.status, RunStatus::Halted);
+                assert!(run.reason.contains("workers/drain@w2 gave up after 1 attempt(s): exit 2; failure budget (1 worker(s)) used up"), "{}", run.reason);
+            } else {
+                // w2's drain still runs.
+                assert_eq!(run.status, RunStatus::Running);
+                finish(&mut run, "workers/drain@w2", done(), &c);
+                assert_eq!(run.status, RunStatus::Halted);
+                assert!(
+                    run.reason.starts_with("step workers/drain@w1 gave up"),
+                    "{}",
+                    run.reason
+                );
+            }
+            // Resume asks the batch's gate again, then retries the failed drains (with
+            // fresh attempts) beside the others' next steps; done steps are not redone.
+            let gate = advance(&mut run, control(ControlAction::Resume), &c).unwrap();
+            assert_eq!(labels_of(&started(&run, gate)), ["workers/gate@w1"]);
+            let next = finish(&mut run, "workers/gate@w1", done(), &c);
+            let mut again = labels_of(&started(&run, next))
+                .into_iter()
+                .map(String::from)
+                .collect::<Vec<_>>();
+            again.sort();
+            let mut want = vec![
+                "workers/drain@w1".to_owned(),
+                "workers/upgrade@w3".to_owned(),
+            ];
+            want.push(
+                if first_left {
+                    "workers/drain@w2"
+                } else {
+                    "workers/upgrade@w2"
+                }
+                .to_owned(),
+            );
+            want.sort();
+            assert_eq!(again, want);
+        }
+    }
+
+    #[test]
+    fn a_halt_finishes_the_steps_in_hand_and_starts_none() {
+        let mut run = batch_run(&["w1", "w2", "w3"]);
+        let c = ctx(1);
+        advance(&mut run, Input::Start, &c).unwrap();
+        finish(&mut run, "workers/gate@w1", done(), &c);
+        advance(&mut run, control(ControlAction::Halt), &c).unwrap();
+        assert!(
+            run.history
+                .last()
+                .unwrap()
+                .reason
+                .ends_with("(after the 3 steps in hand)")
+        );
+        assert_eq!(
+            finish(&mut run, "workers/drain@w1", done(), &c),
+            Next::Nothing
+        );
+        assert_eq!(
+            finish(&mut run, "workers/drain@w2", done(), &c),
+            Next::Nothing
+        );
+        assert_eq!(run.status, RunStatus::Running);
+        finish(&mut run, "workers/drain@w3", done(), &c);
+        assert_eq!(run.status, RunStatus::Halted);
+        assert_eq!(run.reason, "halted by operator after step workers/drain@w3");
+        let next = advance(&mut run, control(ControlAction::Resume), &c).unwrap();
+        assert_eq!(
+            labels_of(&started(&run, next)),
+            [
+                "workers/upgrade@w1",
+                "workers/upgrade@w2",
+                "workers/upgrade@w3"
+            ]
+        );
+    }
+
+    #[test]
+    fn an_abort_with_workers_in_hand_names_them() {
+        let mut run = batch_run(&["w1", "w2"]);
+        let c = ctx(1);
+        advance(&mut run, Input::Start, &c).unwrap();
+        finish(&mut run, "workers/gate@w1", done(), &c);
+        advance(&mut run, control(ControlAction::Abort), &c).unwrap();
+        assert_eq!(run.status, RunStatus::Aborted);
+        assert!(
+            run.reason.ends_with("possibly cordoned: w1, w2"),
+            "{}",
+            run.reason
+        );
+        assert_eq!(
+            finish_late(&mut run, "workers/drain@w1"),
+            Next::Nothing,
+            "a late outcome changes nothing"
+        );
+    }
+
+    /// Feeds a late outcome for `label` (no longer in hand) with the epoch it had.
+    fn finish_late(run: &mut Run, label: &str) -> Next {
+        let epoch = run.steps.iter().find(|s| s.label() == label).unwrap().epoch;
+        advance(
+            run,
+            Input::StepFinished {
+                epoch,
+                outcome: done(),
+            },
+            &ctx(2),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn after_a_crash_every_step_in_hand_is_redone_under_a_new_epoch() {
+        let mut run = batch_run(&["w1", "w2", "w3"]);
+        let c = ctx(1);
+        advance(&mut run, Input::Start, &c).unwrap();
+        finish(&mut run, "workers/gate@w1", done(), &c);
+        finish(&mut run, "workers/drain@w2", done(), &c);
+        // Stored, read back after kill -9: what was running is redone, each once.
+        let mut run: Run = serde_json::from_value(serde_json::to_value(&run).unwrap()).unwrap();
+        let redo = run.running_in_hand();
+        assert_eq!(redo.len(), 3);
+        let mut again = Vec::new();
+        for (_, epoch) in &redo {
+            again.extend(started(
+                &run.clone(),
+                advance(&mut run, Input::Wake { epoch: *epoch }, &c).unwrap(),
+            ));
+        }
+        let mut labels = labels_of(&again);
+        labels.sort();
+        assert_eq!(
+            labels,
+            ["workers/drain@w1", "workers/drain@w3", "workers/upgrade@w2"]
+        );
+        // The old epochs' outcomes are stale.
+        for (index, epoch) in redo {
+            let stale = Input::StepFinished {
+                epoch,
+                outcome: done(),
+            };
+            assert_eq!(advance(&mut run, stale, &c).unwrap(), Next::Nothing);
+            assert_ne!(run.steps[index].status, StepStatus::Done);
+        }
+    }
+
+    #[test]
+    fn a_run_stored_with_one_step_in_hand_carries_on() {
+        let mut run = run_with(&["a", "b"]);
+        advance(&mut run, Input::Start, &ctx(1)).unwrap();
+        // As stored before steps had epochs: no in_hand, no step epoch.
+        run.in_hand.clear();
+        run.steps[0].epoch = 0;
+        let stored = serde_json::to_value(&run).unwrap();
+        assert!(stored.get("in_hand").is_none() && stored["steps"][0].get("epoch").is_none());
+        let mut run: Run = serde_json::from_value(stored).unwrap();
+        let epoch = run.epoch;
+        let next = advance(
+            &mut run,
+            Input::StepFinished {
+                epoch,
+                outcome: done(),
+            },
+            &ctx(2),
+        )
+        .unwrap();
+        assert!(matches!(next, Next::RunStep { index: 1, .. }), "{next:?}");
     }
 }

@@ -68,6 +68,20 @@ impl ClusterFacts {
     }
 }
 
+/// `text` as a whole number of workers, and whether it is a percentage (`25%`); only
+/// digits, no sign.
+fn count_or_percent(text: &str) -> Option<(u32, bool)> {
+    let text = text.trim();
+    let (number, percent) = match text.strip_suffix('%') {
+        Some(number) => (number.trim(), true),
+        None => (text, false),
+    };
+    if number.is_empty() || !number.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((number.parse().ok()?, percent))
+}
+
 /// How many workers may be out of service at once (`cluster.max_unavailable`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MaxUnavailable {
@@ -86,21 +100,15 @@ impl Default for MaxUnavailable {
 impl MaxUnavailable {
     /// `2` or `25%`; at least 1, a percentage at most 100.
     pub fn parse(text: &str) -> Result<Self, String> {
-        let text = text.trim();
         let bad = || {
             format!(
-                "{text:?} is not a count of workers (1, 2, …) or a percentage of them (1% to 100%)"
+                "{:?} is not a count of workers (1, 2, …) or a percentage of them (1% to 100%)",
+                text.trim()
             )
         };
-        let (number, percent) = match text.strip_suffix('%') {
-            Some(number) => (number.trim(), true),
-            None => (text, false),
-        };
-        let n: u32 = number.parse().map_err(|_| bad())?;
-        match (n, percent) {
-            (0, _) => Err(bad()),
-            (1..=100, true) => Ok(Self::Percent(n)),
-            (_, true) => Err(bad()),
+        match count_or_percent(text).ok_or_else(bad)? {
+            (0, _) | (101.., true) => Err(bad()),
+            (n, true) => Ok(Self::Percent(n)),
             (n, false) => Ok(Self::Count(n)),
         }
     }
@@ -124,6 +132,67 @@ impl std::fmt::Display for MaxUnavailable {
     }
 }
 
+/// How many workers may fail their cycle (drain, node script or verify, after their
+/// attempts) and be left behind, cordoned, while the run goes on with the others
+/// (`cluster.failure_budget`). Control planes have no budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailureBudget {
+    /// This many.
+    Count(u32),
+    /// This percentage of the run's workers, rounded down.
+    Percent(u32),
+    /// None may fail: the first failure halts the run.
+    #[default]
+    None,
+}
+
+impl FailureBudget {
+    /// `0`, `2` or `10%`; a percentage at most 100.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let bad = || {
+            format!(
+                "{:?} is not a count of workers (0, 1, 2, …) or a percentage of them (0% to 100%)",
+                text.trim()
+            )
+        };
+        match count_or_percent(text).ok_or_else(bad)? {
+            (0, _) => Ok(Self::None),
+            (101.., true) => Err(bad()),
+            (n, true) => Ok(Self::Percent(n)),
+            (n, false) => Ok(Self::Count(n)),
+        }
+    }
+
+    /// How many of `workers` may be left behind.
+    pub fn of(self, workers: usize) -> usize {
+        match self {
+            Self::None => 0,
+            Self::Count(n) => n as usize,
+            Self::Percent(p) => workers * p as usize / 100,
+        }
+    }
+
+    /// Why this budget cannot apply to a cluster of `workers` workers, if it cannot.
+    pub fn check(self, workers: usize) -> Result<(), String> {
+        match self {
+            Self::Count(n) if n as usize > workers => Err(format!(
+                "cluster.failure_budget {n} is larger than the cluster's {workers} worker(s)"
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl std::fmt::Display for FailureBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::None => write!(f, "0"),
+            Self::Count(n) => write!(f, "{n}"),
+            Self::Percent(p) => write!(f, "{p}%"),
+        }
+    }
+}
+
 /// Planning choices from the configuration.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PlanSettings {
@@ -131,6 +200,9 @@ pub struct PlanSettings {
     pub worker_order: Vec<String>,
     /// How many workers are drained and upgraded together, behind one gate.
     pub max_unavailable: MaxUnavailable,
+    /// How many workers may be left behind; a count larger than the cluster's workers is
+    /// refused at planning.
+    pub failure_budget: FailureBudget,
     /// How far an etcd member may trail the leader's raft index before a control plane
     /// is touched.
     pub etcd_max_lag: u64,
@@ -162,6 +234,9 @@ pub enum PlanError {
         /// What is wrong with it.
         why: String,
     },
+    /// `cluster.failure_budget` does not fit the cluster.
+    #[error("{0}")]
+    FailureBudget(String),
     /// The configured worker order names a node that is not a worker.
     #[error("cluster.worker_order names {0}, which is not a worker node of this cluster")]
     UnknownWorker(String),
@@ -381,25 +456,40 @@ fn node_steps(
     steps
 }
 
-/// The steps of one batch of workers: one gate, then each node drained, upgraded,
-/// verified and uncordoned in turn, so that all of them are out of service together and
-/// none longer than the batch; one soak after the batch.
+/// The steps of one batch of workers: one gate, then each worker's cycle (drain, node
+/// script, verify, uncordon), the batch's cycles going on together so that its workers
+/// are out of service together and none longer than its own cycle; one soak after the
+/// batch.
 fn worker_batch_steps(batch: &[String]) -> Vec<UpgradeStep> {
     let stage = Stage::Workers;
     let (Some(first), Some(last)) = (batch.first(), batch.last()) else {
         return Vec::new();
     };
-    let each = |make: fn(Stage, String) -> UpgradeStep| {
-        batch.iter().map(move |node| make(stage, node.clone()))
-    };
     let mut steps = vec![UpgradeStep::Gate {
         stage,
         node: Some(first.clone()),
     }];
-    steps.extend(each(|stage, node| UpgradeStep::Drain { stage, node }));
-    steps.extend(each(|stage, node| UpgradeStep::Upgrade { stage, node }));
-    steps.extend(each(|stage, node| UpgradeStep::Verify { stage, node }));
-    steps.extend(each(|stage, node| UpgradeStep::Uncordon { stage, node }));
+    for node in batch {
+        let node = || node.clone();
+        steps.extend([
+            UpgradeStep::Drain {
+                stage,
+                node: node(),
+            },
+            UpgradeStep::Upgrade {
+                stage,
+                node: node(),
+            },
+            UpgradeStep::Verify {
+                stage,
+                node: node(),
+            },
+            UpgradeStep::Uncordon {
+                stage,
+                node: node(),
+            },
+        ]);
+    }
     steps.push(UpgradeStep::Soak {
         stage,
         node: last.clone(),
@@ -407,18 +497,21 @@ fn worker_batch_steps(batch: &[String]) -> Vec<UpgradeStep> {
     steps
 }
 
-/// The nodes whose drains follow step `index` (a drain) in the same batch and have not
-/// started: they are checked for holds before the batch's first cordon.
+/// The nodes of the batch of step `index` (a drain) whose drains have not finished,
+/// besides its own: they are checked for holds before any of the batch is cordoned (a
+/// node already cordoned has nothing to check), so that a batch is not begun that
+/// cannot be finished.
 pub fn drains_ahead(steps: &[Step], index: usize) -> Vec<&str> {
-    steps
-        .iter()
-        .skip(index + 1)
-        .map_while(|s| match &s.kind {
-            StepKind::K8sUpgrade(UpgradeStep::Drain { node, .. }) => Some((node, s.status)),
+    let in_batch = |s: &&Step| s.kind.lane().is_some();
+    let before = steps[..index].iter().rev().take_while(in_batch);
+    let after = steps.iter().skip(index + 1).take_while(in_batch);
+    before
+        .chain(after)
+        .filter(|s| s.status != StepStatus::Done)
+        .filter_map(|s| match &s.kind {
+            StepKind::K8sUpgrade(UpgradeStep::Drain { node, .. }) => Some(node.as_str()),
             _ => None,
         })
-        .filter(|(_, status)| *status == StepStatus::Pending)
-        .map(|(node, _)| node.as_str())
         .collect()
 }
 
@@ -531,6 +624,10 @@ pub fn plan(
         .filter(|n| n.role == Role::Worker)
         .count();
     let batch_size = settings.max_unavailable.of(worker_count);
+    settings
+        .failure_budget
+        .check(worker_count)
+        .map_err(PlanError::FailureBudget)?;
     let finish = |steps: Vec<Step>, skipped: Vec<String>| Plan {
         current,
         layout,
@@ -873,12 +970,12 @@ mod tests {
             [
                 format!("workers/gate@{a}"),
                 format!("workers/drain@{a}"),
-                format!("workers/drain@{b}"),
                 format!("workers/upgrade@{a}"),
-                format!("workers/upgrade@{b}"),
                 format!("workers/verify@{a}"),
-                format!("workers/verify@{b}"),
                 format!("workers/uncordon@{a}"),
+                format!("workers/drain@{b}"),
+                format!("workers/upgrade@{b}"),
+                format!("workers/verify@{b}"),
                 format!("workers/uncordon@{b}"),
                 format!("workers/soak@{b}"),
             ]
@@ -898,7 +995,7 @@ mod tests {
         );
         assert_eq!(workers, want);
 
-        // The first drain of a batch looks ahead at the batch's drains not yet started.
+        // Each drain of a batch looks at the batch's other drains not finished.
         let at = |label: &str| {
             plan.steps
                 .iter()
@@ -906,13 +1003,65 @@ mod tests {
                 .expect(label)
         };
         assert_eq!(drains_ahead(&plan.steps, at("workers/drain@w1")), ["w2"]);
-        assert!(drains_ahead(&plan.steps, at("workers/drain@w2")).is_empty());
+        assert_eq!(drains_ahead(&plan.steps, at("workers/drain@w2")), ["w1"]);
         assert!(drains_ahead(&plan.steps, at("workers/drain@w5")).is_empty());
         let mut started = plan.steps.clone();
-        started[at("workers/drain@w2")].status = StepStatus::Waiting;
+        started[at("workers/drain@w2")].status = StepStatus::Done;
         assert!(
             drains_ahead(&started, at("workers/drain@w1")).is_empty(),
-            "a drain already begun is its own step's to check"
+            "a drained node has nothing left to check"
+        );
+        // Every step of a worker's cycle is in its lane; gates and soaks run alone.
+        let lanes: Vec<Option<&str>> = plan.steps[at("workers/gate@w1")..=at("workers/soak@w2")]
+            .iter()
+            .map(|s| s.kind.lane())
+            .collect();
+        let mut want = vec![None];
+        want.extend([Some("w1"); 4]);
+        want.extend([Some("w2"); 4]);
+        want.push(None);
+        assert_eq!(lanes, want);
+    }
+
+    #[test]
+    fn a_failure_budget_is_a_count_or_a_share_of_the_workers_and_fits_the_cluster() {
+        use FailureBudget::*;
+        let parsed = [
+            ("0", Some(None)),
+            ("0%", Some(None)),
+            ("2", Some(Count(2))),
+            ("10%", Some(Percent(10))),
+            (" 100% ", Some(Percent(100))),
+            ("101%", Option::None),
+            ("-1", Option::None),
+            ("+1", Option::None),
+            ("1.5", Option::None),
+            ("a", Option::None),
+            ("", Option::None),
+        ];
+        for (text, want) in parsed {
+            assert_eq!(FailureBudget::parse(text).ok(), want, "{text:?}");
+        }
+        for (budget, workers, want) in [
+            (None, 12, 0),
+            (Count(2), 12, 2),
+            (Percent(10), 12, 1),
+            (Percent(10), 9, 0),
+            (Percent(100), 5, 5),
+        ] {
+            assert_eq!(budget.of(workers), want, "{budget} of {workers}");
+        }
+        let facts = cluster("1.34.2", &["1.34.2"; 3]);
+        let settings = |failure_budget| PlanSettings {
+            failure_budget,
+            ..PlanSettings::default()
+        };
+        let req = request("1.34.5", UpgradeKind::Patch, "all");
+        assert!(plan(&req, &facts, Option::None, &settings(Count(3))).is_ok());
+        let err = plan(&req, &facts, Option::None, &settings(Count(4))).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "cluster.failure_budget 4 is larger than the cluster's 3 worker(s)"
         );
     }
 

@@ -119,6 +119,16 @@ pub struct Step {
     pub ended_at: Option<DateTime<Utc>>,
     /// The last outcome, in words.
     pub outcome: Option<String>,
+    /// The epoch it was last started or scheduled with: its outcome and its wake carry it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub epoch: u64,
+    /// When a waiting step comes back (its wake is in the queue under `epoch`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wake_at: Option<DateTime<Utc>>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Step {
@@ -131,6 +141,8 @@ impl Step {
             started_at: None,
             ended_at: None,
             outcome: None,
+            epoch: 0,
+            wake_at: None,
         }
     }
     /// `stage/name@node`, leaving out what is empty or repeated.
@@ -204,8 +216,15 @@ pub struct RunSummary {
     pub steps_done: usize,
     /// Steps planned so far.
     pub steps_total: usize,
-    /// The step in hand, `stage/name@node`, if any.
+    /// The step in hand (or last acted on), `stage/name@node`, if any.
     pub step: Option<String>,
+    /// Every step in hand, `stage/name@node`: several while a batch's workers go through
+    /// their cycles together.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub in_hand: Vec<String>,
+    /// The workers left behind, cordoned, after their cycle gave up.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left_behind: Vec<String>,
     /// What holds it, if a gate does.
     pub blockers: Vec<String>,
     /// Created.
@@ -274,8 +293,23 @@ pub struct Run {
     pub reason: String,
     /// The plan.
     pub steps: Vec<Step>,
-    /// Index of the step in hand or held.
+    /// Index of the step last started, finished or held: the one its transitions name.
     pub current_step: Option<usize>,
+    /// Indexes of the steps in hand: started, or waiting on their wake.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub in_hand: Vec<usize>,
+    /// Every step before this index is done (or belongs to a worker left behind): where the
+    /// engine looks for what may start, instead of scanning the whole plan.
+    #[serde(default)]
+    pub cursor: usize,
+    /// Indexes of the steps that gave up and left their worker behind, within the failure
+    /// budget.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left_behind: Vec<usize>,
+    /// Why the run halts once the steps in hand have finished (a rule's halt, as opposed
+    /// to an operator's), while they finish.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub halt_pending: Option<String>,
     /// When a waiting run wakes.
     pub wake_at: Option<DateTime<Utc>>,
     /// Bumped whenever work is scheduled or cancelled; stale wakes and step results carry
@@ -326,6 +360,10 @@ impl Run {
             reason: reason.clone(),
             steps,
             current_step: None,
+            in_hand: Vec::new(),
+            cursor: 0,
+            left_behind: Vec::new(),
+            halt_pending: None,
             wake_at: None,
             epoch: 0,
             halt_requested: false,
@@ -392,6 +430,57 @@ impl Run {
         self.current_step.and_then(|i| self.steps.get(i))
     }
 
+    /// The steps in hand.
+    pub fn steps_in_hand(&self) -> impl Iterator<Item = &Step> {
+        self.in_hand.iter().filter_map(|&i| self.steps.get(i))
+    }
+
+    /// The workers left behind, cordoned, after their cycle gave up.
+    pub fn workers_left_behind(&self) -> impl Iterator<Item = &str> {
+        self.left_behind
+            .iter()
+            .filter_map(|&i| self.steps.get(i).and_then(|s| s.kind.lane()))
+    }
+
+    /// A run stored before several steps could be in hand kept its one step in hand in
+    /// `current_step`, under the run's epoch: it is taken into `in_hand`.
+    pub fn adopt_single_step_in_hand(&mut self) {
+        if !self.in_hand.is_empty()
+            || !matches!(self.status, RunStatus::Running | RunStatus::Waiting)
+        {
+            return;
+        }
+        if let Some(i) = self.current_step
+            && let Some(step) = self.steps.get_mut(i)
+            && step.epoch == 0
+            && step.status != StepStatus::Done
+        {
+            step.epoch = self.epoch;
+            self.in_hand.push(i);
+        }
+    }
+
+    /// The steps in hand that were running (to redo after a restart) with their epochs.
+    pub fn running_in_hand(&self) -> Vec<(usize, u64)> {
+        self.in_hand
+            .iter()
+            .filter(|&&i| {
+                self.steps
+                    .get(i)
+                    .is_some_and(|s| s.status == StepStatus::Running)
+            })
+            .map(|&i| (i, self.steps[i].epoch))
+            .collect()
+    }
+
+    /// The steps in hand waiting on a wake, with its epoch and time.
+    pub fn waiting_in_hand(&self) -> Vec<(u64, DateTime<Utc>)> {
+        self.steps_in_hand()
+            .filter(|s| s.status == StepStatus::Waiting)
+            .filter_map(|s| Some((s.epoch, s.wake_at?)))
+            .collect()
+    }
+
     /// Records `reason` in the history without changing the status.
     pub fn note(&mut self, reason: impl Into<String>, now: DateTime<Utc>) {
         self.history.push(Transition {
@@ -435,6 +524,8 @@ impl Run {
                 .count(),
             steps_total: self.steps.len(),
             step: self.current().map(Step::label),
+            in_hand: self.steps_in_hand().map(Step::label).collect(),
+            left_behind: self.workers_left_behind().map(str::to_owned).collect(),
             blockers: self.blockers.clone(),
             created_at: self.created_at,
             updated_at: self.updated_at,

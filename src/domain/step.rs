@@ -236,7 +236,6 @@ impl UpgradeStep {
         }
     }
 
-    /// The node the step acts on, if any.
     /// Whether this step works on a node rollgate has in hand (from its drain to its
     /// uncordon): what a self-silence covers.
     pub fn has_node_in_hand(&self) -> bool {
@@ -250,6 +249,24 @@ impl UpgradeStep {
         )
     }
 
+    /// The worker whose cycle this step belongs to, beside the other workers of its batch:
+    /// a batch's workers go through their cycles concurrently, each cycle's steps in order.
+    /// `None` for every step that runs alone (control planes included).
+    pub fn lane(&self) -> Option<&str> {
+        match self {
+            Self::Drain { stage, node }
+            | Self::Upgrade { stage, node }
+            | Self::Verify { stage, node }
+            | Self::Uncordon { stage, node }
+                if *stage == Stage::Workers =>
+            {
+                Some(node)
+            }
+            _ => None,
+        }
+    }
+
+    /// The node the step acts on, if any.
     pub fn node(&self) -> Option<&str> {
         match self {
             Self::KubeadmPlan { node }
@@ -415,6 +432,14 @@ impl StepKind {
         match self {
             Self::K8sUpgrade(s) => s.node(),
             Self::EtcdRoll(s) => s.member(),
+        }
+    }
+
+    /// The worker whose cycle the step belongs to, if it runs beside others of its batch.
+    pub fn lane(&self) -> Option<&str> {
+        match self {
+            Self::K8sUpgrade(s) => s.lane(),
+            Self::EtcdRoll(_) => None,
         }
     }
 

@@ -579,3 +579,42 @@ pub async fn follow_run_events(
         }
     }
 }
+
+/// A cheap xorshift seeded by the process id, for random moments that differ each run.
+pub fn xorshift() -> impl FnMut() -> u64 {
+    let mut seed = std::process::id() as u64 | 1;
+    move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    }
+}
+
+/// How many times `run`'s history records a restart of rollgate with the run unfinished.
+pub fn restarts_recorded(run: &Value) -> usize {
+    run["history"].as_array().map_or(0, |history| {
+        history
+            .iter()
+            .filter(|h| {
+                h["reason"]
+                    .as_str()
+                    .is_some_and(|r| r.starts_with("rollgate restarted"))
+            })
+            .count()
+    })
+}
+
+/// The labels of `run`'s workers' gates and soaks, in plan order.
+pub fn workers_gates_and_soaks(run: &Value) -> Vec<String> {
+    run["steps"]
+        .as_array()
+        .map(|steps| {
+            steps
+                .iter()
+                .filter_map(step_label)
+                .filter(|l| l.starts_with("workers/gate") || l.starts_with("workers/soak"))
+                .collect()
+        })
+        .unwrap_or_default()
+}

@@ -73,6 +73,11 @@ tr -d '\n' < "$STUB_STATE/installed-$pkg"
         "kubeadm",
         r#"#!/bin/bash
 echo "kubeadm $*" >> "$STUB_LOG"
+if [ "$1" = upgrade ] && [ "$2" != plan ]; then
+  echo "start $(date +%s.%N)" >> "$STUB_STATE/upgrade-spans"
+  trap 'echo "end $(date +%s.%N)" >> "$STUB_STATE/upgrade-spans"' EXIT
+  if [ -f "$STUB_STATE/fail-upgrade" ]; then echo "kubeadm: [preflight] injected failure on $FAKE_NODE" >&2; exit 1; fi
+fi
 if [ -f "$STUB_STATE/slow" ]; then sleep "$(cat "$STUB_STATE/slow")"; fi
 if [ "$1" = upgrade ]; then while [ -f "$STUB_STATE/hold" ]; do sleep 0.1; done; fi
 installed=$(cat "$STUB_STATE/installed-kubeadm")
@@ -324,6 +329,35 @@ impl FakeNode {
     /// Lets a held `kubeadm upgrade` go on.
     pub fn release_kubeadm(&self) {
         std::fs::remove_file(self.dir.path().join("state/hold")).expect("release");
+    }
+
+    /// Makes `kubeadm upgrade` on this node fail until [`FakeNode::fix_upgrade`].
+    pub fn fail_upgrade(&self) {
+        std::fs::write(self.dir.path().join("state/fail-upgrade"), "").expect("fail");
+    }
+
+    /// Lets `kubeadm upgrade` on this node succeed again.
+    pub fn fix_upgrade(&self) {
+        std::fs::remove_file(self.dir.path().join("state/fail-upgrade")).expect("fix");
+    }
+
+    /// Each `kubeadm upgrade` this node ran, from its start to its end, in seconds since
+    /// the epoch by the node's own clock, in order; a run cut short has no end.
+    pub fn upgrade_spans(&self) -> Vec<(f64, Option<f64>)> {
+        let text = std::fs::read_to_string(self.dir.path().join("state/upgrade-spans"))
+            .unwrap_or_default();
+        let mut spans: Vec<(f64, Option<f64>)> = Vec::new();
+        for line in text.lines() {
+            match line.split_once(' ') {
+                Some(("start", t)) => spans.push((t.parse().expect("time"), None)),
+                Some(("end", t)) => {
+                    let open = spans.last_mut().expect("an end after a start");
+                    open.1 = Some(t.parse().expect("time"));
+                }
+                _ => panic!("bad span line {line:?}"),
+            }
+        }
+        spans
     }
 
     /// Every stubbed call made on this node, one per line.

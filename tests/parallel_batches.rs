@@ -1,0 +1,350 @@
+//! A batch's workers worked together (issue 28): their cycles overlap by the fake nodes'
+//! own logs, never more than `max_unavailable` cordoned by the API server's own log, one
+//! gate and one soak per batch; a failure budget that leaves failed workers behind; a
+//! budget spanning two nodes of a batch; kill -9 while several node scripts run.
+
+mod support;
+
+use serde_json::{Value, json};
+use std::time::Duration;
+use support::ground::Ground;
+use support::{Rollgate, eventually, find_step};
+
+const RUN_DEADLINE: Duration = Duration::from_secs(240);
+
+fn step<'a>(run: &'a Value, label: &str) -> &'a Value {
+    find_step(run, label).unwrap_or_else(|| panic!("no step {label} in {run}"))
+}
+
+/// The workers of each batch, in plan order: the lanes between a workers' gate and soak.
+fn batches(run: &Value) -> Vec<Vec<String>> {
+    let mut out: Vec<Vec<String>> = Vec::new();
+    for s in run["steps"].as_array().unwrap() {
+        match (s["stage"].as_str(), s["name"].as_str()) {
+            (Some("workers"), Some("gate")) => out.push(Vec::new()),
+            (Some("workers"), Some("drain")) => out
+                .last_mut()
+                .expect("a drain after its batch's gate")
+                .push(s["node"].as_str().unwrap().to_owned()),
+            _ => {}
+        }
+    }
+    out
+}
+
+fn cordoned(ground: &Ground, node: &str) -> bool {
+    ground.api.node(node)["spec"]["unschedulable"] == json!(true)
+}
+
+/// How many workers' node scripts are in hand (`workers/upgrade` running) in `run`.
+fn scripts_running(run: &Value) -> usize {
+    run["steps"].as_array().map_or(0, |steps| {
+        steps
+            .iter()
+            .filter(|s| {
+                s["stage"] == "workers" && s["name"] == "upgrade" && s["status"] == "running"
+            })
+            .count()
+    })
+}
+
+fn done_steps(run: &Value) -> usize {
+    run["steps"]
+        .as_array()
+        .map_or(0, |s| s.iter().filter(|s| s["status"] == "done").count())
+}
+
+#[tokio::test]
+async fn a_batch_of_four_works_its_workers_together_by_the_nodes_own_logs() {
+    let ground = Ground::start("1.34.2", 12).await;
+    for node in &ground.nodes {
+        node.slow_kubeadm(2);
+    }
+    let rg = ground
+        .rollgate(&[("ROLLGATE__CLUSTER__MAX_UNAVAILABLE", "4".into())])
+        .await;
+    let id = rg.detect("1.34.5", "patch").await;
+    // While the run goes on, the API's run lines name several steps in hand.
+    let seen = eventually("four node scripts in hand", RUN_DEADLINE, || async {
+        let (_, runs) = rg.get("/v1/runs?view=summary").await;
+        let line = runs.as_array()?.iter().find(|r| r["id"] == id)?.clone();
+        let in_hand = line["in_hand"].as_array()?;
+        let scripts = in_hand
+            .iter()
+            .filter(|l| {
+                l.as_str()
+                    .is_some_and(|l| l.starts_with("workers/upgrade@"))
+            })
+            .count();
+        (scripts == 4).then_some(line)
+    })
+    .await;
+    assert_eq!(seen["status"], "running", "{seen}");
+
+    let run = rg.wait_status(&id, "succeeded", RUN_DEADLINE).await;
+    ground.assert_all_at("1.34.5");
+    ground.assert_drained_once();
+    let (most, _) = ground.most_workers_cordoned_at_once();
+    assert_eq!(most, 4, "never more than max_unavailable out at once");
+
+    let batches = batches(&run);
+    assert_eq!(batches.len(), 3, "{batches:?}");
+    for batch in &batches {
+        assert_eq!(batch.len(), 4, "{batches:?}");
+        // By the nodes' own clocks (one machine): every script of the batch had started
+        // before any of them ended.
+        let spans: Vec<(f64, f64)> = batch
+            .iter()
+            .map(|n| {
+                let spans = ground.node(n).upgrade_spans();
+                assert_eq!(spans.len(), 1, "{n} ran kubeadm upgrade {spans:?}");
+                (spans[0].0, spans[0].1.expect("the script ended"))
+            })
+            .collect();
+        let last_start = spans.iter().map(|s| s.0).fold(f64::MIN, f64::max);
+        let first_end = spans.iter().map(|s| s.1).fold(f64::MAX, f64::min);
+        assert!(
+            last_start < first_end,
+            "the scripts of {batch:?} did not overlap: {spans:?}"
+        );
+    }
+    // One gate and one soak per batch, each asked once.
+    let labels = support::workers_gates_and_soaks(&run);
+    assert_eq!(labels.len(), 6, "{labels:?}");
+    for batch in &batches {
+        let gate = step(&run, &format!("workers/gate@{}", batch[0]));
+        assert_eq!(gate["attempts"], 1, "{gate}");
+        let soak_started = step(&run, &format!("workers/soak@{}", batch[3]))["started_at"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        for node in batch {
+            let uncordon = step(&run, &format!("workers/uncordon@{node}"));
+            assert!(
+                uncordon["ended_at"].as_str().unwrap() <= soak_started.as_str(),
+                "the soak began before {node} was back: {run}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_failure_budget_of_one_leaves_a_worker_behind_halts_on_the_second_and_resume_retries_only_them()
+ {
+    let ground = Ground::start("1.34.2", 6).await;
+    // Batches of two in the order w4, w3 | w2, w1 | w5, w6.
+    ground.node("w3").fail_upgrade();
+    ground.node("w5").fail_upgrade();
+    let rg = ground
+        .rollgate(&[
+            ("ROLLGATE__CLUSTER__MAX_UNAVAILABLE", "2".into()),
+            ("ROLLGATE__CLUSTER__FAILURE_BUDGET", "1".into()),
+            ("ROLLGATE__WORKER__MAX_ATTEMPTS", "1".into()),
+        ])
+        .await;
+    let id = rg.detect("1.34.5", "patch").await;
+    let run = rg.wait_status(&id, "halted", RUN_DEADLINE).await;
+    let reason = run["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("step workers/upgrade@w5 gave up after 1 attempt(s)")
+            && reason.contains("injected failure on w5")
+            && reason.contains("failure budget (1 worker(s)) used up"),
+        "{reason}"
+    );
+    assert!(
+        support::history_has(
+            &run,
+            "w3 is left behind, cordoned (1 of the failure budget's 1 used); the others go on"
+        ),
+        "{run}"
+    );
+    // The others went on: the batch after w3's and w5's batch mate are done.
+    for node in ["w4", "w2", "w1", "w6"] {
+        assert_eq!(
+            step(&run, &format!("workers/uncordon@{node}"))["status"],
+            "done",
+            "{node}: {run}"
+        );
+        assert!(!cordoned(&ground, node), "{node}");
+    }
+    assert!(cordoned(&ground, "w3") && cordoned(&ground, "w5"));
+
+    // w5 is fixed, w3 is not: resume retries both; w3 fails again, within the budget, and
+    // the run holds at its end naming it.
+    ground.node("w5").fix_upgrade();
+    assert_eq!(rg.control(&id, "resume", "w5 fixed").await, 202);
+    let run = rg
+        .wait_run_until(&id, "the run to hold naming w3", RUN_DEADLINE, |r| {
+            r["status"] == "halted" && r["reason"].as_str().unwrap_or("").contains("left behind")
+        })
+        .await;
+    let reason = run["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with(
+            "1 worker(s) left behind, each cordoned: w3 (workers/upgrade@w3 gave up: "
+        ) && reason.ends_with(
+            "fix them and resume to retry exactly these, or abort to leave them cordoned"
+        ),
+        "{reason}"
+    );
+    assert_eq!(step(&run, "workers/uncordon@w5")["status"], "done", "{run}");
+    assert_eq!(
+        step(&run, "postflight/nodes-at-target")["status"],
+        "pending",
+        "held before post-flight: {run}"
+    );
+    assert!(cordoned(&ground, "w3") && !cordoned(&ground, "w5"));
+
+    ground.node("w3").fix_upgrade();
+    assert_eq!(rg.control(&id, "resume", "w3 fixed").await, 202);
+    rg.wait_status(&id, "succeeded", RUN_DEADLINE).await;
+    ground.assert_all_at("1.34.5");
+    ground.assert_drained_once();
+    // Resume retried exactly the failed nodes' scripts.
+    for (node, runs) in [
+        ("w3", 3),
+        ("w5", 2),
+        ("w4", 1),
+        ("w2", 1),
+        ("w1", 1),
+        ("w6", 1),
+    ] {
+        assert_eq!(ground.node(node).upgrade_spans().len(), runs, "{node}");
+    }
+}
+
+#[tokio::test]
+async fn a_budget_spanning_two_nodes_of_one_batch_holds_their_concurrent_evictions_together() {
+    // Batches w3, w2 | w1: the budget's pods are on the first batch's two nodes, and w1
+    // takes their replacements (with both nodes of a batch cordoned and no third worker,
+    // the replacements could not be scheduled and no drain could finish, as on a real
+    // cluster).
+    let ground = Ground::start("1.34.2", 3).await;
+    ground.api.add_pods("w3", "web", 1, false);
+    ground.api.add_pods("w2", "web", 1, false);
+    ground.api.add_pdb(
+        "web",
+        json!({"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}}),
+    );
+    // The disruption controller is slow to see the replacement: the second eviction is
+    // refused until it does.
+    ground.api.set_pdb_lag(Duration::from_millis(800));
+    let rg: Rollgate = ground
+        .rollgate(&[("ROLLGATE__CLUSTER__MAX_UNAVAILABLE", "2".into())])
+        .await;
+    let id = rg.detect("1.34.5", "patch").await;
+    let run = rg.wait_status(&id, "succeeded", RUN_DEADLINE).await;
+    ground.assert_all_at("1.34.5");
+    ground.assert_drained_once();
+    let (most, peaks) = ground.most_workers_cordoned_at_once();
+    assert_eq!(most, 2, "{peaks:?}");
+    assert_eq!(
+        peaks,
+        [["w2".to_owned(), "w3".to_owned()].into()],
+        "one batch out together"
+    );
+    let low = ground
+        .api
+        .budget_low("web")
+        .expect("the budget was counted");
+    assert!(
+        low >= 0,
+        "the budget was overrun: lowest healthy - desired {low}"
+    );
+    let refusals: u64 = ["w3", "w2"]
+        .iter()
+        .map(|n| {
+            let outcome = step(&run, &format!("workers/drain@{n}"))["outcome"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            outcome
+                .rsplit_once(" PDB refusal(s) waited out")
+                .and_then(|(head, _)| head.rsplit(' ').next())
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("{outcome}"))
+        })
+        .sum();
+    assert!(
+        refusals >= 1,
+        "the two drains did not meet the budget together: {run}"
+    );
+    assert!(
+        ground
+            .api
+            .calls()
+            .get("evict pod 429")
+            .copied()
+            .unwrap_or(0)
+            >= 1
+    );
+}
+
+#[tokio::test]
+async fn kill_9_at_twelve_moments_while_node_scripts_run_drains_no_node_twice() {
+    let ground = Ground::start("1.34.2", 12).await;
+    for node in &ground.nodes {
+        node.slow_kubeadm(1);
+    }
+    let mut rg = ground
+        .rollgate(&[("ROLLGATE__CLUSTER__MAX_UNAVAILABLE", "4".into())])
+        .await;
+    let id = rg.detect("1.34.5", "patch").await;
+    let run = eventually("the plan", RUN_DEADLINE, || async {
+        let run = rg.run(&id).await;
+        (run["steps"].as_array().map_or(0, Vec::len) > 40).then_some(run)
+    })
+    .await;
+    // Moments: "at least k steps done and two or more node scripts running", k drawn
+    // without repeats from the first workers' gate to the last batch's gate, so that
+    // every moment comes while a batch's scripts can still run.
+    let labels: Vec<String> = run["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(support::step_label)
+        .collect();
+    let gates: Vec<usize> = labels
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.starts_with("workers/gate"))
+        .map(|(i, _)| i)
+        .collect();
+    let (first, last) = (gates[0], gates[gates.len() - 1] + 1);
+    let mut next = support::xorshift();
+    let mut moments = std::collections::BTreeSet::new();
+    while moments.len() < 12 {
+        moments.insert(first + (next() as usize) % (last - first));
+    }
+    for moment in moments {
+        eventually("several node scripts running", RUN_DEADLINE, || async {
+            let run = rg.run(&id).await;
+            assert_ne!(run["status"], "succeeded", "finished before every kill");
+            (done_steps(&run) >= moment && scripts_running(&run) >= 2).then_some(())
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(next() % 800)).await;
+        rg.kill9();
+        rg.restart().await;
+    }
+    let run = rg.wait_status(&id, "succeeded", RUN_DEADLINE).await;
+    ground.assert_all_at("1.34.5");
+    ground.assert_drained_once();
+    assert!(ground.most_workers_cordoned_at_once().0 <= 4);
+    let restarts = support::restarts_recorded(&run);
+    assert!(
+        restarts >= 10,
+        "{restarts} restarts recorded for 12 kills: {run}"
+    );
+    // Every node's script ended at the target, however often it was cut short.
+    for node in &ground.nodes {
+        let spans = node.upgrade_spans();
+        if node.name.starts_with('w') {
+            assert!(
+                spans.last().is_some_and(|s| s.1.is_some()),
+                "{}: {spans:?}",
+                node.name
+            );
+        }
+    }
+}
