@@ -33,7 +33,7 @@ mod etcd_load;
 
 use etcd_load::{Load, max_term, wait_healthy, write_load};
 use rollgate::adapters::etcd::Etcd;
-use rollgate::workflows::etcd_roll::{CommandDriver, RollSettings, roll};
+use rollgate::workflows::etcd_roll::{RollSettings, roll};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -145,16 +145,7 @@ async fn run(algorithm: Algorithm, cluster: &Scripted, etcd: Arc<Etcd>) -> Trans
             }
         }
         Algorithm::Rollgate => {
-            let driver = CommandDriver {
-                restart_command: cluster.restart_command(),
-                probe_command: format!(
-                    "test \"$(cat {}/$ROLLGATE_MEMBER.rev 2>/dev/null)\" = v2",
-                    cluster.dir.path().display()
-                ),
-                runner: Arc::new(rollgate::adapters::shell::Shell {
-                    timeout: Duration::from_secs(30),
-                }),
-            };
+            let driver = cluster.command_driver();
             let settings = RollSettings {
                 ready_timeout: Duration::from_secs(30),
                 cooldown: COOLDOWN,

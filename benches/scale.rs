@@ -1,4 +1,5 @@
-//! Scale, measured (issue 28; the parts built so far):
+//! Scale, measured (issue 28). `BENCH_PARTS` picks parts (default all:
+//! `transitions,plan,batches,etcd_roll`).
 //!
 //! - **transitions**: the cost of one run transition (the engine deciding it, the store
 //!   committing it) for a patch upgrade of 1 control plane + 10, 100 and 1,000 workers,
@@ -6,19 +7,36 @@
 //!   transition (SQLite: what this process hands to `write`, from `/proc/self/io`;
 //!   PostgreSQL: the WAL it generates, from `pg_current_wal_lsn`). Each size runs
 //!   `BENCH_TRANSITIONS` (default 200) transitions of the same run, each step done at once.
+//!   A run's creation (every step written once, once per run) is not counted.
 //! - **plan**: `rollgate plan`'s own work for 1 + 5,000 nodes read from the fake API
 //!   server (listing the nodes and planning), timed in this process.
 //! - **peak_rss_mb**: this process's peak resident set (the fake API server with its
 //!   5,000 nodes runs in it too).
+//! - **batches**: `rollgate serve` upgrading 1 control plane + `BENCH_WORKERS` (48)
+//!   workers of the test ground (a real sshd per node), node script 2 s, soak 5 s, with
+//!   `max_unavailable` 1, 4 and 12: the efficiency ideal / measured, where measured is the
+//!   control-plane and workers stages' time and ideal = ceil(workers / k) x (one node's
+//!   drain + script + verify + uncordon, the median at k = 1, + the soak) + the
+//!   control-plane stage's time of the same run.
+//! - **etcd_roll**: 5 real etcd members rolled by rollgate (`cooldown` 0: it goes on when
+//!   the member has caught up) beside a naive loop (restart a member, wait until every
+//!   member answers, a leader is agreed and all are within 1000 of its index: the same
+//!   readiness check), in the same run; the wall-time ratio and each one's leadership
+//!   changes.
 //!
 //! With `BENCH_JSON=FILE` the figures are also written there as JSON
 //! (`transitions.<backend>.cpu_ms.<workers>`, `transitions.<backend>.bytes.<workers>`,
-//! `plan.ms.5000`, `peak_rss_mb`).
+//! `plan.ms.5000`, `peak_rss_mb`, `batches.efficiency.<k>`, `etcd_roll.wall_ratio`).
 //!
 //! Run: `cargo bench --bench scale` (PostgreSQL's server binaries, as for the tests).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
+
+// Its readiness check and term reading; the write load is the etcd_roll bench's.
+#[allow(dead_code)]
+#[path = "support/etcd_load.rs"]
+mod etcd_load;
 
 use chrono::Utc;
 use rollgate::adapters::kube::Kube;
@@ -158,7 +176,13 @@ async fn measure(
             None => 0.0,
         }
     };
-    let (cpu_before, bytes_before, wal_before) = (cpu(), written(), lsn(wal).await);
+    let bytes_now = async || match wal {
+        Some(_) => lsn(wal).await,
+        None => written() as f64,
+    };
+    let (cpu_before, bytes_before) = (cpu(), bytes_now().await);
+    // A run's creation (once per run: every step written once) is not a transition.
+    let (mut cpu_apart, mut bytes_apart) = (Duration::ZERO, 0.0);
     let mut next = Next::Nothing;
     let mut done = 0;
     while done < n {
@@ -178,36 +202,71 @@ async fn measure(
                     run.status,
                     run.reason
                 );
+                let (cpu_at, bytes_at) = (cpu(), bytes_now().await);
                 run = template.clone();
                 run.id = uuid::Uuid::now_v7().to_string();
-                assert!(store.insert_run_if_absent(&run).await.expect("insert"));
+                let mut commit = Commit {
+                    runs: vec![run],
+                    ..Commit::default()
+                };
+                store.commit_keeping(&mut commit).await.expect("insert");
+                run = commit.runs.pop().expect("the run back");
                 next = advance(&mut run, Input::Start, &ctx).expect("start");
+                cpu_apart += cpu() - cpu_at;
+                bytes_apart += bytes_now().await - bytes_at;
                 continue;
             }
         };
         next = advance(&mut run, input, &ctx).expect("advance");
-        store
-            .commit(Commit {
-                runs: vec![run.clone()],
-                ..Commit::default()
-            })
-            .await
-            .expect("commit");
+        // As the worker does: the run goes into the commit and comes back written.
+        let mut commit = Commit {
+            runs: vec![run],
+            ..Commit::default()
+        };
+        store.commit_keeping(&mut commit).await.expect("commit");
+        run = commit.runs.pop().expect("the run back");
         done += 1;
     }
     assert!(done > 0, "no transition ran");
-    let cpu_ms = (cpu() - cpu_before).as_secs_f64() * 1e3 / done as f64;
-    let bytes = match wal {
-        Some(_) => lsn(wal).await - wal_before,
-        None => (written() - bytes_before) as f64,
-    } / done as f64;
+    let cpu_ms = (cpu() - cpu_before - cpu_apart).as_secs_f64() * 1e3 / done as f64;
+    let bytes = (bytes_now().await - bytes_before - bytes_apart) / done as f64;
     (cpu_ms, bytes)
 }
 
 #[tokio::main]
 async fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    let parts = std::env::var("BENCH_PARTS")
+        .unwrap_or_else(|_| "transitions,plan,batches,etcd_roll".into());
+    let parts: Vec<&str> = parts.split(',').map(str::trim).collect();
+    let mut results = json!({"transitions": {}, "plan": {"ms": {}}, "batches": {"efficiency": {}}, "etcd_roll": {}});
+    if parts.contains(&"transitions") {
+        transitions_part(&mut results).await;
+    }
+    if parts.contains(&"plan") {
+        plan_part(&mut results).await;
+    }
+    if parts.contains(&"batches") {
+        batches_part(&mut results).await;
+    }
+    if parts.contains(&"etcd_roll") {
+        etcd_roll_part(&mut results).await;
+    }
+    results["peak_rss_mb"] = json!(peak_rss_mb());
+    println!("peak RSS of this process: {:.0} MB", peak_rss_mb());
+    if let Ok(path) = std::env::var("BENCH_JSON") {
+        std::fs::write(
+            &path,
+            serde_json::to_string_pretty(&results).unwrap_or_default(),
+        )
+        .unwrap_or_else(|e| panic!("write {path}: {e}"));
+    }
+}
+
+async fn transitions_part(results: &mut Value) {
     let n = transitions();
-    let mut results = json!({"transitions": {}, "plan": {"ms": {}}});
     println!(
         "compares: one run transition (engine + store commit) for 1 control plane + 10, 100 and 1,000 workers, on SQLite and PostgreSQL; the target is the 1,000-worker cost within 1.5x of the 10-worker one"
     );
@@ -259,7 +318,9 @@ async fn main() {
         );
         results["transitions"][backend] = json!({"cpu_ms": cpu_at, "bytes": bytes_at});
     }
+}
 
+async fn plan_part(results: &mut Value) {
     println!();
     println!(
         "compares: rollgate plan's work (list the nodes, plan) for 1 + 5,000 nodes against the 2 s target"
@@ -274,13 +335,172 @@ async fn main() {
         run.steps.len()
     );
     results["plan"]["ms"]["5000"] = json!(took.as_secs_f64() * 1e3);
-    results["peak_rss_mb"] = json!(peak_rss_mb());
-    println!("peak RSS of this process: {:.0} MB", peak_rss_mb());
-    if let Ok(path) = std::env::var("BENCH_JSON") {
-        std::fs::write(
-            &path,
-            serde_json::to_string_pretty(&results).unwrap_or_default(),
-        )
-        .unwrap_or_else(|e| panic!("write {path}: {e}"));
+}
+
+fn at(step: &Value, field: &str) -> chrono::DateTime<Utc> {
+    step[field]
+        .as_str()
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        .unwrap_or_else(|| panic!("no {field} in {step}"))
+        .with_timezone(&Utc)
+}
+
+fn secs(from: chrono::DateTime<Utc>, to: chrono::DateTime<Utc>) -> f64 {
+    (to - from).to_std().unwrap_or_default().as_secs_f64()
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// One upgrade of the ground's cluster with `max_unavailable` `k`.
+struct BatchRun {
+    /// The control-plane stage: its first step's start to its last step's end.
+    control_plane: f64,
+    /// The control-plane and workers stages together.
+    measured: f64,
+    /// Each worker's drain start to its uncordon's end.
+    cycles: Vec<f64>,
+    /// Each workers' soak.
+    soaks: Vec<f64>,
+    /// The most workers cordoned at once (the API server's own log).
+    most: usize,
+}
+
+async fn batch_upgrade(workers: usize, k: usize) -> BatchRun {
+    let ground = support::ground::Ground::start("1.34.2", workers).await;
+    for node in &ground.nodes {
+        node.slow_kubeadm(2);
     }
+    let rg = ground
+        .rollgate(&[
+            ("ROLLGATE__LOG__LEVEL", "warn".into()),
+            ("ROLLGATE__CLUSTER__SOAK", "5s".into()),
+            ("ROLLGATE__CLUSTER__MAX_UNAVAILABLE", k.to_string()),
+        ])
+        .await;
+    let id = rg.detect("1.34.5", "patch").await;
+    let run = rg
+        .wait_status(&id, "succeeded", Duration::from_secs(3600))
+        .await;
+    ground.assert_all_at("1.34.5");
+    let steps = run["steps"].as_array().expect("steps");
+    let stage =
+        |name: &str| -> Vec<&Value> { steps.iter().filter(|s| s["stage"] == name).collect() };
+    let (cps, ws) = (stage("control-plane"), stage("workers"));
+    let (cp_first, cp_last) = (cps.first().expect("a step"), cps.last().expect("a step"));
+    let w_last = ws.iter().map(|s| at(s, "ended_at")).max().expect("a step");
+    let step = |name: &str, node: &str| -> &Value {
+        ws.iter()
+            .find(|s| s["name"] == name && s["node"] == node)
+            .unwrap_or_else(|| panic!("no {name}@{node}"))
+    };
+    let nodes: Vec<&str> = ws
+        .iter()
+        .filter(|s| s["name"] == "drain")
+        .filter_map(|s| s["node"].as_str())
+        .collect();
+    BatchRun {
+        control_plane: secs(at(cp_first, "started_at"), at(cp_last, "ended_at")),
+        measured: secs(at(cp_first, "started_at"), w_last),
+        cycles: nodes
+            .iter()
+            .map(|n| {
+                secs(
+                    at(step("drain", n), "started_at"),
+                    at(step("uncordon", n), "ended_at"),
+                )
+            })
+            .collect(),
+        soaks: ws
+            .iter()
+            .filter(|s| s["name"] == "soak")
+            .map(|s| secs(at(s, "started_at"), at(s, "ended_at")))
+            .collect(),
+        most: ground.most_workers_cordoned_at_once().0,
+    }
+}
+
+async fn batches_part(results: &mut Value) {
+    let workers: usize = std::env::var("BENCH_WORKERS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(48);
+    println!();
+    println!(
+        "compares: 1 control plane + {workers} workers upgraded with max_unavailable 1, 4 and 12 (node script 2 s, soak 5 s) against the ideal ceil({workers}/k) x (one node's cycle + soak) + the control plane's time"
+    );
+    let mut runs = Vec::new();
+    for k in [1usize, 4, 12] {
+        runs.push((k, batch_upgrade(workers, k).await));
+    }
+    let cycle = median(runs[0].1.cycles.clone());
+    let soak = median(runs[0].1.soaks.clone());
+    println!("one node's cycle (median at k = 1): {cycle:.2} s; soak {soak:.2} s");
+    println!(
+        "{:>4} {:>12} {:>12} {:>12} {:>11} {:>14}",
+        "k", "measured s", "ideal s", "control s", "efficiency", "most cordoned"
+    );
+    for (k, run) in &runs {
+        let ideal = workers.div_ceil(*k) as f64 * (cycle + soak) + run.control_plane;
+        let efficiency = ideal / run.measured;
+        println!(
+            "{k:>4} {:>12.1} {ideal:>12.1} {:>12.1} {efficiency:>11.2} {:>14}",
+            run.measured, run.control_plane, run.most
+        );
+        results["batches"]["efficiency"][k.to_string()] = json!(efficiency);
+    }
+}
+
+/// Rolls 5 members with rollgate, or with the naive loop; wall seconds and the raft term's
+/// rise.
+async fn etcd_roll_once(rollgate_roll: bool) -> (f64, u64) {
+    use rollgate::workflows::etcd_roll::{RollSettings, roll};
+    use std::sync::Arc;
+    let cluster = support::scripted::Scripted::start(5).await;
+    let etcd = Arc::new(cluster.etcd());
+    etcd_load::wait_healthy(&etcd).await;
+    let term = etcd_load::max_term(&etcd).await;
+    let started = Instant::now();
+    if rollgate_roll {
+        let driver = cluster.command_driver();
+        let settings = RollSettings {
+            ready_timeout: Duration::from_secs(30),
+            cooldown: Duration::ZERO,
+            max_lag: 1000,
+            transfer_timeout: Duration::from_secs(10),
+        };
+        roll(etcd.clone(), &driver, &settings, None, |_| {})
+            .await
+            .expect("rollgate roll");
+    } else {
+        for name in cluster.names.iter().rev() {
+            let ok = tokio::process::Command::new(cluster.path("restart.sh"))
+                .args([name.as_str(), "TERM"])
+                .status()
+                .await
+                .expect("restart script")
+                .success();
+            assert!(ok, "restart.sh {name}");
+            etcd_load::wait_healthy(&etcd).await;
+        }
+    }
+    let took = started.elapsed().as_secs_f64();
+    (took, etcd_load::max_term(&etcd).await.saturating_sub(term))
+}
+
+async fn etcd_roll_part(results: &mut Value) {
+    println!();
+    println!(
+        "compares: a 5-member etcd roll by rollgate (goes on once a member has caught up) against a naive restart-then-wait-healthy loop with the same readiness check, in the same run"
+    );
+    let (naive, naive_changes) = etcd_roll_once(false).await;
+    let (ours, our_changes) = etcd_roll_once(true).await;
+    println!(
+        "naive loop {naive:.2} s ({naive_changes} leadership change(s)); rollgate {ours:.2} s ({our_changes}); ratio {:.2}",
+        ours / naive
+    );
+    results["etcd_roll"]["wall_ratio"] = json!(ours / naive);
+    results["etcd_roll"]["changes"] = json!({"rollgate": our_changes, "naive": naive_changes});
 }

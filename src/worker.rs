@@ -4,8 +4,7 @@
 
 use chrono::Utc;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use std::future::Future;
-use std::pin::Pin;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -54,6 +53,12 @@ pub struct Worker {
     pub leading: Option<watch::Receiver<bool>>,
     /// The gate, told when a commit changed the alert board.
     pub gate: Option<Arc<crate::workflows::gate::Gate>>,
+    /// One lock per run: whatever reads, advances and commits a run (an event, a step's
+    /// outcome) holds it, so that the steps of a run driven beside the queue never lose
+    /// an update.
+    run_locks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The tasks driving steps, waited for when the worker stops.
+    drives: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 /// Limits the engine applies to every run.
@@ -123,6 +128,8 @@ impl Worker {
             windows: Windows::default(),
             leading: None,
             gate: None,
+            run_locks: Default::default(),
+            drives: Default::default(),
         }
     }
 
@@ -205,7 +212,11 @@ impl Worker {
     /// Runs until `shutdown` turns true. The message in hand is finished first. With
     /// several replicas it consumes only while it is the active worker: it stops consuming
     /// when deposed (the broker gives what it had to the next) and recovers when elected.
-    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+    pub async fn run(self, shutdown: watch::Receiver<bool>) {
+        Arc::new(self).serve(shutdown).await;
+    }
+
+    async fn serve(self: &Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         'elected: while self.until_leading(&mut shutdown).await {
             if let Err(e) = self.recover().await {
                 warn!(error = %crate::error_chain(&e), "recovery after start failed; unfinished runs resume on their next event");
@@ -231,12 +242,44 @@ impl Worker {
                 }
             }
         }
+        // The steps in hand finish first, as the message in hand does.
+        let drives = std::mem::take(&mut *lock(&self.drives));
+        for drive in drives {
+            let _ = drive.await;
+        }
         info!("worker stopped");
+    }
+
+    /// Drives `steps` of `run` in a task of its own, beside the queue: controls and wakes
+    /// for the run (a halt, a worker's retry) are applied while its steps are in hand.
+    fn spawn_drive(self: &Arc<Self>, run: Run, steps: Vec<(usize, u64)>) {
+        let me = self.clone();
+        let task = tokio::spawn(
+            async move { me.drive(run, steps).await }.instrument(tracing::Span::current()),
+        );
+        let mut drives = lock(&self.drives);
+        drives.retain(|d| !d.is_finished());
+        drives.push(task);
+    }
+
+    /// The lock of run `id`.
+    fn run_lock(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        lock(&self.run_locks)
+            .entry(id.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    /// Forgets the lock of a run that has ended.
+    fn forget_lock(&self, run: &Run) {
+        if run.status.is_terminal() {
+            lock(&self.run_locks).remove(&run.id);
+        }
     }
 
     /// Handles what the queue gave, with the alert notifications in hand behind it;
     /// false when the queue is closed.
-    async fn receive(&self, delivery: Result<Delivery, QueueError>) -> bool {
+    async fn receive(self: &Arc<Self>, delivery: Result<Delivery, QueueError>) -> bool {
         {
             match delivery {
                 Ok(d) if alerts_batchable(&d) => {
@@ -373,7 +416,7 @@ impl Worker {
     /// Handles `first` and `more` in their order, each run of alert notifications in one
     /// commit (a board update is the same whichever of them it comes from; what else is in
     /// hand keeps its place).
-    async fn handle_in_order(&self, first: Delivery, more: Vec<Delivery>) {
+    async fn handle_in_order(self: &Arc<Self>, first: Delivery, more: Vec<Delivery>) {
         let mut alerts: Vec<(Delivery, CloudEvent, AlertBatch)> = Vec::new();
         for delivery in std::iter::once(first).chain(more) {
             if alerts_batchable(&delivery)
@@ -390,7 +433,7 @@ impl Worker {
 
     /// Several alert notifications in one commit: each marked processed (one seen before
     /// is skipped alone), every alert on the board, then each acked.
-    async fn handle_alerts(&self, mut alerts: Vec<(Delivery, CloudEvent, AlertBatch)>) {
+    async fn handle_alerts(self: &Arc<Self>, mut alerts: Vec<(Delivery, CloudEvent, AlertBatch)>) {
         if alerts.len() <= 1 {
             if let Some((delivery, ..)) = alerts.pop() {
                 self.handle(delivery).await;
@@ -487,7 +530,7 @@ impl Worker {
             .collect())
     }
 
-    async fn handle(&self, delivery: Delivery) {
+    async fn handle(self: &Arc<Self>, delivery: Delivery) {
         let (event, data) = match CloudEvent::decode(&delivery.body) {
             Ok(decoded) => decoded,
             Err(e) => {
@@ -518,7 +561,7 @@ impl Worker {
                         warn!(error = %crate::error_chain(&e), "ack failed; the event will be redelivered and skipped");
                     }
                     if let Some((run, steps)) = next {
-                        self.drive(run, steps).await;
+                        self.spawn_drive(run, steps);
                     }
                 }
                 Err(e) => self.release_later(&[&delivery], &e).await,
@@ -560,6 +603,19 @@ impl Worker {
             info!("already processed; skipping");
             return Ok(None);
         }
+        let run_lock = match &data {
+            EventData::Control(c) => Some(c.run_id.as_str()),
+            EventData::Wake(w) => Some(w.run_id.as_str()),
+            EventData::Detection { run_id, .. } | EventData::EtcdRoll { run_id, .. } => {
+                run_id.as_deref()
+            }
+            EventData::Alerts(_) => None,
+        }
+        .map(|id| self.run_lock(id));
+        let _held = match &run_lock {
+            Some(run_lock) => Some(run_lock.lock().await),
+            None => None,
+        };
         let mut commit = Commit {
             event: Some((event.id.clone(), kind.type_name())),
             ..Commit::default()
@@ -616,7 +672,8 @@ impl Worker {
                 Some(mut run) => {
                     let by = by.unwrap_or_else(|| event.source.clone());
                     info!(%run_id, %action, %by, "control");
-                    step = self.apply(
+                    let changed;
+                    (step, changed) = self.apply(
                         &mut run,
                         Input::Control {
                             action,
@@ -626,16 +683,23 @@ impl Worker {
                         &mut commit,
                         &mut notices,
                     );
-                    commit.runs.push(run);
+                    if changed {
+                        commit.runs.push(run);
+                    }
                 }
             },
             EventData::Wake(WakeRequest { run_id, epoch }) => {
                 match self.store.get_run(&run_id).await? {
                     None => warn!(%run_id, "wake for an unknown run; ignored"),
                     Some(mut run) => {
-                        step =
+                        let changed;
+                        (step, changed) =
                             self.apply(&mut run, Input::Wake { epoch }, &mut commit, &mut notices);
-                        commit.runs.push(run);
+                        // A stale wake (of a run aborted, or of a step started again since)
+                        // changes nothing, and nothing of the run is written.
+                        if changed {
+                            commit.runs.push(run);
+                        }
                     }
                 }
             }
@@ -710,7 +774,7 @@ impl Worker {
             run.transition(RunStatus::Failed, reason, Utc::now());
             Vec::new()
         } else {
-            self.apply(&mut run, Input::Start, commit, notices)
+            self.apply(&mut run, Input::Start, commit, notices).0
         };
         // Its whole history is news, creation included (the intake tells nothing).
         *notices = notices_since(&run, 0);
@@ -719,14 +783,16 @@ impl Worker {
     }
 
     /// Feeds `input` to the engine; puts its wakes in the outbox and returns the steps to
-    /// run. The transitions it adds go to `notices`, told once committed.
+    /// run, and whether the run changed. The transitions it adds go to `notices`, told
+    /// once committed.
     fn apply(
         &self,
         run: &mut Run,
         input: Input,
         commit: &mut Commit,
         notices: &mut Vec<Notice>,
-    ) -> Vec<(usize, u64)> {
+    ) -> (Vec<(usize, u64)>, bool) {
+        let before = (run.epoch, run.history.len(), run.touched.steps.len());
         let can_execute = |step: &Step| self.executors.get(step).is_some();
         let ctx = Context {
             now: Utc::now(),
@@ -745,7 +811,7 @@ impl Worker {
         match result {
             Err(refused) => {
                 warn!(run_id = %run.id, error = %refused, "control refused");
-                Vec::new()
+                (Vec::new(), false)
             }
             Ok(next) => {
                 if run.status != from {
@@ -761,83 +827,63 @@ impl Worker {
                         Next::Nothing | Next::All(_) => {}
                     }
                 }
-                steps
+                let after = (run.epoch, run.history.len(), run.touched.steps.len());
+                (steps, after != before || run.touched.all)
             }
         }
     }
 
     /// Executes steps while the engine asks for them, several at once when it hands out a
-    /// batch's workers, persisting each outcome as it comes. While steps of the run are in
-    /// hand, the run's other steps that wait (a worker's retry, a drain held by a budget)
-    /// are woken here at their time, so that one worker's wait does not sit in the queue
-    /// behind another's cycle; their queued wakes are then stale and ignored.
+    /// batch's workers, committing each outcome (under the run's lock) as it comes.
     async fn drive(&self, mut run: Run, steps: Vec<(usize, u64)>) {
-        let mut work: FuturesUnordered<Pin<Box<dyn Future<Output = Driven> + Send + '_>>> =
-            FuturesUnordered::new();
-        let mut running = 0usize;
-        let mut timed = std::collections::HashSet::new();
+        let mut running = FuturesUnordered::new();
         for (index, epoch) in steps {
-            running += 1;
-            work.push(Box::pin(self.execute(run.clone(), index, epoch)));
+            running.push(self.execute(run.clone(), index, epoch));
         }
-        self.time_wakes(&run, &mut timed, &mut work);
-        while running > 0 {
-            let Some(driven) = work.next().await else {
+        while let Some(driven) = running.next().await {
+            let Driven::Finished {
+                index,
+                epoch,
+                outcome,
+                took,
+            } = driven
+            else {
                 return;
             };
-            let input = match driven {
-                Driven::Deposed => return,
-                Driven::Finished {
-                    index,
-                    epoch,
-                    outcome,
-                    took,
-                } => {
-                    running -= 1;
-                    self.metrics
-                        .step_duration
-                        .with_label_values(&[run.kind.name(), run.steps[index].kind.name()])
-                        .observe(took.as_secs_f64());
-                    Input::StepFinished { epoch, outcome }
-                }
-                Driven::Woken { epoch } => Input::Wake { epoch },
-            };
-            // Re-read: a control may have been applied while the step ran.
+            self.metrics
+                .step_duration
+                .with_label_values(&[run.kind.name(), run.steps[index].kind.name()])
+                .observe(took.as_secs_f64());
+            // Re-read under the run's lock: a control or a wake may have been applied
+            // while the step ran.
+            let run_lock = self.run_lock(&run.id);
+            let _held = run_lock.lock().await;
             if let Ok(Some(latest)) = self.store.get_run(&run.id).await {
                 run = latest;
             }
             let mut commit = Commit::default();
             let mut notices = Vec::new();
-            let next = self.apply(&mut run, input, &mut commit, &mut notices);
+            let (next, changed) = self.apply(
+                &mut run,
+                Input::StepFinished { epoch, outcome },
+                &mut commit,
+                &mut notices,
+            );
+            if !changed {
+                // A late outcome (the run was aborted, or the step started again since):
+                // nothing to write.
+                continue;
+            }
             commit.runs.push(run.clone());
             if let Err(e) = self.commit(commit).await {
                 warn!(run_id = %run.id, error = %crate::error_chain(&e), "cannot persist a step outcome; the steps in hand run again after recovery");
                 return;
             }
+            self.forget_lock(&run);
             self.tell(notices);
             self.flush_or_keep().await;
             for (index, epoch) in next {
-                running += 1;
-                work.push(Box::pin(self.execute(run.clone(), index, epoch)));
-            }
-            self.time_wakes(&run, &mut timed, &mut work);
-        }
-    }
-
-    /// Adds a timer for each step of `run` waiting on a wake that has none yet.
-    fn time_wakes<'a>(
-        &'a self,
-        run: &Run,
-        timed: &mut std::collections::HashSet<u64>,
-        work: &mut FuturesUnordered<Pin<Box<dyn Future<Output = Driven> + Send + 'a>>>,
-    ) {
-        for (epoch, at) in run.waiting_in_hand() {
-            if timed.insert(epoch) {
-                let pause = (at - Utc::now()).to_std().unwrap_or_default();
-                work.push(Box::pin(async move {
-                    tokio::time::sleep(pause).await;
-                    Driven::Woken { epoch }
-                }));
+                running.push(self.execute(run.clone(), index, epoch));
             }
         }
     }
@@ -879,8 +925,6 @@ enum Driven {
         outcome: StepOutcome,
         took: Duration,
     },
-    /// A waiting step's time came.
-    Woken { epoch: u64 },
     /// This worker is no longer the active one (or nothing executes the step): the run is
     /// left as stored.
     Deposed,
@@ -892,6 +936,13 @@ impl Worker {
             self.notifier.notify(notice);
         }
     }
+}
+
+/// `mutex`'s guard; a holder that panicked left nothing half-done in these maps.
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A notice for each transition of `run` from history index `from` on.

@@ -390,6 +390,44 @@ async fn halt_resume_abort_move_a_run_through_its_statuses_with_history() {
             .await;
         assert_eq!(status, 409, "{action} of an aborted run: {body}");
     }
+    // Paged: the steps and transitions asked for, and where they sit in the whole.
+    let whole = run["history"].as_array().unwrap().len();
+    let (status, page) = rg
+        .get(&format!(
+            "/v1/runs/{id}?steps_from=1&steps_limit=2&history_last=2"
+        ))
+        .await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["steps"], json!(run["steps"].as_array().unwrap()[1..3]));
+    assert_eq!(
+        page["history"],
+        json!(run["history"].as_array().unwrap()[whole - 2..])
+    );
+    assert_eq!(
+        page["page"],
+        json!({"steps_from": 1, "steps_total": run["steps"].as_array().unwrap().len(), "history_from": whole - 2, "history_total": whole})
+    );
+    let (status, page) = rg
+        .get(&format!("/v1/runs/{id}?history_from=1&history_limit=1"))
+        .await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["history"], json!([run["history"][1]]));
+    assert_eq!(
+        page["steps"], run["steps"],
+        "all steps when only the history is paged"
+    );
+    for bad in [
+        "steps_limit=0",
+        "history_limit=1001",
+        "history_last=5&history_from=1",
+    ] {
+        let (status, body) = rg.get(&format!("/v1/runs/{id}?{bad}")).await;
+        assert_eq!(status, 422, "{bad}: {body}");
+        assert!(
+            body["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{body}"
+        );
+    }
     let (status, _) = rg.post("/v1/runs/no-such-run/halt", &json!({})).await;
     assert_eq!(status, 404);
     let (status, _) = rg.post(&format!("/v1/runs/{id}/explode"), &json!({})).await;

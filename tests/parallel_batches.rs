@@ -48,6 +48,15 @@ fn scripts_running(run: &Value) -> usize {
     })
 }
 
+/// Resumes halted run `id` and waits until the resume has applied.
+async fn resume(rg: &Rollgate, id: &str, reason: &str) {
+    assert_eq!(rg.control(id, "resume", reason).await, 202);
+    rg.wait_run_until(id, "the resume to apply", RUN_DEADLINE, |r| {
+        r["status"] != "halted"
+    })
+    .await;
+}
+
 fn done_steps(run: &Value) -> usize {
     run["steps"]
         .as_array()
@@ -158,8 +167,10 @@ async fn a_failure_budget_of_one_leaves_a_worker_behind_halts_on_the_second_and_
         ),
         "{run}"
     );
-    // The others went on: the batch after w3's and w5's batch mate are done.
-    for node in ["w4", "w2", "w1", "w6"] {
+    // The others went on: w3's batch mate and the batch after are done; w5's batch mate
+    // finished at least its script (the halt let the step it had in hand finish).
+    assert_eq!(step(&run, "workers/upgrade@w6")["status"], "done", "{run}");
+    for node in ["w4", "w2", "w1"] {
         assert_eq!(
             step(&run, &format!("workers/uncordon@{node}"))["status"],
             "done",
@@ -172,7 +183,7 @@ async fn a_failure_budget_of_one_leaves_a_worker_behind_halts_on_the_second_and_
     // w5 is fixed, w3 is not: resume retries both; w3 fails again, within the budget, and
     // the run holds at its end naming it.
     ground.node("w5").fix_upgrade();
-    assert_eq!(rg.control(&id, "resume", "w5 fixed").await, 202);
+    resume(&rg, &id, "w5 fixed").await;
     let run = rg
         .wait_run_until(&id, "the run to hold naming w3", RUN_DEADLINE, |r| {
             r["status"] == "halted" && r["reason"].as_str().unwrap_or("").contains("left behind")
@@ -187,7 +198,13 @@ async fn a_failure_budget_of_one_leaves_a_worker_behind_halts_on_the_second_and_
         ),
         "{reason}"
     );
-    assert_eq!(step(&run, "workers/uncordon@w5")["status"], "done", "{run}");
+    for node in ["w5", "w6"] {
+        assert_eq!(
+            step(&run, &format!("workers/uncordon@{node}"))["status"],
+            "done",
+            "{run}"
+        );
+    }
     assert_eq!(
         step(&run, "postflight/nodes-at-target")["status"],
         "pending",
@@ -196,7 +213,7 @@ async fn a_failure_budget_of_one_leaves_a_worker_behind_halts_on_the_second_and_
     assert!(cordoned(&ground, "w3") && !cordoned(&ground, "w5"));
 
     ground.node("w3").fix_upgrade();
-    assert_eq!(rg.control(&id, "resume", "w3 fixed").await, 202);
+    resume(&rg, &id, "w3 fixed").await;
     rg.wait_status(&id, "succeeded", RUN_DEADLINE).await;
     ground.assert_all_at("1.34.5");
     ground.assert_drained_once();
@@ -346,5 +363,55 @@ async fn kill_9_at_twelve_moments_while_node_scripts_run_drains_no_node_twice() 
                 node.name
             );
         }
+    }
+}
+
+#[tokio::test]
+async fn a_halt_lets_the_batchs_scripts_finish_and_starts_nothing_after_them() {
+    let ground = Ground::start("1.34.2", 4).await;
+    for node in &ground.nodes {
+        node.slow_kubeadm(3);
+    }
+    let rg = ground
+        .rollgate(&[("ROLLGATE__CLUSTER__MAX_UNAVAILABLE", "4".into())])
+        .await;
+    let id = rg.detect("1.34.5", "patch").await;
+    rg.wait_run_until(&id, "the four scripts running", RUN_DEADLINE, |r| {
+        scripts_running(r) == 4
+    })
+    .await;
+    assert_eq!(rg.control(&id, "halt", "look first").await, 202);
+    let run = rg.wait_status(&id, "halted", RUN_DEADLINE).await;
+    assert!(
+        support::history_has(&run, "(after the 4 steps in hand)"),
+        "{run}"
+    );
+    for node in ["w1", "w2", "w3", "w4"] {
+        assert_eq!(
+            step(&run, &format!("workers/upgrade@{node}"))["status"],
+            "done",
+            "{run}"
+        );
+        assert_eq!(
+            step(&run, &format!("workers/verify@{node}"))["status"],
+            "pending",
+            "{run}"
+        );
+        assert!(
+            cordoned(&ground, node),
+            "{node} is left as the halt found it"
+        );
+        assert_eq!(ground.node(node).upgrade_spans().len(), 1);
+    }
+    resume(&rg, &id, "looked").await;
+    rg.wait_status(&id, "succeeded", RUN_DEADLINE).await;
+    ground.assert_all_at("1.34.5");
+    ground.assert_drained_once();
+    for node in &ground.nodes {
+        assert!(
+            node.upgrade_spans().len() <= 1,
+            "{}: script run again",
+            node.name
+        );
     }
 }

@@ -44,11 +44,7 @@ async fn the_status_page_follows_a_run_live_and_controls_it() {
         "{}",
         browser.url().await
     );
-    browser
-        .wait_text("#login-form h1", "the login", LIVE, |t| {
-            t.contains("Log in")
-        })
-        .await;
+    wait_for_login(&browser).await;
     browser.type_into("#token", "not-the-token").await;
     browser.click("#login").await;
     let refused = browser
@@ -276,11 +272,7 @@ async fn a_read_token_sees_the_run_and_who_asked_for_it_but_cannot_control_it() 
     browser.goto(&format!("{}/ui", rg.base())).await;
 
     // A token that may not read is refused at the login, naming the scope.
-    browser
-        .wait_text("#login-form h1", "the login", LIVE, |t| {
-            t.contains("Log in")
-        })
-        .await;
+    wait_for_login(&browser).await;
     browser.type_into("#token", token_of("alertmanager")).await;
     browser.click("#login").await;
     let refused = browser
@@ -343,4 +335,180 @@ async fn a_read_token_sees_the_run_and_who_asked_for_it_but_cannot_control_it() 
         .screenshot(&screenshots().join("read-only.png"))
         .await;
     assert_eq!(rg.run(&id).await["status"], "waiting");
+}
+
+/// A planned upgrade of 1 control plane + `workers` workers in batches of 4, driven by the
+/// engine until the third batch's node scripts are in hand, then halted after them.
+fn thousand_node_run(workers: usize) -> rollgate::domain::run::Run {
+    use rollgate::domain::engine::{Input, Next, StepOutcome, advance};
+    use rollgate::domain::event::{ControlAction, DetectionRequest, StageSelection, UpgradeKind};
+    use rollgate::domain::k8s_upgrade::{
+        self, ClusterFacts, MaxUnavailable, NodeFacts, PlanSettings, Role,
+    };
+    use rollgate::domain::run::{FailurePolicy, Run};
+    use rollgate::domain::version::Version;
+    let v = |s: &str| Version::parse(s).unwrap();
+    let node = |name: String, role| NodeFacts {
+        name,
+        role,
+        kubelet: v("1.34.2"),
+        containerd: None,
+        ready: true,
+        address: None,
+    };
+    let mut nodes = vec![node("cp".into(), Role::ControlPlane)];
+    nodes.extend((1..=workers).map(|i| node(format!("w{i:04}"), Role::Worker)));
+    let request = DetectionRequest {
+        target_version: v("1.34.5"),
+        kind: UpgradeKind::Patch,
+        dry_run: false,
+        stages: StageSelection::all(),
+    };
+    let settings = PlanSettings {
+        max_unavailable: MaxUnavailable::Count(4),
+        ..PlanSettings::default()
+    };
+    let plan = k8s_upgrade::plan(&request, &ClusterFacts { nodes }, None, &settings).unwrap();
+    let mut run = Run::k8s_upgrade(
+        uuid::Uuid::now_v7().to_string(),
+        &request,
+        FailurePolicy::Halt,
+        chrono::Utc::now(),
+    );
+    run.steps.extend(plan.steps);
+    let ctx = support::engine_context(chrono::Utc::now());
+    let mut pending = advance(&mut run, Input::Start, &ctx).unwrap().into_each();
+    // Workers go by name: the third batch is w0009 to w0012.
+    let third_batch_scripts = |run: &Run| {
+        let mut in_hand = run.summary().in_hand;
+        in_hand.sort();
+        in_hand
+            == (9..=12)
+                .map(|i| format!("workers/upgrade@w{i:04}"))
+                .collect::<Vec<_>>()
+    };
+    while !third_batch_scripts(&run) {
+        let next = pending.remove(0);
+        let input = match next {
+            Next::RunStep { epoch, .. } => Input::StepFinished {
+                epoch,
+                outcome: StepOutcome::done("ok"),
+            },
+            Next::WakeAt { epoch, .. } => Input::Wake { epoch },
+            other => panic!("the run stopped: {other:?}: {}", run.reason),
+        };
+        pending.extend(advance(&mut run, input, &ctx).unwrap().into_each());
+    }
+    let halt = Input::Control {
+        action: ControlAction::Halt,
+        reason: "a look at the page".into(),
+        by: Some("admin".into()),
+    };
+    advance(&mut run, halt, &ctx).unwrap();
+    for next in pending {
+        if let Next::RunStep { epoch, .. } = next {
+            let done = Input::StepFinished {
+                epoch,
+                outcome: StepOutcome::done("ok"),
+            };
+            advance(&mut run, done, &ctx).unwrap();
+        }
+    }
+    assert_eq!(
+        run.status,
+        rollgate::domain::run::RunStatus::Halted,
+        "{}",
+        run.reason
+    );
+    run
+}
+
+#[tokio::test]
+async fn a_1000_node_run_renders_grouped_by_batch_and_follows_live() {
+    let mut rg = support::Rollgate::start(&[]).await;
+    rg.terminate();
+    let run = thousand_node_run(1000);
+    let id = run.id.clone();
+    {
+        let store = rollgate::store::Store::open(&rg.data_dir().join("store.db")).unwrap();
+        assert!(store.insert_run_if_absent(&run).await.unwrap());
+    }
+    rg.restart().await;
+    let browser = Browser::start(1280, 900).await;
+    browser.goto(&format!("{}/ui", rg.base())).await;
+    wait_for_login(&browser).await;
+    browser.type_into("#token", &rg.token).await;
+    browser.click("#login").await;
+    browser
+        .wait_text("main h1", "the runs list", LIVE, |t| t == "Runs")
+        .await;
+    browser.goto(&format!("{}/ui#/runs/{id}", rg.base())).await;
+    browser
+        .wait_text("#run-id", "the run's page", LIVE, |t| t == id)
+        .await;
+    browser
+        .script("window.rollgateMark = 'not reloaded'; return true")
+        .await;
+    let count = |selector: &str| format!("return document.querySelectorAll(\"{selector}\").length");
+    assert_eq!(
+        browser.script(&count("details.batch")).await,
+        json!(250),
+        "1,000 workers in batches of 4"
+    );
+    // The 1,000 workers and the control plane (its pre-flight kubeadm-plan).
+    assert_eq!(browser.script(&count(".node")).await, json!(1001));
+    // The batch in hand is open, naming its four nodes; the others are closed.
+    let open = browser
+        .script("return [...document.querySelectorAll('details.batch[open]')].map((d) => d.dataset.batch)")
+        .await;
+    assert_eq!(open, json!(["3"]), "only the batch in hand is open");
+    let third = browser
+        .wait_text(
+            "details.batch[data-batch='3'] summary",
+            "the third batch",
+            LIVE,
+            |t| !t.is_empty(),
+        )
+        .await;
+    assert_eq!(third, "batch 3 (4 nodes): 0 done, 4 in hand, 0 waiting");
+    let first = browser
+        .wait_text(
+            "details.batch[data-batch='1'] summary",
+            "the first batch",
+            LIVE,
+            |t| !t.is_empty(),
+        )
+        .await;
+    assert_eq!(first, "batch 1 (4 nodes): 4 done, 0 in hand, 0 waiting");
+    browser
+        .screenshot(&screenshots().join("thousand-nodes.png"))
+        .await;
+    // Live: an abort from the API reaches the page without a reload, naming the nodes it
+    // leaves as they are.
+    assert_eq!(rg.control(&id, "abort", "seen enough").await, 202);
+    browser
+        .wait_text("#run-status", "the abort shown live", LIVE, |t| {
+            t == "aborted"
+        })
+        .await;
+    let reason = browser
+        .wait_text("#run-reason", "the reason", LIVE, |t| !t.is_empty())
+        .await;
+    assert!(
+        reason.contains("possibly cordoned: w0009, w0010, w0011, w0012"),
+        "{reason}"
+    );
+    assert_eq!(
+        browser.script("return window.rollgateMark").await,
+        json!("not reloaded")
+    );
+}
+
+/// Waits until the page asks for a token.
+async fn wait_for_login(browser: &Browser) {
+    browser
+        .wait_text("#login-form h1", "the login", LIVE, |t| {
+            t.contains("Log in")
+        })
+        .await;
 }

@@ -264,6 +264,7 @@ async fn postgres_migrates_from_empty_and_from_the_previous_version() {
         )
         .await
         .unwrap();
+    log_as_before(&client, &run).await;
     let store = replica(&url).await;
     assert_eq!(store.get_run("old").await.unwrap().unwrap(), run);
     assert!(matches!(
@@ -286,7 +287,8 @@ async fn postgres_migrates_from_empty_and_from_the_previous_version() {
         panic!("a newer schema was opened");
     };
     let err = rollgate::error_chain(&err);
-    assert!(err.contains("schema version 99, newer than the 2"), "{err}");
+    let known = format!("schema version 99, newer than the {} ", MIGRATIONS.len());
+    assert!(err.contains(&known), "{err}");
 }
 
 #[tokio::test]
@@ -477,5 +479,228 @@ async fn resolved_alerts_leave_the_board_after_a_day_and_firing_ones_stay() {
             ["aa0ld0fir", "aa0new0res", "aa1ater0fir"],
             "{backend}"
         );
+    }
+}
+
+/// A planned upgrade of 1 control plane + `workers` workers, one worker per batch.
+fn planned(id: &str, workers: usize) -> Run {
+    use rollgate::domain::event::Stage;
+    use rollgate::domain::run::Step;
+    use rollgate::domain::step::UpgradeStep;
+    let mut steps = vec![
+        Step::new(UpgradeStep::Plan),
+        Step::new(UpgradeStep::NodesReady),
+    ];
+    for n in std::iter::once("cp".to_owned()).chain((1..=workers).map(|i| format!("w{i}"))) {
+        let stage = if n == "cp" {
+            Stage::ControlPlane
+        } else {
+            Stage::Workers
+        };
+        let node = || n.clone();
+        steps.extend([
+            Step::new(UpgradeStep::Gate {
+                stage,
+                node: Some(node()),
+            }),
+            Step::new(UpgradeStep::Drain {
+                stage,
+                node: node(),
+            }),
+            Step::new(UpgradeStep::Upgrade {
+                stage,
+                node: node(),
+            }),
+            Step::new(UpgradeStep::Verify {
+                stage,
+                node: node(),
+            }),
+            Step::new(UpgradeStep::Uncordon {
+                stage,
+                node: node(),
+            }),
+            Step::new(UpgradeStep::Soak {
+                stage,
+                node: node(),
+            }),
+        ]);
+    }
+    let mut run = upgrade(id, "1.34.5");
+    run.steps = steps;
+    run
+}
+
+/// What the bytes a store wrote are read from.
+enum Meter<'a> {
+    /// SQLite: the size of the WAL file (checkpointed and emptied before a count).
+    Wal(&'a std::path::Path),
+    /// PostgreSQL: the server's WAL position.
+    Lsn(&'a tokio_postgres::Client),
+}
+
+impl Meter<'_> {
+    async fn written(&self) -> u64 {
+        match self {
+            Self::Wal(path) => std::fs::metadata(path).map_or(0, |m| m.len()),
+            Self::Lsn(client) => client
+                .query_one(
+                    "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::BIGINT",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0) as u64,
+        }
+    }
+}
+
+/// Bytes the store wrote for each of `n` transitions of a run of 1 + `workers` workers,
+/// after as many to warm up.
+async fn bytes_per_transition(store: &Store, workers: usize, meter: &Meter<'_>) -> f64 {
+    use rollgate::domain::engine::{Input, Next, StepOutcome, advance};
+    let ctx = support::engine_context(chrono::Utc::now());
+    let mut run = planned(&format!("bytes-{workers}"), workers);
+    let mut next = advance(&mut run, Input::Start, &ctx).unwrap();
+    let mut commit = Commit {
+        runs: vec![run],
+        ..Commit::default()
+    };
+    store.commit_keeping(&mut commit).await.unwrap();
+    let n = 20;
+    let mut before = 0;
+    for i in 0..2 * n {
+        if i == n {
+            before = meter.written().await;
+        }
+        let input = match next {
+            Next::RunStep { epoch, .. } => Input::StepFinished {
+                epoch,
+                outcome: StepOutcome::done("ok"),
+            },
+            Next::WakeAt { epoch, .. } => Input::Wake { epoch },
+            other => panic!("the run stopped: {other:?}"),
+        };
+        next = advance(&mut commit.runs[0], input, &ctx).unwrap();
+        store.commit_keeping(&mut commit).await.unwrap();
+    }
+    (meter.written().await - before) as f64 / n as f64
+}
+
+#[tokio::test]
+async fn a_transition_writes_as_many_bytes_for_500_workers_as_for_10_on_both_backends() {
+    // SQLite: the bytes the WAL grows by (checkpointed and emptied before the count); a
+    // store of its own for each size (one upgrade at a time per store).
+    let dir = tempfile::tempdir().unwrap();
+    let mut sqlite_bytes = Vec::new();
+    for workers in [10, 500] {
+        let path = dir.path().join(format!("store-{workers}.db"));
+        let sqlite = Store::open(&path).unwrap();
+        let wal = path.with_extension("db-wal");
+        let checkpoint = rusqlite::Connection::open(&path).unwrap();
+        checkpoint
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .unwrap();
+        sqlite_bytes.push(bytes_per_transition(&sqlite, workers, &Meter::Wal(&wal)).await);
+    }
+    // PostgreSQL: the WAL bytes of a server of its own (no other test writes to it), a
+    // database for each size.
+    let server = Postgres::start();
+    let mut pg_bytes = Vec::new();
+    for workers in [10, 500] {
+        let url = server.database().await;
+        let pg = replica(&url).await;
+        let client = Postgres::client_of(&url).await;
+        pg_bytes.push(bytes_per_transition(&pg, workers, &Meter::Lsn(&client)).await);
+    }
+    for (name, bytes) in [("sqlite", &sqlite_bytes), ("postgres", &pg_bytes)] {
+        println!(
+            "{name}: bytes per transition, 10 workers {:.0}, 500 workers {:.0}",
+            bytes[0], bytes[1]
+        );
+        assert!(bytes[0] > 0.0, "{name}: nothing measured");
+        assert!(
+            bytes[1] <= bytes[0] * 1.5,
+            "{name}: a transition of a 500-worker run writes {:.0} bytes, of a 10-worker run {:.0}",
+            bytes[1],
+            bytes[0]
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_version_2_database_has_its_run_in_flight_split_into_steps_and_log() {
+    let url = server().database().await;
+    let client = Postgres::client_of(&url).await;
+    client
+        .batch_execute(
+            "CREATE TABLE rollgate_schema (version INTEGER NOT NULL);
+             INSERT INTO rollgate_schema (version) VALUES (2);",
+        )
+        .await
+        .unwrap();
+    for statements in &MIGRATIONS[..2] {
+        for sql in *statements {
+            client.batch_execute(sql).await.unwrap();
+        }
+    }
+    let mut run = planned("old", 3);
+    run.transition(RunStatus::Running, "step plan (attempt 1)", Utc::now());
+    client
+        .execute(
+            "INSERT INTO runs (id, kind, status, target, created_at, doc, summary)
+             VALUES ($1, 'k8s-upgrade', 'running', '1.34.5', 0, $2, '{}')",
+            &[&run.id, &serde_json::to_string(&run).unwrap()],
+        )
+        .await
+        .unwrap();
+    log_as_before(&client, &run).await;
+    let store = replica(&url).await;
+    let back = store.get_run("old").await.unwrap().unwrap();
+    assert_eq!(back, run, "the same run, read from its parts");
+    let head: String = client
+        .query_one("SELECT doc FROM runs WHERE id = 'old'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let head: serde_json::Value = serde_json::from_str(&head).unwrap();
+    assert_eq!(head["steps"], serde_json::json!([]), "{head}");
+    let steps: i64 = client
+        .query_one("SELECT COUNT(*) FROM run_steps WHERE run_id = 'old'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(steps as usize, run.steps.len());
+    // It carries on: a change writes its step and transition, and reads back whole.
+    let mut next = back;
+    next.step_mut(1).status = rollgate::domain::run::StepStatus::Running;
+    next.transition(RunStatus::Waiting, "waits", Utc::now());
+    store
+        .commit(Commit {
+            runs: vec![next.clone()],
+            ..Commit::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(store.get_run("old").await.unwrap().unwrap(), next);
+}
+
+/// Logs `run`'s transitions as every version before 3 did with each write of a run.
+async fn log_as_before(client: &tokio_postgres::Client, run: &Run) {
+    for transition in &run.history {
+        let event = rollgate::domain::run::RunEvent {
+            seq: 0,
+            run_id: run.id.clone(),
+            kind: run.kind,
+            target: run.target.clone(),
+            transition: transition.clone(),
+            blockers: Vec::new(),
+        };
+        client
+            .execute(
+                "INSERT INTO run_events (run_id, doc) VALUES ($1, $2)",
+                &[&run.id, &serde_json::to_string(&event).unwrap()],
+            )
+            .await
+            .unwrap();
     }
 }

@@ -343,7 +343,8 @@ fn proceed(run: &mut Run, ctx: &Context, via_queue: bool) -> Next {
             // ran are on the board by then, so a gate never reads a board that is behind.
             run.current_step = Some(first);
             run.epoch += 1;
-            run.steps[first].epoch = run.epoch;
+            let epoch = run.epoch;
+            run.step_mut(first).epoch = epoch;
             run.in_hand.push(first);
             run.wake_at = Some(ctx.now);
             return Next::WakeAt {
@@ -396,8 +397,9 @@ fn run_step(run: &mut Run, index: usize, ctx: &Context) -> Next {
     if !run.in_hand.contains(&index) {
         run.in_hand.push(index);
     }
-    let step = &mut run.steps[index];
-    step.epoch = run.epoch;
+    let epoch = run.epoch;
+    let step = run.step_mut(index);
+    step.epoch = epoch;
     step.wake_at = None;
     step.status = StepStatus::Running;
     step.attempts += 1;
@@ -426,8 +428,10 @@ fn schedule_wake(
     ctx: &Context,
 ) -> Next {
     run.epoch += 1;
-    run.steps[index].epoch = run.epoch;
-    run.steps[index].wake_at = Some(at);
+    let epoch = run.epoch;
+    let step = run.step_mut(index);
+    step.epoch = epoch;
+    step.wake_at = Some(at);
     if others_running(run, index) {
         run.note(reason, ctx.now);
     } else {
@@ -486,12 +490,27 @@ fn halt_after_step(run: &mut Run, index: usize, detail: String, ctx: &Context) -
     Next::Nothing
 }
 
-/// The nodes a run leaves cordoned when it stops now: those whose cycle has begun and not
-/// ended, and those left behind.
+/// The nodes a run leaves cordoned when it stops now: those of the batch at the cursor
+/// whose cycle has begun and not ended, and those left behind.
 fn nodes_in_hand(run: &Run) -> Vec<String> {
-    let mut nodes: Vec<String> = run
-        .steps_in_hand()
-        .filter_map(|s| s.kind.lane().map(str::to_owned))
+    let (start, end) = (segment_start(run, run.cursor), segment_end(run, run.cursor));
+    let mut begun: Vec<&str> = Vec::new();
+    let mut ended: Vec<&str> = Vec::new();
+    for step in run.steps.get(start..end).unwrap_or_default() {
+        let Some(lane) = step.kind.lane() else {
+            continue;
+        };
+        if step.status != StepStatus::Pending {
+            begun.push(lane);
+        }
+        if step.kind.name() == "uncordon" && step.status == StepStatus::Done {
+            ended.push(lane);
+        }
+    }
+    let mut nodes: Vec<String> = begun
+        .into_iter()
+        .filter(|lane| !ended.contains(lane))
+        .map(str::to_owned)
         .collect();
     nodes.extend(run.workers_left_behind().map(str::to_owned));
     nodes.sort();
@@ -523,7 +542,7 @@ fn reset_for_resume(run: &mut Run) {
         }
     }
     for &i in &again {
-        let step = &mut run.steps[i];
+        let step = run.step_mut(i);
         step.attempts = 0;
         step.status = StepStatus::Pending;
         step.started_at = None;
@@ -648,7 +667,7 @@ fn wake(run: &mut Run, epoch: u64, ctx: &Context) -> Next {
         run.epoch += 1;
         run.wake_at = None;
         run.in_hand.clear();
-        run.steps[index].status = StepStatus::Pending;
+        run.step_mut(index).status = StepStatus::Pending;
         let reason = format!("{NO_EXECUTOR} (next step: {})", run.steps[index].label());
         run.transition(RunStatus::Queued, reason, ctx.now);
         return Next::Nothing;
@@ -657,7 +676,7 @@ fn wake(run: &mut Run, epoch: u64, ctx: &Context) -> Next {
 }
 
 fn step_done(run: &mut Run, index: usize, note: String, ctx: &Context) -> Next {
-    let step = &mut run.steps[index];
+    let step = run.step_mut(index);
     let label = step.label();
     step.status = StepStatus::Done;
     step.ended_at = Some(ctx.now);
@@ -696,7 +715,7 @@ fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context)
     };
     run.current_step = Some(index);
     let max_attempts = ctx.max_attempts.max(1);
-    let step = &mut run.steps[index];
+    let step = run.step_mut(index);
     let label = step.label();
     match outcome {
         StepOutcome::Done { note, learned } => {
@@ -708,6 +727,7 @@ fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context)
         StepOutcome::Planned { note, steps } => {
             run.steps.truncate(index + 1);
             run.steps.extend(steps);
+            run.touch_all_steps();
             step_done(run, index, note, ctx)
         }
         StepOutcome::Replanned { note, steps } => {
@@ -717,6 +737,7 @@ fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context)
                 .position(|s| s.kind.stage_name() != stage)
                 .map_or(run.steps.len(), |p| index + 1 + p);
             run.steps.splice(index + 1..end, steps);
+            run.touch_all_steps();
             step_done(run, index, note, ctx)
         }
         StepOutcome::Wait { until, reason } => {

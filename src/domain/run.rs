@@ -337,6 +337,51 @@ pub struct Run {
     pub updated_at: DateTime<Utc>,
     /// Every transition.
     pub history: Vec<Transition>,
+    /// What changed since the run was read from the store or last written to it: what the
+    /// next commit writes.
+    #[serde(skip)]
+    #[schema(ignore)]
+    pub touched: Touched,
+}
+
+/// The steps of a run changed since it was read or written, so that a commit writes those
+/// alone. Never part of a run's equality. A run not read from the store (new, or decoded
+/// from elsewhere) has every step to write.
+#[derive(Debug, Clone)]
+pub struct Touched {
+    /// Every step (a new run, or a plan that replaced steps).
+    pub all: bool,
+    /// These steps, by index.
+    pub steps: std::collections::BTreeSet<usize>,
+    /// How many of the run's transitions the store holds.
+    pub logged: usize,
+}
+
+impl Default for Touched {
+    fn default() -> Self {
+        Self {
+            all: true,
+            steps: Default::default(),
+            logged: 0,
+        }
+    }
+}
+
+impl Touched {
+    /// Nothing to write: the run as the store holds it, with `logged` transitions.
+    pub fn nothing(logged: usize) -> Self {
+        Self {
+            all: false,
+            steps: Default::default(),
+            logged,
+        }
+    }
+}
+
+impl PartialEq for Touched {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 impl Run {
@@ -382,7 +427,19 @@ impl Run {
                 reason,
                 by: None,
             }],
+            touched: Touched::default(),
         }
+    }
+
+    /// Step `index`, to change: the next commit writes it.
+    pub fn step_mut(&mut self, index: usize) -> &mut Step {
+        self.touched.steps.insert(index);
+        &mut self.steps[index]
+    }
+
+    /// The steps changed in more places than one: the next commit writes them all.
+    pub fn touch_all_steps(&mut self) {
+        self.touched.all = true;
     }
 
     /// A new upgrade run: the gate, the quiet period and `plan`, which appends the rest.
@@ -451,11 +508,12 @@ impl Run {
             return;
         }
         if let Some(i) = self.current_step
-            && let Some(step) = self.steps.get_mut(i)
+            && let Some(step) = self.steps.get(i)
             && step.epoch == 0
             && step.status != StepStatus::Done
         {
-            step.epoch = self.epoch;
+            let epoch = self.epoch;
+            self.step_mut(i).epoch = epoch;
             self.in_hand.push(i);
         }
     }
@@ -470,14 +528,6 @@ impl Run {
                     .is_some_and(|s| s.status == StepStatus::Running)
             })
             .map(|&i| (i, self.steps[i].epoch))
-            .collect()
-    }
-
-    /// The steps in hand waiting on a wake, with its epoch and time.
-    pub fn waiting_in_hand(&self) -> Vec<(u64, DateTime<Utc>)> {
-        self.steps_in_hand()
-            .filter(|s| s.status == StepStatus::Waiting)
-            .filter_map(|s| Some((s.epoch, s.wake_at?)))
             .collect()
     }
 

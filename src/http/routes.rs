@@ -567,14 +567,106 @@ pub async fn list_runs(
     }
 }
 
-/// `GET /v1/runs/{id}`: one run with its steps and history.
-#[utoipa::path(get, path = "/v1/runs/{id}", responses((status = 200, body = Run), (status = 404, body = super::error::ErrorBody)), security(("bearer" = ["read"])))]
-pub async fn get_run(state: State, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
-    match state.store.get_run(&id).await.map_err(store_down)? {
-        Some(run) => Ok(HttpResponse::Ok().json(run)),
-        None => Err(ApiError::not_found(format!(
+/// Which steps and transitions `GET /v1/runs/{id}` returns, for large runs (a 1,000-node
+/// upgrade has over 4,000 steps): without these, all of them.
+#[derive(Deserialize, utoipa::IntoParams)]
+pub struct RunPageQuery {
+    /// The first step to return (by index).
+    pub steps_from: Option<usize>,
+    /// At most this many steps (1 to 1000).
+    pub steps_limit: Option<usize>,
+    /// The first transition of the history to return.
+    pub history_from: Option<usize>,
+    /// At most this many transitions (1 to 1000).
+    pub history_limit: Option<usize>,
+    /// Only the newest this many transitions (1 to 1000), instead of `history_from`.
+    pub history_last: Option<usize>,
+}
+
+/// Where a paged run's steps and history start, and how many there are in all.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct RunPage {
+    /// The index of the first step returned.
+    pub steps_from: usize,
+    /// How many steps the run has.
+    pub steps_total: usize,
+    /// The index of the first transition returned.
+    pub history_from: usize,
+    /// How many transitions the run's history has.
+    pub history_total: usize,
+}
+
+/// One run, paged.
+#[derive(Serialize)]
+struct PagedRun {
+    #[serde(flatten)]
+    run: Run,
+    page: RunPage,
+}
+
+/// `GET /v1/runs/{id}`: one run with its steps and history, or a page of them.
+#[utoipa::path(get, path = "/v1/runs/{id}", params(RunPageQuery), responses((status = 200, description = "the run; with paging, its `steps` and `history` are the page asked for and `page` says where they start", body = Run), (status = 404, body = super::error::ErrorBody), (status = 422, body = super::error::ErrorBody)), security(("bearer" = ["read"])))]
+pub async fn get_run(
+    state: State,
+    id: web::Path<String>,
+    page: web::Query<RunPageQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let limits = [
+        ("steps_limit", page.steps_limit),
+        ("history_limit", page.history_limit),
+        ("history_last", page.history_last),
+    ];
+    for (name, limit) in limits {
+        if limit.is_some_and(|l| !(1..=1000).contains(&l)) {
+            return Err(ApiError::invalid(format!("{name} must be from 1 to 1000")));
+        }
+    }
+    let Some(mut run) = state.store.get_run(&id).await.map_err(store_down)? else {
+        return Err(ApiError::not_found(format!(
             "no run {id:?}; GET /v1/runs lists them"
-        ))),
+        )));
+    };
+    if page.history_last.is_some() && (page.history_from.is_some() || page.history_limit.is_some())
+    {
+        return Err(ApiError::invalid(
+            "history_last asks for the newest transitions: give it alone, or history_from and history_limit",
+        ));
+    }
+    let paged = page.steps_from.is_some()
+        || page.steps_limit.is_some()
+        || page.history_from.is_some()
+        || page.history_limit.is_some()
+        || page.history_last.is_some();
+    if !paged {
+        return Ok(HttpResponse::Ok().json(run));
+    }
+    let page = RunPage {
+        steps_from: page.steps_from.unwrap_or(0).min(run.steps.len()),
+        steps_total: run.steps.len(),
+        history_from: match page.history_last {
+            Some(last) => run.history.len().saturating_sub(last),
+            None => page.history_from.unwrap_or(0).min(run.history.len()),
+        },
+        history_total: run.history.len(),
+    }
+    .keep(&mut run, &page);
+    Ok(HttpResponse::Ok().json(PagedRun { run, page }))
+}
+
+impl RunPage {
+    /// Keeps in `run` the steps and transitions of this page.
+    fn keep(self, run: &mut Run, query: &RunPageQuery) -> Self {
+        let steps_end = query.steps_limit.map_or(run.steps.len(), |l| {
+            (self.steps_from + l).min(run.steps.len())
+        });
+        run.steps.truncate(steps_end);
+        run.steps.drain(..self.steps_from);
+        let history_end = query.history_limit.map_or(run.history.len(), |l| {
+            (self.history_from + l).min(run.history.len())
+        });
+        run.history.truncate(history_end);
+        run.history.drain(..self.history_from);
+        self
     }
 }
 

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::domain::alert::{Alert, AlertStatus};
-use crate::domain::run::{Run, RunEvent, RunKind, RunStatus, RunSummary};
+use crate::domain::run::{Run, RunEvent, RunKind, RunStatus, RunSummary, Touched};
 use crate::queue::Outgoing;
 use crate::sqlite::MigrationError;
 
@@ -170,6 +170,8 @@ enum Which {
 trait Backend: Send + Sync {
     async fn ping(&self) -> Result<(), StoreError>;
     async fn run_doc(&self, id: &str) -> Result<Option<String>, StoreError>;
+    /// Run `id`'s steps in order and the documents of its transitions in order.
+    async fn run_parts(&self, id: &str) -> Result<(Vec<String>, Vec<String>), StoreError>;
     async fn newest(
         &self,
         column: Column,
@@ -177,10 +179,15 @@ trait Backend: Send + Sync {
         limit: usize,
     ) -> Result<Vec<RunRow>, StoreError>;
     async fn runs(&self, which: Which) -> Result<Vec<RunRow>, StoreError>;
-    async fn insert_run_if_absent(&self, run: &Run) -> Result<bool, StoreError>;
-    async fn claim(&self, run: &Run, start: &Outgoing) -> Result<Claim<RunRow>, StoreError>;
+    async fn insert_run_if_absent(&self, run: &RunWrite) -> Result<bool, StoreError>;
+    async fn claim(&self, run: &RunWrite, start: &Outgoing) -> Result<Claim<RunRow>, StoreError>;
     async fn is_processed(&self, id: &str) -> Result<bool, StoreError>;
-    async fn commit(&self, commit: &Commit, holder: &str) -> Result<Committed, StoreError>;
+    async fn commit(
+        &self,
+        commit: &Commit,
+        runs: Vec<RunWrite>,
+        holder: &str,
+    ) -> Result<Committed, StoreError>;
     async fn outbox(&self) -> Result<Vec<(i64, Outgoing)>, StoreError>;
     async fn outbox_sent(&self, seq: i64) -> Result<(), StoreError>;
     async fn count_by_status(&self) -> Result<Vec<(String, i64)>, StoreError>;
@@ -266,11 +273,40 @@ impl Store {
 
     /// One run.
     pub async fn get_run(&self, id: &str) -> Result<Option<Run>, StoreError> {
-        self.backend
-            .run_doc(id)
-            .await?
-            .map(|doc| decode_run((id.to_owned(), doc)))
-            .transpose()
+        match self.backend.run_doc(id).await? {
+            Some(head) => Ok(Some(self.assemble((id.to_owned(), head)).await?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The run whose row is `row`, with its steps and history.
+    async fn assemble(&self, (id, head): RunRow) -> Result<Run, StoreError> {
+        let (steps, events) = self.backend.run_parts(&id).await?;
+        let corrupt = |e: serde_json::Error| StoreError::Corrupt {
+            id: id.clone(),
+            error: e.to_string(),
+        };
+        let mut run: Run = serde_json::from_str(&head).map_err(corrupt)?;
+        run.steps = steps
+            .iter()
+            .map(|doc| serde_json::from_str(doc))
+            .collect::<Result<_, _>>()
+            .map_err(corrupt)?;
+        run.history = events
+            .iter()
+            .map(|doc| serde_json::from_str::<RunEvent>(doc).map(|e| e.transition))
+            .collect::<Result<_, _>>()
+            .map_err(corrupt)?;
+        run.touched = Touched::nothing(run.history.len());
+        Ok(run)
+    }
+
+    async fn assemble_all(&self, rows: Vec<RunRow>) -> Result<Vec<Run>, StoreError> {
+        let mut runs = Vec::with_capacity(rows.len());
+        for row in rows {
+            runs.push(self.assemble(row).await?);
+        }
+        Ok(runs)
     }
 
     /// Runs, newest first, optionally of one status.
@@ -280,7 +316,7 @@ impl Store {
         limit: usize,
     ) -> Result<Vec<Run>, StoreError> {
         let rows = self.backend.newest(Column::Doc, status, limit).await?;
-        rows.into_iter().map(decode_run).collect()
+        self.assemble_all(rows).await
     }
 
     /// Runs in a line each, newest first; only those in `status` when given.
@@ -302,12 +338,15 @@ impl Store {
 
     async fn first(&self, which: Which) -> Result<Option<Run>, StoreError> {
         let rows = self.backend.runs(which).await?;
-        rows.into_iter().next().map(decode_run).transpose()
+        match rows.into_iter().next() {
+            Some(row) => Ok(Some(self.assemble(row).await?)),
+            None => Ok(None),
+        }
     }
 
     async fn all(&self, which: Which) -> Result<Vec<Run>, StoreError> {
         let rows = self.backend.runs(which).await?;
-        rows.into_iter().map(decode_run).collect()
+        self.assemble_all(rows).await
     }
 
     /// A run of `kind` for `target` that has not ended, if any.
@@ -341,7 +380,10 @@ impl Store {
 
     /// Writes `run` unless a run with its id exists. Returns whether it was written.
     pub async fn insert_run_if_absent(&self, run: &Run) -> Result<bool, StoreError> {
-        let inserted = self.backend.insert_run_if_absent(run).await?;
+        let inserted = self
+            .backend
+            .insert_run_if_absent(&RunWrite::of(&mut run.clone()))
+            .await?;
         if inserted {
             self.told_logged();
         }
@@ -353,10 +395,14 @@ impl Store {
     /// target is in flight, or (a Kubernetes upgrade) another upgrade, queued or started,
     /// holds the cluster.
     pub async fn claim_run(&self, run: &Run, start: &Outgoing) -> Result<Claim, StoreError> {
-        let claim = match self.backend.claim(run, start).await? {
+        let claim = match self
+            .backend
+            .claim(&RunWrite::of(&mut run.clone()), start)
+            .await?
+        {
             Claim::New(seq) => Claim::New(seq),
-            Claim::InFlight(row) => Claim::InFlight(decode_run(row)?),
-            Claim::Held(row) => Claim::Held(decode_run(row)?),
+            Claim::InFlight(row) => Claim::InFlight(self.assemble(row).await?),
+            Claim::Held(row) => Claim::Held(self.assemble(row).await?),
         };
         if matches!(claim, Claim::New(_)) {
             self.told_logged();
@@ -370,9 +416,26 @@ impl Store {
     }
 
     /// Writes a commit atomically; a fenced one only while this replica holds the worker
-    /// lease ([`StoreError::Fenced`] otherwise).
-    pub async fn commit(&self, commit: Commit) -> Result<Committed, StoreError> {
-        let done = self.backend.commit(&commit, &self.replica).await?;
+    /// lease ([`StoreError::Fenced`] otherwise). Of each run it writes what changed since
+    /// it was read: its row, the steps it touched, its new transitions.
+    pub async fn commit(&self, mut commit: Commit) -> Result<Committed, StoreError> {
+        self.commit_keeping(&mut commit).await
+    }
+
+    /// [`Store::commit`], leaving the runs in `commit`, as written: a caller that goes on
+    /// with them writes only what it changes next.
+    pub async fn commit_keeping(&self, commit: &mut Commit) -> Result<Committed, StoreError> {
+        let writes = commit.runs.iter_mut().map(RunWrite::of).collect();
+        let done = match self.backend.commit(commit, writes, &self.replica).await {
+            Ok(done) => done,
+            Err(e) => {
+                // Nothing was written: the next commit of these runs writes them whole.
+                for run in &mut commit.runs {
+                    run.touched = Touched::default();
+                }
+                return Err(e);
+            }
+        };
         if matches!(done, Committed::Done { .. }) {
             self.told_logged();
         }
@@ -497,17 +560,75 @@ fn millis(ms: i64) -> Option<DateTime<Utc>> {
     chrono::TimeZone::timestamp_millis_opt(&Utc, ms).single()
 }
 
-/// The columns of `run`'s row: id, kind, status, target, created_at, doc, summary.
-fn run_row(run: &Run) -> (&str, &str, &str, Option<&str>, i64, String, String) {
-    (
-        &run.id,
-        run.kind.name(),
-        run.status.name(),
-        run.target.as_deref(),
-        run.created_at.timestamp_millis(),
-        encode(run),
-        encode_summary(run),
-    )
+/// What a commit writes of one run: its row (the run without its steps and history, and
+/// its summary), the steps that changed, and the transitions the log does not hold yet.
+/// Its size follows what changed, not the size of the run.
+#[derive(Debug, Clone)]
+pub struct RunWrite {
+    id: String,
+    kind: &'static str,
+    status: &'static str,
+    target: Option<String>,
+    created_at: i64,
+    /// The run without its steps and history.
+    head: String,
+    summary: String,
+    /// Every step, replacing those stored (`all`), or the ones that changed, by index.
+    steps: Vec<(i64, String)>,
+    all: bool,
+    /// How many transitions the store held when the run was read.
+    events_from: i64,
+    /// The documents of the transitions after those.
+    events: Vec<String>,
+}
+
+impl RunWrite {
+    /// What `run` changed since it was read; `run` then counts as written.
+    fn of(run: &mut Run) -> Self {
+        let summary = encode_summary(run);
+        let all = run.touched.all;
+        let steps = if all {
+            run.steps.iter().enumerate().collect::<Vec<_>>()
+        } else {
+            run.touched
+                .steps
+                .iter()
+                .filter_map(|&i| run.steps.get(i).map(|s| (i, s)))
+                .collect()
+        }
+        .into_iter()
+        .map(|(i, step)| (i as i64, serde_json::to_string(step).unwrap_or_default()))
+        .collect();
+        let events = unlogged_events(run, run.touched.logged);
+        let events_from = run.touched.logged as i64;
+        let history = std::mem::take(&mut run.history);
+        let kept_steps = std::mem::take(&mut run.steps);
+        let head = encode(run);
+        run.history = history;
+        run.steps = kept_steps;
+        run.touched = Touched::nothing(run.history.len());
+        Self {
+            id: run.id.clone(),
+            kind: run.kind.name(),
+            status: run.status.name(),
+            target: run.target.clone(),
+            created_at: run.created_at.timestamp_millis(),
+            head,
+            summary,
+            steps,
+            all,
+            events_from,
+            events,
+        }
+    }
+
+    /// How many transitions the log holds once this is written over `stored` (what the
+    /// row said), and the documents to append.
+    fn events_after(&self, stored: i64) -> (i64, &[String]) {
+        let skip = (stored - self.events_from).clamp(0, self.events.len() as i64) as usize;
+        let logged = self.events_from + self.events.len() as i64;
+        (logged.max(stored), &self.events[skip..])
+    }
 }
 
 fn encode_summary(run: &Run) -> String {
@@ -516,13 +637,6 @@ fn encode_summary(run: &Run) -> String {
 
 fn encode(run: &Run) -> String {
     serde_json::to_string(run).unwrap_or_default()
-}
-
-fn decode_run((id, doc): RunRow) -> Result<Run, StoreError> {
-    serde_json::from_str(&doc).map_err(|e| StoreError::Corrupt {
-        id,
-        error: e.to_string(),
-    })
 }
 
 /// The documents of `run`'s transitions the log does not hold yet, given that it holds

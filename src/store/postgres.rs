@@ -16,9 +16,9 @@ use tokio_postgres::{NoTls, Transaction};
 
 use super::{
     AlertRow, Backend, Claim, Column, Commit, Committed, IN_FLIGHT_INDEXES, Purge, RunRow,
-    StoreError, Which, dedup_horizon, resolved_alert_horizon, run_row, unlogged_events,
+    RunWrite, StoreError, Which, dedup_horizon, resolved_alert_horizon,
 };
-use crate::domain::run::{Run, RunKind, RunStatus};
+use crate::domain::run::{RunKind, RunStatus};
 use crate::queue::Outgoing;
 use crate::sqlite::MigrationError;
 
@@ -76,8 +76,26 @@ const LEASES: &str = "
         expires_at TIMESTAMPTZ NOT NULL
     );";
 
+/// Version 3: a run's steps in rows of their own and its history in the log alone, so that
+/// a commit writes the steps that changed and the new transitions, not the whole run. Runs
+/// in flight are split as they stand; their transitions are all in the log already.
+const STEPS_APART: &str = r#"
+    CREATE TABLE run_steps (
+        run_id TEXT NOT NULL,
+        idx BIGINT NOT NULL,
+        doc TEXT NOT NULL,
+        PRIMARY KEY (run_id, idx)
+    );
+    ALTER TABLE runs ADD COLUMN events_logged BIGINT NOT NULL DEFAULT 0;
+    INSERT INTO run_steps (run_id, idx, doc)
+        SELECT r.id, s.ord - 1, s.step::TEXT
+        FROM runs r, jsonb_array_elements(r.doc::JSONB -> 'steps') WITH ORDINALITY AS s(step, ord);
+    UPDATE runs SET
+        events_logged = (SELECT COUNT(*) FROM run_events e WHERE e.run_id = runs.id),
+        doc = (doc::JSONB || '{"steps": [], "history": []}'::JSONB)::TEXT;"#;
+
 /// The schema, one list of statements per version.
-pub const MIGRATIONS: &[&[&str]] = &[&[TABLES], &[LEASES, IN_FLIGHT_INDEXES]];
+pub const MIGRATIONS: &[&[&str]] = &[&[TABLES], &[LEASES, IN_FLIGHT_INDEXES], &[STEPS_APART]];
 
 /// How to reach the database.
 #[derive(Clone)]
@@ -335,23 +353,69 @@ fn lease_key(name: &str) -> i64 {
 const TERMINAL: &str = "('failed', 'succeeded', 'aborted')";
 const STARTED: &str = "('running', 'waiting', 'halted')";
 
-/// Appends the transitions of `run` the log does not hold yet (under [`LOG_LOCK`]).
-async fn log_transitions(tx: &Transaction<'_>, run: &Run) -> Result<(), StoreError> {
-    let logged: i64 = tx
-        .query_one(
-            "SELECT COUNT(*) FROM run_events WHERE run_id = $1",
-            &[&run.id],
-        )
-        .await?
-        .get(0);
-    for doc in unlogged_events(run, logged as usize) {
-        tx.execute(
-            "INSERT INTO run_events (run_id, doc) VALUES ($1, $2)",
-            &[&run.id, &doc],
+/// Writes `run`'s row, the steps it changed and its new transitions (under [`LOG_LOCK`]),
+/// replacing a stored row when `replace`; returns whether it wrote.
+async fn write_run(
+    tx: &deadpool_postgres::Transaction<'_>,
+    run: &RunWrite,
+    replace: bool,
+) -> Result<bool, StoreError> {
+    let stored = tx
+        .prepare_cached("SELECT events_logged FROM runs WHERE id = $1")
+        .await?;
+    let stored: Option<i64> = tx.query_opt(&stored, &[&run.id]).await?.map(|r| r.get(0));
+    if stored.is_some() && !replace {
+        return Ok(false);
+    }
+    let (logged, events) = run.events_after(stored.unwrap_or(0));
+    let upsert = tx
+        .prepare_cached(
+            "INSERT INTO runs (id, kind, status, target, created_at, doc, summary, events_logged)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+             ON CONFLICT (id) DO UPDATE SET status = excluded.status, doc = excluded.doc,
+             summary = excluded.summary, events_logged = excluded.events_logged",
         )
         .await?;
+    tx.execute(
+        &upsert,
+        &[
+            &run.id,
+            &run.kind,
+            &run.status,
+            &run.target,
+            &run.created_at,
+            &run.head,
+            &run.summary,
+            &logged,
+        ],
+    )
+    .await?;
+    if run.all {
+        tx.execute("DELETE FROM run_steps WHERE run_id = $1", &[&run.id])
+            .await?;
     }
-    Ok(())
+    if !run.steps.is_empty() {
+        let (idx, docs): (Vec<i64>, Vec<&str>) =
+            run.steps.iter().map(|(i, d)| (*i, d.as_str())).unzip();
+        let steps = tx
+            .prepare_cached(
+                "INSERT INTO run_steps (run_id, idx, doc)
+                 SELECT $1, * FROM UNNEST($2::BIGINT[], $3::TEXT[])
+                 ON CONFLICT (run_id, idx) DO UPDATE SET doc = excluded.doc",
+            )
+            .await?;
+        tx.execute(&steps, &[&run.id, &idx, &docs]).await?;
+    }
+    if !events.is_empty() {
+        let log = tx
+            .prepare_cached(
+                "INSERT INTO run_events (run_id, doc) SELECT $1, e.doc FROM UNNEST($2::TEXT[])
+                 WITH ORDINALITY AS e(doc, n) ORDER BY e.n",
+            )
+            .await?;
+        tx.execute(&log, &[&run.id, &events]).await?;
+    }
+    Ok(true)
 }
 
 async fn insert_outgoing(tx: &Transaction<'_>, msg: &Outgoing) -> Result<i64, StoreError> {
@@ -368,24 +432,6 @@ async fn insert_outgoing(tx: &Transaction<'_>, msg: &Outgoing) -> Result<i64, St
         )
         .await?;
     Ok(row.get(0))
-}
-
-async fn upsert_run(tx: &Transaction<'_>, run: &Run, replace: bool) -> Result<u64, StoreError> {
-    let (id, kind, status, target, created_at, doc, summary) = run_row(run);
-    let on_conflict = if replace {
-        "DO UPDATE SET status = excluded.status, doc = excluded.doc, summary = excluded.summary"
-    } else {
-        "DO NOTHING"
-    };
-    Ok(tx
-        .execute(
-            &format!(
-                "INSERT INTO runs (id, kind, status, target, created_at, doc, summary)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (id) {on_conflict}"
-            ),
-            &[&id, &kind, &status, &target, &created_at, &doc, &summary],
-        )
-        .await?)
 }
 
 async fn lock_log(tx: &Transaction<'_>) -> Result<(), StoreError> {
@@ -411,6 +457,26 @@ impl Backend for PgStore {
                 .query_opt("SELECT doc FROM runs WHERE id = $1", &[&id])
                 .await?;
             Ok(row.map(|r| r.get(0)))
+        })
+        .await
+    }
+
+    async fn run_parts(&self, id: &str) -> Result<(Vec<String>, Vec<String>), StoreError> {
+        self.timed(async {
+            let client = self.pool.get().await?;
+            let steps = client
+                .prepare_cached("SELECT doc FROM run_steps WHERE run_id = $1 ORDER BY idx")
+                .await?;
+            let events = client
+                .prepare_cached("SELECT doc FROM run_events WHERE run_id = $1 ORDER BY seq")
+                .await?;
+            let (steps, events) = futures_util::future::try_join(
+                client.query(&steps, &[&id]),
+                client.query(&events, &[&id]),
+            )
+            .await?;
+            let docs = |rows: Vec<tokio_postgres::Row>| rows.iter().map(|r| r.get(0)).collect();
+            Ok((docs(steps), docs(events)))
         })
         .await
     }
@@ -479,22 +545,19 @@ impl Backend for PgStore {
         .await
     }
 
-    async fn insert_run_if_absent(&self, run: &Run) -> Result<bool, StoreError> {
+    async fn insert_run_if_absent(&self, run: &RunWrite) -> Result<bool, StoreError> {
         self.timed(async {
             let mut client = self.pool.get().await?;
             let tx = client.transaction().await?;
             lock_log(&tx).await?;
-            let inserted = upsert_run(&tx, run, false).await? == 1;
-            if inserted {
-                log_transitions(&tx, run).await?;
-            }
+            let inserted = write_run(&tx, run, false).await?;
             tx.commit().await?;
             Ok(inserted)
         })
         .await
     }
 
-    async fn claim(&self, run: &Run, start: &Outgoing) -> Result<Claim<RunRow>, StoreError> {
+    async fn claim(&self, run: &RunWrite, start: &Outgoing) -> Result<Claim<RunRow>, StoreError> {
         self.timed(async {
             let mut client = self.pool.get().await?;
             let tx = client.transaction().await?;
@@ -505,28 +568,27 @@ impl Backend for PgStore {
                         "SELECT id, doc FROM runs WHERE kind = $1 AND target IS NOT DISTINCT FROM $2
                          AND status NOT IN {TERMINAL} ORDER BY created_at LIMIT 1"
                     ),
-                    &[&run.kind.name(), &run.target],
+                    &[&run.kind, &run.target],
                 )
                 .await?;
             if let Some(row) = same {
                 return Ok(Claim::InFlight((row.get(0), row.get(1))));
             }
-            if run.kind == RunKind::K8sUpgrade {
+            if run.kind == RunKind::K8sUpgrade.name() {
                 let holder = tx
                     .query_opt(
                         &format!(
                             "SELECT id, doc FROM runs WHERE kind = $1 AND id != $2
                              AND status NOT IN {TERMINAL} ORDER BY created_at LIMIT 1"
                         ),
-                        &[&run.kind.name(), &run.id],
+                        &[&run.kind, &run.id],
                     )
                     .await?;
                 if let Some(row) = holder {
                     return Ok(Claim::Held((row.get(0), row.get(1))));
                 }
             }
-            upsert_run(&tx, run, false).await?;
-            log_transitions(&tx, run).await?;
+            write_run(&tx, run, false).await?;
             let seq = insert_outgoing(&tx, start).await?;
             tx.commit().await?;
             Ok(Claim::New(seq))
@@ -546,7 +608,12 @@ impl Backend for PgStore {
         .await
     }
 
-    async fn commit(&self, commit: &Commit, holder: &str) -> Result<Committed, StoreError> {
+    async fn commit(
+        &self,
+        commit: &Commit,
+        runs: Vec<RunWrite>,
+        holder: &str,
+    ) -> Result<Committed, StoreError> {
         self.timed(async {
             let mut client = self.pool.get().await?;
             let tx = client.transaction().await?;
@@ -579,12 +646,11 @@ impl Backend for PgStore {
                     return Ok(Committed::AlreadyProcessed);
                 }
             }
-            if !commit.runs.is_empty() {
+            if !runs.is_empty() {
                 lock_log(&tx).await?;
             }
-            for run in &commit.runs {
-                upsert_run(&tx, run, true).await?;
-                log_transitions(&tx, run).await?;
+            for run in &runs {
+                write_run(&tx, run, true).await?;
             }
             let mut board: Vec<&crate::domain::alert::Alert> = commit.alerts.iter().collect();
             let mut skipped = 0;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::{
     AlertRow, Backend, Claim, Column, Commit, Committed, IN_FLIGHT_INDEXES, Purge, RunRow,
-    StoreError, Which, dedup_horizon, encode, encode_summary, resolved_alert_horizon, run_row,
+    RunWrite, StoreError, Which, dedup_horizon, encode, encode_summary, resolved_alert_horizon,
     unlogged_events,
 };
 use crate::domain::run::{Run, RunKind, RunStatus};
@@ -24,6 +24,7 @@ const MIGRATIONS: &[Migration] = &[
     run_events,
     deliveries,
     one_in_flight,
+    steps_apart,
 ];
 
 /// Version 1: runs, processed events, the outbox and the alert board.
@@ -169,7 +170,97 @@ fn one_in_flight(tx: &Transaction<'_>) -> Result<(), MigrationError> {
     Ok(())
 }
 
-/// Appends the transitions of `run` the log does not hold yet.
+/// Version 7: a run's steps in rows of their own and its history in the log alone, so that
+/// a commit writes the steps that changed and the new transitions, not the whole run. Runs
+/// in flight are split as they stand; their transitions are all in the log already.
+fn steps_apart(tx: &Transaction<'_>) -> Result<(), MigrationError> {
+    tx.execute_batch(
+        "CREATE TABLE run_steps (
+            run_id TEXT NOT NULL,
+            idx INTEGER NOT NULL,
+            doc TEXT NOT NULL,
+            PRIMARY KEY (run_id, idx)
+        );
+        ALTER TABLE runs ADD COLUMN events_logged INTEGER NOT NULL DEFAULT 0;",
+    )?;
+    let docs: Vec<(String, String)> = tx
+        .prepare("SELECT id, doc FROM runs")?
+        .query_map([], row_doc)?
+        .collect::<Result<_, _>>()?;
+    for (id, doc) in docs {
+        let mut run: Run = serde_json::from_str(&doc).map_err(|e| {
+            MigrationError::data(format!(
+                "run {id} does not decode ({e}); remove it from the runs table to go on"
+            ))
+        })?;
+        log_transitions(tx, &run)?;
+        for (idx, step) in run.steps.iter().enumerate() {
+            tx.execute(
+                "INSERT INTO run_steps (run_id, idx, doc) VALUES (?1, ?2, ?3)",
+                params![
+                    id,
+                    idx as i64,
+                    serde_json::to_string(step).unwrap_or_default()
+                ],
+            )?;
+        }
+        let logged = run.history.len() as i64;
+        run.steps.clear();
+        run.history.clear();
+        tx.execute(
+            "UPDATE runs SET doc = ?2, events_logged = ?3 WHERE id = ?1",
+            params![id, encode(&run), logged],
+        )?;
+    }
+    Ok(())
+}
+
+/// Writes `run`'s row, the steps it changed and its new transitions, replacing a stored
+/// row when `replace`; returns whether it wrote.
+fn write_run(tx: &Transaction<'_>, run: &RunWrite, replace: bool) -> rusqlite::Result<bool> {
+    let stored: Option<i64> = tx
+        .prepare_cached("SELECT events_logged FROM runs WHERE id = ?1")?
+        .query_row(params![run.id], |r| r.get(0))
+        .optional()?;
+    if stored.is_some() && !replace {
+        return Ok(false);
+    }
+    let (logged, events) = run.events_after(stored.unwrap_or(0));
+    tx.prepare_cached(
+        "INSERT INTO runs (id, kind, status, target, created_at, doc, summary, events_logged)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+         ON CONFLICT (id) DO UPDATE SET status = excluded.status, doc = excluded.doc,
+         summary = excluded.summary, events_logged = excluded.events_logged",
+    )?
+    .execute(params![
+        run.id,
+        run.kind,
+        run.status,
+        run.target,
+        run.created_at,
+        run.head,
+        run.summary,
+        logged
+    ])?;
+    if run.all {
+        tx.prepare_cached("DELETE FROM run_steps WHERE run_id = ?1")?
+            .execute(params![run.id])?;
+    }
+    let mut step = tx.prepare_cached(
+        "INSERT INTO run_steps (run_id, idx, doc) VALUES (?1, ?2, ?3)
+         ON CONFLICT (run_id, idx) DO UPDATE SET doc = excluded.doc",
+    )?;
+    for (idx, doc) in &run.steps {
+        step.execute(params![run.id, idx, doc])?;
+    }
+    let mut event = tx.prepare_cached("INSERT INTO run_events (run_id, doc) VALUES (?1, ?2)")?;
+    for doc in events {
+        event.execute(params![run.id, doc])?;
+    }
+    Ok(true)
+}
+
+/// Appends the transitions of `run` the log does not hold yet (migrations: counted).
 fn log_transitions(tx: &Transaction<'_>, run: &Run) -> rusqlite::Result<()> {
     let logged: i64 = tx.query_row(
         "SELECT COUNT(*) FROM run_events WHERE run_id = ?1",
@@ -265,7 +356,7 @@ fn row_doc(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
 /// upgrade queued or started.
 fn in_flight_and_holder(
     c: &Connection,
-    run: &Run,
+    run: &RunWrite,
 ) -> Result<(Option<RunRow>, Option<RunRow>), StoreError> {
     let same = c
         .query_row(
@@ -273,17 +364,17 @@ fn in_flight_and_holder(
                 "SELECT id, doc FROM runs WHERE kind = ?1 AND target IS ?2
                  AND status NOT IN {TERMINAL} ORDER BY created_at LIMIT 1"
             ),
-            params![run.kind.name(), run.target],
+            params![run.kind, run.target],
             row_doc,
         )
         .optional()?;
-    let holder = if run.kind == RunKind::K8sUpgrade && same.is_none() {
+    let holder = if run.kind == RunKind::K8sUpgrade.name() && same.is_none() {
         c.query_row(
             &format!(
                 "SELECT id, doc FROM runs WHERE kind = ?1 AND id != ?2
                  AND status NOT IN {TERMINAL} ORDER BY created_at LIMIT 1"
             ),
-            params![run.kind.name(), run.id],
+            params![run.kind, run.id],
             row_doc,
         )
         .optional()?
@@ -291,14 +382,6 @@ fn in_flight_and_holder(
         None
     };
     Ok((same, holder))
-}
-
-fn insert_run(tx: &Transaction<'_>, run: &Run) -> rusqlite::Result<usize> {
-    tx.execute(
-        "INSERT OR IGNORE INTO runs (id, kind, status, target, created_at, doc, summary)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-        run_row(run),
-    )
 }
 
 #[async_trait::async_trait]
@@ -317,6 +400,22 @@ impl Backend for SqliteStore {
                 })
                 .optional()?,
             )
+        })
+        .await
+    }
+
+    async fn run_parts(&self, id: &str) -> Result<(Vec<String>, Vec<String>), StoreError> {
+        let id = id.to_owned();
+        self.with(move |c| {
+            let docs = |sql: &str| -> Result<Vec<String>, StoreError> {
+                let mut st = c.prepare_cached(sql)?;
+                let docs = st.query_map(params![id], |r| r.get(0))?;
+                Ok(docs.collect::<Result<_, _>>()?)
+            };
+            Ok((
+                docs("SELECT doc FROM run_steps WHERE run_id = ?1 ORDER BY idx")?,
+                docs("SELECT doc FROM run_events WHERE run_id = ?1 ORDER BY seq")?,
+            ))
         })
         .await
     }
@@ -376,21 +475,18 @@ impl Backend for SqliteStore {
         .await
     }
 
-    async fn insert_run_if_absent(&self, run: &Run) -> Result<bool, StoreError> {
+    async fn insert_run_if_absent(&self, run: &RunWrite) -> Result<bool, StoreError> {
         let run = run.clone();
         self.with(move |c| {
             let tx = c.transaction()?;
-            let n = insert_run(&tx, &run)?;
-            if n == 1 {
-                log_transitions(&tx, &run)?;
-            }
+            let written = write_run(&tx, &run, false)?;
             tx.commit()?;
-            Ok(n == 1)
+            Ok(written)
         })
         .await
     }
 
-    async fn claim(&self, run: &Run, start: &Outgoing) -> Result<Claim<RunRow>, StoreError> {
+    async fn claim(&self, run: &RunWrite, start: &Outgoing) -> Result<Claim<RunRow>, StoreError> {
         let (run, start) = (run.clone(), start.clone());
         self.with(move |c| {
             let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
@@ -399,8 +495,7 @@ impl Backend for SqliteStore {
                 (None, Some(holder)) => return Ok(Claim::Held(holder)),
                 (None, None) => {}
             }
-            insert_run(&tx, &run)?;
-            log_transitions(&tx, &run)?;
+            write_run(&tx, &run, false)?;
             let seq = insert_outgoing(&tx, &start)?;
             tx.commit()?;
             Ok(Claim::New(seq))
@@ -422,10 +517,14 @@ impl Backend for SqliteStore {
         .await
     }
 
-    async fn commit(&self, commit: &Commit, _holder: &str) -> Result<Committed, StoreError> {
-        let (event, runs, alerts, alert_events, outbox) = (
+    async fn commit(
+        &self,
+        commit: &Commit,
+        runs: Vec<RunWrite>,
+        _holder: &str,
+    ) -> Result<Committed, StoreError> {
+        let (event, alerts, alert_events, outbox) = (
             commit.event.clone(),
-            commit.runs.clone(),
             commit.alerts.clone(),
             commit.alert_events.clone(),
             commit.outbox.clone(),
@@ -444,14 +543,7 @@ impl Backend for SqliteStore {
                 }
             }
             for run in &runs {
-                tx.execute(
-                    "INSERT INTO runs (id, kind, status, target, created_at, doc, summary)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
-                     ON CONFLICT (id) DO UPDATE
-                     SET status = excluded.status, doc = excluded.doc, summary = excluded.summary",
-                    run_row(run),
-                )?;
-                log_transitions(&tx, run)?;
+                write_run(&tx, run, true)?;
             }
             let mut board = alerts.iter().collect::<Vec<_>>();
             let mut skipped = 0;
@@ -743,6 +835,9 @@ mod tests {
         let tx = conn.transaction().unwrap();
         tables(&tx).unwrap();
         for (id, kind, doc) in docs {
+            // As rollgate wrote it: the row's id is the document's.
+            let mut doc = doc.clone();
+            doc["id"] = (*id).into();
             tx.execute(
                 "INSERT INTO runs (id, kind, status, target, created_at, doc) VALUES (?1, ?2, 'running', NULL, 0, ?3)",
                 params![id, kind, doc.to_string()],
@@ -951,5 +1046,64 @@ mod tests {
         drop(Store::open(&path).unwrap());
         let conn = Connection::open(&path).unwrap();
         assert_eq!(sqlite::version(&conn).unwrap(), MIGRATIONS.len() as u32);
+    }
+
+    #[tokio::test]
+    async fn a_version_6_run_in_flight_is_split_into_steps_and_log_and_carries_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db");
+        let mut run = run_of(RunKind::K8sUpgrade, full_plan());
+        run.steps[0].status = crate::domain::run::StepStatus::Done;
+        run.transition(
+            RunStatus::Running,
+            "step plan (attempt 1)",
+            chrono::Utc::now(),
+        );
+        run.current_step = Some(1);
+        {
+            let mut conn = Connection::open(&path).unwrap();
+            sqlite::migrate(&mut conn, "store.db", &MIGRATIONS[..6]).unwrap();
+            let tx = conn.transaction().unwrap();
+            tx.execute(
+                "INSERT INTO runs (id, kind, status, target, created_at, doc, summary) VALUES (?1, 'k8s-upgrade', 'running', '1.34.5', 0, ?2, ?3)",
+                params![run.id, encode(&run), encode_summary(&run)],
+            )
+            .unwrap();
+            log_transitions(&tx, &run).unwrap();
+            tx.commit().unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        let back = store.get_run(&run.id).await.unwrap().unwrap();
+        assert_eq!(back, run, "the same run, read from its parts");
+        assert_eq!(back.touched.logged, 2);
+        let conn = Connection::open(&path).unwrap();
+        let head: String = conn
+            .query_row("SELECT doc FROM runs WHERE id = ?1", params![run.id], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        let head: serde_json::Value = serde_json::from_str(&head).unwrap();
+        assert_eq!(head["steps"], serde_json::json!([]), "{head}");
+        assert_eq!(head["history"], serde_json::json!([]), "{head}");
+        // It carries on: a change writes its step and transition, and reads back whole.
+        let mut next = back;
+        next.step_mut(1).status = crate::domain::run::StepStatus::Running;
+        next.transition(RunStatus::Waiting, "waits", chrono::Utc::now());
+        store
+            .commit(Commit {
+                runs: vec![next.clone()],
+                ..Commit::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(store.get_run(&run.id).await.unwrap().unwrap(), next);
+        let events: i64 = conn
+            .query_row(
+                "SELECT COUNT(*) FROM run_events WHERE run_id = ?1",
+                params![run.id],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(events, 3, "each transition logged once");
     }
 }

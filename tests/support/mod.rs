@@ -618,3 +618,23 @@ pub fn workers_gates_and_soaks(run: &Value) -> Vec<String> {
         })
         .unwrap_or_default()
 }
+
+fn always(_: &rollgate::domain::run::Step) -> bool {
+    true
+}
+
+/// An engine context at `now` where every step can execute, with the worker's retry policy
+/// and no failure budget: for tests that drive runs through the engine by hand.
+pub fn engine_context(
+    now: chrono::DateTime<chrono::Utc>,
+) -> rollgate::domain::engine::Context<'static> {
+    rollgate::domain::engine::Context {
+        now,
+        can_execute: &always,
+        max_attempts: 3,
+        halt_after: chrono::Duration::minutes(30),
+        retry: rollgate::worker::WorkerPolicy::STEP_RETRY,
+        jitter: 0.5,
+        failure_budget: Default::default(),
+    }
+}

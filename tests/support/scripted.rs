@@ -189,6 +189,21 @@ impl Scripted {
     pub fn restart_command(&self) -> String {
         format!("{}/restart.sh {{name}}", self.dir.path().display())
     }
+
+    /// rollgate's command driver for these members: restart with `restart.sh`, and a
+    /// member counts as at the target once its revision file says `v2`.
+    pub fn command_driver(&self) -> rollgate::workflows::etcd_roll::CommandDriver {
+        rollgate::workflows::etcd_roll::CommandDriver {
+            restart_command: self.restart_command(),
+            probe_command: format!(
+                "test \"$(cat {}/$ROLLGATE_MEMBER.rev 2>/dev/null)\" = v2",
+                self.dir.path().display()
+            ),
+            runner: std::sync::Arc::new(rollgate::adapters::shell::Shell {
+                timeout: std::time::Duration::from_secs(30),
+            }),
+        }
+    }
 }
 
 impl Drop for Scripted {

@@ -166,8 +166,46 @@ function stages(run) {
       if (!byNode.has(step.node)) { byNode.set(step.node, []); nodes.push(step.node); }
       byNode.get(step.node).push(step);
     }
-    return { stage, steps, nodes: nodes.map((name) => ({ name, steps: byNode.get(name) })) };
+    return { stage, steps, nodes: nodes.map((name) => ({ name, steps: byNode.get(name) })), batches: batches(steps) };
   });
+}
+
+// A stage's batches of workers: each begins at a gate, its nodes those drained after it.
+function batches(steps) {
+  const out = [];
+  for (const step of steps) {
+    if (step.name === 'gate') out.push([]);
+    else if (step.name === 'drain' && out.length) out[out.length - 1].push(step.node);
+  }
+  return out.filter((b) => b.length);
+}
+
+function nodeRow(n) {
+  const state = nodeState(n.steps);
+  const started = n.steps.map((s) => s.started_at).filter(Boolean).sort()[0];
+  const ended = state === 'done' ? n.steps.map((s) => s.ended_at).filter(Boolean).sort().pop() : null;
+  return el('div', { class: 'node', 'data-node': n.name },
+    el('span', { class: 'name' }, n.name),
+    el('span', { class: 'state state-' + state }, state),
+    el('span', { class: 'times' }, started ? time(started) + (ended ? ' – ' + time(ended) : ' –') : ''));
+}
+
+// Nodes grouped by batch: a batch in hand is open, the others say how far they got.
+function batchedNodes(nodes, groups) {
+  const byName = new Map(nodes.map((n) => [n.name, n]));
+  return el('div', { class: 'batches' }, groups.map((names, i) => {
+    const members = names.map((name) => byName.get(name)).filter(Boolean);
+    const states = members.map((n) => nodeState(n.steps));
+    const done = states.filter((st) => st === 'done').length;
+    const waiting = states.filter((st) => st === 'waiting').length;
+    const inHand = members.length - done - waiting;
+    const details = el('details', { class: 'batch', 'data-batch': String(i + 1) },
+      el('summary', {}, 'batch ' + (i + 1) + ' (' + members.length + ' node' + (members.length === 1 ? '' : 's') + '): ',
+        el('span', { class: 'batch-counts' }, done + ' done, ' + inHand + ' in hand, ' + waiting + ' waiting')),
+      el('div', { class: 'nodes' }, members.map(nodeRow)));
+    if (inHand > 0) details.open = true;
+    return details;
+  }));
 }
 
 function renderGatePanel() {
@@ -198,6 +236,9 @@ async function control(action) {
   scheduleRefresh();
 }
 
+// How many of a run's newest transitions the history table shows.
+const HISTORY_SHOWN = 200;
+
 function renderRun() {
   const run = view.run;
   const terminal = ['succeeded', 'failed', 'aborted'].includes(run.status);
@@ -210,19 +251,12 @@ function renderRun() {
     button('resume', 'Resume', run.status !== 'halted'),
     button('abort', 'Abort', terminal),
     el('span', { id: 'control-error', class: 'reason' }, denied ? denied + ': read only' : ''));
-  const timeline = stages(run).map(({ stage, steps, nodes }) => {
+  const timeline = stages(run).map(({ stage, steps, nodes, batches: groups }) => {
     const done = steps.filter((s) => s.status === 'done').length;
-    const body = nodes.length
-      ? el('div', { class: 'nodes' }, nodes.map((n) => {
-        const state = nodeState(n.steps);
-        const started = n.steps.map((s) => s.started_at).filter(Boolean).sort()[0];
-        const ended = state === 'done' ? n.steps.map((s) => s.ended_at).filter(Boolean).sort().pop() : null;
-        return el('div', { class: 'node', 'data-node': n.name },
-          el('span', { class: 'name' }, n.name),
-          el('span', { class: 'state state-' + state }, state),
-          el('span', { class: 'times' }, started ? time(started) + (ended ? ' – ' + time(ended) : ' –') : ''));
-      }))
-      : el('p', { class: 'muted' }, steps.map((s) => s.name + ' ' + s.status).join(' · '));
+    let body;
+    if (stage === 'workers' && groups.length > 1) body = batchedNodes(nodes, groups);
+    else if (nodes.length) body = el('div', { class: 'nodes' }, nodes.map(nodeRow));
+    else body = el('p', { class: 'muted' }, steps.map((s) => s.name + ' ' + s.status).join(' · '));
     return el('section', { class: 'stage', 'data-stage': stage }, el('h3', {}, stage + ' ', el('span', { class: 'muted' }, done + '/' + steps.length)), body);
   });
   const history = [...(run.history || [])].reverse().map((h) => el('tr', {},
@@ -246,7 +280,8 @@ function renderRun() {
 }
 
 async function loadRun(id) {
-  view.run = await api('/v1/runs/' + encodeURIComponent(id));
+  // Every step (the timeline), the newest transitions (the history table).
+  view.run = await api('/v1/runs/' + encodeURIComponent(id) + '?history_last=' + HISTORY_SHOWN);
   if (route().page === 'run' && route().id === id) renderRun();
 }
 
