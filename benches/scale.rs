@@ -12,6 +12,10 @@
 //!   server (listing the nodes and planning), timed in this process.
 //! - **peak_rss_mb**: this process's peak resident set (the fake API server with its
 //!   5,000 nodes runs in it too).
+//! - **memory**: what the kube adapter adds to this process's peak resident set reading
+//!   1 + 5,000 nodes and 150,000 pods from the fake API server (in this process too, so
+//!   its own memory is the baseline): the nodes, every pod's readiness (in pages of 500),
+//!   one node's drain facts.
 //! - **batches**: `rollgate serve` upgrading 1 control plane + `BENCH_WORKERS` (48)
 //!   workers of the test ground (a real sshd per node), node script 2 s, soak 5 s, with
 //!   `max_unavailable` 1, 4 and 12: the efficiency ideal / measured, where measured is the
@@ -45,7 +49,7 @@ use rollgate::domain::event::{DetectionRequest, StageSelection, UpgradeKind};
 use rollgate::domain::k8s_upgrade::{self, MaxUnavailable, PlanSettings};
 use rollgate::domain::run::{FailurePolicy, Run};
 use rollgate::domain::version::Version;
-use rollgate::ports::ClusterRead;
+use rollgate::ports::{ClusterRead, NodeDrain};
 use rollgate::store::{Commit, Store};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
@@ -239,7 +243,7 @@ async fn main() {
         return;
     }
     let parts = std::env::var("BENCH_PARTS")
-        .unwrap_or_else(|_| "transitions,plan,batches,etcd_roll".into());
+        .unwrap_or_else(|_| "transitions,plan,memory,batches,etcd_roll".into());
     let parts: Vec<&str> = parts.split(',').map(str::trim).collect();
     let mut results = json!({"transitions": {}, "plan": {"ms": {}}, "batches": {"efficiency": {}}, "etcd_roll": {}});
     if parts.contains(&"transitions") {
@@ -247,6 +251,9 @@ async fn main() {
     }
     if parts.contains(&"plan") {
         plan_part(&mut results).await;
+    }
+    if parts.contains(&"memory") {
+        memory_part(&mut results).await;
     }
     if parts.contains(&"batches") {
         batches_part(&mut results).await;
@@ -335,6 +342,43 @@ async fn plan_part(results: &mut Value) {
         run.steps.len()
     );
     results["plan"]["ms"]["5000"] = json!(took.as_secs_f64() * 1e3);
+}
+
+/// This process's resident set now, in MB.
+fn rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+async fn memory_part(results: &mut Value) {
+    println!();
+    println!(
+        "compares: what rollgate's kube adapter adds to this process's memory reading 1 + 5,000 nodes and 150,000 pods (the nodes, every pod's readiness, one node's drain facts) against the 200 MB bound"
+    );
+    let (fake, kube, _dir) = cluster(5000).await;
+    for w in 0..5000 {
+        fake.add_pods(&format!("w{w:05}"), "web", 30, false);
+    }
+    let resident = rss_mb();
+    let started = Instant::now();
+    let facts = kube.facts().await.expect("facts");
+    let (ready, total) = kube.pod_readiness().await.expect("pod readiness");
+    let drain = kube.drain_facts("w00042").await.expect("drain facts");
+    let took = started.elapsed();
+    let added = (peak_rss_mb() - resident).max(0.0);
+    println!(
+        "{} nodes, {ready} of {total} pods Ready, {} pods on w00042: {:.1} s; resident before {resident:.0} MB (the fake API server's 150,000 pods), peak after {:.0} MB: the adapter added at most {added:.0} MB",
+        facts.nodes.len(),
+        drain.pods.len(),
+        took.as_secs_f64(),
+        peak_rss_mb()
+    );
+    results["memory"] =
+        json!({"nodes": facts.nodes.len(), "pods": total, "adapter_added_mb": added});
 }
 
 fn at(step: &Value, field: &str) -> chrono::DateTime<Utc> {

@@ -2050,4 +2050,42 @@ mod tests {
         .unwrap();
         assert!(matches!(next, Next::RunStep { index: 1, .. }), "{next:?}");
     }
+
+    #[test]
+    fn control_planes_have_no_failure_budget() {
+        let node = || "cp".to_owned();
+        let mut run = run_with(&[]);
+        run.steps = vec![
+            Step::new(UpgradeStep::Upgrade {
+                stage: Stage::ControlPlane,
+                node: node(),
+            }),
+            Step::new(UpgradeStep::Verify {
+                stage: Stage::ControlPlane,
+                node: node(),
+            }),
+        ];
+        let c = Context {
+            failure_budget: FailureBudget::Count(5),
+            ..ctx(1)
+        };
+        let Next::RunStep { epoch, .. } = advance(&mut run, Input::Start, &c).unwrap() else {
+            panic!("not started")
+        };
+        let failed = Input::StepFinished {
+            epoch,
+            outcome: StepOutcome::failed("kubeadm exited with 1"),
+        };
+        assert_eq!(advance(&mut run, failed, &c).unwrap(), Next::Nothing);
+        assert_eq!(run.status, RunStatus::Halted);
+        assert!(
+            run.left_behind.is_empty(),
+            "a control plane is never left behind"
+        );
+        assert!(
+            run.reason.contains("control-plane/upgrade@cp gave up"),
+            "{}",
+            run.reason
+        );
+    }
 }

@@ -236,6 +236,9 @@ async function control(action) {
   scheduleRefresh();
 }
 
+// Above this many workers, the workers stage shows them grouped by batch.
+const GROUP_ABOVE = 50;
+
 // How many of a run's newest transitions the history table shows.
 const HISTORY_SHOWN = 200;
 
@@ -254,7 +257,7 @@ function renderRun() {
   const timeline = stages(run).map(({ stage, steps, nodes, batches: groups }) => {
     const done = steps.filter((s) => s.status === 'done').length;
     let body;
-    if (stage === 'workers' && groups.length > 1) body = batchedNodes(nodes, groups);
+    if (stage === 'workers' && groups.length > 1 && nodes.length > GROUP_ABOVE) body = batchedNodes(nodes, groups);
     else if (nodes.length) body = el('div', { class: 'nodes' }, nodes.map(nodeRow));
     else body = el('p', { class: 'muted' }, steps.map((s) => s.name + ' ' + s.status).join(' · '));
     return el('section', { class: 'stage', 'data-stage': stage }, el('h3', {}, stage + ' ', el('span', { class: 'muted' }, done + '/' + steps.length)), body);
