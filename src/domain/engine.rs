@@ -6,7 +6,7 @@
 use chrono::{DateTime, Utc};
 
 use super::backoff::Backoff;
-use super::event::ControlAction;
+use super::event::{ControlAction, Stage};
 use super::k8s_upgrade::FailureBudget;
 use super::run::{Learned, Run, RunStatus, Step, StepStatus};
 
@@ -327,7 +327,9 @@ fn proceed(run: &mut Run, ctx: &Context, via_queue: bool) -> Next {
         return Next::Nothing;
     };
     if run.steps[first].kind.lane().is_none() {
-        if !run.left_behind.is_empty() && run.steps[first].kind.stage_name() != "workers" {
+        if !run.left_behind.is_empty()
+            && run.steps[first].kind.stage_name() != Stage::Workers.name()
+        {
             run.current_step = Some(first);
             hold(run, left_behind_reason(run), ctx);
             return Next::Nothing;
@@ -494,23 +496,26 @@ fn halt_after_step(run: &mut Run, index: usize, detail: String, ctx: &Context) -
 /// whose cycle has begun and not ended, and those left behind.
 fn nodes_in_hand(run: &Run) -> Vec<String> {
     let (start, end) = (segment_start(run, run.cursor), segment_end(run, run.cursor));
-    let mut begun: Vec<&str> = Vec::new();
-    let mut ended: Vec<&str> = Vec::new();
+    // Per worker: whether its cycle has begun, and whether its last step is done.
+    let mut cycles: Vec<(&str, bool, bool)> = Vec::new();
     for step in run.steps.get(start..end).unwrap_or_default() {
         let Some(lane) = step.kind.lane() else {
             continue;
         };
-        if step.status != StepStatus::Pending {
-            begun.push(lane);
-        }
-        if step.kind.name() == "uncordon" && step.status == StepStatus::Done {
-            ended.push(lane);
-        }
+        let at = match cycles.iter().position(|(l, ..)| *l == lane) {
+            Some(at) => at,
+            None => {
+                cycles.push((lane, false, false));
+                cycles.len() - 1
+            }
+        };
+        cycles[at].1 |= step.status != StepStatus::Pending;
+        cycles[at].2 = step.status == StepStatus::Done;
     }
-    let mut nodes: Vec<String> = begun
+    let mut nodes: Vec<String> = cycles
         .into_iter()
-        .filter(|lane| !ended.contains(lane))
-        .map(str::to_owned)
+        .filter(|(_, begun, ended)| *begun && !*ended)
+        .map(|(lane, ..)| lane.to_owned())
         .collect();
     nodes.extend(run.workers_left_behind().map(str::to_owned));
     nodes.sort();
@@ -537,7 +542,7 @@ fn reset_for_resume(run: &mut Run) {
             again.push(start - 1);
         }
         let end = segment_end(run, failed);
-        if end < run.steps.len() && run.steps[end].kind.name() == "soak" {
+        if end < run.steps.len() && run.steps[end].kind.is_soak() {
             again.push(end);
         }
     }

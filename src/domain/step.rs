@@ -443,6 +443,11 @@ impl StepKind {
         }
     }
 
+    /// A soak: the wait after a node or a batch is back.
+    pub fn is_soak(&self) -> bool {
+        matches!(self, Self::K8sUpgrade(UpgradeStep::Soak { .. }))
+    }
+
     /// A gate step: the engine starts it only from the queue.
     pub fn is_gate(&self) -> bool {
         matches!(
