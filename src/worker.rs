@@ -350,7 +350,7 @@ impl Worker {
             commit.runs.push(run);
         }
         if !commit.runs.is_empty() {
-            self.commit(commit).await?;
+            self.commit(&mut commit).await?;
             self.tell(notices);
             self.flush_outbox().await?;
         }
@@ -389,7 +389,9 @@ impl Worker {
 
     /// Commits, fenced by the worker lease, remembering that the outbox has messages to
     /// publish.
-    async fn commit(&self, mut commit: Commit) -> Result<Committed, StoreError> {
+    /// The runs stay in `commit`, as written (see [`Store::commit_keeping`]); the lock of a
+    /// run that has ended is forgotten.
+    async fn commit(&self, commit: &mut Commit) -> Result<Committed, StoreError> {
         commit.fenced = true;
         let has_outbox = !commit.outbox.is_empty();
         let upgrade_ended = commit.runs.iter().any(|r| {
@@ -398,7 +400,10 @@ impl Worker {
                 && crate::workflows::k8s_upgrade::marked_in_flight(r)
         });
         let board_changed = !commit.alerts.is_empty() || !commit.alert_events.is_empty();
-        let committed = self.store.commit(commit).await?;
+        let committed = self.store.commit_keeping(commit).await?;
+        for run in &commit.runs {
+            self.forget_lock(run);
+        }
         if board_changed && let Some(gate) = &self.gate {
             gate.board_changed();
         }
@@ -456,7 +461,7 @@ impl Worker {
                 if may_open {
                     commit.outbox.extend(self.gate_rechecks().await?);
                 }
-                Ok::<_, Transient>(match self.commit(commit).await? {
+                Ok::<_, Transient>(match self.commit(&mut commit).await? {
                     Committed::Done { skipped } => skipped,
                     Committed::AlreadyProcessed => 0,
                 })
@@ -704,8 +709,7 @@ impl Worker {
                 }
             }
         }
-        let runs = commit.runs.clone();
-        if self.commit(commit).await? == Committed::AlreadyProcessed {
+        if self.commit(&mut commit).await? == Committed::AlreadyProcessed {
             self.metrics
                 .events_duplicate
                 .with_label_values(&[kind.label()])
@@ -723,7 +727,7 @@ impl Worker {
         if step.is_empty() {
             return Ok(None);
         }
-        Ok(runs.into_iter().next().map(|run| (run, step)))
+        Ok(commit.runs.pop().map(|run| (run, step)))
     }
 
     /// Creates and starts the run a request asks for, unless a run of `kind` for `target`
@@ -874,12 +878,16 @@ impl Worker {
                 // nothing to write.
                 continue;
             }
-            commit.runs.push(run.clone());
-            if let Err(e) = self.commit(commit).await {
+            commit.runs.push(run);
+            let committed = self.commit(&mut commit).await;
+            let Some(written) = commit.runs.pop() else {
+                return;
+            };
+            run = written;
+            if let Err(e) = committed {
                 warn!(run_id = %run.id, error = %crate::error_chain(&e), "cannot persist a step outcome; the steps in hand run again after recovery");
                 return;
             }
-            self.forget_lock(&run);
             self.tell(notices);
             self.flush_or_keep().await;
             for (index, epoch) in next {
