@@ -40,7 +40,9 @@ use crate::workflows::etcd_roll::steps::EtcdRollSteps;
 use crate::workflows::etcd_roll::watch::{RollStarter, RollWatch};
 use crate::workflows::events::{EventNotifier, EventSink};
 use crate::workflows::gate::{Gate, GateStep, QuietPeriodStep};
-use crate::workflows::k8s_upgrade::{SelfSilences, UpgradeSettings, UpgradeSteps};
+use crate::workflows::k8s_upgrade::{UpgradeSettings, UpgradeSteps};
+use crate::workflows::node_cycle::{CycleSettings, NodeCycle, SelfSilences};
+use crate::workflows::node_reboot::{RebootPlanSettings, RebootSettings, RebootSteps};
 
 /// How long the worker may take to finish the message in hand after a stop signal.
 const WORKER_STOP_TIMEOUT: Duration = Duration::from_secs(60);
@@ -143,9 +145,10 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     let silences = alertmanager_api.map(|a| a as Arc<dyn Silences>);
     let (cluster, etcd) =
         match build_upgrade_steps(&settings, kube, silences, events, metrics.clone()).await? {
-            Some((steps, cluster)) => {
+            Some((steps, reboots, cluster)) => {
                 let etcd = steps.etcd.clone();
                 executors.k8s_upgrade = Some(steps);
+                executors.node_reboot = Some(reboots);
                 (Some(cluster), etcd)
             }
             None => {
@@ -169,6 +172,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         on_failure: settings.worker.on_failure,
         etcd_rolls,
         windows: settings.schedule.windows.clone(),
+        reboot_plan: reboot_plan_settings(&settings),
     });
     let served = state.clone();
     let server = HttpServer::new(move || {
@@ -242,6 +246,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             .telling(gate.clone())
             .refusing_detections(upgrades_unavailable)
             .within(settings.schedule.windows.clone())
+            .with_cluster_etcd(settings.etcd.endpoints.clone())
             .led_by(leading);
         Some(tokio::spawn(worker.run(stop_rx)))
     };
@@ -362,15 +367,15 @@ pub fn ssh_client(settings: &Settings) -> anyhow::Result<Ssh> {
     })?)
 }
 
-/// The upgrade steps over kube, ssh and etcd, when a cluster is configured; also the
-/// cluster reader the API plans detections with.
+/// The upgrade and reboot steps over kube, ssh and etcd, when a cluster is configured;
+/// also the cluster reader the API checks requests with.
 pub async fn build_upgrade_steps(
     settings: &Settings,
     kube: Option<Arc<Kube>>,
     silences: Option<Arc<dyn Silences>>,
     events: Option<EventSink>,
     metrics: Metrics,
-) -> anyhow::Result<Option<(Arc<UpgradeSteps>, Arc<dyn ClusterRead>)>> {
+) -> anyhow::Result<Option<(Arc<UpgradeSteps>, Arc<RebootSteps>, Arc<dyn ClusterRead>)>> {
     let c = &settings.cluster;
     let Some(kube) = kube else {
         return Ok(None);
@@ -386,15 +391,55 @@ pub async fn build_upgrade_steps(
         .clone()
         .map(|e| Arc::new(EtcdSnapshots::new(e)) as Arc<dyn Snapshots>);
     let etcd = etcd.map(|e| e as Arc<dyn EtcdMembers>);
+    let exec: Arc<dyn crate::ports::NodeExec> = Arc::new(ssh);
+    let cycle = node_cycle(settings, kube.clone(), silences, events);
     let steps = UpgradeSteps {
         cluster: kube.clone(),
-        nodes: kube.clone(),
         marks: kube.clone(),
-        exec: Arc::new(ssh),
+        exec: exec.clone(),
         snapshots,
         etcd,
         settings: UpgradeSettings {
             plan: plan_settings(settings),
+            health_timeout: c.control_plane_health_timeout,
+            transfer_timeout: settings.etcd.transfer_timeout,
+            verify_timeout: c.verify_timeout,
+            pod_ready_ratio: c.pod_ready_ratio,
+            snapshot_dir: settings.etcd.snapshot_dir.clone(),
+        },
+        metrics,
+        cycle: cycle.clone(),
+    };
+    let r = &settings.reboot;
+    let reboots = RebootSteps {
+        cluster: kube.clone(),
+        boots: kube.clone(),
+        exec,
+        cycle,
+        settings: RebootSettings {
+            plan: reboot_plan_settings(settings),
+            sentinel_script: r.sentinel_script(),
+            command: r.command.clone(),
+            timeout: r.timeout,
+            labels_before: crate::config::RebootConfig::labels(&r.labels_before),
+            labels_after: crate::config::RebootConfig::labels(&r.labels_after),
+        },
+        metrics: steps.metrics.clone(),
+    };
+    Ok(Some((Arc::new(steps), Arc::new(reboots), kube)))
+}
+
+/// The node cycle over kube: drains, holds, soaks, silences and Events as configured.
+pub fn node_cycle(
+    settings: &Settings,
+    kube: Arc<Kube>,
+    silences: Option<Arc<dyn Silences>>,
+    events: Option<EventSink>,
+) -> NodeCycle {
+    let c = &settings.cluster;
+    NodeCycle {
+        nodes: kube,
+        settings: CycleSettings {
             drain: DrainOptions {
                 timeout: c.drain_timeout,
                 retry_every: c.eviction_retry,
@@ -402,11 +447,6 @@ pub async fn build_upgrade_steps(
                 own_pod: own_pod(),
             },
             soak: c.soak,
-            health_timeout: c.control_plane_health_timeout,
-            transfer_timeout: settings.etcd.transfer_timeout,
-            verify_timeout: c.verify_timeout,
-            pod_ready_ratio: c.pod_ready_ratio,
-            snapshot_dir: settings.etcd.snapshot_dir.clone(),
             blocking_pods: c
                 .blocking_pod_selectors
                 .iter()
@@ -414,11 +454,17 @@ pub async fn build_upgrade_steps(
                 .collect(),
             hold_poll: settings.gate.poll_interval,
         },
-        metrics,
         silences: self_silences(settings, silences),
         events,
-    };
-    Ok(Some((Arc::new(steps), kube)))
+    }
+}
+
+/// How reboots are planned, from the settings.
+pub fn reboot_plan_settings(settings: &Settings) -> RebootPlanSettings {
+    RebootPlanSettings {
+        workers: plan_settings(settings),
+        control_planes: settings.reboot.control_planes,
+    }
 }
 
 /// The planner's choices from the settings.

@@ -13,7 +13,7 @@ use crate::domain::event::DetectionRequest;
 use crate::domain::gate::PromReading;
 use crate::domain::k8s_upgrade::ClusterFacts;
 use crate::domain::run::{Run, RunStatus, Step};
-use crate::domain::step::{EtcdRollStep, StepKind, UpgradeStep};
+use crate::domain::step::{EtcdRollStep, RebootStep, StepKind, UpgradeStep};
 use crate::domain::version::Version;
 
 /// Carries out one kind of step. A step must be idempotent: after a crash it is executed
@@ -36,6 +36,8 @@ pub struct Executors {
     pub k8s_upgrade: Option<Arc<dyn StepExecutor>>,
     /// Every other step of an etcd roll.
     pub etcd_roll: Option<Arc<dyn StepExecutor>>,
+    /// Every other step of a node-reboot run.
+    pub node_reboot: Option<Arc<dyn StepExecutor>>,
 }
 
 impl Executors {
@@ -43,10 +45,12 @@ impl Executors {
     pub fn get(&self, step: &Step) -> Option<Arc<dyn StepExecutor>> {
         let executor = match &step.kind {
             StepKind::K8sUpgrade(UpgradeStep::Gate { .. })
-            | StepKind::EtcdRoll(EtcdRollStep::Gate { .. }) => &self.gate,
+            | StepKind::EtcdRoll(EtcdRollStep::Gate { .. })
+            | StepKind::NodeReboot(RebootStep::Gate { .. }) => &self.gate,
             StepKind::K8sUpgrade(UpgradeStep::QuietPeriod) => &self.quiet_period,
             StepKind::K8sUpgrade(_) => &self.k8s_upgrade,
             StepKind::EtcdRoll(_) => &self.etcd_roll,
+            StepKind::NodeReboot(_) => &self.node_reboot,
         };
         executor.clone()
     }
@@ -189,6 +193,44 @@ pub trait NodeDrain: Send + Sync {
     async fn cordon_holder(&self, node: &str, owner: &str) -> Result<Cordon, ClusterError>;
     /// The pods on `node` and every PodDisruptionBudget, for what may hold its drain.
     async fn drain_facts(&self, node: &str) -> Result<DrainFacts, ClusterError>;
+}
+
+/// How a node boots, as the reboot steps read and mark it.
+#[async_trait::async_trait]
+pub trait NodeBoots: Send + Sync {
+    /// The node's boot now: its boot id, Ready, and the reboot rollgate marked on it.
+    async fn boot(&self, node: &str) -> Result<NodeBoot, ClusterError>;
+    /// Marks on `node` the reboot about to be asked (the `reboot` annotation), before the
+    /// command is sent: a step redone after a crash finds it and does not reboot twice.
+    async fn mark_reboot(&self, node: &str, mark: &RebootMark) -> Result<(), ClusterError>;
+    /// Sets (`Some`) or removes (`None`) labels on `node`.
+    async fn label(
+        &self,
+        node: &str,
+        labels: &[(String, Option<String>)],
+    ) -> Result<(), ClusterError>;
+}
+
+/// A node's boot as the API shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeBoot {
+    /// `status.nodeInfo.bootID`: changes with every boot.
+    pub boot_id: String,
+    /// Its Ready condition is True.
+    pub ready: bool,
+    /// The reboot rollgate marked on it last, if any.
+    pub mark: Option<RebootMark>,
+}
+
+/// The reboot rollgate asked of a node: kept on the node as an annotation.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RebootMark {
+    /// The run that asked.
+    pub run_id: String,
+    /// The boot id before the reboot.
+    pub boot_id: String,
+    /// When the command was about to be sent.
+    pub at: chrono::DateTime<chrono::Utc>,
 }
 
 /// What the holds before a drain are decided from.

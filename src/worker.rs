@@ -16,7 +16,7 @@ use crate::domain::backoff::Backoff;
 use crate::domain::engine::{self, Context, Input, Next, StepOutcome};
 use crate::domain::event::{
     CloudEvent, ControlRequest, DetectionRequest, EventData, EventType, ROLLGATE_SOURCE,
-    WakeRequest,
+    RebootRequest, WakeRequest,
 };
 use crate::domain::k8s_upgrade::FailureBudget;
 use crate::domain::run::{FailurePolicy, Run, RunKind, RunStatus, Step};
@@ -59,6 +59,17 @@ pub struct Worker {
     run_locks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// The tasks driving steps, waited for when the worker stops.
     drives: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// The client URLs of the cluster's own etcd (`etcd.endpoints`): a roll of those
+    /// members holds the cluster's lock, as upgrades and reboots do.
+    pub cluster_etcd: Vec<String>,
+}
+
+/// The reason a run waiting for the cluster's lock gives, up to the holder it names.
+pub const WAITS_FOR_CLUSTER: &str = "waits for run ";
+
+/// Whether `run` is queued behind the cluster's lock.
+fn waits_for_cluster(run: &Run) -> bool {
+    run.status == RunStatus::Queued && run.reason.starts_with(WAITS_FOR_CLUSTER)
 }
 
 /// Limits the engine applies to every run.
@@ -130,7 +141,69 @@ impl Worker {
             gate: None,
             run_locks: Default::default(),
             drives: Default::default(),
+            cluster_etcd: Vec::new(),
         }
+    }
+
+    /// The same worker, knowing the cluster's own etcd by its client URLs.
+    pub fn with_cluster_etcd(mut self, endpoints: Vec<String>) -> Self {
+        self.cluster_etcd = endpoints;
+        self
+    }
+
+    /// The run that holds the cluster against `run`, if any: another run that works on
+    /// the cluster's nodes or its etcd and has started and not ended, or that has waited
+    /// for the cluster since before `run` was made. Runs take the cluster one at a time,
+    /// in the order they were asked for.
+    async fn cluster_holder(&self, run: &Run) -> Result<Option<Run>, StoreError> {
+        if !run.holds_cluster(&self.cluster_etcd) {
+            return Ok(None);
+        }
+        let others = self.store.not_ended().await?;
+        Ok(others.into_iter().find(|other| {
+            other.id != run.id
+                && other.holds_cluster(&self.cluster_etcd)
+                && (other.status != RunStatus::Queued
+                    || (waits_for_cluster(other) && other.created_at < run.created_at))
+        }))
+    }
+
+    /// Starts queued `run` unless another run holds the cluster; then it stays queued and
+    /// says what it waits for.
+    async fn start_or_wait(
+        &self,
+        run: &mut Run,
+        commit: &mut Commit,
+        notices: &mut Vec<Notice>,
+    ) -> Result<Vec<(usize, u64)>, Transient> {
+        if let Some(holder) = self.cluster_holder(run).await? {
+            let reason = format!(
+                "{WAITS_FOR_CLUSTER}{} ({}) to release the cluster",
+                holder.id,
+                holder.kind.name()
+            );
+            info!(run_id = %run.id, holder = %holder.id, "waiting for the cluster");
+            let told = run.history.len();
+            run.transition(RunStatus::Queued, reason, Utc::now());
+            notices.extend(notices_since(run, told));
+            return Ok(Vec::new());
+        }
+        Ok(self.apply(run, Input::Start, commit, notices).0)
+    }
+
+    /// A wake for the oldest run waiting for the cluster, when `ended` releases it.
+    async fn wake_next_holder(&self, ended: &[Run]) -> Result<Option<Outgoing>, StoreError> {
+        let released = ended
+            .iter()
+            .any(|r| r.status.is_terminal() && r.holds_cluster(&self.cluster_etcd));
+        if !released {
+            return Ok(None);
+        }
+        let waiting = self.store.not_ended().await?;
+        Ok(waiting
+            .iter()
+            .find(|r| waits_for_cluster(r) && !ended.iter().any(|e| e.id == r.id))
+            .map(|next| wake_message(next, next.epoch, None)))
     }
 
     /// The same worker, telling `gate` whenever the alert board changes.
@@ -393,13 +466,16 @@ impl Worker {
     /// run that has ended is forgotten.
     async fn commit(&self, commit: &mut Commit) -> Result<Committed, StoreError> {
         commit.fenced = true;
-        let has_outbox = !commit.outbox.is_empty();
         let upgrade_ended = commit.runs.iter().any(|r| {
             r.kind == RunKind::K8sUpgrade
                 && r.status.is_terminal()
                 && crate::workflows::k8s_upgrade::marked_in_flight(r)
         });
         let board_changed = !commit.alerts.is_empty() || !commit.alert_events.is_empty();
+        if let Some(wake) = self.wake_next_holder(&commit.runs).await? {
+            commit.outbox.push(wake);
+        }
+        let has_outbox = !commit.outbox.is_empty();
         let committed = self.store.commit_keeping(commit).await?;
         for run in &commit.runs {
             self.forget_lock(run);
@@ -611,9 +687,9 @@ impl Worker {
         let run_lock = match &data {
             EventData::Control(c) => Some(c.run_id.as_str()),
             EventData::Wake(w) => Some(w.run_id.as_str()),
-            EventData::Detection { run_id, .. } | EventData::EtcdRoll { run_id, .. } => {
-                run_id.as_deref()
-            }
+            EventData::Detection { run_id, .. }
+            | EventData::EtcdRoll { run_id, .. }
+            | EventData::Reboot { run_id, .. } => run_id.as_deref(),
             EventData::Alerts(_) => None,
         }
         .map(|id| self.run_lock(id));
@@ -667,6 +743,11 @@ impl Worker {
                     )
                     .await?;
             }
+            EventData::Reboot { run_id, request } => {
+                step = self
+                    .take_reboot(run_id, request, &event.source, &mut commit, &mut notices)
+                    .await?;
+            }
             EventData::Control(ControlRequest {
                 run_id,
                 action,
@@ -696,6 +777,13 @@ impl Worker {
             EventData::Wake(WakeRequest { run_id, epoch }) => {
                 match self.store.get_run(&run_id).await? {
                     None => warn!(%run_id, "wake for an unknown run; ignored"),
+                    Some(mut run) if waits_for_cluster(&run) => {
+                        // The cluster was released: start, or wait on for the next holder.
+                        step = self
+                            .start_or_wait(&mut run, &mut commit, &mut notices)
+                            .await?;
+                        commit.runs.push(run);
+                    }
                     Some(mut run) => {
                         let changed;
                         (step, changed) =
@@ -777,10 +865,84 @@ impl Worker {
             warn!(run_id = %run.id, %reason, "refusing to start");
             run.transition(RunStatus::Failed, reason, Utc::now());
             Vec::new()
+        } else if run.status == RunStatus::Queued {
+            self.start_or_wait(&mut run, commit, notices).await?
         } else {
-            self.apply(&mut run, Input::Start, commit, notices).0
+            Vec::new()
         };
         // Its whole history is news, creation included (the intake tells nothing).
+        *notices = notices_since(&run, 0);
+        commit.runs.push(run);
+        Ok(step)
+    }
+
+    /// Takes a reboot request: the run the intake named, or a new one; a request that
+    /// comes while a reboot run waits for the cluster is merged into it (its nodes join;
+    /// none named: every node that needs it) instead of making a second run.
+    async fn take_reboot(
+        &self,
+        run_id: Option<String>,
+        request: RebootRequest,
+        source: &str,
+        commit: &mut Commit,
+        notices: &mut Vec<Notice>,
+    ) -> Result<Vec<(usize, u64)>, Transient> {
+        if run_id.is_none() {
+            let waiting = self
+                .store
+                .not_ended()
+                .await?
+                .into_iter()
+                .find(|r| r.kind == RunKind::NodeReboot && r.status == RunStatus::Queued);
+            if let Some(mut run) = waiting {
+                let run_lock = self.run_lock(&run.id);
+                let _held = run_lock.lock().await;
+                if let Some(latest) = self.store.get_run(&run.id).await? {
+                    run = latest;
+                }
+                if run.status == RunStatus::Queued
+                    && let Ok(asked) = RebootRequest::from_json(&run.request)
+                {
+                    let nodes = if request.nodes.is_empty() {
+                        "every node that needs it".to_owned()
+                    } else {
+                        request.nodes.join(", ")
+                    };
+                    if !asked.covers(&request.nodes) || asked.reason != request.reason {
+                        run.request = asked.merged(&request).to_json();
+                    }
+                    let told = run.history.len();
+                    run.note(
+                        format!("a request from {source} for {nodes} is merged into this run"),
+                        Utc::now(),
+                    );
+                    notices.extend(notices_since(&run, told));
+                    info!(run_id = %run.id, %nodes, "reboot request merged into the waiting run");
+                    commit.runs.push(run);
+                    return Ok(Vec::new());
+                }
+            }
+        }
+        let on_failure = self.policy.on_failure;
+        let id = run_id.clone();
+        let mut run = match &id {
+            Some(id) => self.store.get_run(id).await?,
+            None => None,
+        }
+        .unwrap_or_else(|| {
+            Run::node_reboot(
+                run_id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string()),
+                &request,
+                on_failure,
+                Utc::now(),
+            )
+            .credited(source)
+        });
+        let step = if run.status == RunStatus::Queued {
+            self.start_or_wait(&mut run, commit, notices).await?
+        } else {
+            Vec::new()
+        };
         *notices = notices_since(&run, 0);
         commit.runs.push(run);
         Ok(step)

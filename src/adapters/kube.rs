@@ -26,8 +26,8 @@ use crate::domain::k8s_upgrade::{ClusterFacts, NodeFacts, Role};
 use crate::domain::version::Version;
 use crate::ports::{
     ClusterError, ClusterEvent, ClusterRead, Cordon, DrainError, DrainFacts, DrainOptions,
-    DrainReport, EventRecorder, InFlight, InFlightMarks, NodeDrain, PodRef, PodState, Regarding,
-    StatefulSetState, StatefulSets,
+    DrainReport, EventRecorder, InFlight, InFlightMarks, NodeBoot, NodeBoots, NodeDrain, PodRef,
+    PodState, RebootMark, Regarding, StatefulSetState, StatefulSets,
 };
 
 /// Every (API group, resource, verb) this adapter uses.
@@ -381,6 +381,11 @@ impl Kube {
         format!("{}/cordoned-by", self.settings.annotation_prefix)
     }
 
+    /// The annotation that records the reboot rollgate asked of a node.
+    fn reboot_mark(&self) -> String {
+        format!("{}/reboot", self.settings.annotation_prefix)
+    }
+
     /// Merge-patches `node` with `patch` at the resourceVersion `decide` saw; re-reads and
     /// decides again after a 409.
     async fn patch_node_checked(
@@ -594,6 +599,65 @@ impl ClusterRead for Kube {
                 info.git_version
             ))
         })
+    }
+}
+
+#[async_trait::async_trait]
+impl NodeBoots for Kube {
+    async fn boot(&self, node: &str) -> Result<NodeBoot, ClusterError> {
+        let n = self
+            .nodes()
+            .get(node)
+            .await
+            .map_err(|e| api_error(&format!("get node {node}"), e))?;
+        let status = n.status.clone().unwrap_or_default();
+        let ready = status
+            .conditions
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        let boot_id = status.node_info.map(|i| i.boot_id).unwrap_or_default();
+        let mark = n
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(&self.reboot_mark()))
+            .and_then(|text| serde_json::from_str(text).ok());
+        Ok(NodeBoot {
+            boot_id,
+            ready,
+            mark,
+        })
+    }
+
+    async fn mark_reboot(&self, node: &str, mark: &RebootMark) -> Result<(), ClusterError> {
+        let text = serde_json::to_string(mark).unwrap_or_default();
+        let patch = json!({"metadata": {"annotations": {self.reboot_mark(): text}}});
+        self.nodes()
+            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(drop)
+            .map_err(|e| api_error(&format!("patch node {node}"), e))
+    }
+
+    async fn label(
+        &self,
+        node: &str,
+        labels: &[(String, Option<String>)],
+    ) -> Result<(), ClusterError> {
+        if labels.is_empty() {
+            return Ok(());
+        }
+        let labels: BTreeMap<&str, Value> = labels
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_ref().map_or(Value::Null, |v| json!(v))))
+            .collect();
+        let patch = json!({"metadata": {"labels": labels}});
+        self.nodes()
+            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(drop)
+            .map_err(|e| api_error(&format!("patch node {node}"), e))
     }
 }
 

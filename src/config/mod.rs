@@ -8,8 +8,9 @@ mod values;
 
 pub use sections::{
     ClusterSettings, DetectConfig, DetectSubmit, EtcdConfig, EtcdRollConfig, GateSettings,
-    LogFormat, LogSettings, NotifySettings, QueueBackend, QueueSettings, ScheduleSettings,
-    ServerSettings, Settings, SshConfig, SshHost, StoreBackend, StoreSettings, WorkerSettings,
+    LogFormat, LogSettings, NotifySettings, QueueBackend, QueueSettings, RebootConfig,
+    ScheduleSettings, ServerSettings, Settings, SshConfig, SshHost, StoreBackend, StoreSettings,
+    WorkerSettings,
 };
 
 use config::{Config, Environment, File, FileFormat, Map, Value, ValueKind};
@@ -62,6 +63,7 @@ pub fn keys() -> Vec<String> {
     add("etcd", fields::<EtcdConfig>());
     add("etcd_roll", fields::<EtcdRollConfig>());
     add("detect", fields::<DetectConfig>());
+    add("reboot", fields::<RebootConfig>());
     add("schedule", fields::<ScheduleSettings>());
     out
 }
@@ -135,6 +137,7 @@ impl Settings {
             etcd: take_section(r, "etcd", p),
             etcd_roll: take_section(r, "etcd_roll", p),
             detect: take_section(r, "detect", p),
+            reboot: take_section(r, "reboot", p),
             schedule: take_section(r, "schedule", p),
         };
         for key in root.keys() {

@@ -6,7 +6,7 @@
 use chrono::{DateTime, Utc};
 
 use super::backoff::Backoff;
-use super::event::{ControlAction, Stage};
+use super::event::ControlAction;
 use super::k8s_upgrade::FailureBudget;
 use super::run::{Learned, Run, RunStatus, Step, StepStatus};
 
@@ -53,6 +53,12 @@ pub enum StepOutcome {
         note: String,
         /// The steps that follow in this stage.
         steps: Vec<Step>,
+    },
+    /// Done, and the rest of this step's worker cycle is not needed (a node that no longer
+    /// needs its reboot): those steps are done too, each with `note`, untouched.
+    SkipCycle {
+        /// Why, in words.
+        note: String,
     },
     /// Not done and not failed: come back to this step at `until` (gate closed, soak).
     Wait {
@@ -327,9 +333,7 @@ fn proceed(run: &mut Run, ctx: &Context, via_queue: bool) -> Next {
         return Next::Nothing;
     };
     if run.steps[first].kind.lane().is_none() {
-        if !run.left_behind.is_empty()
-            && run.steps[first].kind.stage_name() != Stage::Workers.name()
-        {
+        if !run.left_behind.is_empty() && !run.steps[first].kind.among_workers() {
             run.current_step = Some(first);
             hold(run, left_behind_reason(run), ctx);
             return Next::Nothing;
@@ -733,6 +737,21 @@ fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context)
             run.steps.truncate(index + 1);
             run.steps.extend(steps);
             run.touch_all_steps();
+            step_done(run, index, note, ctx)
+        }
+        StepOutcome::SkipCycle { note } => {
+            if let Some(lane) = run.steps[index].kind.lane().map(str::to_owned) {
+                for i in index + 1..segment_end(run, index) {
+                    if run.steps[i].kind.lane() == Some(lane.as_str())
+                        && run.steps[i].status == StepStatus::Pending
+                    {
+                        let skipped = run.step_mut(i);
+                        skipped.status = StepStatus::Done;
+                        skipped.ended_at = Some(ctx.now);
+                        skipped.outcome = Some(format!("skipped: {note}"));
+                    }
+                }
+            }
             step_done(run, index, note, ctx)
         }
         StepOutcome::Replanned { note, steps } => {

@@ -8,8 +8,9 @@ use super::control_planes::{
     self as cps, ControlPlaneAction, EtcdFacts, EtcdLayout, Kubeadm, LayoutError,
 };
 use super::event::{DetectionRequest, Stage, StageSelection, UpgradeKind};
-use super::run::{Step, StepStatus};
-use super::step::{StepKind, UpgradeStep};
+use super::node_cycle::{self, Part};
+use super::run::Step;
+use super::step::UpgradeStep;
 use super::version::Version;
 
 /// What a node is for.
@@ -396,7 +397,10 @@ fn check_stages(
 }
 
 /// Workers in upgrade order: the configured order first, then the rest by name.
-fn worker_order(facts: &ClusterFacts, settings: &PlanSettings) -> Result<Vec<String>, PlanError> {
+pub fn worker_order(
+    facts: &ClusterFacts,
+    settings: &PlanSettings,
+) -> Result<Vec<String>, PlanError> {
     let workers: BTreeSet<&str> = facts
         .nodes
         .iter()
@@ -456,64 +460,40 @@ fn node_steps(
     steps
 }
 
-/// The steps of one batch of workers: one gate, then each worker's cycle (drain, node
-/// script, verify, uncordon), the batch's cycles going on together so that its workers
-/// are out of service together and none longer than its own cycle; one soak after the
-/// batch.
-fn worker_batch_steps(batch: &[String]) -> Vec<UpgradeStep> {
-    let stage = Stage::Workers;
-    let (Some(first), Some(last)) = (batch.first(), batch.last()) else {
-        return Vec::new();
-    };
-    let mut steps = vec![UpgradeStep::Gate {
-        stage,
-        node: Some(first.clone()),
-    }];
-    for node in batch {
-        let node = || node.clone();
-        steps.extend([
-            UpgradeStep::Drain {
-                stage,
-                node: node(),
-            },
-            UpgradeStep::Upgrade {
-                stage,
-                node: node(),
-            },
-            UpgradeStep::Verify {
-                stage,
-                node: node(),
-            },
-            UpgradeStep::Uncordon {
-                stage,
-                node: node(),
-            },
-        ]);
+/// The workers' node cycle: the node script is its action.
+struct WorkerCycle;
+
+impl node_cycle::CycleSteps for WorkerCycle {
+    type Step = UpgradeStep;
+    const PARTS: &'static [Part] = &[Part::Drain, Part::Action, Part::Verify, Part::Uncordon];
+
+    fn gate(node: &str) -> UpgradeStep {
+        UpgradeStep::Gate {
+            stage: Stage::Workers,
+            node: Some(node.to_owned()),
+        }
     }
-    steps.push(UpgradeStep::Soak {
-        stage,
-        node: last.clone(),
-    });
-    steps
+
+    fn part(part: Part, node: &str) -> UpgradeStep {
+        let (stage, node) = (Stage::Workers, node.to_owned());
+        match part {
+            // The workers' cycle has no check part (PARTS): a drain begins it.
+            Part::Check | Part::Drain => UpgradeStep::Drain { stage, node },
+            Part::Action => UpgradeStep::Upgrade { stage, node },
+            Part::Verify => UpgradeStep::Verify { stage, node },
+            Part::Uncordon => UpgradeStep::Uncordon { stage, node },
+        }
+    }
+
+    fn soak(node: &str) -> UpgradeStep {
+        UpgradeStep::Soak {
+            stage: Stage::Workers,
+            node: node.to_owned(),
+        }
+    }
 }
 
-/// The nodes of the batch of step `index` (a drain) whose drains have not finished,
-/// besides its own: they are checked for holds before any of the batch is cordoned (a
-/// node already cordoned has nothing to check), so that a batch is not begun that
-/// cannot be finished.
-pub fn drains_ahead(steps: &[Step], index: usize) -> Vec<&str> {
-    let in_batch = |s: &&Step| s.kind.lane().is_some();
-    let before = steps[..index].iter().rev().take_while(in_batch);
-    let after = steps.iter().skip(index + 1).take_while(in_batch);
-    before
-        .chain(after)
-        .filter(|s| s.status != StepStatus::Done)
-        .filter_map(|s| match &s.kind {
-            StepKind::K8sUpgrade(UpgradeStep::Drain { node, .. }) => Some(node.as_str()),
-            _ => None,
-        })
-        .collect()
-}
+pub use node_cycle::drains_ahead;
 
 /// The steps that carry out a control-plane action, ending with the `next` that decides
 /// the one after. A control plane is checked healthy before its gate and after its
@@ -690,7 +670,11 @@ pub fn plan(
     }
     if has(Stage::Workers) {
         for batch in workers.chunks(batch_size) {
-            out.extend(worker_batch_steps(batch).into_iter().map(Step::new));
+            out.extend(
+                node_cycle::worker_batch::<WorkerCycle>(batch)
+                    .into_iter()
+                    .map(Step::new),
+            );
         }
     }
     if has(Stage::Postflight) {
@@ -766,6 +750,7 @@ pub fn describe(step: &UpgradeStep, target: Version) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::run::StepStatus;
     use crate::domain::step::StepKind;
 
     fn v(s: &str) -> Version {

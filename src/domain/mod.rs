@@ -10,6 +10,7 @@ pub mod etcd_roll;
 pub mod event;
 pub mod gate;
 pub mod k8s_upgrade;
+pub mod node_cycle;
 pub mod roll_watch;
 pub mod run;
 pub mod schedule;

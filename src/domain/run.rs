@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::fmt;
 
-use super::event::{DetectionRequest, EtcdRollRequest};
+use super::event::{DetectionRequest, EtcdRollRequest, RebootRequest};
 use super::step::StepKind;
 
 /// What a run does.
@@ -16,6 +16,8 @@ pub enum RunKind {
     K8sUpgrade,
     /// A roll of an etcd cluster's members onto a new revision.
     EtcdRoll,
+    /// Reboots of the nodes whose reboot sentinel is set.
+    NodeReboot,
 }
 
 impl RunKind {
@@ -24,6 +26,7 @@ impl RunKind {
         match self {
             Self::K8sUpgrade => "k8s-upgrade",
             Self::EtcdRoll => "etcd-roll",
+            Self::NodeReboot => "node-reboot",
         }
     }
 }
@@ -480,6 +483,42 @@ impl Run {
         );
         run.on_failure = on_failure;
         run
+    }
+
+    /// A new node-reboot run: `plan-reboots`, which reads the sentinels and appends the
+    /// rest.
+    pub fn node_reboot(
+        id: String,
+        request: &RebootRequest,
+        on_failure: FailurePolicy,
+        now: DateTime<Utc>,
+    ) -> Self {
+        let reason = match &request.reason {
+            Some(why) => format!("accepted: {why}"),
+            None => "accepted".to_owned(),
+        };
+        let mut run = Self::new(
+            id,
+            RunKind::NodeReboot,
+            request.to_json(),
+            None,
+            vec![Step::new(super::step::RebootStep::Plan)],
+            now,
+            reason,
+        );
+        run.on_failure = on_failure;
+        run
+    }
+
+    /// Whether this run works on the cluster's nodes or its own etcd, so that it holds the
+    /// cluster's one lock while it has not ended: upgrades and reboots do; an etcd roll
+    /// does when it rolls the members at `cluster_etcd` (the cluster's own etcd).
+    pub fn holds_cluster(&self, cluster_etcd: &[String]) -> bool {
+        match self.kind {
+            RunKind::K8sUpgrade | RunKind::NodeReboot => true,
+            RunKind::EtcdRoll => EtcdRollRequest::from_json(&self.request)
+                .is_ok_and(|r| r.endpoints.iter().any(|e| cluster_etcd.contains(e))),
+        }
     }
 
     /// The step in hand or held.

@@ -27,6 +27,9 @@ pub enum Scope {
     /// `POST /v1/etcd-rolls`.
     #[serde(rename = "etcd-rolls:write")]
     EtcdRollsWrite,
+    /// `POST /v1/reboots`.
+    #[serde(rename = "reboots:write")]
+    RebootsWrite,
     /// `POST /v1/runs/{id}/{halt|resume|abort}`.
     #[serde(rename = "runs:control")]
     RunsControl,
@@ -37,10 +40,11 @@ pub enum Scope {
 
 impl Scope {
     /// Every scope, as `server.token_file` grants them.
-    pub const ALL: [Scope; 5] = [
+    pub const ALL: [Scope; 6] = [
         Scope::AlertsWrite,
         Scope::DetectionsWrite,
         Scope::EtcdRollsWrite,
+        Scope::RebootsWrite,
         Scope::RunsControl,
         Scope::Read,
     ];
@@ -51,6 +55,7 @@ impl Scope {
             Scope::AlertsWrite => "alerts:write",
             Scope::DetectionsWrite => "detections:write",
             Scope::EtcdRollsWrite => "etcd-rolls:write",
+            Scope::RebootsWrite => "reboots:write",
             Scope::RunsControl => "runs:control",
             Scope::Read => "read",
         }
@@ -78,6 +83,7 @@ pub fn required(method: &str, path: &str) -> Option<Scope> {
         ["alerts"] => Scope::AlertsWrite,
         ["detections"] => Scope::DetectionsWrite,
         ["etcd-rolls"] => Scope::EtcdRollsWrite,
+        ["reboots"] => Scope::RebootsWrite,
         _ => Scope::RunsControl,
     })
 }
@@ -93,6 +99,7 @@ mod tests {
             ("GET", "/v1/alerts", Scope::Read),
             ("POST", "/v1/detections", Scope::DetectionsWrite),
             ("POST", "/v1/etcd-rolls", Scope::EtcdRollsWrite),
+            ("POST", "/v1/reboots", Scope::RebootsWrite),
             ("GET", "/v1/gates", Scope::Read),
             ("GET", "/v1/events", Scope::Read),
             ("GET", "/v1/runs", Scope::Read),

@@ -18,6 +18,8 @@ pub const PLAN: &str = "plan";
 pub const FINISH: &str = "finish";
 /// The stage name of every step of an etcd roll.
 pub const ETCD_ROLL: &str = "etcd-roll";
+/// The stage name of every step of a node-reboot run.
+pub const REBOOT: &str = "reboot";
 
 /// A step of a Kubernetes version upgrade.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -147,6 +149,118 @@ pub enum EtcdRollStep {
     Finish,
 }
 
+/// A step of a node-reboot run: the node cycle with a reboot as its action.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum RebootStep {
+    /// Reads the cluster and the nodes' sentinels, and appends the rest of the plan.
+    Plan,
+    /// Waits for the gate to open before the steps that follow touch `node` (the first
+    /// node of a batch).
+    Gate {
+        /// The node the following steps touch.
+        node: String,
+    },
+    /// The sentinel again, at the node's turn: a node that no longer needs a reboot is
+    /// skipped, undrained.
+    Required {
+        /// The node.
+        node: String,
+    },
+    /// Cordon `node` and evict its pods.
+    Drain {
+        /// The node.
+        node: String,
+    },
+    /// Records the node's boot id, then sends the reboot command over SSH.
+    Reboot {
+        /// The node.
+        node: String,
+    },
+    /// The node is back: another boot id, Ready, within `reboot.timeout`.
+    Back {
+        /// The node.
+        node: String,
+    },
+    /// Undo rollgate's cordon of `node`.
+    Uncordon {
+        /// The node.
+        node: String,
+    },
+    /// Let the batch run before the next one.
+    Soak {
+        /// The last node of the batch.
+        node: String,
+    },
+}
+
+impl RebootStep {
+    /// The step's name on the wire, e.g. `reboot`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Plan => "plan-reboots",
+            Self::Gate { .. } => "gate",
+            Self::Required { .. } => "required",
+            Self::Drain { .. } => "drain",
+            Self::Reboot { .. } => "reboot",
+            Self::Back { .. } => "back",
+            Self::Uncordon { .. } => "uncordon",
+            Self::Soak { .. } => "soak",
+        }
+    }
+
+    /// The node the step acts on, if any.
+    pub fn node(&self) -> Option<&str> {
+        match self {
+            Self::Plan => None,
+            Self::Gate { node }
+            | Self::Required { node }
+            | Self::Drain { node }
+            | Self::Reboot { node }
+            | Self::Back { node }
+            | Self::Uncordon { node }
+            | Self::Soak { node } => Some(node),
+        }
+    }
+
+    /// The worker whose cycle this step belongs to, beside the others of its batch.
+    pub fn lane(&self) -> Option<&str> {
+        match self {
+            Self::Required { node }
+            | Self::Drain { node }
+            | Self::Reboot { node }
+            | Self::Back { node }
+            | Self::Uncordon { node } => Some(node),
+            _ => None,
+        }
+    }
+
+    /// The step `name`/`node` describe.
+    pub fn parse(name: &str, node: Option<String>) -> Result<Self, StepError> {
+        let has_node = node.is_some();
+        let wrong = |why: &str| StepError::new(REBOOT, name, why);
+        let node_of = |node: Option<String>| node.ok_or_else(|| wrong("this step needs a node"));
+        let on_node: Option<fn(String) -> Self> = match name {
+            "gate" => Some(|node| Self::Gate { node }),
+            "required" => Some(|node| Self::Required { node }),
+            "drain" => Some(|node| Self::Drain { node }),
+            "reboot" => Some(|node| Self::Reboot { node }),
+            "back" => Some(|node| Self::Back { node }),
+            "uncordon" => Some(|node| Self::Uncordon { node }),
+            "soak" => Some(|node| Self::Soak { node }),
+            _ => None,
+        };
+        let step = match (name, on_node) {
+            (_, Some(make)) => make(node_of(node)?),
+            ("plan-reboots", _) => Self::Plan,
+            _ => return Err(wrong("no reboot step has this name")),
+        };
+        if step.node().is_none() && has_node {
+            return Err(wrong("this step takes no node"));
+        }
+        Ok(step)
+    }
+}
+
 /// What a step does, whichever run kind it belongs to.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(try_from = "StepWire", into = "StepWire")]
@@ -155,6 +269,14 @@ pub enum StepKind {
     K8sUpgrade(UpgradeStep),
     /// A step of an etcd roll.
     EtcdRoll(EtcdRollStep),
+    /// A step of a node-reboot run.
+    NodeReboot(RebootStep),
+}
+
+impl From<RebootStep> for StepKind {
+    fn from(step: RebootStep) -> Self {
+        Self::NodeReboot(step)
+    }
 }
 
 impl From<UpgradeStep> for StepKind {
@@ -416,6 +538,7 @@ impl StepKind {
         match self {
             Self::K8sUpgrade(s) => s.name(),
             Self::EtcdRoll(s) => s.name(),
+            Self::NodeReboot(s) => s.name(),
         }
     }
 
@@ -424,6 +547,7 @@ impl StepKind {
         match self {
             Self::K8sUpgrade(s) => s.stage_name(),
             Self::EtcdRoll(_) => ETCD_ROLL,
+            Self::NodeReboot(_) => REBOOT,
         }
     }
 
@@ -432,6 +556,7 @@ impl StepKind {
         match self {
             Self::K8sUpgrade(s) => s.node(),
             Self::EtcdRoll(s) => s.member(),
+            Self::NodeReboot(s) => s.node(),
         }
     }
 
@@ -440,19 +565,55 @@ impl StepKind {
         match self {
             Self::K8sUpgrade(s) => s.lane(),
             Self::EtcdRoll(_) => None,
+            Self::NodeReboot(s) => s.lane(),
+        }
+    }
+
+    /// A step of the workers' batches (a gate, a worker's cycle, a soak): a worker left
+    /// behind does not stop the batches that follow.
+    pub fn among_workers(&self) -> bool {
+        match self {
+            Self::K8sUpgrade(s) => s.stage() == Some(Stage::Workers),
+            Self::EtcdRoll(_) => false,
+            Self::NodeReboot(s) => {
+                s.lane().is_some() || matches!(s, RebootStep::Gate { .. } | RebootStep::Soak { .. })
+            }
         }
     }
 
     /// A soak: the wait after a node or a batch is back.
     pub fn is_soak(&self) -> bool {
-        matches!(self, Self::K8sUpgrade(UpgradeStep::Soak { .. }))
+        matches!(
+            self,
+            Self::K8sUpgrade(UpgradeStep::Soak { .. }) | Self::NodeReboot(RebootStep::Soak { .. })
+        )
+    }
+
+    /// A drain: a node's cycle begins with it.
+    pub fn is_drain(&self) -> bool {
+        matches!(
+            self,
+            Self::K8sUpgrade(UpgradeStep::Drain { .. })
+                | Self::NodeReboot(RebootStep::Drain { .. })
+        )
+    }
+
+    /// An uncordon: a node's cycle ends with it.
+    pub fn is_uncordon(&self) -> bool {
+        matches!(
+            self,
+            Self::K8sUpgrade(UpgradeStep::Uncordon { .. })
+                | Self::NodeReboot(RebootStep::Uncordon { .. })
+        )
     }
 
     /// A gate step: the engine starts it only from the queue.
     pub fn is_gate(&self) -> bool {
         matches!(
             self,
-            Self::K8sUpgrade(UpgradeStep::Gate { .. }) | Self::EtcdRoll(EtcdRollStep::Gate { .. })
+            Self::K8sUpgrade(UpgradeStep::Gate { .. })
+                | Self::EtcdRoll(EtcdRollStep::Gate { .. })
+                | Self::NodeReboot(RebootStep::Gate { .. })
         )
     }
 
@@ -508,6 +669,8 @@ impl TryFrom<StepWire> for StepKind {
     fn try_from(wire: StepWire) -> Result<Self, StepError> {
         if wire.stage == ETCD_ROLL {
             EtcdRollStep::parse(&wire.name, wire.node).map(Self::EtcdRoll)
+        } else if wire.stage == REBOOT {
+            RebootStep::parse(&wire.name, wire.node).map(Self::NodeReboot)
         } else {
             UpgradeStep::parse(&wire.stage, &wire.name, wire.node).map(Self::K8sUpgrade)
         }
@@ -578,6 +741,14 @@ mod tests {
             EtcdRollStep::Cooldown { member: member() }.into(),
             EtcdRollStep::Transfer { member: member() }.into(),
             EtcdRollStep::Finish.into(),
+            RebootStep::Plan.into(),
+            RebootStep::Gate { node: node() }.into(),
+            RebootStep::Required { node: node() }.into(),
+            RebootStep::Drain { node: node() }.into(),
+            RebootStep::Reboot { node: node() }.into(),
+            RebootStep::Back { node: node() }.into(),
+            RebootStep::Uncordon { node: node() }.into(),
+            RebootStep::Soak { node: node() }.into(),
         ];
         for stage in Stage::ALL {
             kinds.push(UpgradeStep::Gate { stage, node: None }.into());
@@ -670,6 +841,9 @@ mod tests {
             ("etcd-roll", "etcd-restart", None, "needs a member"),
             ("etcd-roll", "etcd-begin", Some("m"), "takes no member"),
             ("etcd-roll", "drain", Some("m"), "no etcd roll step"),
+            ("reboot", "drain", None, "needs a node"),
+            ("reboot", "plan-reboots", Some("w1"), "takes no node"),
+            ("reboot", "upgrade", Some("w1"), "no reboot step"),
         ];
         for (stage, name, node, why) in cases {
             let wire = StepWire {

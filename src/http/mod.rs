@@ -50,6 +50,8 @@ pub struct AppState {
     pub etcd_rolls: EtcdRollIntake,
     /// The maintenance windows, for the metrics of the next opening.
     pub windows: crate::domain::schedule::Windows,
+    /// How reboot requests are checked against the cluster.
+    pub reboot_plan: crate::workflows::node_reboot::RebootPlanSettings,
 }
 
 /// What the intake checks an etcd roll request against.
@@ -102,6 +104,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                 .route("/alerts", web::get().to(routes::get_alerts))
                 .route("/detections", web::post().to(routes::post_detections))
                 .route("/etcd-rolls", web::post().to(routes::post_etcd_rolls))
+                .route("/reboots", web::post().to(routes::post_reboots))
                 .route("/gates", web::get().to(routes::get_gates))
                 .route("/events", web::get().to(events::stream))
                 .route("/runs", web::get().to(routes::list_runs))

@@ -162,6 +162,8 @@ enum Which {
     InProgress,
     /// Runs in hand or waiting: running or waiting.
     Unfinished,
+    /// Every run that has not ended, oldest first.
+    NotEnded,
 }
 
 /// What a backend stores and reads, as rows; the [`Store`] decodes them and tells the
@@ -371,6 +373,11 @@ impl Store {
     /// Runs that started and have not ended: running, waiting or halted.
     pub async fn in_progress(&self) -> Result<Vec<Run>, StoreError> {
         self.all(Which::InProgress).await
+    }
+
+    /// Every run that has not ended (queued ones too), oldest first.
+    pub async fn not_ended(&self) -> Result<Vec<Run>, StoreError> {
+        self.all(Which::NotEnded).await
     }
 
     /// Runs that were in hand or waiting when the process stopped.

@@ -540,6 +540,15 @@ impl Backend for PgStore {
                     )
                     .await
                 }
+                Which::NotEnded => {
+                    self.rows(
+                        &format!(
+                            "SELECT id, doc FROM runs WHERE status NOT IN {TERMINAL} ORDER BY created_at"
+                        ),
+                        &[],
+                    )
+                    .await
+                }
             }
         })
         .await
@@ -565,7 +574,7 @@ impl Backend for PgStore {
             let same = tx
                 .query_opt(
                     &format!(
-                        "SELECT id, doc FROM runs WHERE kind = $1 AND target IS NOT DISTINCT FROM $2
+                        "SELECT id, doc FROM runs WHERE kind = $1 AND target = $2
                          AND status NOT IN {TERMINAL} ORDER BY created_at LIMIT 1"
                     ),
                     &[&run.kind, &run.target],

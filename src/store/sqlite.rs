@@ -361,7 +361,7 @@ fn in_flight_and_holder(
     let same = c
         .query_row(
             &format!(
-                "SELECT id, doc FROM runs WHERE kind = ?1 AND target IS ?2
+                "SELECT id, doc FROM runs WHERE kind = ?1 AND target = ?2
                  AND status NOT IN {TERMINAL} ORDER BY created_at LIMIT 1"
             ),
             params![run.kind, run.target],
@@ -469,6 +469,13 @@ impl Backend for SqliteStore {
             Which::Unfinished => rows(
                 c,
                 "SELECT id, doc FROM runs WHERE status IN ('running', 'waiting')",
+                [],
+            ),
+            Which::NotEnded => rows(
+                c,
+                &format!(
+                    "SELECT id, doc FROM runs WHERE status NOT IN {TERMINAL} ORDER BY created_at"
+                ),
                 [],
             ),
         })

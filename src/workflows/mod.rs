@@ -8,4 +8,6 @@ pub mod events;
 pub mod gate;
 pub mod k8s_upgrade;
 pub mod leader;
+pub mod node_cycle;
+pub mod node_reboot;
 pub mod outbox;

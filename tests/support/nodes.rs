@@ -123,6 +123,27 @@ case "$1 $2" in
     patch "{\"status\":{\"nodeInfo\":{\"kubeletVersion\":\"v${v%%-*}\"},\"conditions\":[{\"type\":\"Ready\",\"status\":\"$ready\"}]}}" ;;
   "restart containerd")
     v=$(cat "$STUB_STATE/installed-containerd.io"); patch "{\"status\":{\"nodeInfo\":{\"containerRuntimeVersion\":\"containerd://${v%%-*}\"}}}" ;;
+  "reboot "*)
+    # The node goes down: NotReady, no SSH, this session cut; it comes back after the
+    # delay with the next boot id, Ready, and no sentinel (unless told never to).
+    echo "reboot $(date +%s.%N)" >> "$STUB_STATE/reboots"
+    touch "$STUB_STATE/down"
+    patch '{"status":{"conditions":[{"type":"Ready","status":"False"}]}}'
+    boot=$(( $(cat "$STUB_STATE/boot" 2>/dev/null || echo 1) + 1 ))
+    delay=$(cat "$STUB_STATE/reboot-delay" 2>/dev/null || echo 1)
+    if [ ! -f "$STUB_STATE/never-back" ]; then
+      setsid bash -c "sleep $delay
+        rm -f '$STUB_STATE/reboot-required'
+        echo $boot > '$STUB_STATE/boot'
+        curl -sf -X PATCH -H 'Content-Type: application/merge-patch+json' -H 'Authorization: Bearer $FAKE_TOKEN' \
+          --data '{\"status\":{\"nodeInfo\":{\"bootID\":\"boot-$FAKE_NODE-$boot\"},\"conditions\":[{\"type\":\"Ready\",\"status\":\"True\"}]}}' \
+          '$FAKE_API/api/v1/nodes/$FAKE_NODE/status' > /dev/null
+        rm -f '$STUB_STATE/down'" > /dev/null 2>&1 < /dev/null &
+    fi
+    # Cut the session as a node going down does: the sshd process of this connection.
+    sid=$(ps -o sid= -p $$ | tr -d ' ')
+    kill -9 "$(ps -o ppid= -p "$sid" | tr -d ' ')" 2>/dev/null
+    exit 0 ;;
 esac
 "#,
     ),
@@ -213,6 +234,13 @@ pub fn node_files(d: &Path, name: &str, api: &FakeKube, minor: &str) -> Vec<(Str
     .collect()
 }
 
+/// What every SSH session on a fake node runs: nothing while the node is down (rebooting),
+/// else the command asked.
+const SESSION: &str = r#"#!/bin/bash
+if [ -f "$STUB_STATE/down" ]; then echo "ssh: connect to host: Connection refused" >&2; exit 255; fi
+exec bash -c "$SSH_ORIGINAL_COMMAND"
+"#;
+
 /// One fake node: an sshd with stub tools.
 pub struct FakeNode {
     pub name: String,
@@ -228,6 +256,13 @@ impl FakeNode {
         let dir = tempfile::tempdir().expect("temp dir");
         let d = dir.path();
         let env = node_files(d, name, api, minor);
+        let session = d.join("bin/session");
+        std::fs::write(&session, SESSION).expect("session");
+        Command::new("chmod")
+            .arg("+x")
+            .arg(&session)
+            .status()
+            .expect("chmod");
         let set_env: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
         keygen(&d.join("host_key"));
         std::fs::copy(client.key.with_extension("pub"), d.join("authorized_keys")).expect("keys");
@@ -240,7 +275,7 @@ impl FakeNode {
                  AuthorizedKeysFile {d}/authorized_keys\nStrictModes no\nUsePAM no\n\
                  PasswordAuthentication no\nKbdInteractiveAuthentication no\n\
                  PermitRootLogin prohibit-password\nMaxStartups 100\nLogLevel ERROR\n\
-                 SetEnv {}\n",
+                 ForceCommand {d}/bin/session\nSetEnv {}\n",
                 set_env.join(" "),
                 d = d.display(),
             ),
@@ -358,6 +393,35 @@ impl FakeNode {
             }
         }
         spans
+    }
+
+    /// Leaves the reboot sentinel (`$STUB_STATE/reboot-required`) on this node.
+    pub fn need_reboot(&self) {
+        std::fs::write(self.dir.path().join("state/reboot-required"), "").expect("sentinel");
+    }
+
+    /// Whether the reboot sentinel is on this node.
+    pub fn needs_reboot(&self) -> bool {
+        self.dir.path().join("state/reboot-required").exists()
+    }
+
+    /// Makes a reboot of this node take `secs` seconds to come back.
+    pub fn reboot_delay(&self, secs: f64) {
+        std::fs::write(self.dir.path().join("state/reboot-delay"), secs.to_string())
+            .expect("delay");
+    }
+
+    /// Makes this node never come back from a reboot.
+    pub fn never_back(&self) {
+        std::fs::write(self.dir.path().join("state/never-back"), "").expect("marker");
+    }
+
+    /// Each reboot command this node took, by its own clock.
+    pub fn reboots(&self) -> usize {
+        std::fs::read_to_string(self.dir.path().join("state/reboots"))
+            .unwrap_or_default()
+            .lines()
+            .count()
     }
 
     /// Every stubbed call made on this node, one per line.

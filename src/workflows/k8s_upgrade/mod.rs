@@ -11,24 +11,21 @@ use chrono::Utc;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use tracing::{info, warn};
+use tracing::info;
 
-use crate::domain::drain_holds;
 use crate::domain::engine::StepOutcome;
 use crate::domain::event::{DetectionRequest, Stage, UpgradeKind};
 use crate::domain::k8s_upgrade::{self as plan, PlanSettings, Role};
 use crate::domain::run::{Run, Step};
-use crate::domain::self_silence::{self, SilenceMatcher};
 use crate::domain::step::{StepKind, UpgradeStep};
 use crate::domain::version::Version;
 use crate::error_chain;
 use crate::metrics::Metrics;
 use crate::ports::{
-    ClusterError, ClusterRead, Cordon, DrainError, DrainOptions, EtcdMembers, ExecError,
-    ExecOutput, InFlight, InFlightMarks, NodeDrain, NodeExec, NodeTarget, Silences, Snapshots,
-    StepExecutor,
+    ClusterError, ClusterRead, EtcdMembers, ExecError, ExecOutput, InFlight, InFlightMarks,
+    NodeExec, NodeTarget, Snapshots, StepExecutor,
 };
-use crate::workflows::events::EventSink;
+use crate::workflows::node_cycle::NodeCycle;
 
 /// The script run on nodes, piped to `bash -s`.
 pub const NODE_SCRIPT: &str = include_str!("../../../scripts/node-upgrade.sh");
@@ -41,10 +38,6 @@ const TAIL_LINES: usize = 6;
 pub struct UpgradeSettings {
     /// Planning choices.
     pub plan: PlanSettings,
-    /// How to drain.
-    pub drain: DrainOptions,
-    /// How long each upgraded node soaks before the next.
-    pub soak: Duration,
     /// How long the control planes may stay unhealthy before the run halts.
     pub health_timeout: Duration,
     /// How long an etcd leadership move may take to be confirmed by a majority.
@@ -55,18 +48,12 @@ pub struct UpgradeSettings {
     pub pod_ready_ratio: f64,
     /// Where snapshots go.
     pub snapshot_dir: PathBuf,
-    /// Pods that hold a node's drain while they run there.
-    pub blocking_pods: Vec<drain_holds::Requirement>,
-    /// How often a held drain looks again (the gate's poll interval).
-    pub hold_poll: Duration,
 }
 
 /// The ports the steps drive.
 pub struct UpgradeSteps {
     /// Reads nodes and pods.
     pub cluster: Arc<dyn ClusterRead>,
-    /// Cordons and drains.
-    pub nodes: Arc<dyn NodeDrain>,
     /// In-flight annotations.
     pub marks: Arc<dyn InFlightMarks>,
     /// The node script over SSH.
@@ -79,72 +66,8 @@ pub struct UpgradeSteps {
     pub settings: UpgradeSettings,
     /// Where it counts what it does.
     pub metrics: Metrics,
-    /// The silences kept for the node in hand (`gate.self_silences`), if any.
-    pub silences: Option<SelfSilences>,
-    /// Kubernetes Events on the nodes it works on, when a cluster is configured.
-    pub events: Option<EventSink>,
-}
-
-/// The Alertmanager silence kept for the node in hand while its steps run: extended every
-/// third of `ttl` while a step works on it, left to lapse `tail` after its uncordon. A
-/// rollgate that dies silences nothing for longer than `ttl`. Failing to reach
-/// Alertmanager never fails a step: a silence spares people pages, it guards nothing.
-#[derive(Clone)]
-pub struct SelfSilences {
-    /// Alertmanager.
-    pub api: Arc<dyn Silences>,
-    /// The configured matchers, `{node}` not yet filled in.
-    pub templates: Vec<SilenceMatcher>,
-    /// The label of gate alerts, kept out of every silence.
-    pub gate_label: String,
-    /// How long a silence lasts unless extended.
-    pub ttl: Duration,
-    /// How long it outlives the node's uncordon.
-    pub tail: Duration,
-}
-
-impl SelfSilences {
-    /// Keeps the silence of `node` in run `run_id` for `span` from now.
-    pub async fn keep(&self, node: &str, run_id: &str, span: Duration) {
-        let plan = self_silence::plan(&self.templates, &self.gate_label, node, run_id);
-        let until = Utc::now() + chrono::Duration::from_std(span).unwrap_or_default();
-        match self.api.keep(&plan, until).await {
-            Ok(id) => tracing::debug!(%node, silence = %id, %until, "self-silence kept"),
-            Err(error) => warn!(%node, %error, "cannot keep the self-silence"),
-        }
-    }
-
-    /// Keeps the silences of `nodes` for the TTL from now.
-    async fn keep_all(&self, nodes: &[String], run_id: &str) {
-        for node in nodes {
-            self.keep(node, run_id, self.ttl).await;
-        }
-    }
-
-    /// Runs `work` with the silences of `nodes` (every node in hand: a batch's drained
-    /// nodes wait while the others' steps run) kept: at once, then every third of the TTL.
-    pub async fn during<T>(
-        &self,
-        nodes: &[&str],
-        run_id: &str,
-        work: impl std::future::Future<Output = T>,
-    ) -> T {
-        let nodes: Vec<String> = nodes.iter().map(|n| (*n).to_owned()).collect();
-        self.keep_all(&nodes, run_id).await;
-        let keeper = tokio::spawn({
-            let me = self.clone();
-            let run_id = run_id.to_owned();
-            async move {
-                loop {
-                    tokio::time::sleep(me.ttl / 3).await;
-                    me.keep_all(&nodes, &run_id).await;
-                }
-            }
-        });
-        let out = work.await;
-        keeper.abort();
-        out
-    }
+    /// The node cycle: holds, cordon and drain, uncordon, soak, silences, Events.
+    pub cycle: NodeCycle,
 }
 
 /// The stage number (0–7) of a step, for the `k8s_upgrade_stage` gauge.
@@ -176,13 +99,6 @@ fn script_result(what: &str, out: ExecOutput) -> StepOutcome {
 }
 
 impl UpgradeSteps {
-    /// Tells `node`'s story as a Kubernetes Event (`kubectl describe node`).
-    fn tell(&self, node: &str, reason: &str, action: &str, note: String) {
-        if let Some(events) = &self.events {
-            events.node(node, reason, action, note);
-        }
-    }
-
     async fn target_node(&self, name: &str) -> Result<NodeTarget, ClusterError> {
         let facts = self.cluster.facts().await?;
         let node = facts
@@ -406,129 +322,6 @@ impl UpgradeSteps {
             .await
     }
 
-    /// Before a node is cordoned: what holds its drain (blocking pods, budgets that will
-    /// not let a pod go by themselves), as a closed gate holds a step.
-    async fn drain_holds(&self, run: &Run, node: &str) -> Result<Vec<String>, ClusterError> {
-        if self.nodes.cordon_holder(node, &run.id).await? != Cordon::None {
-            // Cordoned already (by this run before a restart, or by someone else): the
-            // drain goes on from where it was.
-            return Ok(Vec::new());
-        }
-        let facts = self.nodes.drain_facts(node).await?;
-        Ok(drain_holds::holds(
-            &facts.pods,
-            &facts.budgets,
-            &self.settings.blocking_pods,
-        ))
-    }
-
-    /// What holds the drain of `node` and of the batch's drains after it that have not
-    /// started, each named with its node: a batch is not begun that cannot be finished.
-    async fn batch_holds(
-        &self,
-        run: &Run,
-        index: usize,
-        node: &str,
-    ) -> Result<Vec<String>, ClusterError> {
-        let mut reasons = Vec::new();
-        let ahead = plan::drains_ahead(&run.steps, index);
-        for node in std::iter::once(node).chain(ahead) {
-            let holds = self.drain_holds(run, node).await?;
-            reasons.extend(holds.into_iter().map(|h| format!("{node}: {h}")));
-        }
-        Ok(reasons)
-    }
-
-    async fn drain(&self, run: &Run, index: usize, node: &str) -> StepOutcome {
-        match self.batch_holds(run, index, node).await {
-            Ok(holds) if holds.is_empty() => {}
-            Ok(holds) => {
-                return StepOutcome::Blocked {
-                    reasons: holds,
-                    retry_at: Utc::now()
-                        + chrono::Duration::from_std(self.settings.hold_poll).unwrap_or_default(),
-                };
-            }
-            Err(e) => return StepOutcome::retry(error_chain(&e)),
-        }
-        let cordon = match self.nodes.cordon(node, &run.id).await {
-            Ok(c) => c,
-            Err(e) => return StepOutcome::retry(error_chain(&e)),
-        };
-        // Told once per drain: a retry or a restart goes on with the same drain.
-        if run.steps[index].attempts <= 1 {
-            if cordon == Cordon::Ours {
-                self.tell(
-                    node,
-                    "Cordoned",
-                    "Cordon",
-                    format!("cordoned by rollgate for run {}", run.id),
-                );
-            }
-            self.tell(
-                node,
-                "DrainStarted",
-                "Drain",
-                format!("run {} evicts the node's pods", run.id),
-            );
-        }
-        match self.nodes.drain(node, &self.settings.drain).await {
-            Ok(report) => {
-                self.tell(
-                    node,
-                    "Drained",
-                    "Drain",
-                    format!(
-                        "{} pod(s) evicted, {} DaemonSet/mirror pod(s) left",
-                        report.evicted, report.skipped
-                    ),
-                );
-                StepOutcome::done(format!(
-                    "{node} {}; {} pod(s) evicted, {} DaemonSet/mirror pod(s) left, {} PDB refusal(s) waited out",
-                    if cordon == Cordon::Theirs {
-                        "was already cordoned by someone else (left so)"
-                    } else {
-                        "cordoned"
-                    },
-                    report.evicted,
-                    report.skipped,
-                    report.refusals
-                ))
-            }
-            // The timeout was the retry budget: fail, and give the node back to the
-            // scheduler if rollgate took it (the pods that would not leave are named).
-            Err(e @ (DrainError::Blocked { .. } | DrainError::Terminating { .. })) => {
-                if cordon == Cordon::Theirs {
-                    return StepOutcome::failed(format!(
-                        "{e}; {node} stays cordoned (not by rollgate)"
-                    ));
-                }
-                if let Some(events) = &self.events {
-                    events.node_warning(node, "DrainFailed", "Drain", error_chain(&e));
-                }
-                match self.nodes.uncordon(node, &run.id).await {
-                    Ok(_) => {
-                        self.tell(
-                            node,
-                            "Uncordoned",
-                            "Uncordon",
-                            format!(
-                                "given back to the scheduler: run {}'s drain timed out",
-                                run.id
-                            ),
-                        );
-                        StepOutcome::failed(format!("{e}; {node} uncordoned"))
-                    }
-                    Err(u) => StepOutcome::failed(format!(
-                        "{e}; {node} stays cordoned: the uncordon failed too ({})",
-                        error_chain(&u)
-                    )),
-                }
-            }
-            Err(DrainError::Cluster(e)) => StepOutcome::retry(error_chain(&e)),
-        }
-    }
-
     async fn verify(&self, step: &Step, node: &str, target: Version) -> StepOutcome {
         let now = Utc::now();
         let started = step.started_at.unwrap_or(now);
@@ -540,7 +333,7 @@ impl UpgradeSteps {
             return StepOutcome::failed(format!("node {node} is no longer in the cluster"));
         };
         if n.kubelet == target && n.ready {
-            self.tell(
+            self.cycle.tell(
                 node,
                 "Upgraded",
                 "Upgrade",
@@ -566,41 +359,6 @@ impl UpgradeSteps {
         StepOutcome::Wait {
             until: now + chrono::Duration::from_std(poll).unwrap_or_default(),
             reason: format!("waiting for {node}: {state}"),
-        }
-    }
-
-    async fn uncordon(&self, run: &Run, step: &Step, node: &str) -> StepOutcome {
-        match self.nodes.uncordon(node, &run.id).await {
-            Ok(Cordon::Theirs) => StepOutcome::done(format!(
-                "{node} left cordoned: someone else cordoned it before rollgate"
-            )),
-            Ok(_) => {
-                // Told once: a retry or a restart finds the node uncordoned already.
-                if step.attempts <= 1 {
-                    self.tell(
-                        node,
-                        "Uncordoned",
-                        "Uncordon",
-                        format!("given back to the scheduler by run {}", run.id),
-                    );
-                }
-                StepOutcome::done(format!("{node} uncordoned"))
-            }
-            Err(e) => StepOutcome::retry(error_chain(&e)),
-        }
-    }
-
-    fn soak(&self, step: &Step, node: &str) -> StepOutcome {
-        let now = Utc::now();
-        let until = step.started_at.unwrap_or(now)
-            + chrono::Duration::from_std(self.settings.soak).unwrap_or_default();
-        if now >= until {
-            StepOutcome::done(format!("{node} soaked {:?}", self.settings.soak))
-        } else {
-            StepOutcome::Wait {
-                until,
-                reason: format!("{node} soaks until {}", until.format("%H:%M:%S")),
-            }
         }
     }
 
@@ -692,7 +450,7 @@ impl UpgradeSteps {
                 self.run_on(node, args, &format!("apt repository v{minor} on {node}"))
                     .await
             }
-            S::Drain { node, .. } => self.drain(run, index, node).await,
+            S::Drain { node, .. } => self.cycle.drain(run, index, node).await,
             S::Apply { node } => self.upgrade(node, "control-plane", "apply", target).await,
             S::Upgrade { stage, node } => {
                 let role = if *stage == Stage::ControlPlane {
@@ -709,8 +467,8 @@ impl UpgradeSteps {
             }
             S::MoveLeader { node } => self.move_leader(node, target).await,
             S::Verify { node, .. } => self.verify(step, node, target).await,
-            S::Uncordon { node, .. } => self.uncordon(run, step, node).await,
-            S::Soak { node, .. } => self.soak(step, node),
+            S::Uncordon { node, .. } => self.cycle.uncordon(run, step, node).await,
+            S::Soak { node, .. } => self.cycle.soak(step, node),
             S::NodesAtTarget => self.nodes_at_target(target).await,
             S::PodReady => self.pod_ready().await,
             S::ClearInFlight => self.clear().await,
@@ -738,52 +496,21 @@ impl StepExecutor for UpgradeSteps {
             return StepOutcome::failed(format!("{} is not a step of an upgrade", step.label()));
         };
         self.metrics.upgrade_stage.set(stage_number(kind));
-        if let UpgradeStep::Drain { node, .. } = kind {
-            self.metrics
-                .upgrade_node_in_hand
-                .with_label_values(&[node])
-                .set(1);
-        }
         let request = match DetectionRequest::from_json(&run.request) {
             Ok(r) => r,
             Err(e) => {
                 return StepOutcome::failed(format!("the run's request no longer validates: {e}"));
             }
         };
-        let started = std::time::Instant::now();
-        let in_hand = if kind.has_node_in_hand() {
-            nodes_in_hand(run)
-        } else {
-            Vec::new()
-        };
-        let outcome = match &self.silences {
-            Some(silences) if !in_hand.is_empty() => {
-                silences
-                    .during(&in_hand, &run.id, self.run_step(run, index, kind, &request))
-                    .await
-            }
-            _ => self.run_step(run, index, kind, &request).await,
-        };
-        if let (UpgradeStep::Uncordon { node, .. }, StepOutcome::Done { .. }) = (kind, &outcome) {
-            // Done with the node: its silence lapses after the tail.
-            if let Some(silences) = &self.silences {
-                silences.keep(node, &run.id, silences.tail).await;
-            }
-            let _ = self
-                .metrics
-                .upgrade_node_in_hand
-                .remove_label_values(&[node]);
-        }
-        if let Some(node) = kind.node() {
-            self.metrics
-                .node_step_duration
-                .with_label_values(&[kind.name(), node])
-                .observe(started.elapsed().as_secs_f64());
-        }
-        if let StepOutcome::Retry { error, .. } | StepOutcome::Failed { error } = &outcome {
-            warn!(run_id = %run.id, step = %step.label(), %error, "step did not succeed");
-        }
-        outcome
+        self.cycle
+            .act(
+                &self.metrics,
+                run,
+                index,
+                kind.has_node_in_hand(),
+                self.run_step(run, index, kind, &request),
+            )
+            .await
     }
 }
 
@@ -809,23 +536,7 @@ fn show_nodes_in_hand(metrics: &Metrics, nodes: &[&str]) {
 /// The nodes `run` has in hand: drained (or being drained) and not yet uncordoned, in
 /// the order of their drains.
 pub fn nodes_in_hand(run: &Run) -> Vec<&str> {
-    use crate::domain::run::StepStatus;
-    let started = |s: &&crate::domain::run::Step| s.status != StepStatus::Pending;
-    let uncordoned = |node: &str| {
-        run.steps.iter().any(|s| {
-            s.status == StepStatus::Done
-                && matches!(&s.kind, StepKind::K8sUpgrade(UpgradeStep::Uncordon { node: n, .. }) if n == node)
-        })
-    };
-    run.steps
-        .iter()
-        .filter(started)
-        .filter_map(|s| match &s.kind {
-            StepKind::K8sUpgrade(UpgradeStep::Drain { node, .. }) => Some(node.as_str()),
-            _ => None,
-        })
-        .filter(|node| !uncordoned(node))
-        .collect()
+    crate::domain::node_cycle::nodes_in_hand(&run.steps)
 }
 
 /// Whether `run` has done its step `kind`.

@@ -1,0 +1,90 @@
+//! The node cycle: how every workflow that takes nodes out of service plans it. Workers
+//! go in batches: one gate before a batch, each worker's cycle (its parts in order), the
+//! batch's cycles side by side, one soak after it. The workflow names the parts' steps;
+//! what differs between workflows is the action in the middle (the node script, a reboot).
+
+use super::run::{Step, StepStatus};
+
+/// A part of one worker's cycle, in the order the workflow lists them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    /// A check at the node's turn that may skip the rest of its cycle (a reboot whose
+    /// sentinel has cleared).
+    Check,
+    /// Cordon and drain.
+    Drain,
+    /// The workflow's action: the node script, a reboot.
+    Action,
+    /// The node is back as the action should leave it.
+    Verify,
+    /// Give the node back to the scheduler.
+    Uncordon,
+}
+
+/// How a workflow names the steps of its node cycle.
+pub trait CycleSteps {
+    /// The workflow's step type.
+    type Step;
+    /// The parts of one worker's cycle, in order.
+    const PARTS: &'static [Part];
+    /// The gate before a batch whose first node is `node`.
+    fn gate(node: &str) -> Self::Step;
+    /// `part` of `node`'s cycle.
+    fn part(part: Part, node: &str) -> Self::Step;
+    /// The soak after a batch whose last node is `node`.
+    fn soak(node: &str) -> Self::Step;
+}
+
+/// The steps of one batch of workers: one gate, then each worker's cycle, the batch's
+/// cycles going on together so that its workers are out of service together and none
+/// longer than its own cycle; one soak after the batch.
+pub fn worker_batch<C: CycleSteps>(batch: &[String]) -> Vec<C::Step> {
+    let (Some(first), Some(last)) = (batch.first(), batch.last()) else {
+        return Vec::new();
+    };
+    let mut steps = vec![C::gate(first)];
+    for node in batch {
+        steps.extend(C::PARTS.iter().map(|&part| C::part(part, node)));
+    }
+    steps.push(C::soak(last));
+    steps
+}
+
+/// Every batch of `nodes`, `size` at a time, in order.
+pub fn worker_batches<C: CycleSteps>(nodes: &[String], size: usize) -> Vec<C::Step> {
+    nodes
+        .chunks(size.max(1))
+        .flat_map(worker_batch::<C>)
+        .collect()
+}
+
+/// The nodes of the batch of step `index` (a drain) whose drains have not finished,
+/// besides its own: they are checked for holds before any of the batch is cordoned (a
+/// node already cordoned has nothing to check), so that a batch is not begun that
+/// cannot be finished.
+pub fn drains_ahead(steps: &[Step], index: usize) -> Vec<&str> {
+    let in_batch = |s: &&Step| s.kind.lane().is_some();
+    let before = steps[..index].iter().rev().take_while(in_batch);
+    let after = steps.iter().skip(index + 1).take_while(in_batch);
+    before
+        .chain(after)
+        .filter(|s| s.status != StepStatus::Done && s.kind.is_drain())
+        .filter_map(|s| s.kind.node())
+        .collect()
+}
+
+/// The nodes `steps` have in hand: drained (or being drained) and not yet uncordoned, in
+/// the order of their drains.
+pub fn nodes_in_hand(steps: &[Step]) -> Vec<&str> {
+    let uncordoned = |node: &str| {
+        steps.iter().any(|s| {
+            s.status == StepStatus::Done && s.kind.is_uncordon() && s.kind.node() == Some(node)
+        })
+    };
+    steps
+        .iter()
+        .filter(|s| s.status != StepStatus::Pending && s.kind.is_drain())
+        .filter_map(|s| s.kind.node())
+        .filter(|node| !uncordoned(node))
+        .collect()
+}

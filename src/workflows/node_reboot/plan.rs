@@ -1,0 +1,284 @@
+//! Planning a node-reboot run, as plain functions over plain data: which nodes a request
+//! may name, and the node cycle of the workers whose sentinel is set, in batches.
+//! Imports nothing but the domain.
+
+use std::collections::BTreeMap;
+
+use crate::domain::event::RebootRequest;
+use crate::domain::k8s_upgrade::{self, ClusterFacts, PlanSettings, Role};
+use crate::domain::node_cycle::{self, CycleSteps, Part};
+use crate::domain::run::Step;
+use crate::domain::step::RebootStep;
+
+/// How reboots are planned.
+#[derive(Debug, Clone)]
+pub struct RebootPlanSettings {
+    /// Worker order, batch size and failure budget, shared with upgrades.
+    pub workers: PlanSettings,
+    /// Whether control-plane nodes may be rebooted.
+    pub control_planes: bool,
+}
+
+/// A request the cluster cannot take as it is.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RebootPlanError {
+    /// A named node is not in the cluster.
+    #[error("node {0} is not in the cluster")]
+    UnknownNode(String),
+    /// A named node is a control plane and `reboot.control_planes` is false.
+    #[error(
+        "node {0} is a control plane, and reboot.control_planes is false: rollgate reboots workers only here"
+    )]
+    ControlPlane(String),
+    /// The worker order or the failure budget does not fit the cluster.
+    #[error(transparent)]
+    Workers(#[from] k8s_upgrade::PlanError),
+}
+
+/// Checks what `request` names against the cluster: every node exists, and none is a
+/// control plane unless those may be rebooted. The API answers 422 with this.
+pub fn check_request(
+    request: &RebootRequest,
+    facts: &ClusterFacts,
+    settings: &RebootPlanSettings,
+) -> Result<(), RebootPlanError> {
+    for name in &request.nodes {
+        match facts.node(name) {
+            None => return Err(RebootPlanError::UnknownNode(name.clone())),
+            Some(n) if n.role == Role::ControlPlane && !settings.control_planes => {
+                return Err(RebootPlanError::ControlPlane(name.clone()));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// The nodes whose sentinel a plan reads: those named, or every node the run may reboot.
+pub fn candidates(
+    request: &RebootRequest,
+    facts: &ClusterFacts,
+    settings: &RebootPlanSettings,
+) -> Vec<String> {
+    facts
+        .nodes
+        .iter()
+        .filter(|n| request.nodes.is_empty() || request.nodes.contains(&n.name))
+        .filter(|n| n.role == Role::Worker || settings.control_planes)
+        .map(|n| n.name.clone())
+        .collect()
+}
+
+/// What a reboot plan holds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RebootPlan {
+    /// The workers to reboot, in order.
+    pub workers: Vec<String>,
+    /// How many go together.
+    pub batch_size: usize,
+    /// Nodes left out, each with why.
+    pub left_out: Vec<String>,
+    /// The steps after `plan-reboots`.
+    pub steps: Vec<Step>,
+}
+
+/// The plan for `request` over the cluster, given which nodes' sentinels are set
+/// (`needs`, by node).
+pub fn plan(
+    request: &RebootRequest,
+    facts: &ClusterFacts,
+    needs: &BTreeMap<String, bool>,
+    settings: &RebootPlanSettings,
+) -> Result<RebootPlan, RebootPlanError> {
+    check_request(request, facts, settings)?;
+    let asked = |name: &str| request.nodes.is_empty() || request.nodes.iter().any(|n| n == name);
+    let mut left_out = Vec::new();
+    for node in facts.nodes.iter().filter(|n| asked(&n.name)) {
+        if node.role == Role::ControlPlane && !settings.control_planes {
+            if needs.get(&node.name).copied().unwrap_or(false) || !request.nodes.is_empty() {
+                left_out.push(format!(
+                    "{} (a control plane; reboot.control_planes is false)",
+                    node.name
+                ));
+            }
+            continue;
+        }
+        if node.role == Role::ControlPlane {
+            left_out.push(format!(
+                "{} (a control plane: control-plane reboots are not planned yet)",
+                node.name
+            ));
+            continue;
+        }
+        if !needs.get(&node.name).copied().unwrap_or(false) && !request.nodes.is_empty() {
+            left_out.push(format!("{} (its sentinel is not set)", node.name));
+        }
+    }
+    let order = k8s_upgrade::worker_order(facts, &settings.workers)?;
+    let workers: Vec<String> = order
+        .into_iter()
+        .filter(|w| asked(w) && needs.get(w).copied().unwrap_or(false))
+        .collect();
+    settings
+        .workers
+        .failure_budget
+        .check(workers.len())
+        .map_err(|e| RebootPlanError::Workers(k8s_upgrade::PlanError::FailureBudget(e)))?;
+    let batch_size = settings.workers.max_unavailable.of(workers.len());
+    let steps = node_cycle::worker_batches::<RebootCycle>(&workers, batch_size)
+        .into_iter()
+        .map(Step::new)
+        .collect();
+    Ok(RebootPlan {
+        workers,
+        batch_size,
+        left_out,
+        steps,
+    })
+}
+
+/// The workers' node cycle with a reboot as its action, the sentinel checked again first.
+struct RebootCycle;
+
+impl CycleSteps for RebootCycle {
+    type Step = RebootStep;
+    const PARTS: &'static [Part] = &[
+        Part::Check,
+        Part::Drain,
+        Part::Action,
+        Part::Verify,
+        Part::Uncordon,
+    ];
+
+    fn gate(node: &str) -> RebootStep {
+        RebootStep::Gate {
+            node: node.to_owned(),
+        }
+    }
+
+    fn part(part: Part, node: &str) -> RebootStep {
+        let node = node.to_owned();
+        match part {
+            Part::Check => RebootStep::Required { node },
+            Part::Drain => RebootStep::Drain { node },
+            Part::Action => RebootStep::Reboot { node },
+            Part::Verify => RebootStep::Back { node },
+            Part::Uncordon => RebootStep::Uncordon { node },
+        }
+    }
+
+    fn soak(node: &str) -> RebootStep {
+        RebootStep::Soak {
+            node: node.to_owned(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::k8s_upgrade::{FailureBudget, MaxUnavailable, NodeFacts};
+    use crate::domain::version::Version;
+
+    fn facts(cps: &[&str], workers: &[&str]) -> ClusterFacts {
+        let node = |name: &&str, role| NodeFacts {
+            name: (*name).to_owned(),
+            role,
+            kubelet: Version::parse("1.34.2").unwrap(),
+            containerd: None,
+            ready: true,
+            address: None,
+        };
+        ClusterFacts {
+            nodes: cps
+                .iter()
+                .map(|n| node(n, Role::ControlPlane))
+                .chain(workers.iter().map(|n| node(n, Role::Worker)))
+                .collect(),
+        }
+    }
+
+    fn settings(max_unavailable: u32) -> RebootPlanSettings {
+        RebootPlanSettings {
+            workers: PlanSettings {
+                worker_order: Vec::new(),
+                max_unavailable: MaxUnavailable::Count(max_unavailable),
+                failure_budget: FailureBudget::None,
+                etcd_max_lag: 1000,
+            },
+            control_planes: false,
+        }
+    }
+
+    fn request(nodes: &[&str]) -> RebootRequest {
+        RebootRequest {
+            nodes: nodes.iter().map(|n| (*n).to_owned()).collect(),
+            reason: None,
+        }
+    }
+
+    fn labels(plan: &RebootPlan) -> Vec<String> {
+        plan.steps.iter().map(Step::label).collect()
+    }
+
+    #[test]
+    fn only_the_workers_whose_sentinel_is_set_are_rebooted_in_batches() {
+        let cluster = facts(&["cp"], &["w1", "w2", "w3", "w4", "w5", "w6"]);
+        let needs: BTreeMap<String, bool> = ["w1", "w2", "w4", "w6", "cp"]
+            .iter()
+            .map(|n| ((*n).to_owned(), true))
+            .collect();
+        let plan = plan(&request(&[]), &cluster, &needs, &settings(2)).unwrap();
+        assert_eq!(plan.workers, ["w1", "w2", "w4", "w6"]);
+        assert_eq!(
+            plan.left_out,
+            ["cp (a control plane; reboot.control_planes is false)"]
+        );
+        let cycle = |n: &str| {
+            ["required", "drain", "reboot", "back", "uncordon"].map(|s| match s {
+                "reboot" => format!("reboot@{n}"),
+                s => format!("reboot/{s}@{n}"),
+            })
+        };
+        let mut want = vec!["reboot/gate@w1".to_owned()];
+        want.extend(cycle("w1"));
+        want.extend(cycle("w2"));
+        want.push("reboot/soak@w2".into());
+        want.push("reboot/gate@w4".into());
+        want.extend(cycle("w4"));
+        want.extend(cycle("w6"));
+        want.push("reboot/soak@w6".into());
+        assert_eq!(labels(&plan), want);
+    }
+
+    #[test]
+    fn named_nodes_are_checked_against_the_cluster() {
+        let cluster = facts(&["cp"], &["w1", "w2"]);
+        let cases: [(&[&str], Option<&str>); 4] = [
+            (&["w1"], None),
+            (&["w9"], Some("node w9 is not in the cluster")),
+            (&["w1", "cp"], Some("node cp is a control plane")),
+            (&[], None),
+        ];
+        for (nodes, want) in cases {
+            let got = check_request(&request(nodes), &cluster, &settings(1)).err();
+            match (got, want) {
+                (None, None) => {}
+                (Some(e), Some(want)) => assert!(e.to_string().contains(want), "{nodes:?}: {e}"),
+                (got, want) => panic!("{nodes:?}: {got:?}, wanted {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_named_node_whose_sentinel_is_not_set_is_left_out_and_named() {
+        let cluster = facts(&["cp"], &["w1", "w2"]);
+        let needs: BTreeMap<String, bool> =
+            [("w1".to_owned(), true), ("w2".to_owned(), false)].into();
+        let plan = plan(&request(&["w1", "w2"]), &cluster, &needs, &settings(1)).unwrap();
+        assert_eq!(plan.workers, ["w1"]);
+        assert_eq!(plan.left_out, ["w2 (its sentinel is not set)"]);
+        let none = super::plan(&request(&[]), &cluster, &BTreeMap::new(), &settings(1)).unwrap();
+        assert!(none.steps.is_empty() && none.left_out.is_empty());
+    }
+}

@@ -1,0 +1,252 @@
+//! Node reboots (issue 29): the workers whose sentinel is set go through the node cycle
+//! with a reboot as its action (the fake node goes NotReady, drops its SSH sessions and
+//! comes back with another boot id); a node that does not come back halts the run naming
+//! it; a reboot asked while an upgrade holds the cluster waits for it; bad requests are
+//! refused and queue nothing.
+
+mod support;
+
+use serde_json::{Value, json};
+use std::time::Duration;
+use support::Rollgate;
+use support::ground::Ground;
+
+const RUN_DEADLINE: Duration = Duration::from_secs(240);
+const SENTINEL: &str = "test -e \"$STUB_STATE/reboot-required\"";
+
+fn boot_id(ground: &Ground, node: &str) -> String {
+    ground.api.node(node)["status"]["nodeInfo"]["bootID"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+async fn reboot_rollgate(ground: &Ground, extra: &[(&str, String)]) -> Rollgate {
+    let mut env = vec![
+        ("ROLLGATE__REBOOT__SENTINEL_COMMAND", SENTINEL.to_owned()),
+        ("ROLLGATE__REBOOT__TIMEOUT", "60s".to_owned()),
+    ];
+    env.extend(extra.iter().cloned());
+    ground.rollgate(&env).await
+}
+
+async fn ask(rg: &Rollgate, body: Value) -> String {
+    let (status, answer) = rg.post("/v1/reboots", &body).await;
+    assert_eq!(status, 202, "{answer}");
+    answer["run_id"].as_str().expect("run_id").to_owned()
+}
+
+fn labels(run: &Value, name: &str) -> Vec<String> {
+    run["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["name"] == name)
+        .map(|s| s["node"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn the_four_workers_whose_sentinel_is_set_are_rebooted_each_drained_once() {
+    let ground = Ground::start("1.34.2", 6).await;
+    let needing = ["w1", "w3", "w4", "w6"];
+    for name in needing {
+        ground.node(name).need_reboot();
+    }
+    let rg = reboot_rollgate(&ground, &[]).await;
+    let id = ask(&rg, json!({"reason": "kernel 6.1.0-28"})).await;
+    let run = rg.wait_status(&id, "succeeded", RUN_DEADLINE).await;
+
+    for node in &ground.nodes {
+        let (reboots, boot) = (node.reboots(), boot_id(&ground, &node.name));
+        if needing.contains(&node.name.as_str()) {
+            assert_eq!(reboots, 1, "{} took {reboots} reboot commands", node.name);
+            assert_eq!(boot, format!("boot-{}-2", node.name), "{}", node.name);
+            assert!(!node.needs_reboot(), "{}: the sentinel stays", node.name);
+        } else {
+            assert_eq!(reboots, 0, "{} was rebooted", node.name);
+            assert_eq!(boot, format!("boot-{}-1", node.name));
+        }
+        assert_ne!(
+            ground.api.node(&node.name)["spec"]["unschedulable"],
+            json!(true),
+            "{} left cordoned",
+            node.name
+        );
+    }
+    ground.assert_drained_once();
+    let mut rebooted = labels(&run, "reboot");
+    rebooted.sort();
+    assert_eq!(rebooted, needing);
+    // One gate before and one soak after each batch (of one, by default).
+    assert_eq!(labels(&run, "soak").len(), 4, "{run}");
+    assert_eq!(labels(&run, "gate").len(), 4, "{run}");
+    let planned = support::find_step(&run, "reboot/plan-reboots").expect("the plan");
+    assert!(
+        planned["outcome"]
+            .as_str()
+            .is_some_and(|o| o.starts_with("4 node(s) to reboot, 1 at a time")),
+        "{planned}"
+    );
+}
+
+#[tokio::test]
+async fn a_node_whose_sentinel_clears_before_its_turn_is_skipped_undrained() {
+    let ground = Ground::start("1.34.2", 3).await;
+    for name in ["w1", "w2", "w3"] {
+        ground.node(name).need_reboot();
+    }
+    for node in &ground.nodes {
+        node.reboot_delay(3.0);
+    }
+    let rg = reboot_rollgate(&ground, &[]).await;
+    let id = ask(&rg, json!({})).await;
+    let planned = rg
+        .wait_run_until(&id, "the plan", RUN_DEADLINE, |r| {
+            labels(r, "reboot").len() == 3
+        })
+        .await;
+    let order = labels(&planned, "reboot");
+    let (first, last) = (order[0].clone(), order[2].clone());
+    // While the first reboots, the last one's sentinel clears (a package removed, say).
+    rg.wait_run_until(&id, "the first reboot command", RUN_DEADLINE, |r| {
+        support::find_step(r, &format!("reboot@{first}")).is_some_and(|s| s["status"] == "done")
+    })
+    .await;
+    std::fs::remove_file(ground.node(&last).dir.path().join("state/reboot-required"))
+        .expect("clear the sentinel");
+    let run = rg.wait_status(&id, "succeeded", RUN_DEADLINE).await;
+    assert_eq!(ground.node(&last).reboots(), 0);
+    assert_eq!(boot_id(&ground, &last), format!("boot-{last}-1"));
+    let drain = support::find_step(&run, &format!("reboot/drain@{last}")).expect("its drain");
+    assert!(
+        drain["outcome"]
+            .as_str()
+            .is_some_and(|o| o.starts_with(&format!("skipped: {last}'s sentinel has cleared"))),
+        "{drain}"
+    );
+    assert!(
+        !ground
+            .api
+            .changes()
+            .iter()
+            .any(|c| matches!(c, support::kube::Change::Cordon(n) if *n == last)),
+        "{last} was cordoned"
+    );
+    assert_eq!(ground.node(&order[1]).reboots(), 1);
+}
+
+#[tokio::test]
+async fn a_node_that_does_not_come_back_halts_the_run_naming_it() {
+    let ground = Ground::start("1.34.2", 3).await;
+    for name in ["w1", "w2", "w3"] {
+        ground.node(name).need_reboot();
+    }
+    ground.node("w2").never_back();
+    let rg = reboot_rollgate(&ground, &[("ROLLGATE__REBOOT__TIMEOUT", "4s".into())]).await;
+    let id = ask(&rg, json!({})).await;
+    let run = rg.wait_status(&id, "halted", RUN_DEADLINE).await;
+    let reason = run["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("w2 did not come back within reboot.timeout (4s)"),
+        "{reason}"
+    );
+    let order = labels(&run, "reboot");
+    let at = order.iter().position(|n| n == "w2").expect("w2 planned");
+    for (i, node) in order.iter().enumerate() {
+        let want = usize::from(i <= at);
+        assert_eq!(ground.node(node).reboots(), want, "{node} in {order:?}");
+        if i > at {
+            assert!(
+                !ground
+                    .api
+                    .changes()
+                    .iter()
+                    .any(|c| matches!(c, support::kube::Change::Cordon(n) if n == node)),
+                "{node} was cordoned: nothing after w2 is touched"
+            );
+        }
+    }
+    assert_eq!(
+        ground.api.node("w2")["spec"]["unschedulable"],
+        json!(true),
+        "w2 stays cordoned"
+    );
+}
+
+#[tokio::test]
+async fn a_reboot_asked_during_an_upgrade_waits_for_it_and_starts_after() {
+    let ground = Ground::start("1.34.2", 3).await;
+    for name in ["w1", "w2"] {
+        ground.node(name).need_reboot();
+    }
+    let rg = reboot_rollgate(&ground, &[]).await;
+    let upgrade = rg.detect("1.34.5", "patch").await;
+    rg.wait_run(&upgrade, "the upgrade to start", |r| {
+        r["status"] != "queued"
+    })
+    .await;
+    let reboot = ask(&rg, json!({"nodes": ["w1"]})).await;
+    let waiting = rg
+        .wait_run(&reboot, "the reboot to wait", |r| {
+            r["reason"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("waits for run"))
+        })
+        .await;
+    assert_eq!(
+        waiting["reason"],
+        format!("waits for run {upgrade} (k8s-upgrade) to release the cluster")
+    );
+    // A second request while it waits is merged into it: same run, both nodes.
+    let (status, merged) = rg.post("/v1/reboots", &json!({"nodes": ["w2"]})).await;
+    assert_eq!(status, 200, "{merged}");
+    assert_eq!(merged["run_id"], reboot);
+
+    let upgraded = rg.wait_status(&upgrade, "succeeded", RUN_DEADLINE).await;
+    let rebooted = rg.wait_status(&reboot, "succeeded", RUN_DEADLINE).await;
+    let ended = upgraded["updated_at"].as_str().unwrap().to_owned();
+    let first_step = rebooted["steps"][0]["started_at"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        first_step >= ended,
+        "the reboot began ({first_step}) before the upgrade ended ({ended})"
+    );
+    assert_eq!(ground.node("w1").reboots(), 1);
+    assert_eq!(ground.node("w2").reboots(), 1, "the merged request's node");
+    ground.assert_all_at("1.34.5");
+}
+
+#[tokio::test]
+async fn bad_reboot_requests_are_refused_and_queue_nothing() {
+    let ground = Ground::start("1.34.2", 2).await;
+    let rg = reboot_rollgate(&ground, &[]).await;
+    let cases = [
+        (
+            json!({"nodes": ["w9"]}),
+            422,
+            "node w9 is not in the cluster",
+        ),
+        (
+            json!({"nodes": ["cp"]}),
+            422,
+            "reboot.control_planes is false",
+        ),
+        (json!({"nodes": ["W1;reboot"]}), 422, "is not a node name"),
+        (json!({"nodes": ["w1", "w1"]}), 422, "named twice"),
+        (json!({"command": "rm -rf /"}), 422, "command"),
+        (json!(["w1"]), 422, "must be a JSON object"),
+    ];
+    for (body, want, says) in cases {
+        let (status, answer) = rg.post("/v1/reboots", &body).await;
+        assert_eq!(status, want, "{body}: {answer}");
+        assert!(
+            answer["message"].as_str().is_some_and(|m| m.contains(says)),
+            "{body}: {answer}"
+        );
+    }
+    let (_, runs) = rg.get("/v1/runs").await;
+    assert_eq!(runs, json!([]), "nothing queued");
+}
