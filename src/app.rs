@@ -246,7 +246,6 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             .telling(gate.clone())
             .refusing_detections(upgrades_unavailable)
             .within(settings.schedule.windows.clone())
-            .with_cluster_etcd(settings.etcd.endpoints.clone())
             .led_by(leading);
         Some(tokio::spawn(worker.run(stop_rx)))
     };

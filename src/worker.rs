@@ -59,9 +59,6 @@ pub struct Worker {
     run_locks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// The tasks driving steps, waited for when the worker stops.
     drives: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
-    /// The client URLs of the cluster's own etcd (`etcd.endpoints`): a roll of those
-    /// members holds the cluster's lock, as upgrades and reboots do.
-    pub cluster_etcd: Vec<String>,
 }
 
 /// The reason a run waiting for the cluster's lock gives, up to the holder it names.
@@ -141,14 +138,7 @@ impl Worker {
             gate: None,
             run_locks: Default::default(),
             drives: Default::default(),
-            cluster_etcd: Vec::new(),
         }
-    }
-
-    /// The same worker, knowing the cluster's own etcd by its client URLs.
-    pub fn with_cluster_etcd(mut self, endpoints: Vec<String>) -> Self {
-        self.cluster_etcd = endpoints;
-        self
     }
 
     /// The run that holds the cluster against `run`, if any: another run that works on
@@ -156,13 +146,13 @@ impl Worker {
     /// for the cluster since before `run` was made. Runs take the cluster one at a time,
     /// in the order they were asked for.
     async fn cluster_holder(&self, run: &Run) -> Result<Option<Run>, StoreError> {
-        if !run.holds_cluster(&self.cluster_etcd) {
+        if !run.holds_cluster() {
             return Ok(None);
         }
         let others = self.store.not_ended().await?;
         Ok(others.into_iter().find(|other| {
             other.id != run.id
-                && other.holds_cluster(&self.cluster_etcd)
+                && other.holds_cluster()
                 && (other.status != RunStatus::Queued
                     || (waits_for_cluster(other) && other.created_at < run.created_at))
         }))
@@ -195,7 +185,7 @@ impl Worker {
     async fn wake_next_holder(&self, ended: &[Run]) -> Result<Option<Outgoing>, StoreError> {
         let released = ended
             .iter()
-            .any(|r| r.status.is_terminal() && r.holds_cluster(&self.cluster_etcd));
+            .any(|r| r.status.is_terminal() && r.holds_cluster());
         if !released {
             return Ok(None);
         }

@@ -511,14 +511,11 @@ impl Run {
     }
 
     /// Whether this run works on the cluster's nodes or its own etcd, so that it holds the
-    /// cluster's one lock while it has not ended: upgrades and reboots do; an etcd roll
-    /// does when it rolls the members at `cluster_etcd` (the cluster's own etcd).
-    pub fn holds_cluster(&self, cluster_etcd: &[String]) -> bool {
-        match self.kind {
-            RunKind::K8sUpgrade | RunKind::NodeReboot => true,
-            RunKind::EtcdRoll => EtcdRollRequest::from_json(&self.request)
-                .is_ok_and(|r| r.endpoints.iter().any(|e| cluster_etcd.contains(e))),
-        }
+    /// cluster's one lock while it has not ended: upgrades and reboots do. An etcd roll
+    /// rolls a StatefulSet's members, which is never the kubeadm cluster's own (static-pod)
+    /// etcd: rolls go side by side, each gated.
+    pub fn holds_cluster(&self) -> bool {
+        matches!(self.kind, RunKind::K8sUpgrade | RunKind::NodeReboot)
     }
 
     /// The step in hand or held.
