@@ -411,6 +411,15 @@ pub struct NodeTarget {
     pub address: Option<String>,
 }
 
+impl From<&crate::domain::k8s_upgrade::NodeFacts> for NodeTarget {
+    fn from(node: &crate::domain::k8s_upgrade::NodeFacts) -> Self {
+        Self {
+            name: node.name.clone(),
+            address: node.address.clone(),
+        }
+    }
+}
+
 /// What a remote command printed and how it ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecOutput {

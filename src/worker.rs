@@ -706,7 +706,7 @@ impl Worker {
                 step = self
                     .create_run(
                         RunKind::K8sUpgrade,
-                        &request.target_version.to_string(),
+                        Some(&request.target_version.to_string()),
                         run_id,
                         |id| {
                             Run::k8s_upgrade(id, &request, on_failure, Utc::now())
@@ -722,7 +722,7 @@ impl Worker {
                 step = self
                     .create_run(
                         RunKind::EtcdRoll,
-                        &request.target(),
+                        Some(&request.target()),
                         run_id,
                         |id| {
                             Run::etcd_roll(id, &request, on_failure, Utc::now())
@@ -809,12 +809,14 @@ impl Worker {
     }
 
     /// Creates and starts the run a request asks for, unless a run of `kind` for `target`
-    /// is in flight (then nothing: the request is a duplicate). A Kubernetes upgrade also
-    /// waits for no other upgrade: one at a time per cluster, so it fails naming the holder.
+    /// is in flight (then nothing: the request is a duplicate; a run without a target has
+    /// no duplicates). A Kubernetes upgrade also waits for no other upgrade: one at a time
+    /// per cluster, so it fails naming the holder. Another run holding the cluster makes it
+    /// wait, queued.
     async fn create_run(
         &self,
         kind: RunKind,
-        target: &str,
+        target: Option<&str>,
         run_id: Option<String>,
         build: impl FnOnce(String) -> Run,
         commit: &mut Commit,
@@ -824,7 +826,9 @@ impl Worker {
             Some(id) => self.store.get_run(id).await?,
             None => None,
         };
-        if existing.is_none() {
+        if existing.is_none()
+            && let Some(target) = target
+        {
             // The intake may write this very run between the two reads.
             match self.store.in_flight(kind, target).await? {
                 Some(run) if run_id.as_ref() == Some(&run.id) => existing = Some(run),
@@ -898,9 +902,7 @@ impl Worker {
                     } else {
                         request.nodes.join(", ")
                     };
-                    if !asked.covers(&request.nodes) || asked.reason != request.reason {
-                        run.request = asked.merged(&request).to_json();
-                    }
+                    run.request = asked.merged(&request).to_json();
                     let told = run.history.len();
                     run.note(
                         format!("a request from {source} for {nodes} is merged into this run"),
@@ -914,28 +916,15 @@ impl Worker {
             }
         }
         let on_failure = self.policy.on_failure;
-        let id = run_id.clone();
-        let mut run = match &id {
-            Some(id) => self.store.get_run(id).await?,
-            None => None,
-        }
-        .unwrap_or_else(|| {
-            Run::node_reboot(
-                run_id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string()),
-                &request,
-                on_failure,
-                Utc::now(),
-            )
-            .credited(source)
-        });
-        let step = if run.status == RunStatus::Queued {
-            self.start_or_wait(&mut run, commit, notices).await?
-        } else {
-            Vec::new()
-        };
-        *notices = notices_since(&run, 0);
-        commit.runs.push(run);
-        Ok(step)
+        self.create_run(
+            RunKind::NodeReboot,
+            None,
+            run_id,
+            |id| Run::node_reboot(id, &request, on_failure, Utc::now()).credited(source),
+            commit,
+            notices,
+        )
+        .await
     }
 
     /// Feeds `input` to the engine; puts its wakes in the outbox and returns the steps to

@@ -513,11 +513,6 @@ impl RebootRequest {
         serde_json::to_value(self).unwrap_or_default()
     }
 
-    /// Every node of `nodes` is already asked for here (none named: every node is).
-    pub fn covers(&self, nodes: &[String]) -> bool {
-        self.nodes.is_empty() || nodes.iter().all(|n| self.nodes.contains(n))
-    }
-
     /// This request and `other` as one: the union of their nodes (every node when either
     /// names none), the reasons joined.
     pub fn merged(&self, other: &RebootRequest) -> RebootRequest {

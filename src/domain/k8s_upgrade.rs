@@ -493,8 +493,6 @@ impl node_cycle::CycleSteps for WorkerCycle {
     }
 }
 
-pub use node_cycle::drains_ahead;
-
 /// The steps that carry out a control-plane action, ending with the `next` that decides
 /// the one after. A control plane is checked healthy before its gate and after its
 /// uncordon; the leadership move is a step of its own.
@@ -750,6 +748,7 @@ pub fn describe(step: &UpgradeStep, target: Version) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::node_cycle::drains_ahead;
     use crate::domain::run::StepStatus;
     use crate::domain::step::StepKind;
 

@@ -94,10 +94,7 @@ pub async fn findings(sources: &Sources) -> Result<Findings, DetectError> {
         .iter()
         .find(|n| n.role == Role::ControlPlane)
         .ok_or(RunningError::NoControlPlane)?;
-    let target = NodeTarget {
-        name: plane.name.clone(),
-        address: plane.address.clone(),
-    };
+    let target = NodeTarget::from(plane);
     let ssh_error = |error: Failure| DetectError::Ssh {
         node: plane.name.clone(),
         error,

@@ -279,7 +279,7 @@ impl NodeCycle {
 
     /// Runs `work` (step `index` of `run`) with the silences of the nodes in hand kept,
     /// when self-silences are configured and the step has nodes in hand.
-    pub async fn silenced<T>(
+    async fn silenced<T>(
         &self,
         run: &Run,
         in_hand: bool,

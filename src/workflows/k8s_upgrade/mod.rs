@@ -104,10 +104,7 @@ impl UpgradeSteps {
         let node = facts
             .node(name)
             .ok_or_else(|| ClusterError::new(format!("node {name} is no longer in the cluster")))?;
-        Ok(NodeTarget {
-            name: node.name.clone(),
-            address: node.address.clone(),
-        })
+        Ok(NodeTarget::from(node))
     }
 
     /// The node script's output on `node`, or the outcome when it could not run.
@@ -214,10 +211,7 @@ impl UpgradeSteps {
             Err(e) => return StepOutcome::retry(error_chain(&e)),
         };
         let checks = facts.nodes.iter().map(|node| {
-            let target = NodeTarget {
-                name: node.name.clone(),
-                address: node.address.clone(),
-            };
+            let target = NodeTarget::from(node);
             async move {
                 let args = ["--check".to_owned()];
                 (

@@ -85,10 +85,7 @@ impl RebootSteps {
         let node = facts.node(name).ok_or_else(|| {
             StepOutcome::failed(format!("node {name} is no longer in the cluster"))
         })?;
-        Ok(NodeTarget {
-            name: node.name.clone(),
-            address: node.address.clone(),
-        })
+        Ok(NodeTarget::from(node))
     }
 
     /// Reads the candidates' sentinels and plans their cycles.
@@ -102,10 +99,7 @@ impl RebootSteps {
             .iter()
             .filter_map(|name| facts.node(name))
             .map(|n| {
-                let target = NodeTarget {
-                    name: n.name.clone(),
-                    address: n.address.clone(),
-                };
+                let target = NodeTarget::from(n);
                 async move {
                     let needs =
                         sentinel(&*self.exec, &target, &self.settings.sentinel_script).await;
