@@ -464,8 +464,11 @@ pub async fn post_reboots(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let request = read_request(&req, payload, &state, RebootRequest::from_json).await?;
+    // Reboots are carried out by the same cluster, SSH and etcd wiring as upgrades.
     if let Some(why) = &state.upgrades_unavailable {
-        return Err(ApiError::invalid(why.clone()));
+        return Err(ApiError::invalid(format!(
+            "node reboots are not available here: {why}"
+        )));
     }
     let Some(cluster) = &state.cluster else {
         return Err(ApiError::invalid(
