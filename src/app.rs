@@ -36,6 +36,7 @@ use crate::queue::amqp::AmqpQueue;
 use crate::queue::embedded::EmbeddedQueue;
 use crate::store::Store;
 use crate::worker::{Worker, WorkerPolicy};
+use crate::workflows::control_plane_cycle::{ControlPlaneCycle, ControlPlaneSettings};
 use crate::workflows::etcd_roll::steps::EtcdRollSteps;
 use crate::workflows::etcd_roll::watch::{RollStarter, RollWatch};
 use crate::workflows::events::{EventNotifier, EventSink};
@@ -146,7 +147,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     let (cluster, etcd) =
         match build_upgrade_steps(&settings, kube, silences, events, metrics.clone()).await? {
             Some((steps, reboots, cluster)) => {
-                let etcd = steps.etcd.clone();
+                let etcd = steps.control_planes.etcd.clone();
                 executors.k8s_upgrade = Some(steps);
                 executors.node_reboot = Some(reboots);
                 (Some(cluster), etcd)
@@ -392,16 +393,24 @@ pub async fn build_upgrade_steps(
     let etcd = etcd.map(|e| e as Arc<dyn EtcdMembers>);
     let exec: Arc<dyn crate::ports::NodeExec> = Arc::new(ssh);
     let cycle = node_cycle(settings, kube.clone(), silences, events);
+    let control_planes = ControlPlaneCycle {
+        cluster: kube.clone(),
+        etcd,
+        settings: ControlPlaneSettings {
+            health_timeout: c.control_plane_health_timeout,
+            transfer_timeout: settings.etcd.transfer_timeout,
+            etcd_max_lag: settings.etcd.max_lag,
+        },
+        metrics: metrics.clone(),
+    };
     let steps = UpgradeSteps {
         cluster: kube.clone(),
         marks: kube.clone(),
         exec: exec.clone(),
         snapshots,
-        etcd,
+        control_planes: control_planes.clone(),
         settings: UpgradeSettings {
             plan: plan_settings(settings),
-            health_timeout: c.control_plane_health_timeout,
-            transfer_timeout: settings.etcd.transfer_timeout,
             verify_timeout: c.verify_timeout,
             pod_ready_ratio: c.pod_ready_ratio,
             snapshot_dir: settings.etcd.snapshot_dir.clone(),
@@ -415,6 +424,7 @@ pub async fn build_upgrade_steps(
         boots: kube.clone(),
         exec,
         cycle,
+        control_planes,
         settings: RebootSettings {
             plan: reboot_plan_settings(settings),
             sentinel_script: r.sentinel_script(),

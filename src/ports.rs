@@ -13,7 +13,7 @@ use crate::domain::event::DetectionRequest;
 use crate::domain::gate::PromReading;
 use crate::domain::k8s_upgrade::ClusterFacts;
 use crate::domain::run::{Run, RunStatus, Step};
-use crate::domain::step::{EtcdRollStep, RebootStep, StepKind, UpgradeStep};
+use crate::domain::step::{StepKind, UpgradeStep};
 use crate::domain::version::Version;
 
 /// Carries out one kind of step. A step must be idempotent: after a crash it is executed
@@ -44,9 +44,7 @@ impl Executors {
     /// The executor for `step`, if one is configured.
     pub fn get(&self, step: &Step) -> Option<Arc<dyn StepExecutor>> {
         let executor = match &step.kind {
-            StepKind::K8sUpgrade(UpgradeStep::Gate { .. })
-            | StepKind::EtcdRoll(EtcdRollStep::Gate { .. })
-            | StepKind::NodeReboot(RebootStep::Gate { .. }) => &self.gate,
+            kind if kind.is_gate() => &self.gate,
             StepKind::K8sUpgrade(UpgradeStep::QuietPeriod) => &self.quiet_period,
             StepKind::K8sUpgrade(_) => &self.k8s_upgrade,
             StepKind::EtcdRoll(_) => &self.etcd_roll,

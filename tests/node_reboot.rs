@@ -90,6 +90,84 @@ async fn the_four_workers_whose_sentinel_is_set_are_rebooted_each_drained_once()
     );
 }
 
+/// The nodes of `run`'s steps named `stage/name`, in the run's order.
+fn nodes_of(run: &Value, stage: &str, name: &str) -> Vec<String> {
+    run["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["stage"] == stage && s["name"] == name)
+        .map(|s| s["node"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn three_stacked_control_planes_reboot_with_one_leadership_change_the_leader_last() {
+    let ground = Ground::start_ha("1.34.2", 3, 2).await;
+    for cp in ["cp-1", "cp-2", "cp-3"] {
+        ground.node(cp).need_reboot();
+    }
+    ground.node("w2").need_reboot();
+    let stacked = ground.etcd.stacked();
+    stacked.lead("cp-2").await;
+    let term_before = stacked.term().await;
+    let rg = reboot_rollgate(&ground, &[]).await;
+    let id = ask(&rg, json!({})).await;
+    let run = rg.wait_status(&id, "succeeded", RUN_DEADLINE).await;
+
+    // Exactly one leadership change, read from etcd itself; the old leader's node last.
+    let term_after = stacked.term().await;
+    assert_eq!(
+        term_after,
+        term_before + 1,
+        "raft term {term_before} -> {term_after}"
+    );
+    let order = nodes_of(&run, "reboot-control-plane", "reboot");
+    assert_eq!(order.len(), 3, "{order:?}");
+    assert_eq!(order.last().map(String::as_str), Some("cp-2"), "{order:?}");
+    let moved = nodes_of(&run, "reboot-control-plane", "move-leader");
+    assert_eq!(moved.len(), 1, "{moved:?}");
+    assert!(
+        order[..2].contains(&moved[0]),
+        "leadership went to {} before it was rebooted: {order:?}",
+        moved[0]
+    );
+    // Control planes first, then the worker.
+    let rebooted_at = |node: &str| {
+        ground
+            .api
+            .changes()
+            .iter()
+            .position(|c| matches!(c, support::kube::Change::Cordon(n) if n == node))
+            .unwrap_or_else(|| panic!("{node} was never cordoned"))
+    };
+    assert!(rebooted_at("cp-2") < rebooted_at("w2"));
+    for node in ["cp-1", "cp-2", "cp-3", "w2"] {
+        assert_eq!(ground.node(node).reboots(), 1, "{node}");
+        assert_eq!(boot_id(&ground, node), format!("boot-{node}-2"), "{node}");
+    }
+    assert_eq!(ground.node("w1").reboots(), 0);
+    ground.assert_drained_once();
+    let report = run["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["stage"] == "reboot-control-plane" && s["name"] == "next")
+        .filter_map(|s| s["outcome"].as_str())
+        .next_back()
+        .expect("the last next step's report")
+        .to_owned();
+    assert!(
+        report.contains("1 leadership change(s), transfers 1") && report.contains("uncontrolled 0"),
+        "{report}"
+    );
+    assert_eq!(
+        rg.metric("etcd_roll_uncontrolled_leadership_changes_total{target=\"control-plane\"}")
+            .await,
+        0.0
+    );
+}
+
 #[tokio::test]
 async fn a_node_whose_sentinel_clears_before_its_turn_is_skipped_undrained() {
     let ground = Ground::start("1.34.2", 3).await;
@@ -222,7 +300,11 @@ async fn a_reboot_asked_during_an_upgrade_waits_for_it_and_starts_after() {
 #[tokio::test]
 async fn bad_reboot_requests_are_refused_and_queue_nothing() {
     let ground = Ground::start("1.34.2", 2).await;
-    let rg = reboot_rollgate(&ground, &[]).await;
+    let rg = reboot_rollgate(
+        &ground,
+        &[("ROLLGATE__REBOOT__CONTROL_PLANES", "false".into())],
+    )
+    .await;
     let cases = [
         (
             json!({"nodes": ["w9"]}),

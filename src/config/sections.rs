@@ -935,8 +935,9 @@ pub struct RebootConfig {
     /// id before the run halts naming it (default 15m).
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
-    /// Whether control-plane nodes may be rebooted (default false: a request naming one is
-    /// refused, and `{}` leaves them out, named).
+    /// Whether control-plane nodes may be rebooted (default true: one at a time, first,
+    /// between health checks, with one etcd leadership change when etcd is stacked).
+    /// False: a request naming one is refused, and `{}` leaves them out, named.
     pub control_planes: bool,
     /// Labels set on a node before its reboot (`key=value`; kured's
     /// `--pre-reboot-node-labels`), e.g. to take it out of a load balancer.
@@ -955,7 +956,7 @@ impl Default for RebootConfig {
             sentinel_command: None,
             command: "systemctl reboot".into(),
             timeout: Duration::from_secs(15 * 60),
-            control_planes: false,
+            control_planes: true,
             labels_before: Vec::new(),
             labels_after: Vec::new(),
         }

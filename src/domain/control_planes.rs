@@ -203,8 +203,12 @@ impl fmt::Display for ControlPlaneAction {
 }
 
 /// The etcd roll planner's view of stacked members: a member is at the target when its
-/// node's kubelet is.
-fn stacked_view(cps: &[&NodeFacts], etcd: &EtcdFacts, target: Version) -> ClusterView {
+/// node needs nothing more (`pending` says which nodes still do).
+fn stacked_view(
+    cps: &[&NodeFacts],
+    etcd: &EtcdFacts,
+    pending: &dyn Fn(&NodeFacts) -> bool,
+) -> ClusterView {
     ClusterView {
         members: etcd
             .members
@@ -213,7 +217,7 @@ fn stacked_view(cps: &[&NodeFacts], etcd: &EtcdFacts, target: Version) -> Cluste
                 id: m.id,
                 name: m.name.clone(),
                 ordinal: None,
-                at_target: cps.iter().any(|n| n.name == m.name && n.kubelet == target),
+                at_target: cps.iter().any(|n| n.name == m.name && !pending(n)),
                 healthy: m.answering,
                 raft_index: m.raft_index,
             })
@@ -222,8 +226,89 @@ fn stacked_view(cps: &[&NodeFacts], etcd: &EtcdFacts, target: Version) -> Cluste
     }
 }
 
-/// The next control-plane action for the cluster as it is now. `max_lag` bounds how far a
-/// member may trail the leader's raft index before anything is restarted or moved.
+/// The next disruptive action among control planes that each need one (an upgrade, a
+/// reboot), whatever that action is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NextControlPlane {
+    /// Touch this control-plane node.
+    Touch(String),
+    /// Move etcd leadership from the node about to be touched to `to`.
+    MoveLeader {
+        /// The member (node) that leads now.
+        from: String,
+        /// The member (node) that takes leadership, among those that need nothing more.
+        to: String,
+    },
+    /// No control plane is pending.
+    Done,
+}
+
+impl fmt::Display for NextControlPlane {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Touch(node) => write!(f, "{node} next"),
+            Self::MoveLeader { from, to } => write!(f, "move etcd leadership {from} -> {to}"),
+            Self::Done => f.write_str("no control plane is pending"),
+        }
+    }
+}
+
+/// The next control plane to touch, one at a time, for the cluster as it is now:
+/// `pending` says which nodes still need the action. With stacked etcd the followers'
+/// nodes go first, leadership moves once to the most caught-up member whose node needs
+/// nothing more, and the old leader's node goes last. `max_lag` bounds how far a member
+/// may trail the leader's raft index before anything is touched or moved.
+pub fn next_in_order(
+    cps: &[&NodeFacts],
+    layout: EtcdLayout,
+    etcd: Option<&EtcdFacts>,
+    pending: &dyn Fn(&NodeFacts) -> bool,
+    max_lag: u64,
+) -> Result<NextControlPlane, Refusal> {
+    let Some(first_pending) = cps.iter().find(|n| pending(n)) else {
+        return Ok(NextControlPlane::Done);
+    };
+    let etcd = match (layout, etcd) {
+        (EtcdLayout::Stacked, Some(etcd)) if etcd.members.len() > 1 => etcd,
+        // A single stacked member cannot keep quorum through its own restart: that is
+        // what running one control plane means.
+        _ => return Ok(NextControlPlane::Touch(first_pending.name.clone())),
+    };
+    let view = stacked_view(cps, etcd, pending);
+    match etcd_roll::next_action(&view, Order::Free, max_lag)? {
+        Action::Restart { name, .. } => Ok(NextControlPlane::Touch(name)),
+        Action::MoveLeader { name, .. } => Ok(NextControlPlane::MoveLeader {
+            from: etcd.leader_name().unwrap_or_default(),
+            to: name,
+        }),
+        // The members are all at the target only if their nodes are: not reached.
+        Action::Done => Ok(NextControlPlane::Done),
+    }
+}
+
+/// The upgrade's action for `next`: a control plane to touch is upgraded with `apply`
+/// while none of `cps` runs the target yet (apply moves the cluster's configuration; the
+/// rest follow it), with `node` after.
+pub fn upgrade_action(
+    cps: &[&NodeFacts],
+    next: NextControlPlane,
+    target: Version,
+) -> ControlPlaneAction {
+    match next {
+        NextControlPlane::Touch(node) => {
+            let kubeadm = if cps.iter().all(|n| n.kubelet != target) {
+                Kubeadm::Apply
+            } else {
+                Kubeadm::Node
+            };
+            ControlPlaneAction::Upgrade { node, kubeadm }
+        }
+        NextControlPlane::MoveLeader { from, to } => ControlPlaneAction::MoveLeader { from, to },
+        NextControlPlane::Done => ControlPlaneAction::Done,
+    }
+}
+
+/// The next control-plane action of an upgrade to `target` for the cluster as it is now.
 pub fn next_action(
     cps: &[&NodeFacts],
     layout: EtcdLayout,
@@ -231,37 +316,9 @@ pub fn next_action(
     target: Version,
     max_lag: u64,
 ) -> Result<ControlPlaneAction, Refusal> {
-    let pending: Vec<&&NodeFacts> = cps.iter().filter(|n| n.kubelet != target).collect();
-    let Some(first_pending) = pending.first() else {
-        return Ok(ControlPlaneAction::Done);
-    };
-    // Apply moves the cluster's configuration; once any control plane runs the target it
-    // has, and the rest follow it.
-    let kubeadm = if pending.len() == cps.len() {
-        Kubeadm::Apply
-    } else {
-        Kubeadm::Node
-    };
-    let upgrade = |node: &str| ControlPlaneAction::Upgrade {
-        node: node.to_owned(),
-        kubeadm,
-    };
-    let etcd = match (layout, etcd) {
-        (EtcdLayout::Stacked, Some(etcd)) if etcd.members.len() > 1 => etcd,
-        // A single stacked member cannot keep quorum through its own restart: that is
-        // what running one control plane means.
-        _ => return Ok(upgrade(&first_pending.name)),
-    };
-    let view = stacked_view(cps, etcd, target);
-    match etcd_roll::next_action(&view, Order::Free, max_lag)? {
-        Action::Restart { name, .. } => Ok(upgrade(&name)),
-        Action::MoveLeader { name, .. } => Ok(ControlPlaneAction::MoveLeader {
-            from: etcd.leader_name().unwrap_or_default(),
-            to: name,
-        }),
-        // The members are all at the target only if their nodes are: not reached.
-        Action::Done => Ok(ControlPlaneAction::Done),
-    }
+    let behind = |n: &NodeFacts| n.kubelet != target;
+    let next = next_in_order(cps, layout, etcd, &behind, max_lag)?;
+    Ok(upgrade_action(cps, next, target))
 }
 
 /// The whole order `next_action` will take if nothing else changes, for `rollgate plan`.
@@ -425,14 +482,15 @@ impl fmt::Display for Unhealthy {
 
 /// What Cluster API's KubeadmControlPlane checks before it touches the next machine: every
 /// control-plane node Ready; its static pods there and Ready, and at `target` once its
-/// kubelet is; every etcd member answering, listed, without alarms and within `max_lag` of
-/// the leader; quorum kept with one member down. Empty: healthy.
+/// kubelet is (when there is a `target`: a reboot has none); every etcd member answering,
+/// listed, without alarms and within `max_lag` of the leader; quorum kept with one member
+/// down. Empty: healthy.
 pub fn problems(
     cps: &[&NodeFacts],
     pods: &[StaticPod],
     layout: EtcdLayout,
     etcd: Option<&EtcdFacts>,
-    target: Version,
+    target: Option<Version>,
     max_lag: u64,
 ) -> Vec<Unhealthy> {
     let mut out = Vec::new();
@@ -441,7 +499,7 @@ pub fn problems(
         if !node.ready {
             out.push(Unhealthy::NodeNotReady(node.name.clone()));
         }
-        let upgraded = node.kubelet == target;
+        let upgraded = target.filter(|t| node.kubelet == *t);
         let components = COMPONENTS.iter().chain(stacked.then_some(&"etcd"));
         for component in components {
             let pod = pods
@@ -452,7 +510,7 @@ pub fn problems(
                 None => out.push(Unhealthy::PodMissing { node, component }),
                 Some(p) if !p.ready => out.push(Unhealthy::PodNotReady { node, component }),
                 // etcd's image follows etcd's own versions.
-                Some(p) if upgraded && component != "etcd" && p.version != Some(target) => {
+                Some(p) if upgraded.is_some() && component != "etcd" && p.version != upgraded => {
                     let runs = p
                         .version
                         .map_or("an untagged image".into(), |v| v.to_string());
@@ -845,11 +903,17 @@ mod tests {
             let mut e = etcd(&all, true, 0);
             break_it(&mut all, &mut static_pods, &mut e);
             let cps = control_planes(&all);
-            let got: Vec<String> =
-                problems(&cps, &static_pods, EtcdLayout::Stacked, Some(&e), v(TO), 50)
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect();
+            let got: Vec<String> = problems(
+                &cps,
+                &static_pods,
+                EtcdLayout::Stacked,
+                Some(&e),
+                Some(v(TO)),
+                50,
+            )
+            .iter()
+            .map(ToString::to_string)
+            .collect();
             assert_eq!(got, *want, "{what}");
         }
     }
@@ -891,10 +955,64 @@ mod tests {
                 &static_pods,
                 EtcdLayout::External,
                 Some(&e),
-                v(TO),
+                Some(v(TO)),
                 10
             )
             .is_empty()
         );
+    }
+
+    /// Reboots: a node is pending until it is in `done`; versions play no part.
+    #[test]
+    fn reboots_take_the_followers_first_one_move_and_the_old_leader_last() {
+        for leader in 0..3 {
+            for needing in [
+                vec!["cp-1", "cp-2", "cp-3"],
+                vec!["cp-1", "cp-3"],
+                vec!["cp-2"],
+            ] {
+                let all = nodes(3);
+                let cps = control_planes(&all);
+                let mut e = etcd(&all, true, leader);
+                let old_leader = format!("cp-{}", leader + 1);
+                let mut done: Vec<String> = Vec::new();
+                let mut touched = Vec::new();
+                let mut moves = 0;
+                for _ in 0..10 {
+                    let pending = |n: &NodeFacts| {
+                        needing.contains(&n.name.as_str()) && !done.contains(&n.name)
+                    };
+                    match next_in_order(&cps, EtcdLayout::Stacked, Some(&e), &pending, 10) {
+                        Ok(NextControlPlane::Done) => break,
+                        Ok(NextControlPlane::Touch(node)) => {
+                            touched.push(node.clone());
+                            done.push(node);
+                        }
+                        Ok(NextControlPlane::MoveLeader { from, to }) => {
+                            assert_eq!(from, old_leader);
+                            assert!(
+                                !needing.contains(&to.as_str()) || done.contains(&to),
+                                "{to}"
+                            );
+                            e.leader = e.members.iter().find(|m| m.name == to).map(|m| m.id);
+                            moves += 1;
+                        }
+                        Err(refusal) => panic!("{refusal}"),
+                    }
+                }
+                let mut want: Vec<&str> = needing.clone();
+                let mut got: Vec<&str> = touched.iter().map(String::as_str).collect();
+                let case = format!("leader {old_leader}, needing {needing:?}: {got:?}");
+                if needing.contains(&old_leader.as_str()) {
+                    assert_eq!(got.last().copied(), Some(old_leader.as_str()), "{case}");
+                    assert_eq!(moves, 1, "{case}");
+                } else {
+                    assert_eq!(moves, 0, "{case}");
+                }
+                want.sort_unstable();
+                got.sort_unstable();
+                assert_eq!(got, want, "{case}");
+            }
+        }
     }
 }

@@ -13,7 +13,7 @@ use chrono_tz::Tz;
 use std::fmt;
 
 use super::event::Stage;
-use super::step::{EtcdRollStep, RebootStep, StepKind, UpgradeStep};
+use super::step::{ControlPlanePart, EtcdRollStep, RebootStep, StepKind, UpgradeStep};
 
 /// Why a window cannot be read. Each message says what a good one looks like.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -339,7 +339,15 @@ pub fn waits_for_window(step: &StepKind) -> bool {
             step,
             EtcdRollStep::Gate { .. } | EtcdRollStep::Transfer { .. }
         ),
-        StepKind::NodeReboot(step) => matches!(step, RebootStep::Gate { .. }),
+        StepKind::NodeReboot(step) => matches!(
+            step,
+            RebootStep::Gate { .. }
+                | RebootStep::MoveLeader { .. }
+                | RebootStep::ControlPlane {
+                    part: ControlPlanePart::Gate,
+                    ..
+                }
+        ),
     }
 }
 

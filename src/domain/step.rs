@@ -21,6 +21,9 @@ pub const ETCD_ROLL: &str = "etcd-roll";
 /// The stage name of every step of a node-reboot run.
 pub const REBOOT: &str = "reboot";
 
+/// The stage of a node-reboot run's control planes, one at a time.
+pub const REBOOT_CONTROL_PLANE: &str = "reboot-control-plane";
+
 /// A step of a Kubernetes version upgrade.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum UpgradeStep {
@@ -191,6 +194,74 @@ pub enum RebootStep {
         /// The last node of the batch.
         node: String,
     },
+    /// Before any control plane: etcd healthy; records the raft term the run starts from.
+    EtcdHealthy,
+    /// Reads the cluster, etcd and the control planes' sentinels, and plans the next
+    /// control-plane action (a reboot of one, or the one leadership move) in place of the
+    /// control-plane steps that follow.
+    ControlPlaneNext,
+    /// Moves etcd leadership to the member of the control plane `node`.
+    MoveLeader {
+        /// The control plane whose member takes leadership.
+        node: String,
+    },
+    /// One part of a control plane's reboot. A control plane goes alone, between health
+    /// checks, and a failure halts the run: it has no lane.
+    ControlPlane {
+        /// The control-plane node.
+        node: String,
+        /// Which part of its cycle.
+        part: ControlPlanePart,
+    },
+}
+
+/// The parts of a control plane's reboot, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ControlPlanePart {
+    /// The control planes are healthy before it is touched.
+    HealthyBefore,
+    /// Waits for the gate to open.
+    Gate,
+    /// Cordon and drain.
+    Drain,
+    /// Marks its boot id and sends the reboot command.
+    Reboot,
+    /// Back with another boot id, Ready.
+    Back,
+    /// Undo rollgate's cordon.
+    Uncordon,
+    /// The control planes are healthy again (nodes, static pods, etcd).
+    HealthyAfter,
+    /// Let it run before the next control plane.
+    Soak,
+}
+
+impl ControlPlanePart {
+    /// Every part, in the order a control plane goes through them.
+    pub const ALL: [Self; 8] = [
+        Self::HealthyBefore,
+        Self::Gate,
+        Self::Drain,
+        Self::Reboot,
+        Self::Back,
+        Self::Uncordon,
+        Self::HealthyAfter,
+        Self::Soak,
+    ];
+
+    /// The part's name on the wire.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::HealthyBefore => "healthy-before",
+            Self::Gate => "gate",
+            Self::Drain => "drain",
+            Self::Reboot => "reboot",
+            Self::Back => "back",
+            Self::Uncordon => "uncordon",
+            Self::HealthyAfter => "healthy-after",
+            Self::Soak => "soak",
+        }
+    }
 }
 
 impl RebootStep {
@@ -205,13 +276,30 @@ impl RebootStep {
             Self::Back { .. } => "back",
             Self::Uncordon { .. } => "uncordon",
             Self::Soak { .. } => "soak",
+            Self::EtcdHealthy => "etcd-healthy",
+            Self::ControlPlaneNext => "next",
+            Self::MoveLeader { .. } => "move-leader",
+            Self::ControlPlane { part, .. } => part.name(),
+        }
+    }
+
+    /// The stage's name: `reboot-control-plane` for the control planes' steps, `reboot`
+    /// for the rest.
+    pub fn stage_name(&self) -> &'static str {
+        match self {
+            Self::EtcdHealthy
+            | Self::ControlPlaneNext
+            | Self::MoveLeader { .. }
+            | Self::ControlPlane { .. } => REBOOT_CONTROL_PLANE,
+            _ => REBOOT,
         }
     }
 
     /// The node the step acts on, if any.
     pub fn node(&self) -> Option<&str> {
         match self {
-            Self::Plan => None,
+            Self::Plan | Self::EtcdHealthy | Self::ControlPlaneNext => None,
+            Self::MoveLeader { node } | Self::ControlPlane { node, .. } => Some(node),
             Self::Gate { node }
             | Self::Required { node }
             | Self::Drain { node }
@@ -234,8 +322,11 @@ impl RebootStep {
         }
     }
 
-    /// The step `name`/`node` describe.
-    pub fn parse(name: &str, node: Option<String>) -> Result<Self, StepError> {
+    /// The step `stage`/`name`/`node` describe.
+    pub fn parse(stage: &str, name: &str, node: Option<String>) -> Result<Self, StepError> {
+        if stage == REBOOT_CONTROL_PLANE {
+            return Self::parse_control_plane(name, node);
+        }
         let has_node = node.is_some();
         let wrong = |why: &str| StepError::new(REBOOT, name, why);
         let node_of = |node: Option<String>| node.ok_or_else(|| wrong("this step needs a node"));
@@ -258,6 +349,20 @@ impl RebootStep {
             return Err(wrong("this step takes no node"));
         }
         Ok(step)
+    }
+
+    fn parse_control_plane(name: &str, node: Option<String>) -> Result<Self, StepError> {
+        let wrong = |why: &str| StepError::new(REBOOT_CONTROL_PLANE, name, why);
+        let part = ControlPlanePart::ALL.into_iter().find(|p| p.name() == name);
+        match (name, part, node) {
+            ("etcd-healthy", _, None) => Ok(Self::EtcdHealthy),
+            ("next", _, None) => Ok(Self::ControlPlaneNext),
+            ("move-leader", _, Some(node)) => Ok(Self::MoveLeader { node }),
+            (_, Some(part), Some(node)) => Ok(Self::ControlPlane { node, part }),
+            ("etcd-healthy" | "next", _, Some(_)) => Err(wrong("this step takes no node")),
+            ("move-leader", _, None) | (_, Some(_), None) => Err(wrong("this step needs a node")),
+            _ => Err(wrong("no control-plane reboot step has this name")),
+        }
     }
 }
 
@@ -547,7 +652,7 @@ impl StepKind {
         match self {
             Self::K8sUpgrade(s) => s.stage_name(),
             Self::EtcdRoll(_) => ETCD_ROLL,
-            Self::NodeReboot(_) => REBOOT,
+            Self::NodeReboot(s) => s.stage_name(),
         }
     }
 
@@ -594,7 +699,13 @@ impl StepKind {
         matches!(
             self,
             Self::K8sUpgrade(UpgradeStep::Drain { .. })
-                | Self::NodeReboot(RebootStep::Drain { .. })
+                | Self::NodeReboot(
+                    RebootStep::Drain { .. }
+                        | RebootStep::ControlPlane {
+                            part: ControlPlanePart::Drain,
+                            ..
+                        }
+                )
         )
     }
 
@@ -603,7 +714,13 @@ impl StepKind {
         matches!(
             self,
             Self::K8sUpgrade(UpgradeStep::Uncordon { .. })
-                | Self::NodeReboot(RebootStep::Uncordon { .. })
+                | Self::NodeReboot(
+                    RebootStep::Uncordon { .. }
+                        | RebootStep::ControlPlane {
+                            part: ControlPlanePart::Uncordon,
+                            ..
+                        }
+                )
         )
     }
 
@@ -613,7 +730,13 @@ impl StepKind {
             self,
             Self::K8sUpgrade(UpgradeStep::Gate { .. })
                 | Self::EtcdRoll(EtcdRollStep::Gate { .. })
-                | Self::NodeReboot(RebootStep::Gate { .. })
+                | Self::NodeReboot(
+                    RebootStep::Gate { .. }
+                        | RebootStep::ControlPlane {
+                            part: ControlPlanePart::Gate,
+                            ..
+                        }
+                )
         )
     }
 
@@ -669,8 +792,8 @@ impl TryFrom<StepWire> for StepKind {
     fn try_from(wire: StepWire) -> Result<Self, StepError> {
         if wire.stage == ETCD_ROLL {
             EtcdRollStep::parse(&wire.name, wire.node).map(Self::EtcdRoll)
-        } else if wire.stage == REBOOT {
-            RebootStep::parse(&wire.name, wire.node).map(Self::NodeReboot)
+        } else if wire.stage == REBOOT || wire.stage == REBOOT_CONTROL_PLANE {
+            RebootStep::parse(&wire.stage, &wire.name, wire.node).map(Self::NodeReboot)
         } else {
             UpgradeStep::parse(&wire.stage, &wire.name, wire.node).map(Self::K8sUpgrade)
         }
@@ -749,7 +872,13 @@ mod tests {
             RebootStep::Back { node: node() }.into(),
             RebootStep::Uncordon { node: node() }.into(),
             RebootStep::Soak { node: node() }.into(),
+            RebootStep::EtcdHealthy.into(),
+            RebootStep::ControlPlaneNext.into(),
+            RebootStep::MoveLeader { node: node() }.into(),
         ];
+        for part in ControlPlanePart::ALL {
+            kinds.push(RebootStep::ControlPlane { node: node(), part }.into());
+        }
         for stage in Stage::ALL {
             kinds.push(UpgradeStep::Gate { stage, node: None }.into());
             kinds.push(

@@ -2,6 +2,7 @@
 //! name) and reaches the world only through `ports`: what to do is decided in `domain`,
 //! done here, and talked to other systems by `adapters`, wired by `app`.
 
+pub mod control_plane_cycle;
 pub mod detect;
 pub mod etcd_roll;
 pub mod events;

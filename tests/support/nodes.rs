@@ -129,10 +129,13 @@ case "$1 $2" in
     echo "reboot $(date +%s.%N)" >> "$STUB_STATE/reboots"
     touch "$STUB_STATE/down"
     patch '{"status":{"conditions":[{"type":"Ready","status":"False"}]}}'
+    # A control plane's stacked etcd member goes down with it, and starts with it.
+    [ -x "$STUB_STATE/etcd-ctl" ] && "$STUB_STATE/etcd-ctl" stop
     boot=$(( $(cat "$STUB_STATE/boot" 2>/dev/null || echo 1) + 1 ))
     delay=$(cat "$STUB_STATE/reboot-delay" 2>/dev/null || echo 1)
     if [ ! -f "$STUB_STATE/never-back" ]; then
       setsid bash -c "sleep $delay
+        [ -x '$STUB_STATE/etcd-ctl' ] && '$STUB_STATE/etcd-ctl' start
         rm -f '$STUB_STATE/reboot-required'
         echo $boot > '$STUB_STATE/boot'
         curl -sf -X PATCH -H 'Content-Type: application/merge-patch+json' -H 'Authorization: Bearer $FAKE_TOKEN' \

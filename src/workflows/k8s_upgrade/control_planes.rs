@@ -1,160 +1,43 @@
-//! The control-plane steps of an upgrade: etcd's pre-flight health, the `next` step that
-//! decides the next control plane (or the one leadership move) from the cluster as it is,
-//! the health checks between control planes, and the leadership move itself.
-
-use chrono::Utc;
-use std::time::Duration;
-use tracing::{info, warn};
+//! The control-plane steps of an upgrade, through the shared control-plane cycle: an
+//! upgrade touches a control plane by running its kubeadm upgrade, and a control plane is
+//! pending while its kubelet is not at the target.
 
 use super::UpgradeSteps;
-use crate::domain::control_planes::{
-    self as cps, ControlPlaneAction, EtcdFacts, EtcdLayout, EtcdMemberFacts, Unhealthy,
-};
+use crate::domain::control_planes::{self as cps, NextControlPlane};
 use crate::domain::engine::StepOutcome;
-use crate::domain::etcd_roll::{Refusal, agreed_leader};
-use crate::domain::k8s_upgrade::{ClusterFacts, control_plane_steps};
-use crate::domain::run::{Learned, Run, Step, StepStatus};
+use crate::domain::event::Stage;
+use crate::domain::k8s_upgrade::{NodeFacts, control_plane_steps};
+use crate::domain::run::{Run, Step, StepStatus};
 use crate::domain::step::{StepKind, UpgradeStep};
 use crate::domain::version::Version;
-use crate::error_chain;
-use crate::ports::{EtcdError, EtcdMembers};
 
-/// The label the control-plane rolls carry in the `etcd_roll_*` metrics.
-pub const METRICS_TARGET: &str = "control-plane";
-
-/// The cluster and etcd as they are now; `Err` is the outcome when they cannot be read.
-struct Now {
-    facts: ClusterFacts,
-    etcd: Option<EtcdFacts>,
-    layout: EtcdLayout,
+/// The control planes an upgrade to `target` still has to touch.
+fn behind(target: Version) -> impl Fn(&NodeFacts) -> bool + Sync {
+    move |n: &NodeFacts| n.kubelet != target
 }
 
-impl Now {
-    /// The next control-plane action for the cluster as it is now.
-    fn next_action(&self, target: Version, max_lag: u64) -> Result<ControlPlaneAction, Refusal> {
-        let cps = cps::control_planes(&self.facts.nodes);
-        cps::next_action(&cps, self.layout, self.etcd.as_ref(), target, max_lag)
-    }
-}
-
-fn lines(problems: &[Unhealthy]) -> String {
-    problems
+/// The control planes this run upgraded, in order, the first marked `(apply)`.
+fn upgraded(run: &Run) -> Vec<String> {
+    run.steps
         .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join("; ")
-}
-
-/// Replans the rest of the control-plane stage from `next`.
-fn replan(note: String) -> StepOutcome {
-    StepOutcome::Replanned {
-        note,
-        steps: vec![Step::new(UpgradeStep::ControlPlaneNext)],
-    }
-}
-
-/// What etcd says about itself: the member list, each member's own status, the leader a
-/// majority follows, and the alarms.
-pub async fn read_etcd(etcd: &dyn EtcdMembers) -> Result<EtcdFacts, EtcdError> {
-    let members = etcd.members().await?;
-    let statuses = etcd.answering().await;
-    let alarms = etcd.alarms().await?;
-    let leader = agreed_leader(statuses.iter().map(|s| s.leader), members.len());
-    let members = members
-        .into_iter()
-        .map(|m| {
-            let status = statuses.iter().find(|s| s.id == m.id);
-            EtcdMemberFacts {
-                id: m.id,
-                name: m.name,
-                answering: status.is_some(),
-                raft_index: status.map_or(0, |s| s.raft_index),
-                raft_term: status.map_or(0, |s| s.raft_term),
+        .filter(|s| s.status == StepStatus::Done)
+        .filter_map(|s| match &s.kind {
+            StepKind::K8sUpgrade(UpgradeStep::Apply { node }) => Some(format!("{node} (apply)")),
+            StepKind::K8sUpgrade(UpgradeStep::Upgrade { stage, node })
+                if *stage == Stage::ControlPlane =>
+            {
+                Some(node.clone())
             }
+            _ => None,
         })
-        .collect();
-    Ok(EtcdFacts {
-        members,
-        leader,
-        alarms,
-    })
+        .collect()
+}
+
+fn next_step() -> Step {
+    Step::new(UpgradeStep::ControlPlaneNext)
 }
 
 impl UpgradeSteps {
-    /// etcd as it is now, `None` when no endpoint is configured.
-    pub(super) async fn etcd_facts(&self) -> Result<Option<EtcdFacts>, String> {
-        match &self.etcd {
-            None => Ok(None),
-            Some(etcd) => read_etcd(&**etcd)
-                .await
-                .map(Some)
-                .map_err(|e| error_chain(&e)),
-        }
-    }
-
-    /// The nodes and etcd, re-read before every control-plane action.
-    async fn now(&self) -> Result<Now, StepOutcome> {
-        let facts = self
-            .cluster
-            .facts()
-            .await
-            .map_err(|e| StepOutcome::retry(error_chain(&e)))?;
-        let etcd = self.etcd_facts().await.map_err(StepOutcome::retry)?;
-        let layout = cps::layout(&cps::control_planes(&facts.nodes), etcd.as_ref())
-            .map_err(StepOutcome::failed)?;
-        Ok(Now {
-            facts,
-            etcd,
-            layout,
-        })
-    }
-
-    fn poll(&self) -> chrono::Duration {
-        let poll = (self.settings.health_timeout / 30)
-            .clamp(Duration::from_millis(200), Duration::from_secs(10));
-        chrono::Duration::from_std(poll).unwrap_or_default()
-    }
-
-    /// Waits on `problems` that may pass, up to the health timeout; then, or at once for
-    /// those that will not pass, fails with `what` and the problems.
-    fn unhealthy(&self, step: &Step, problems: &[Unhealthy], what: &str) -> StepOutcome {
-        let timeout = self.settings.health_timeout;
-        if problems.iter().all(Unhealthy::may_pass) && !step.over(timeout, Utc::now()) {
-            return StepOutcome::Wait {
-                until: Utc::now() + self.poll(),
-                reason: format!("waiting: {}", lines(problems)),
-            };
-        }
-        let waited = if problems.iter().all(Unhealthy::may_pass) {
-            format!(" for {}s", timeout.as_secs())
-        } else {
-            String::new()
-        };
-        StepOutcome::failed(format!("{}{waited}; {what}", lines(problems)))
-    }
-
-    /// Pre-flight: etcd healthy, no alarm; records the raft term the run starts from.
-    pub(super) async fn etcd_healthy(&self, step: &Step) -> StepOutcome {
-        let etcd = match self.etcd_facts().await {
-            Ok(Some(etcd)) => etcd,
-            Ok(None) => return StepOutcome::done("etcd.endpoints is not set: not checked"),
-            Err(e) => return StepOutcome::retry(e),
-        };
-        let problems = cps::etcd_problems(&etcd, self.settings.plan.etcd_max_lag);
-        if !problems.is_empty() {
-            return self.unhealthy(step, &problems, "refusing to start: no node was touched");
-        }
-        let term = etcd.term();
-        StepOutcome::learned(
-            format!(
-                "etcd healthy: {} members, leader {}, raft term {term}, no alarm",
-                etcd.members.len(),
-                etcd.leader_name().unwrap_or_default()
-            ),
-            Learned::EtcdStartTerm(term),
-        )
-    }
-
     /// Decides the next control-plane action and plans its steps.
     pub(super) async fn control_plane_next(
         &self,
@@ -162,86 +45,23 @@ impl UpgradeSteps {
         step: &Step,
         target: Version,
     ) -> StepOutcome {
-        let now = match self.now().await {
+        let cycle = &self.control_planes;
+        let now = match cycle.now().await {
             Ok(now) => now,
             Err(outcome) => return outcome,
         };
-        match now.next_action(target, self.settings.plan.etcd_max_lag) {
-            Ok(ControlPlaneAction::Done) => StepOutcome::Replanned {
-                note: self.report(run, now.layout, now.etcd.as_ref()),
-                steps: Vec::new(),
-            },
-            Ok(action) => {
-                info!(run_id = %run.id, %action, "next control-plane action");
-                StepOutcome::Replanned {
-                    note: action.to_string(),
-                    steps: control_plane_steps(&action),
-                }
-            }
-            Err(refusal)
-                if refusal.may_pass() && !step.over(self.settings.health_timeout, Utc::now()) =>
-            {
-                StepOutcome::Wait {
-                    until: Utc::now() + self.poll(),
-                    reason: format!("waiting: {refusal}"),
-                }
-            }
-            Err(refusal) => {
-                StepOutcome::failed(format!("{refusal}; no further control plane was touched"))
-            }
-        }
-    }
-
-    /// What the control-plane stage did to etcd leadership; counted into the metrics.
-    fn report(&self, run: &Run, layout: EtcdLayout, etcd: Option<&EtcdFacts>) -> String {
-        let upgraded: Vec<String> = run
-            .steps
-            .iter()
-            .filter(|s| s.status == StepStatus::Done)
-            .filter_map(|s| match &s.kind {
-                StepKind::K8sUpgrade(UpgradeStep::Apply { node }) => {
-                    Some(format!("{node} (apply)"))
-                }
-                StepKind::K8sUpgrade(UpgradeStep::Upgrade { stage, node })
-                    if *stage == crate::domain::event::Stage::ControlPlane =>
-                {
-                    Some(node.clone())
-                }
-                _ => None,
-            })
-            .collect();
-        let order = format!("control planes upgraded: [{}]", upgraded.join(", "));
-        let (Some(etcd), Some(start)) = (etcd, run.memory.etcd_start_term) else {
-            return format!("{order}; etcd {layout}: leadership not tracked");
-        };
-        let moves = &run.memory.leader_moves;
-        let changes = etcd.term().saturating_sub(start);
-        let uncontrolled = changes.saturating_sub(moves.len() as u64);
-        if layout == EtcdLayout::Stacked {
-            let m = &self.metrics.etcd_roll;
-            m.rolls.with_label_values(&[METRICS_TARGET]).inc();
-            m.restarts
-                .with_label_values(&[METRICS_TARGET])
-                .inc_by(upgraded.len() as u64);
-            m.leadership_changes
-                .with_label_values(&[METRICS_TARGET])
-                .inc_by(changes);
-            m.transfers
-                .with_label_values(&[METRICS_TARGET])
-                .inc_by(moves.len() as u64);
-            m.uncontrolled_changes
-                .with_label_values(&[METRICS_TARGET])
-                .inc_by(uncontrolled);
-        }
-        if uncontrolled > 0 {
-            warn!(run_id = %run.id, uncontrolled, "etcd leadership changed without a transfer during the control-plane upgrade");
-        }
-        format!(
-            "{order}; etcd {layout}: raft term {start} -> {}: {changes} leadership change(s), transfers {} [{}], uncontrolled {uncontrolled}",
-            etcd.term(),
-            moves.len(),
-            moves.join("; ")
-        )
+        let decided =
+            now.next(&behind(target), cycle.settings.etcd_max_lag)
+                .map(|next| match next {
+                    NextControlPlane::Done => None,
+                    next => {
+                        let cps = cps::control_planes(&now.facts.nodes);
+                        let action = cps::upgrade_action(&cps, next, target);
+                        let steps = control_plane_steps(&action);
+                        Some((action, steps))
+                    }
+                });
+        cycle.decided(run, step, &now, decided, ("upgraded", &upgraded(run)))
     }
 
     /// The control planes are healthy before (`after: false`) or after `node`'s upgrade.
@@ -252,87 +72,15 @@ impl UpgradeSteps {
         after: bool,
         target: Version,
     ) -> StepOutcome {
-        let now = match self.now().await {
-            Ok(now) => now,
-            Err(outcome) => return outcome,
-        };
-        let cps = cps::control_planes(&now.facts.nodes);
-        let stacked_leader = match (&now.etcd, now.layout) {
-            (Some(etcd), EtcdLayout::Stacked) if etcd.members.len() > 1 => etcd.leader_name(),
-            _ => None,
-        };
-        if !after && stacked_leader.as_deref() == Some(node) {
-            return replan(format!(
-                "{node}'s etcd member leads now: deciding again before it is touched"
-            ));
-        }
-        let mut pods = Vec::new();
-        for cp in &cps {
-            match self.cluster.static_pods(&cp.name).await {
-                Ok(found) => pods.extend(found),
-                Err(e) => return StepOutcome::retry(error_chain(&e)),
-            }
-        }
-        let max_lag = self.settings.plan.etcd_max_lag;
-        let problems = cps::problems(&cps, &pods, now.layout, now.etcd.as_ref(), target, max_lag);
-        if problems.is_empty() {
-            return StepOutcome::done(format!(
-                "{} control plane(s) Ready with their static pods; etcd {}{}",
-                cps.len(),
-                now.layout,
-                now.etcd.as_ref().map_or(String::new(), |e| format!(
-                    ": {} members answer, leader {}, no alarm, none lagging",
-                    e.members.len(),
-                    e.leader_name().unwrap_or_default()
-                ))
-            ));
-        }
-        let what = if after {
-            format!("after {node}: no further control plane was touched")
-        } else {
-            format!("before {node}: it was not touched")
-        };
-        self.unhealthy(step, &problems, &what)
+        self.control_planes
+            .healthy(step, node, after, Some(target), next_step())
+            .await
     }
 
     /// Moves etcd leadership to `node`'s member, unless the cluster no longer needs it.
     pub(super) async fn move_leader(&self, node: &str, target: Version) -> StepOutcome {
-        let now = match self.now().await {
-            Ok(now) => now,
-            Err(outcome) => return outcome,
-        };
-        let (Some(etcd), Some(client)) = (&now.etcd, &self.etcd) else {
-            return replan("etcd is not configured: nothing to move".into());
-        };
-        let Some(member) = etcd.members.iter().find(|m| m.name == node) else {
-            return replan(format!("{node} has no etcd member any more"));
-        };
-        let from = etcd.leader_name().unwrap_or_default();
-        if etcd.leader == Some(member.id) {
-            // Moved before a restart of rollgate could record it.
-            return StepOutcome::learned(
-                format!("{node} leads"),
-                Learned::LeaderMoved(format!("-> {node} (found done after a restart)")),
-            );
-        }
-        match now.next_action(target, self.settings.plan.etcd_max_lag) {
-            Ok(ControlPlaneAction::MoveLeader { to, .. }) if to == node => {
-                match client
-                    .move_leader(member.id, self.settings.transfer_timeout)
-                    .await
-                {
-                    Ok(()) => {
-                        info!(%from, to = %node, "etcd leadership moved");
-                        StepOutcome::learned(
-                            format!("etcd leadership moved {from} -> {node}"),
-                            Learned::LeaderMoved(format!("{from} -> {node}")),
-                        )
-                    }
-                    Err(e) => StepOutcome::retry(error_chain(&e)),
-                }
-            }
-            Ok(other) => replan(format!("not moving leadership; now: {other}")),
-            Err(refusal) => replan(format!("not moving leadership: {refusal}")),
-        }
+        self.control_planes
+            .move_leader(node, &behind(target), next_step())
+            .await
     }
 }

@@ -5,7 +5,7 @@
 
 mod control_planes;
 
-pub use control_planes::{METRICS_TARGET, read_etcd};
+pub use crate::workflows::control_plane_cycle::{METRICS_TARGET, read_etcd};
 
 use chrono::Utc;
 use std::path::PathBuf;
@@ -22,9 +22,10 @@ use crate::domain::version::Version;
 use crate::error_chain;
 use crate::metrics::Metrics;
 use crate::ports::{
-    ClusterError, ClusterRead, EtcdMembers, ExecError, ExecOutput, InFlight, InFlightMarks,
-    NodeExec, NodeTarget, Snapshots, StepExecutor,
+    ClusterError, ClusterRead, ExecError, ExecOutput, InFlight, InFlightMarks, NodeExec,
+    NodeTarget, Snapshots, StepExecutor,
 };
+use crate::workflows::control_plane_cycle::ControlPlaneCycle;
 use crate::workflows::node_cycle::NodeCycle;
 
 /// The script run on nodes, piped to `bash -s`.
@@ -38,10 +39,6 @@ const TAIL_LINES: usize = 6;
 pub struct UpgradeSettings {
     /// Planning choices.
     pub plan: PlanSettings,
-    /// How long the control planes may stay unhealthy before the run halts.
-    pub health_timeout: Duration,
-    /// How long an etcd leadership move may take to be confirmed by a majority.
-    pub transfer_timeout: Duration,
     /// How long a node may take to report the target after its script.
     pub verify_timeout: Duration,
     /// Lowest ratio of Ready pods post-flight accepts.
@@ -60,8 +57,8 @@ pub struct UpgradeSteps {
     pub exec: Arc<dyn NodeExec>,
     /// etcd snapshots; `None` when no etcd endpoint is configured.
     pub snapshots: Option<Arc<dyn Snapshots>>,
-    /// The cluster's etcd: health, leadership; `None` when no endpoint is configured.
-    pub etcd: Option<Arc<dyn EtcdMembers>>,
+    /// The control planes one at a time: etcd's health and leadership, health checks.
+    pub control_planes: ControlPlaneCycle,
     /// Drain, soak, verify and snapshot settings from the configuration.
     pub settings: UpgradeSettings,
     /// Where it counts what it does.
@@ -145,7 +142,7 @@ impl UpgradeSteps {
             Ok(f) => f,
             Err(e) => return StepOutcome::retry(error_chain(&e)),
         };
-        let etcd = match self.etcd_facts().await {
+        let etcd = match self.control_planes.etcd_facts().await {
             Ok(etcd) => etcd,
             Err(e) => return StepOutcome::retry(e),
         };
@@ -454,7 +451,7 @@ impl UpgradeSteps {
                 };
                 self.upgrade(node, role, "node", target).await
             }
-            S::EtcdHealthy => self.etcd_healthy(step).await,
+            S::EtcdHealthy => self.control_planes.etcd_healthy(step).await,
             S::ControlPlaneNext => self.control_plane_next(run, step, target).await,
             S::ControlPlaneHealthy { node, after } => {
                 self.control_plane_healthy(step, node, *after, target).await

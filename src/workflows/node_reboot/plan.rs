@@ -4,11 +4,12 @@
 
 use std::collections::BTreeMap;
 
+use crate::domain::control_planes::NextControlPlane;
 use crate::domain::event::RebootRequest;
 use crate::domain::k8s_upgrade::{self, ClusterFacts, PlanSettings, Role};
 use crate::domain::node_cycle::{self, CycleSteps, Part};
 use crate::domain::run::Step;
-use crate::domain::step::RebootStep;
+use crate::domain::step::{ControlPlanePart, RebootStep};
 
 /// How reboots are planned.
 #[derive(Debug, Clone)]
@@ -69,9 +70,50 @@ pub fn candidates(
         .collect()
 }
 
+/// The control planes a run still has to reboot: asked (named, or every one), allowed,
+/// their sentinel set (`needs`), and not already rebooted by this run (`marked`: the nodes
+/// carrying this run's reboot mark).
+pub fn control_planes_pending(
+    request: &RebootRequest,
+    facts: &ClusterFacts,
+    needs: &BTreeMap<String, bool>,
+    marked: &[String],
+    settings: &RebootPlanSettings,
+) -> Vec<String> {
+    candidates(request, facts, settings)
+        .into_iter()
+        .filter(|n| facts.node(n).is_some_and(|n| n.role == Role::ControlPlane))
+        .filter(|n| needs.get(n).copied().unwrap_or(false) && !marked.contains(n))
+        .collect()
+}
+
+/// The steps of the next control-plane action, ending with the `next` that decides the
+/// one after: a reboot goes between two health checks, its gate, drain, reboot, back,
+/// uncordon and soak.
+pub fn control_plane_steps(action: &NextControlPlane) -> Vec<Step> {
+    let steps = match action {
+        NextControlPlane::Done => Vec::new(),
+        NextControlPlane::MoveLeader { to, .. } => vec![
+            RebootStep::MoveLeader { node: to.clone() },
+            RebootStep::ControlPlaneNext,
+        ],
+        NextControlPlane::Touch(node) => ControlPlanePart::ALL
+            .into_iter()
+            .map(|part| RebootStep::ControlPlane {
+                node: node.clone(),
+                part,
+            })
+            .chain([RebootStep::ControlPlaneNext])
+            .collect(),
+    };
+    steps.into_iter().map(Step::new).collect()
+}
+
 /// What a reboot plan holds.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RebootPlan {
+    /// The control planes to reboot, one at a time, in the order `next` decides.
+    pub control_planes: Vec<String>,
     /// The workers to reboot, in order.
     pub workers: Vec<String>,
     /// How many go together.
@@ -103,13 +145,6 @@ pub fn plan(
             }
             continue;
         }
-        if node.role == Role::ControlPlane {
-            left_out.push(format!(
-                "{} (a control plane: control-plane reboots are not planned yet)",
-                node.name
-            ));
-            continue;
-        }
         if !needs.get(&node.name).copied().unwrap_or(false) && !request.nodes.is_empty() {
             left_out.push(format!("{} (its sentinel is not set)", node.name));
         }
@@ -125,11 +160,21 @@ pub fn plan(
         .check(workers.len())
         .map_err(|e| RebootPlanError::Workers(k8s_upgrade::PlanError::FailureBudget(e)))?;
     let batch_size = settings.workers.max_unavailable.of(workers.len());
-    let steps = node_cycle::worker_batches::<RebootCycle>(&workers, batch_size)
+    let control_planes = control_planes_pending(request, facts, needs, &[], settings);
+    let first = if control_planes.is_empty() {
+        Vec::new()
+    } else {
+        vec![RebootStep::EtcdHealthy, RebootStep::ControlPlaneNext]
+    };
+    let steps = first
         .into_iter()
+        .chain(node_cycle::worker_batches::<RebootCycle>(
+            &workers, batch_size,
+        ))
         .map(Step::new)
         .collect();
     Ok(RebootPlan {
+        control_planes,
         workers,
         batch_size,
         left_out,
@@ -280,5 +325,75 @@ mod tests {
         assert_eq!(plan.left_out, ["w2 (its sentinel is not set)"]);
         let none = super::plan(&request(&[]), &cluster, &BTreeMap::new(), &settings(1)).unwrap();
         assert!(none.steps.is_empty() && none.left_out.is_empty());
+    }
+
+    #[test]
+    fn control_planes_go_first_one_at_a_time_decided_by_next() {
+        let cluster = facts(&["cp-1", "cp-2", "cp-3"], &["w1", "w2"]);
+        let needs: BTreeMap<String, bool> = ["cp-1", "cp-3", "w2"]
+            .iter()
+            .map(|n| ((*n).to_owned(), true))
+            .collect();
+        let allowed = RebootPlanSettings {
+            control_planes: true,
+            ..settings(1)
+        };
+        let plan = plan(&request(&[]), &cluster, &needs, &allowed).unwrap();
+        assert_eq!(plan.control_planes, ["cp-1", "cp-3"]);
+        assert_eq!(plan.workers, ["w2"]);
+        assert!(plan.left_out.is_empty(), "{:?}", plan.left_out);
+        assert_eq!(
+            labels(&plan)[..3],
+            [
+                "reboot-control-plane/etcd-healthy",
+                "reboot-control-plane/next",
+                "reboot/gate@w2"
+            ]
+        );
+        let marked = ["cp-1".to_owned()];
+        assert_eq!(
+            control_planes_pending(&request(&[]), &cluster, &needs, &marked, &allowed),
+            ["cp-3"]
+        );
+        assert_eq!(
+            control_planes_pending(&request(&["w2"]), &cluster, &needs, &[], &allowed),
+            Vec::<String>::new()
+        );
+        let touch: Vec<String> = control_plane_steps(&NextControlPlane::Touch("cp-3".into()))
+            .iter()
+            .map(Step::label)
+            .collect();
+        assert_eq!(
+            touch,
+            [
+                "healthy-before",
+                "gate",
+                "drain",
+                "reboot",
+                "back",
+                "uncordon",
+                "healthy-after",
+                "soak"
+            ]
+            .map(|p| format!("reboot-control-plane/{p}@cp-3"))
+            .into_iter()
+            .chain(["reboot-control-plane/next".to_owned()])
+            .collect::<Vec<_>>()
+        );
+        let moved: Vec<String> = control_plane_steps(&NextControlPlane::MoveLeader {
+            from: "cp-1".into(),
+            to: "cp-3".into(),
+        })
+        .iter()
+        .map(Step::label)
+        .collect();
+        assert_eq!(
+            moved,
+            [
+                "reboot-control-plane/move-leader@cp-3",
+                "reboot-control-plane/next"
+            ]
+        );
+        assert!(control_plane_steps(&NextControlPlane::Done).is_empty());
     }
 }

@@ -11,15 +11,18 @@ use std::time::Duration;
 use tracing::info;
 
 use super::plan::{self, RebootPlanSettings};
+use crate::domain::control_planes::NextControlPlane;
 use crate::domain::engine::StepOutcome;
 use crate::domain::event::RebootRequest;
-use crate::domain::run::{Run, Step};
-use crate::domain::step::{RebootStep, StepKind};
+use crate::domain::k8s_upgrade::{NodeFacts, Role};
+use crate::domain::run::{Run, Step, StepStatus};
+use crate::domain::step::{ControlPlanePart, RebootStep, StepKind};
 use crate::error_chain;
 use crate::metrics::Metrics;
 use crate::ports::{
     ClusterRead, Cordon, ExecError, NodeBoots, NodeExec, NodeTarget, RebootMark, StepExecutor,
 };
+use crate::workflows::control_plane_cycle::ControlPlaneCycle;
 use crate::workflows::node_cycle::NodeCycle;
 
 /// What a reboot runs on nodes, and how long a node may take to come back.
@@ -49,6 +52,8 @@ pub struct RebootSteps {
     pub exec: Arc<dyn NodeExec>,
     /// The shared node cycle.
     pub cycle: NodeCycle,
+    /// The control planes one at a time: etcd's health and leadership, health checks.
+    pub control_planes: ControlPlaneCycle,
     /// Commands and limits.
     pub settings: RebootSettings,
     /// Where it counts what it does.
@@ -118,7 +123,7 @@ impl RebootSteps {
         match plan::plan(request, &facts, &needs, &self.settings.plan) {
             Err(e) => StepOutcome::failed(e.to_string()),
             Ok(p) => {
-                let mut note = if p.workers.is_empty() {
+                let mut note = if p.workers.is_empty() && p.control_planes.is_empty() {
                     "no node needs a reboot".to_owned()
                 } else {
                     format!(
@@ -128,6 +133,13 @@ impl RebootSteps {
                         p.workers.join(", ")
                     )
                 };
+                if !p.control_planes.is_empty() {
+                    note = format!(
+                        "{} control plane(s) to reboot first, one at a time, the etcd leader's last: {}; {note}",
+                        p.control_planes.len(),
+                        p.control_planes.join(", ")
+                    );
+                }
                 if !p.left_out.is_empty() {
                     note.push_str("; left out: ");
                     note.push_str(&p.left_out.join("; "));
@@ -289,6 +301,135 @@ impl RebootSteps {
         }
     }
 
+    /// The control planes this run still has to reboot: their sentinel set now and no
+    /// reboot mark of this run on them.
+    async fn control_planes_pending(
+        &self,
+        run: &Run,
+        request: &RebootRequest,
+    ) -> Result<Vec<String>, StepOutcome> {
+        let facts = self
+            .cluster
+            .facts()
+            .await
+            .map_err(|e| StepOutcome::retry(error_chain(&e)))?;
+        let mut needs = BTreeMap::new();
+        let mut marked = Vec::new();
+        for name in plan::candidates(request, &facts, &self.settings.plan) {
+            let Some(node) = facts.node(&name).filter(|n| n.role == Role::ControlPlane) else {
+                continue;
+            };
+            if self
+                .cycle_boot(&name)
+                .await?
+                .mark
+                .is_some_and(|m| m.run_id == run.id)
+            {
+                marked.push(name);
+                continue;
+            }
+            let set = sentinel(
+                &*self.exec,
+                &NodeTarget::from(node),
+                &self.settings.sentinel_script,
+            )
+            .await?;
+            needs.insert(name, set);
+        }
+        Ok(plan::control_planes_pending(
+            request,
+            &facts,
+            &needs,
+            &marked,
+            &self.settings.plan,
+        ))
+    }
+
+    /// Decides the next control plane to reboot (or the one leadership move).
+    async fn control_plane_next(
+        &self,
+        run: &Run,
+        step: &Step,
+        request: &RebootRequest,
+    ) -> StepOutcome {
+        let pending = match self.control_planes_pending(run, request).await {
+            Ok(p) => p,
+            Err(outcome) => return outcome,
+        };
+        let cycle = &self.control_planes;
+        let now = match cycle.now().await {
+            Ok(now) => now,
+            Err(outcome) => return outcome,
+        };
+        let is_pending = |n: &NodeFacts| pending.contains(&n.name);
+        let decided = now
+            .next(&is_pending, cycle.settings.etcd_max_lag)
+            .map(|next| match next {
+                NextControlPlane::Done => None,
+                next => {
+                    let steps = plan::control_plane_steps(&next);
+                    Some((next, steps))
+                }
+            });
+        let rebooted: Vec<String> = run
+            .steps
+            .iter()
+            .filter(|s| s.status == StepStatus::Done)
+            .filter_map(|s| match &s.kind {
+                StepKind::NodeReboot(RebootStep::ControlPlane {
+                    node,
+                    part: ControlPlanePart::Reboot,
+                }) => Some(node.clone()),
+                _ => None,
+            })
+            .collect();
+        cycle.decided(run, step, &now, decided, ("rebooted", &rebooted))
+    }
+
+    /// Moves etcd leadership to `node`'s member, unless no longer needed.
+    async fn move_leader(&self, run: &Run, request: &RebootRequest, node: &str) -> StepOutcome {
+        let pending = match self.control_planes_pending(run, request).await {
+            Ok(p) => p,
+            Err(outcome) => return outcome,
+        };
+        let is_pending = |n: &NodeFacts| pending.contains(&n.name);
+        self.control_planes
+            .move_leader(node, &is_pending, Step::new(RebootStep::ControlPlaneNext))
+            .await
+    }
+
+    /// One part of a control plane's reboot: the node cycle's, between health checks.
+    async fn control_plane(
+        &self,
+        run: &Run,
+        index: usize,
+        node: &str,
+        part: ControlPlanePart,
+    ) -> StepOutcome {
+        let step = &run.steps[index];
+        let next = || Step::new(RebootStep::ControlPlaneNext);
+        match part {
+            ControlPlanePart::HealthyBefore => {
+                self.control_planes
+                    .healthy(step, node, false, None, next())
+                    .await
+            }
+            ControlPlanePart::HealthyAfter => {
+                self.control_planes
+                    .healthy(step, node, true, None, next())
+                    .await
+            }
+            ControlPlanePart::Drain => self.cycle.drain(run, index, node).await,
+            ControlPlanePart::Reboot => self.reboot(run, step, node).await,
+            ControlPlanePart::Back => self.back(run, node).await,
+            ControlPlanePart::Uncordon => self.cycle.uncordon(run, step, node).await,
+            ControlPlanePart::Soak => self.cycle.soak(step, node),
+            ControlPlanePart::Gate => {
+                StepOutcome::failed(format!("{} is the gate's step", step.label()))
+            }
+        }
+    }
+
     async fn run_step(&self, run: &Run, index: usize, kind: &RebootStep) -> StepOutcome {
         let step = &run.steps[index];
         let request = match RebootRequest::from_json(&run.request) {
@@ -305,6 +446,12 @@ impl RebootSteps {
             RebootStep::Back { node } => self.back(run, node).await,
             RebootStep::Uncordon { node } => self.cycle.uncordon(run, step, node).await,
             RebootStep::Soak { node } => self.cycle.soak(step, node),
+            RebootStep::EtcdHealthy => self.control_planes.etcd_healthy(step).await,
+            RebootStep::ControlPlaneNext => self.control_plane_next(run, step, &request).await,
+            RebootStep::MoveLeader { node } => self.move_leader(run, &request, node).await,
+            RebootStep::ControlPlane { node, part } => {
+                self.control_plane(run, index, node, *part).await
+            }
             RebootStep::Gate { .. } => {
                 StepOutcome::failed(format!("{} is the gate's step", step.label()))
             }
@@ -329,6 +476,13 @@ impl StepExecutor for RebootSteps {
                 | RebootStep::Reboot { .. }
                 | RebootStep::Back { .. }
                 | RebootStep::Uncordon { .. }
+                | RebootStep::ControlPlane {
+                    part: ControlPlanePart::Drain
+                        | ControlPlanePart::Reboot
+                        | ControlPlanePart::Back
+                        | ControlPlanePart::Uncordon,
+                    ..
+                }
         );
         self.cycle
             .act(

@@ -2,7 +2,8 @@
 //! `/metrics` the API servers' `kubernetes_build_info` (one series per control plane, from
 //! its kube-apiserver mirror pod's image), `/metrics/kubelet` every kubelet's, and
 //! `/metrics/kube-state` kube-state-metrics' node conditions, unschedulable flags and
-//! container waiting reasons, with node-exporter's boot times.
+//! container waiting reasons, with node-exporter's boot times (a node's changes when it
+//! comes back with another boot id).
 
 use super::state::State;
 use serde_json::json;
@@ -71,11 +72,8 @@ pub fn exposition(s: &State, path: &[&str]) -> Option<String> {
                     &[("node", name)],
                     f64::from(u8::from(cordoned)),
                 );
-                line(
-                    "node_boot_time_seconds",
-                    &[("node", name)],
-                    s.booted_at as f64,
-                );
+                let booted = s.node_booted.get(name).copied().unwrap_or(s.booted_at);
+                line("node_boot_time_seconds", &[("node", name)], booted as f64);
             }
             for pod in s.all("pods") {
                 let ns = pod["metadata"]["namespace"].as_str().unwrap_or("");

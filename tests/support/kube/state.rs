@@ -91,6 +91,8 @@ pub struct State {
     pub(super) serial: u64,
     /// What node-exporter reports as every node's boot time (seconds since the epoch).
     pub booted_at: i64,
+    /// The boot time of each node that came back with another boot id since.
+    pub node_booted: BTreeMap<String, i64>,
     /// When set, creating an Event answers 500.
     pub events_fail: bool,
     /// Per budget, the lowest `healthy - desiredHealthy` the fake's own count has seen.
@@ -175,6 +177,7 @@ impl State {
             pdb_stale_since: BTreeMap::new(),
             serial: 0,
             booted_at: chrono::Utc::now().timestamp() - 86_400,
+            node_booted: BTreeMap::new(),
             events_fail: false,
             budget_low: BTreeMap::new(),
             after_read: Vec::new(),
@@ -351,6 +354,11 @@ impl State {
             (false, true) => self.changes.push((now, Change::Cordon(name.clone()))),
             (true, false) => self.changes.push((now, Change::Uncordon(name.clone()))),
             _ => {}
+        }
+        let boot = &after["status"]["nodeInfo"]["bootID"];
+        if !boot.is_null() && *boot != before["status"]["nodeInfo"]["bootID"] {
+            self.node_booted
+                .insert(name.clone(), chrono::Utc::now().timestamp());
         }
         let kubelet = &after["status"]["nodeInfo"]["kubeletVersion"];
         if *kubelet != before["status"]["nodeInfo"]["kubeletVersion"] {
