@@ -215,6 +215,74 @@ async fn a_node_whose_sentinel_clears_before_its_turn_is_skipped_undrained() {
 }
 
 #[tokio::test]
+async fn kill_9_right_after_the_reboot_command_and_while_the_node_is_down_reboots_nothing_twice() {
+    let ground = Ground::start("1.34.2", 3).await;
+    for node in &ground.nodes {
+        node.need_reboot();
+        node.reboot_delay(4.0);
+        node.shutdown_delay(2.0);
+    }
+    let mut rg = reboot_rollgate(&ground, &[]).await;
+    let id = ask(&rg, json!({})).await;
+    let planned = rg
+        .wait_run_until(&id, "the plan", RUN_DEADLINE, |r| {
+            labels(r, "reboot").len() == 3
+        })
+        .await;
+    let order = labels(&planned, "reboot");
+
+    // The first node has taken its reboot command, its session still open: kill -9.
+    let first = ground.node(&order[0]);
+    support::eventually("the first reboot command", RUN_DEADLINE, || async {
+        (first.reboots() == 1).then_some(())
+    })
+    .await;
+    rg.kill9();
+    rg.restart().await;
+
+    // The second node's reboot step is done and the node is down: kill -9.
+    let second = ground.node(&order[1]);
+    let label = format!("reboot@{}", order[1]);
+    rg.wait_run_until(&id, "the second reboot command", RUN_DEADLINE, |r| {
+        support::find_step(r, &label).is_some_and(|s| s["status"] == "done")
+    })
+    .await;
+    assert!(second.is_down(), "{} is not down", order[1]);
+    rg.kill9();
+    rg.restart().await;
+
+    let run = rg.wait_status(&id, "succeeded", RUN_DEADLINE).await;
+    for node in &ground.nodes {
+        assert_eq!(
+            node.reboots(),
+            1,
+            "{} took another reboot command",
+            node.name
+        );
+        assert_eq!(
+            boot_id(&ground, &node.name),
+            format!("boot-{}-2", node.name),
+            "{}",
+            node.name
+        );
+        assert_ne!(
+            ground.api.node(&node.name)["spec"]["unschedulable"],
+            json!(true),
+            "{} left cordoned",
+            node.name
+        );
+    }
+    ground.assert_drained_once();
+    let redone = support::find_step(&run, &format!("reboot@{}", order[0])).expect("its step");
+    assert!(
+        redone["outcome"]
+            .as_str()
+            .is_some_and(|o| o.contains("not sent again") || o.contains("not rebooted again")),
+        "{redone}"
+    );
+}
+
+#[tokio::test]
 async fn a_node_that_does_not_come_back_halts_the_run_naming_it() {
     let ground = Ground::start("1.34.2", 3).await;
     for name in ["w1", "w2", "w3"] {

@@ -143,6 +143,8 @@ case "$1 $2" in
           '$FAKE_API/api/v1/nodes/$FAKE_NODE/status' > /dev/null
         rm -f '$STUB_STATE/down'" > /dev/null 2>&1 < /dev/null &
     fi
+    # systemd takes a moment to stop the sessions.
+    sleep "$(cat "$STUB_STATE/shutdown-delay" 2>/dev/null || echo 0)"
     # Cut the session as a node going down does: the sshd process of this connection.
     sid=$(ps -o sid= -p $$ | tr -d ' ')
     kill -9 "$(ps -o ppid= -p "$sid" | tr -d ' ')" 2>/dev/null
@@ -412,6 +414,21 @@ impl FakeNode {
     pub fn reboot_delay(&self, secs: f64) {
         std::fs::write(self.dir.path().join("state/reboot-delay"), secs.to_string())
             .expect("delay");
+    }
+
+    /// Makes the reboot command hold its session open `secs` seconds before the node cuts
+    /// it (systemd stopping the sessions); the node is already going down.
+    pub fn shutdown_delay(&self, secs: f64) {
+        std::fs::write(
+            self.dir.path().join("state/shutdown-delay"),
+            secs.to_string(),
+        )
+        .expect("delay");
+    }
+
+    /// Whether the node is down, rebooting.
+    pub fn is_down(&self) -> bool {
+        self.dir.path().join("state/down").exists()
     }
 
     /// Makes this node never come back from a reboot.
