@@ -129,6 +129,7 @@ async fn planned_run(kube: &Kube) -> Run {
         max_unavailable: MaxUnavailable::Count(1),
         failure_budget: Default::default(),
         etcd_max_lag: 1000,
+        reboot_after_upgrade: false,
     };
     let plan = k8s_upgrade::plan(&request(), &facts, None, &settings).expect("plan");
     let mut run = Run::k8s_upgrade(

@@ -20,7 +20,7 @@ use crate::adapters::notify::{Fanout, LogNotifier, SlackNotifier};
 use crate::adapters::prometheus::Prometheus;
 use crate::adapters::snapshot::EtcdSnapshots;
 use crate::adapters::ssh::{Ssh, SshSettings};
-use crate::config::{QueueBackend, Settings, StoreBackend};
+use crate::config::{AfterUpgrade, QueueBackend, Settings, StoreBackend};
 use crate::domain::k8s_upgrade::PlanSettings;
 use crate::domain::roll_watch::{WatchTarget, WatchedRoll};
 use crate::http::clients::{Clients, TokenSources};
@@ -43,7 +43,7 @@ use crate::workflows::events::{EventNotifier, EventSink};
 use crate::workflows::gate::{Gate, GateStep, QuietPeriodStep};
 use crate::workflows::k8s_upgrade::{UpgradeSettings, UpgradeSteps};
 use crate::workflows::node_cycle::{CycleSettings, NodeCycle, SelfSilences};
-use crate::workflows::node_reboot::{RebootPlanSettings, RebootSettings, RebootSteps};
+use crate::workflows::node_reboot::{NodeReboots, RebootAction, RebootPlanSettings, RebootSteps};
 
 /// How long the worker may take to finish the message in hand after a stop signal.
 const WORKER_STOP_TIMEOUT: Duration = Duration::from_secs(60);
@@ -403,6 +403,20 @@ pub async fn build_upgrade_steps(
         },
         metrics: metrics.clone(),
     };
+    let r = &settings.reboot;
+    let node_reboots = NodeReboots {
+        cluster: kube.clone(),
+        boots: kube.clone(),
+        exec: exec.clone(),
+        cycle: cycle.clone(),
+        settings: RebootAction {
+            sentinel_script: r.sentinel_script(),
+            command: r.command.clone(),
+            timeout: r.timeout,
+            labels_before: crate::config::RebootConfig::labels(&r.labels_before),
+            labels_after: crate::config::RebootConfig::labels(&r.labels_after),
+        },
+    };
     let steps = UpgradeSteps {
         cluster: kube.clone(),
         marks: kube.clone(),
@@ -417,22 +431,14 @@ pub async fn build_upgrade_steps(
         },
         metrics,
         cycle: cycle.clone(),
+        reboot_after: (r.after_upgrade == AfterUpgrade::IfRequired).then(|| node_reboots.clone()),
     };
-    let r = &settings.reboot;
     let reboots = RebootSteps {
         cluster: kube.clone(),
-        boots: kube.clone(),
-        exec,
+        reboots: node_reboots,
         cycle,
         control_planes,
-        settings: RebootSettings {
-            plan: reboot_plan_settings(settings),
-            sentinel_script: r.sentinel_script(),
-            command: r.command.clone(),
-            timeout: r.timeout,
-            labels_before: crate::config::RebootConfig::labels(&r.labels_before),
-            labels_after: crate::config::RebootConfig::labels(&r.labels_after),
-        },
+        plan: reboot_plan_settings(settings),
         metrics: steps.metrics.clone(),
     };
     Ok(Some((Arc::new(steps), Arc::new(reboots), kube)))
@@ -483,6 +489,7 @@ pub fn plan_settings(settings: &Settings) -> PlanSettings {
         max_unavailable: settings.cluster.max_unavailable,
         failure_budget: settings.cluster.failure_budget,
         etcd_max_lag: settings.etcd.max_lag,
+        reboot_after_upgrade: settings.reboot.after_upgrade == AfterUpgrade::IfRequired,
     }
 }
 

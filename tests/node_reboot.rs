@@ -366,6 +366,66 @@ async fn a_reboot_asked_during_an_upgrade_waits_for_it_and_starts_after() {
 }
 
 #[tokio::test]
+async fn an_upgrade_that_leaves_the_sentinel_reboots_the_node_inside_its_one_drain() {
+    let ground = Ground::start("1.34.2", 3).await;
+    ground.node("w2").sentinel_after_upgrade();
+    let rg = reboot_rollgate(
+        &ground,
+        &[("ROLLGATE__REBOOT__AFTER_UPGRADE", "if-required".into())],
+    )
+    .await;
+    let id = rg.detect("1.34.5", "patch").await;
+    let run = rg.wait_status(&id, "succeeded", RUN_DEADLINE).await;
+    ground.assert_all_at("1.34.5");
+    ground.assert_drained_once();
+    assert_eq!(ground.node("w2").reboots(), 1);
+    assert_eq!(boot_id(&ground, "w2"), "boot-w2-2");
+    assert!(!ground.node("w2").needs_reboot());
+    for node in ["cp", "w1", "w3"] {
+        assert_eq!(ground.node(node).reboots(), 0, "{node}");
+    }
+    let cordons = ground
+        .api
+        .changes()
+        .iter()
+        .filter(|c| matches!(c, support::kube::Change::Cordon(n) if n == "w2"))
+        .count();
+    assert_eq!(cordons, 1, "w2 cordoned {cordons} times: one drain");
+    let outcome = |label: &str| {
+        support::find_step(&run, label)
+            .and_then(|s| s["outcome"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| panic!("no outcome for {label}: {run}"))
+    };
+    assert!(
+        outcome("workers/reboot-if-required@w2")
+            .contains("w2 is back: boot id boot-w2-1 -> boot-w2-2"),
+        "{}",
+        outcome("workers/reboot-if-required@w2")
+    );
+    assert!(outcome("workers/reboot-if-required@w1").contains("needs no reboot"));
+    // The reboot is inside the drain: after the script, before verify and uncordon.
+    let labels: Vec<String> = run["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["node"] == "w2" && s["stage"] == "workers")
+        .map(|s| s["name"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(
+        labels,
+        [
+            "gate",
+            "drain",
+            "upgrade",
+            "reboot-if-required",
+            "verify",
+            "uncordon",
+            "soak"
+        ]
+    );
+}
+
+#[tokio::test]
 async fn bad_reboot_requests_are_refused_and_queue_nothing() {
     let ground = Ground::start("1.34.2", 2).await;
     let rg = reboot_rollgate(

@@ -7,10 +7,10 @@ mod sections;
 mod values;
 
 pub use sections::{
-    ClusterSettings, DetectConfig, DetectSubmit, EtcdConfig, EtcdRollConfig, GateSettings,
-    LogFormat, LogSettings, NotifySettings, QueueBackend, QueueSettings, RebootConfig,
-    ScheduleSettings, ServerSettings, Settings, SshConfig, SshHost, StoreBackend, StoreSettings,
-    WorkerSettings,
+    AfterUpgrade, ClusterSettings, DetectConfig, DetectSubmit, EtcdConfig, EtcdRollConfig,
+    GateSettings, LogFormat, LogSettings, NotifySettings, QueueBackend, QueueSettings,
+    RebootConfig, ScheduleSettings, ServerSettings, Settings, SshConfig, SshHost, StoreBackend,
+    StoreSettings, WorkerSettings,
 };
 
 use config::{Config, Environment, File, FileFormat, Map, Value, ValueKind};

@@ -23,6 +23,17 @@ pub enum QueueBackend {
     Amqp,
 }
 
+/// Whether an upgrade reboots a node its script left needing one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AfterUpgrade {
+    /// Never (default): a later reboot run takes the node, drained again.
+    Never,
+    /// After a node's script the sentinel is read; when set, the node is rebooted inside
+    /// the same drain, before it is verified and uncordoned.
+    IfRequired,
+}
+
 /// Which database keeps runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -947,6 +958,9 @@ pub struct RebootConfig {
     /// `--post-reboot-node-labels`).
     #[serde(deserialize_with = "string_list")]
     pub labels_after: Vec<String>,
+    /// `never` (default) or `if-required`: after an upgrade's node script, a node whose
+    /// sentinel is set is rebooted inside the same drain, so it is drained once, not twice.
+    pub after_upgrade: AfterUpgrade,
 }
 
 impl Default for RebootConfig {
@@ -959,6 +973,7 @@ impl Default for RebootConfig {
             control_planes: true,
             labels_before: Vec::new(),
             labels_after: Vec::new(),
+            after_upgrade: AfterUpgrade::Never,
         }
     }
 }

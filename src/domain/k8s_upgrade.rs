@@ -207,6 +207,9 @@ pub struct PlanSettings {
     /// How far an etcd member may trail the leader's raft index before a control plane
     /// is touched.
     pub etcd_max_lag: u64,
+    /// After each node's script, reboot the node inside its drain when the script left
+    /// its sentinel set (`reboot.after_upgrade = "if-required"`).
+    pub reboot_after_upgrade: bool,
 }
 
 /// Why a request cannot be planned against these facts. Each message says what to change.
@@ -424,12 +427,13 @@ pub fn worker_order(
     Ok(order)
 }
 
-/// Gate, drain, upgrade (by `upgrade`), verify, uncordon, then `checked` (if any), and
-/// soak of `node` in `stage`.
+/// Gate, drain, upgrade (by `upgrade`), the reboot if required (with `reboot`), verify,
+/// uncordon, then `checked` (if any), and soak of `node` in `stage`.
 fn node_steps(
     stage: Stage,
     node: &str,
     upgrade: UpgradeStep,
+    reboot: bool,
     checked: Option<UpgradeStep>,
 ) -> Vec<UpgradeStep> {
     let node = || node.to_owned();
@@ -443,6 +447,14 @@ fn node_steps(
             node: node(),
         },
         upgrade,
+    ];
+    if reboot {
+        steps.push(UpgradeStep::Reboot {
+            stage,
+            node: node(),
+        });
+    }
+    steps.extend([
         UpgradeStep::Verify {
             stage,
             node: node(),
@@ -451,7 +463,7 @@ fn node_steps(
             stage,
             node: node(),
         },
-    ];
+    ]);
     steps.extend(checked);
     steps.push(UpgradeStep::Soak {
         stage,
@@ -460,12 +472,23 @@ fn node_steps(
     steps
 }
 
-/// The workers' node cycle: the node script is its action.
-struct WorkerCycle;
+/// The workers' node cycle: the node script is its action; with `REBOOT`, a reboot
+/// follows it when the script left the node needing one.
+struct WorkerCycle<const REBOOT: bool>;
 
-impl node_cycle::CycleSteps for WorkerCycle {
+impl<const REBOOT: bool> node_cycle::CycleSteps for WorkerCycle<REBOOT> {
     type Step = UpgradeStep;
-    const PARTS: &'static [Part] = &[Part::Drain, Part::Action, Part::Verify, Part::Uncordon];
+    const PARTS: &'static [Part] = if REBOOT {
+        &[
+            Part::Drain,
+            Part::Action,
+            Part::RebootIfRequired,
+            Part::Verify,
+            Part::Uncordon,
+        ]
+    } else {
+        &[Part::Drain, Part::Action, Part::Verify, Part::Uncordon]
+    };
 
     fn gate(node: &str) -> UpgradeStep {
         UpgradeStep::Gate {
@@ -480,6 +503,7 @@ impl node_cycle::CycleSteps for WorkerCycle {
             // The workers' cycle has no check part (PARTS): a drain begins it.
             Part::Check | Part::Drain => UpgradeStep::Drain { stage, node },
             Part::Action => UpgradeStep::Upgrade { stage, node },
+            Part::RebootIfRequired => UpgradeStep::Reboot { stage, node },
             Part::Verify => UpgradeStep::Verify { stage, node },
             Part::Uncordon => UpgradeStep::Uncordon { stage, node },
         }
@@ -496,7 +520,10 @@ impl node_cycle::CycleSteps for WorkerCycle {
 /// The steps that carry out a control-plane action, ending with the `next` that decides
 /// the one after. A control plane is checked healthy before its gate and after its
 /// uncordon; the leadership move is a step of its own.
-pub fn control_plane_steps(action: &ControlPlaneAction) -> Vec<Step> {
+///
+/// With `reboot`, the control plane is rebooted after its script when the script left
+/// its sentinel set.
+pub fn control_plane_steps(action: &ControlPlaneAction, reboot: bool) -> Vec<Step> {
     let stage = Stage::ControlPlane;
     let steps = match action {
         ControlPlaneAction::Done => Vec::new(),
@@ -517,7 +544,13 @@ pub fn control_plane_steps(action: &ControlPlaneAction) -> Vec<Step> {
                 after,
             };
             let mut steps = vec![healthy(false)];
-            steps.extend(node_steps(stage, node, upgrade, Some(healthy(true))));
+            steps.extend(node_steps(
+                stage,
+                node,
+                upgrade,
+                reboot,
+                Some(healthy(true)),
+            ));
             steps.push(UpgradeStep::ControlPlaneNext);
             steps
         }
@@ -669,9 +702,13 @@ pub fn plan(
     if has(Stage::Workers) {
         for batch in workers.chunks(batch_size) {
             out.extend(
-                node_cycle::worker_batch::<WorkerCycle>(batch)
-                    .into_iter()
-                    .map(Step::new),
+                if settings.reboot_after_upgrade {
+                    node_cycle::worker_batch::<WorkerCycle<true>>(batch)
+                } else {
+                    node_cycle::worker_batch::<WorkerCycle<false>>(batch)
+                }
+                .into_iter()
+                .map(Step::new),
             );
         }
     }
@@ -735,6 +772,9 @@ pub fn describe(step: &UpgradeStep, target: Version) -> String {
         ),
         S::Upgrade { node, .. } => format!(
             "run node-upgrade.sh --role worker --release {target} on {node} (kubeadm upgrade node)"
+        ),
+        S::Reboot { node, .. } => format!(
+            "read {node}'s reboot sentinel; if the script left it set, reboot {node} (its boot id marked first) and wait until it is back Ready with another boot id, still drained"
         ),
         S::Verify { node, .. } => format!("wait until {node} is Ready with kubelet {target}"),
         S::Uncordon { node, .. } => format!("uncordon {node} if rollgate cordoned it"),
@@ -847,6 +887,17 @@ mod tests {
         }
     }
 
+    /// The plan of a patch upgrade to 1.34.5 of every stage.
+    fn patch_plan(facts: &ClusterFacts, settings: &PlanSettings) -> Plan {
+        plan(
+            &request("1.34.5", UpgradeKind::Patch, "all"),
+            facts,
+            None,
+            settings,
+        )
+        .unwrap()
+    }
+
     #[test]
     fn a_full_patch_plan_goes_stage_by_stage_in_the_configured_order() {
         let facts = cluster("1.34.2", &["1.34.2", "1.34.2", "1.34.2"]);
@@ -854,13 +905,7 @@ mod tests {
             worker_order: vec!["w3".into(), "w1".into()],
             ..PlanSettings::default()
         };
-        let plan = plan(
-            &request("1.34.5", UpgradeKind::Patch, "all"),
-            &facts,
-            None,
-            &settings,
-        )
-        .unwrap();
+        let plan = patch_plan(&facts, &settings);
         assert_eq!(plan.workers, ["w3", "w1", "w2"]);
         let labels = labels(&plan);
         let expected_head = [
@@ -894,6 +939,45 @@ mod tests {
                 };
                 assert_eq!(plan.steps[i - 1].kind, gate.into());
             }
+        }
+    }
+
+    #[test]
+    fn a_reboot_if_required_follows_each_nodes_script_inside_its_drain() {
+        let facts = cluster("1.34.2", &["1.34.2", "1.34.2"]);
+        for reboot in [false, true] {
+            let settings = PlanSettings {
+                reboot_after_upgrade: reboot,
+                ..PlanSettings::default()
+            };
+            let plan = patch_plan(&facts, &settings);
+            let w1: Vec<String> = labels(&plan)
+                .into_iter()
+                .filter(|l| l.ends_with("@w1"))
+                .collect();
+            let mut want = vec!["workers/gate@w1", "workers/drain@w1", "workers/upgrade@w1"];
+            if reboot {
+                want.push("workers/reboot-if-required@w1");
+            }
+            want.extend([
+                "workers/verify@w1",
+                "workers/uncordon@w1",
+                "workers/soak@w1",
+            ]);
+            assert_eq!(w1, want, "reboot_after_upgrade {reboot}");
+            let cp = ControlPlaneAction::Upgrade {
+                node: "cp".into(),
+                kubeadm: Kubeadm::Node,
+            };
+            let cp_steps: Vec<String> = control_plane_steps(&cp, reboot)
+                .iter()
+                .map(Step::label)
+                .collect();
+            assert_eq!(
+                cp_steps.contains(&"control-plane/reboot-if-required@cp".to_owned()),
+                reboot,
+                "{cp_steps:?}"
+            );
         }
     }
 
@@ -938,13 +1022,7 @@ mod tests {
             max_unavailable: MaxUnavailable::Count(2),
             ..PlanSettings::default()
         };
-        let plan = plan(
-            &request("1.34.5", UpgradeKind::Patch, "all"),
-            &facts,
-            None,
-            &settings,
-        )
-        .unwrap();
+        let plan = patch_plan(&facts, &settings);
         assert_eq!(plan.batch_size, 2);
         let workers: Vec<String> = labels(&plan)
             .into_iter()
@@ -1277,7 +1355,7 @@ mod tests {
             kubeadm: Kubeadm::Apply,
         };
         assert_eq!(
-            names(control_plane_steps(&upgrade)),
+            names(control_plane_steps(&upgrade, false)),
             [
                 "control-plane/healthy-before@cp-2",
                 "control-plane/gate@cp-2",
@@ -1295,16 +1373,17 @@ mod tests {
             kubeadm: Kubeadm::Node,
         };
         assert!(
-            names(control_plane_steps(&node)).contains(&"control-plane/upgrade@cp-1".to_owned())
+            names(control_plane_steps(&node, false))
+                .contains(&"control-plane/upgrade@cp-1".to_owned())
         );
         let transfer = ControlPlaneAction::MoveLeader {
             from: "cp-1".into(),
             to: "cp-2".into(),
         };
         assert_eq!(
-            names(control_plane_steps(&transfer)),
+            names(control_plane_steps(&transfer, false)),
             ["control-plane/move-leader@cp-2", "control-plane/next"]
         );
-        assert!(control_plane_steps(&ControlPlaneAction::Done).is_empty());
+        assert!(control_plane_steps(&ControlPlaneAction::Done, false).is_empty());
     }
 }

@@ -15,6 +15,9 @@ pub enum Part {
     Drain,
     /// The workflow's action: the node script, a reboot.
     Action,
+    /// A reboot after the action, when the action left the node needing one (an
+    /// upgrade's `reboot.after_upgrade = "if-required"`), inside the same drain.
+    RebootIfRequired,
     /// The node is back as the action should leave it.
     Verify,
     /// Give the node back to the scheduler.

@@ -95,6 +95,13 @@ pub enum UpgradeStep {
         stage: Stage,
         node: String,
     },
+    /// With `reboot.after_upgrade = "if-required"`: after the node script, `node` is
+    /// rebooted when its sentinel is set, inside the same drain, and waited for.
+    Reboot {
+        /// `control-plane` or `workers`.
+        stage: Stage,
+        node: String,
+    },
     /// `node` reports the target and Ready.
     Verify {
         /// `control-plane` or `workers`.
@@ -418,6 +425,7 @@ impl UpgradeStep {
             Self::AptRepo { .. } => "apt-repo",
             Self::Drain { .. } => "drain",
             Self::Upgrade { .. } => "upgrade",
+            Self::Reboot { .. } => "reboot-if-required",
             Self::Verify { .. } => "verify",
             Self::Uncordon { .. } => "uncordon",
             Self::Soak { .. } => "soak",
@@ -447,6 +455,7 @@ impl UpgradeStep {
             | Self::Soak { stage, .. }
             | Self::Drain { stage, .. }
             | Self::Upgrade { stage, .. }
+            | Self::Reboot { stage, .. }
             | Self::Verify { stage, .. }
             | Self::Uncordon { stage, .. } => Some(*stage),
             Self::NodesAtTarget | Self::PodReady => Some(Stage::Postflight),
@@ -470,6 +479,7 @@ impl UpgradeStep {
             self,
             Self::Drain { .. }
                 | Self::Upgrade { .. }
+                | Self::Reboot { .. }
                 | Self::Apply { .. }
                 | Self::Verify { .. }
                 | Self::Uncordon { .. }
@@ -483,6 +493,7 @@ impl UpgradeStep {
         match self {
             Self::Drain { stage, node }
             | Self::Upgrade { stage, node }
+            | Self::Reboot { stage, node }
             | Self::Verify { stage, node }
             | Self::Uncordon { stage, node }
                 if *stage == Stage::Workers =>
@@ -501,6 +512,7 @@ impl UpgradeStep {
             | Self::AptRepo { node }
             | Self::Drain { node, .. }
             | Self::Upgrade { node, .. }
+            | Self::Reboot { node, .. }
             | Self::Verify { node, .. }
             | Self::Uncordon { node, .. }
             | Self::Soak { node, .. }
@@ -544,6 +556,7 @@ impl UpgradeStep {
         let on_staged_node: Option<fn(Stage, String) -> Self> = match name {
             "drain" => Some(|stage, node| Self::Drain { stage, node }),
             "upgrade" => Some(|stage, node| Self::Upgrade { stage, node }),
+            "reboot-if-required" => Some(|stage, node| Self::Reboot { stage, node }),
             "verify" => Some(|stage, node| Self::Verify { stage, node }),
             "uncordon" => Some(|stage, node| Self::Uncordon { stage, node }),
             "soak" => Some(|stage, node| Self::Soak { stage, node }),
@@ -893,6 +906,7 @@ mod tests {
             for make in [
                 |stage, node| UpgradeStep::Drain { stage, node },
                 |stage, node| UpgradeStep::Upgrade { stage, node },
+                |stage, node| UpgradeStep::Reboot { stage, node },
                 |stage, node| UpgradeStep::Verify { stage, node },
                 |stage, node| UpgradeStep::Uncordon { stage, node },
                 |stage, node| UpgradeStep::Soak { stage, node },

@@ -780,15 +780,21 @@ mod tests {
                 .steps,
         );
         for kubeadm in [Kubeadm::Apply, Kubeadm::Node] {
-            steps.extend(plan::control_plane_steps(&ControlPlaneAction::Upgrade {
-                node: "cp".into(),
-                kubeadm,
-            }));
+            steps.extend(plan::control_plane_steps(
+                &ControlPlaneAction::Upgrade {
+                    node: "cp".into(),
+                    kubeadm,
+                },
+                true,
+            ));
         }
-        steps.extend(plan::control_plane_steps(&ControlPlaneAction::MoveLeader {
-            from: "cp".into(),
-            to: "cp".into(),
-        }));
+        steps.extend(plan::control_plane_steps(
+            &ControlPlaneAction::MoveLeader {
+                from: "cp".into(),
+                to: "cp".into(),
+            },
+            false,
+        ));
         steps
     }
 
@@ -811,7 +817,7 @@ mod tests {
         let upgrade = run_of(RunKind::K8sUpgrade, full_plan());
         let names: std::collections::BTreeSet<&str> =
             upgrade.steps.iter().map(|s| s.kind.name()).collect();
-        assert_eq!(names.len(), 24, "every upgrade step kind: {names:?}");
+        assert_eq!(names.len(), 25, "every upgrade step kind: {names:?}");
         let mut roll_steps = roll_steps();
         for action in [
             Action::Restart {

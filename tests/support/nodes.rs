@@ -100,7 +100,9 @@ case "$1 $2" in
     [ "${installed%%-*}" = "$want" ] || { echo "kubeadm $installed cannot apply v$want" >&2; exit 1; }
     static_pods ;;
   "upgrade node")
-    static_pods ;;
+    static_pods
+    # Packages the upgrade pulled in may ask for a reboot (a new kernel, libc).
+    if [ -f "$STUB_STATE/sentinel-after-upgrade" ]; then touch "$STUB_STATE/reboot-required"; fi ;;
   "upgrade plan")
     echo "[upgrade] Running cluster health checks"
     echo "Upgrade to the latest version in the series: kubeadm upgrade apply v${installed%%-*}" ;;
@@ -424,6 +426,11 @@ impl FakeNode {
             secs.to_string(),
         )
         .expect("delay");
+    }
+
+    /// Makes this node's upgrade leave the reboot sentinel behind.
+    pub fn sentinel_after_upgrade(&self) {
+        std::fs::write(self.dir.path().join("state/sentinel-after-upgrade"), "").expect("marker");
     }
 
     /// Whether the node is down, rebooting.

@@ -27,6 +27,7 @@ use crate::ports::{
 };
 use crate::workflows::control_plane_cycle::ControlPlaneCycle;
 use crate::workflows::node_cycle::NodeCycle;
+use crate::workflows::node_reboot::NodeReboots;
 
 /// The script run on nodes, piped to `bash -s`.
 pub const NODE_SCRIPT: &str = include_str!("../../../scripts/node-upgrade.sh");
@@ -65,6 +66,9 @@ pub struct UpgradeSteps {
     pub metrics: Metrics,
     /// The node cycle: holds, cordon and drain, uncordon, soak, silences, Events.
     pub cycle: NodeCycle,
+    /// With `reboot.after_upgrade = "if-required"`: the reboot a node's script may leave
+    /// it needing, inside the same drain.
+    pub reboot_after: Option<NodeReboots>,
 }
 
 /// The stage number (0–7) of a step, for the `k8s_upgrade_stage` gauge.
@@ -457,6 +461,12 @@ impl UpgradeSteps {
                 self.control_plane_healthy(step, node, *after, target).await
             }
             S::MoveLeader { node } => self.move_leader(node, target).await,
+            S::Reboot { node, .. } => match &self.reboot_after {
+                Some(reboots) => reboots.if_required(run, step, node).await,
+                None => StepOutcome::done(format!(
+                    "reboot.after_upgrade is never: {node} is not rebooted inside its drain"
+                )),
+            },
             S::Verify { node, .. } => self.verify(step, node, target).await,
             S::Uncordon { node, .. } => self.cycle.uncordon(run, step, node).await,
             S::Soak { node, .. } => self.cycle.soak(step, node),

@@ -1,9 +1,12 @@
 //! The node-reboot workflow, in one place: its planning (pure: `plan`) and its steps
-//! (through the ports: `steps`). The node cycle it shares with upgrades lives in
+//! (through the ports: `steps`), and the reboot itself (`action`), which an upgrade
+//! also asks inside a node's drain. The node cycle it shares with upgrades lives in
 //! `domain::node_cycle` (planning) and `workflows::node_cycle` (acting).
 
+mod action;
 pub mod plan;
 mod steps;
 
+pub use action::{NodeReboots, RebootAction};
 pub use plan::{RebootPlanError, RebootPlanSettings, check_request};
-pub use steps::{RebootSettings, RebootSteps};
+pub use steps::RebootSteps;

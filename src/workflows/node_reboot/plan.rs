@@ -206,7 +206,8 @@ impl CycleSteps for RebootCycle {
         match part {
             Part::Check => RebootStep::Required { node },
             Part::Drain => RebootStep::Drain { node },
-            Part::Action => RebootStep::Reboot { node },
+            // A reboot's own action is a reboot: no second one after it (not in PARTS).
+            Part::Action | Part::RebootIfRequired => RebootStep::Reboot { node },
             Part::Verify => RebootStep::Back { node },
             Part::Uncordon => RebootStep::Uncordon { node },
         }
@@ -250,6 +251,7 @@ mod tests {
                 max_unavailable: MaxUnavailable::Count(max_unavailable),
                 failure_budget: FailureBudget::None,
                 etcd_max_lag: 1000,
+                reboot_after_upgrade: false,
             },
             control_planes: false,
         }

@@ -1,0 +1,238 @@
+//! A reboot, as every workflow asks one: the node's sentinel read over SSH; the reboot
+//! command sent once (the node's boot id is marked on it first, and a step redone after a
+//! crash finds the mark and does not send it again); the node back with another boot id
+//! and Ready within `reboot.timeout`. A node-reboot run acts its parts as separate steps;
+//! an upgrade with `reboot.after_upgrade = "if-required"` acts them as one step inside
+//! the node's drain.
+
+use chrono::Utc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::domain::engine::StepOutcome;
+use crate::domain::run::{Run, Step};
+use crate::error_chain;
+use crate::ports::{ClusterRead, ExecError, NodeBoot, NodeBoots, NodeExec, NodeTarget, RebootMark};
+use crate::workflows::node_cycle::NodeCycle;
+
+/// What a reboot runs on nodes, and how long a node may take to come back.
+#[derive(Debug, Clone)]
+pub struct RebootAction {
+    /// The script that tells whether a node needs a reboot: exit 0 yes, 1 no.
+    pub sentinel_script: String,
+    /// The reboot command.
+    pub command: String,
+    /// From the command to Ready with another boot id.
+    pub timeout: Duration,
+    /// Labels set before the reboot.
+    pub labels_before: Vec<(String, Option<String>)>,
+    /// Labels set once the node is back.
+    pub labels_after: Vec<(String, Option<String>)>,
+}
+
+/// The ports a reboot goes through.
+#[derive(Clone)]
+pub struct NodeReboots {
+    /// Reads nodes.
+    pub cluster: Arc<dyn ClusterRead>,
+    /// Boot ids, the reboot mark, labels.
+    pub boots: Arc<dyn NodeBoots>,
+    /// Commands over SSH.
+    pub exec: Arc<dyn NodeExec>,
+    /// Where it tells the node's Events.
+    pub cycle: NodeCycle,
+    /// Commands and limits.
+    pub settings: RebootAction,
+}
+
+/// Whether a node's sentinel is set, or why it cannot be told.
+pub async fn sentinel(
+    exec: &dyn NodeExec,
+    target: &NodeTarget,
+    script: &str,
+) -> Result<bool, StepOutcome> {
+    match exec.run_script(target, script, &[]).await {
+        Ok(out) if out.status == Some(0) => Ok(true),
+        Ok(out) if out.status == Some(1) => Ok(false),
+        Ok(out) => Err(StepOutcome::retry(format!(
+            "the sentinel check on {} exited with {:?}: {}",
+            target.name,
+            out.status,
+            out.tail(4)
+        ))),
+        Err(e @ ExecError::HostKey { .. }) => Err(StepOutcome::failed(error_chain(&e))),
+        Err(e) => Err(StepOutcome::retry(error_chain(&e))),
+    }
+}
+
+impl NodeReboots {
+    pub async fn target(&self, name: &str) -> Result<NodeTarget, StepOutcome> {
+        let facts = self
+            .cluster
+            .facts()
+            .await
+            .map_err(|e| StepOutcome::retry(error_chain(&e)))?;
+        let node = facts.node(name).ok_or_else(|| {
+            StepOutcome::failed(format!("node {name} is no longer in the cluster"))
+        })?;
+        Ok(NodeTarget::from(node))
+    }
+
+    /// Whether `node`'s sentinel is set now.
+    pub async fn required(&self, node: &str) -> Result<bool, StepOutcome> {
+        let target = self.target(node).await?;
+        sentinel(&*self.exec, &target, &self.settings.sentinel_script).await
+    }
+
+    /// Marks the node's boot id, then sends the reboot command; once only.
+    pub async fn reboot(&self, run: &Run, step: &Step, node: &str) -> StepOutcome {
+        let boot = match self.boot(node).await {
+            Ok(b) => b,
+            Err(outcome) => return outcome,
+        };
+        if let Some(mark) = boot.mark.as_ref().filter(|m| m.run_id == run.id) {
+            if mark.boot_id != boot.boot_id {
+                return StepOutcome::done(format!(
+                    "{node} has rebooted already (boot id {} -> {}): not rebooted again",
+                    mark.boot_id, boot.boot_id
+                ));
+            }
+            let not_sent = step
+                .outcome
+                .as_deref()
+                .is_some_and(|o| o.starts_with(NOT_SENT));
+            if !not_sent {
+                return StepOutcome::done(format!(
+                    "the reboot command was sent to {node} at {} (before a restart): not sent again; waiting for it to come back",
+                    mark.at.format("%H:%M:%S")
+                ));
+            }
+        }
+        let target = match self.target(node).await {
+            Ok(t) => t,
+            Err(outcome) => return outcome,
+        };
+        if let Err(e) = self.boots.label(node, &self.settings.labels_before).await {
+            return StepOutcome::retry(error_chain(&e));
+        }
+        let mark = RebootMark {
+            run_id: run.id.clone(),
+            boot_id: boot.boot_id.clone(),
+            at: Utc::now(),
+        };
+        if let Err(e) = self.boots.mark_reboot(node, &mark).await {
+            return StepOutcome::retry(format!("{NOT_SENT}{}", error_chain(&e)));
+        }
+        let sent = match self
+            .exec
+            .run_script(&target, &format!("{}\n", self.settings.command), &[])
+            .await
+        {
+            Ok(out) => format!("exited with {:?}", out.status),
+            Err(e @ ExecError::HostKey { .. }) => return StepOutcome::failed(error_chain(&e)),
+            // No session: nothing was sent.
+            Err(e @ ExecError::Connect { .. }) => {
+                return StepOutcome::retry(format!("{NOT_SENT}{}", error_chain(&e)));
+            }
+            // The node going down takes the session with it: expected.
+            Err(e) => format!("the session ended ({})", error_chain(&e)),
+        };
+        self.cycle.tell(
+            node,
+            "Rebooting",
+            "Reboot",
+            format!("run {} reboots the node (boot id {})", run.id, boot.boot_id),
+        );
+        StepOutcome::done(format!(
+            "reboot command sent to {node} (boot id {}): {sent}",
+            boot.boot_id
+        ))
+    }
+
+    pub async fn boot(&self, node: &str) -> Result<NodeBoot, StepOutcome> {
+        self.boots
+            .boot(node)
+            .await
+            .map_err(|e| StepOutcome::retry(error_chain(&e)))
+    }
+
+    /// The node is back: another boot id than the one marked, and Ready, within the
+    /// timeout counted from the reboot command.
+    pub async fn back(&self, run: &Run, node: &str) -> StepOutcome {
+        let boot = match self.boot(node).await {
+            Ok(b) => b,
+            Err(outcome) => return outcome,
+        };
+        let Some(mark) = boot.mark.as_ref().filter(|m| m.run_id == run.id) else {
+            return StepOutcome::failed(format!(
+                "{node} carries no reboot mark of this run: the reboot was not asked"
+            ));
+        };
+        let now = Utc::now();
+        let waited = (now - mark.at).to_std().unwrap_or_default();
+        let rebooted = boot.boot_id != mark.boot_id;
+        if rebooted && boot.ready {
+            if let Err(e) = self.boots.label(node, &self.settings.labels_after).await {
+                return StepOutcome::retry(error_chain(&e));
+            }
+            self.cycle.tell(
+                node,
+                "Rebooted",
+                "Reboot",
+                format!("back with boot id {}, Ready", boot.boot_id),
+            );
+            return StepOutcome::done(format!(
+                "{node} is back: boot id {} -> {}, Ready {}s after the reboot command",
+                mark.boot_id,
+                boot.boot_id,
+                waited.as_secs()
+            ));
+        }
+        let state = match (rebooted, boot.ready) {
+            (false, true) => "has not rebooted yet (same boot id, Ready)",
+            (false, false) => "is down (same boot id, not Ready)",
+            (true, _) => "has rebooted and is not Ready yet",
+        };
+        if waited >= self.settings.timeout {
+            return StepOutcome::failed(format!(
+                "{node} did not come back within reboot.timeout ({}s): it {state}; it stays cordoned",
+                self.settings.timeout.as_secs()
+            ));
+        }
+        let poll =
+            (self.settings.timeout / 60).clamp(Duration::from_millis(250), Duration::from_secs(10));
+        StepOutcome::Wait {
+            until: now + chrono::Duration::from_std(poll).unwrap_or_default(),
+            reason: format!("waiting for {node}: it {state}"),
+        }
+    }
+
+    /// The reboot inside another workflow's drain, as one step: the sentinel read after
+    /// the node's script; when set, the reboot sent once and waited for until the node
+    /// is back. A node that needs none is done at once.
+    pub async fn if_required(&self, run: &Run, step: &Step, node: &str) -> StepOutcome {
+        let boot = match self.boot(node).await {
+            Ok(b) => b,
+            Err(outcome) => return outcome,
+        };
+        if boot.mark.as_ref().is_none_or(|m| m.run_id != run.id) {
+            match self.required(node).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    return StepOutcome::done(format!(
+                        "{node} needs no reboot: its sentinel is not set"
+                    ));
+                }
+                Err(outcome) => return outcome,
+            }
+        }
+        match self.reboot(run, step, node).await {
+            StepOutcome::Done { .. } => self.back(run, node).await,
+            other => other,
+        }
+    }
+}
+
+/// How a reboot step's outcome starts when the command surely was not sent: the redo may
+/// send it.
+const NOT_SENT: &str = "reboot command not sent: ";
