@@ -416,6 +416,7 @@ pub async fn build_upgrade_steps(
             labels_before: crate::config::RebootConfig::labels(&r.labels_before),
             labels_after: crate::config::RebootConfig::labels(&r.labels_after),
         },
+        metrics: metrics.clone(),
     };
     let steps = UpgradeSteps {
         cluster: kube.clone(),

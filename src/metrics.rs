@@ -52,6 +52,9 @@ pub struct Metrics {
     /// 1 for the node the upgrade has in hand, from its drain to its uncordon (alerts that
     /// rollgate's own work causes there may be inhibited by it); no series when none.
     pub upgrade_node_in_hand: IntGaugeVec,
+    /// Per node, 1 when its reboot sentinel was set when rollgate last read it, 0 when
+    /// not (or once rollgate rebooted it); kured's `kured_reboot_required`.
+    pub node_reboot_required: IntGaugeVec,
     /// 1 while a maintenance window is open (or none is configured), else 0.
     pub window_open: IntGauge,
     /// When the maintenance window open now, or the next one, opens (Unix seconds); 0 with
@@ -246,6 +249,17 @@ impl Metrics {
         registry
             .register(Box::new(upgrade_node_in_hand.clone()))
             .expect("unique metric");
+        let node_reboot_required = IntGaugeVec::new(
+            Opts::new(
+                "rollgate_node_reboot_required",
+                "1 when the node's reboot sentinel was set when rollgate last read it, else 0.",
+            ),
+            &["node"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(node_reboot_required.clone()))
+            .expect("unique metric");
         let node_step_duration = HistogramVec::new(
             HistogramOpts::new(
                 "rollgate_node_step_duration_seconds",
@@ -306,6 +320,7 @@ impl Metrics {
             upgrade_snapshot_taken,
             upgrade_stage,
             upgrade_node_in_hand,
+            node_reboot_required,
             window_open,
             window_opening,
             node_step_duration,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::domain::control_planes::{EtcdAlarm, StaticPod};
 use crate::domain::detect::Minor;
 use crate::domain::engine::StepOutcome;
-use crate::domain::event::DetectionRequest;
+use crate::domain::event::{DetectionRequest, RebootRequest};
 use crate::domain::gate::PromReading;
 use crate::domain::k8s_upgrade::ClusterFacts;
 use crate::domain::run::{Run, RunStatus, Step};
@@ -676,11 +676,13 @@ pub enum Submitted {
     },
 }
 
-/// Asks rollgate for an upgrade.
+/// Asks rollgate for an upgrade or for reboots.
 #[async_trait::async_trait]
 pub trait Submitter: Send + Sync {
-    /// Hands `request` over.
+    /// Hands the upgrade `request` over.
     async fn submit(&self, request: &DetectionRequest) -> Result<Submitted, Failure>;
+    /// Hands the reboot `request` over.
+    async fn submit_reboots(&self, request: &RebootRequest) -> Result<Submitted, Failure>;
 }
 
 /// Where detection metrics are pushed.

@@ -391,11 +391,11 @@ fn every_manifest_is_its_typed_object_and_the_workloads_are_locked_down() {
     }
 
     let cron = m.cronjobs[0].spec.as_ref().unwrap();
-    assert_eq!(cron.schedule, "0 12 * * 0", "Sunday 12:00");
+    assert_eq!(cron.schedule, "0 6 * * *", "daily 06:00");
     assert_eq!(cron.time_zone.as_deref(), Some("Etc/UTC"));
     assert_eq!(cron.concurrency_policy.as_deref(), Some("Forbid"));
     let args = job_pod(&m.cronjobs[0]).containers[0].args.clone().unwrap();
-    assert_eq!(args[0], "detect");
+    assert_eq!(args[..2], ["detect", "--reboots"]);
 }
 
 fn api_use() -> BTreeSet<(String, String, String)> {

@@ -425,6 +425,93 @@ async fn an_upgrade_that_leaves_the_sentinel_reboots_the_node_inside_its_one_dra
     );
 }
 
+/// `rollgate detect --reboots` against `ground`, asking `rg`; (exit code, report).
+fn detect_reboots(
+    ground: &Ground,
+    rg: &Rollgate,
+    repo: &support::services::RepoServer,
+    push: &support::services::Pushgateway,
+) -> (i32, Value) {
+    let data = tempfile::tempdir().expect("temp dir");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
+        .args(["detect", "--reboots"])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(ground.env())
+        .env("ROLLGATE__DATA_DIR", data.path())
+        .env("ROLLGATE__REBOOT__SENTINEL_COMMAND", SENTINEL)
+        .env("ROLLGATE__DETECT__REPO_URL", repo.url())
+        .env("ROLLGATE__DETECT__PUSHGATEWAY_URL", push.url())
+        .env("ROLLGATE__DETECT__ROLLGATE_URL", rg.base())
+        .env(
+            "ROLLGATE__DETECT__TOKEN_FILE",
+            rg.data_dir().join("api-token"),
+        )
+        .output()
+        .expect("rollgate detect");
+    let report = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert!(
+        report != Value::Null,
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), report)
+}
+
+#[tokio::test]
+async fn detect_reads_every_sentinel_pushes_the_metric_and_asks_for_the_reboots() {
+    // At the newest patch, the next minor unpublished: no upgrade to ask for.
+    let ground = Ground::start("1.34.5", 3).await;
+    ground.node("w1").need_reboot();
+    ground.node("w3").need_reboot();
+    let rg = reboot_rollgate(&ground, &[]).await;
+    let repo = support::services::RepoServer::start().await;
+    let push = support::services::Pushgateway::start().await;
+    let (code, report) = detect_reboots(&ground, &rg, &repo, &push);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["decision"]["decision"], "nothing", "{report}");
+    assert_eq!(report["reboots"]["required"], json!(["w1", "w3"]));
+    assert_eq!(report["reboots"]["clear"], json!(["cp", "w2"]));
+    assert_eq!(
+        report["reboots"]["submitted"]["result"], "created",
+        "{report}"
+    );
+    let mut samples = push.samples("rollgate_node_reboot_required").await;
+    samples.sort();
+    let want: Vec<String> = [("cp", 0), ("w1", 1), ("w2", 0), ("w3", 1)]
+        .iter()
+        .map(|(n, v)| {
+            format!(
+                "rollgate_node_reboot_required{{instance=\"\",job=\"k8s_version_check\",node=\"{n}\"}} {v}"
+            )
+        })
+        .collect();
+    assert_eq!(samples, want);
+
+    // The request became a reboot run of those two; serve exports what it read.
+    let id = report["reboots"]["submitted"]["run_id"]
+        .as_str()
+        .expect("run id")
+        .to_owned();
+    let run = rg.wait_status(&id, "succeeded", RUN_DEADLINE).await;
+    assert_eq!(run["request"]["nodes"], json!(["w1", "w3"]));
+    for (node, reboots) in [("w1", 1), ("w2", 0), ("w3", 1)] {
+        assert_eq!(ground.node(node).reboots(), reboots, "{node}");
+    }
+    let gauge = |node: &str| format!("rollgate_node_reboot_required{{node=\"{node}\"}}");
+    assert_eq!(
+        rg.metric(&gauge("w1")).await,
+        0.0,
+        "back: no longer required"
+    );
+
+    // Nothing needs a reboot now: detect asks for nothing.
+    let (code, report) = detect_reboots(&ground, &rg, &repo, &push);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["reboots"]["required"], json!([]));
+    assert_eq!(report["reboots"]["submitted"], Value::Null);
+}
+
 #[tokio::test]
 async fn bad_reboot_requests_are_refused_and_queue_nothing() {
     let ground = Ground::start("1.34.2", 2).await;

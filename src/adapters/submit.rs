@@ -1,14 +1,14 @@
-//! How `rollgate detect` hands its request over: `POST /v1/detections`, or a CloudEvent on
-//! the AMQP exchange.
+//! How `rollgate detect` hands its requests over: `POST /v1/detections` and
+//! `POST /v1/reboots`, or CloudEvents on the AMQP exchange.
 
 use chrono::Utc;
 use std::sync::Arc;
 
-use crate::domain::event::{CloudEvent, DetectionRequest, EventData};
+use crate::domain::event::{CloudEvent, DetectionRequest, EventData, RebootRequest};
 use crate::ports::{Failure, Submitted, Submitter};
 use crate::queue::{Outgoing, Queue};
 
-/// `POST /v1/detections`.
+/// `POST /v1/detections`, `POST /v1/reboots`.
 pub struct HttpSubmitter {
     /// rollgate's base URL.
     pub url: String,
@@ -18,15 +18,15 @@ pub struct HttpSubmitter {
     pub http: reqwest::Client,
 }
 
-#[async_trait::async_trait]
-impl Submitter for HttpSubmitter {
-    async fn submit(&self, request: &DetectionRequest) -> Result<Submitted, Failure> {
-        let url = format!("{}/v1/detections", self.url);
+impl HttpSubmitter {
+    /// Posts `body` to `path`; what rollgate answered.
+    async fn post(&self, path: &str, body: &serde_json::Value) -> Result<Submitted, Failure> {
+        let url = format!("{}{path}", self.url);
         let response = self
             .http
             .post(&url)
             .bearer_auth(&self.token)
-            .json(&request.to_json())
+            .json(body)
             .send()
             .await
             .map_err(|e| Failure::caused(url.clone(), e.without_url()))?;
@@ -51,21 +51,46 @@ impl Submitter for HttpSubmitter {
     }
 }
 
-/// A `rollgate.detection.v1` CloudEvent on the exchange.
+#[async_trait::async_trait]
+impl Submitter for HttpSubmitter {
+    async fn submit(&self, request: &DetectionRequest) -> Result<Submitted, Failure> {
+        self.post("/v1/detections", &request.to_json()).await
+    }
+
+    async fn submit_reboots(&self, request: &RebootRequest) -> Result<Submitted, Failure> {
+        self.post("/v1/reboots", &request.to_json()).await
+    }
+}
+
+/// A CloudEvent (`rollgate.detection.v1`, `rollgate.reboot.v1`) on the exchange.
 pub struct AmqpSubmitter(pub Arc<dyn Queue>);
 
-#[async_trait::async_trait]
-impl Submitter for AmqpSubmitter {
-    async fn submit(&self, request: &DetectionRequest) -> Result<Submitted, Failure> {
-        let data = EventData::Detection {
-            run_id: None,
-            request: request.clone(),
-        };
+impl AmqpSubmitter {
+    async fn publish(&self, data: EventData) -> Result<Submitted, Failure> {
         let event = CloudEvent::new(&data, "rollgate-detect", Utc::now());
         self.0
             .publish(Outgoing::event(&event, data.event_type()))
             .await
             .map_err(|e| Failure::caused("publish to the exchange", e))?;
         Ok(Submitted::Published { event_id: event.id })
+    }
+}
+
+#[async_trait::async_trait]
+impl Submitter for AmqpSubmitter {
+    async fn submit(&self, request: &DetectionRequest) -> Result<Submitted, Failure> {
+        self.publish(EventData::Detection {
+            run_id: None,
+            request: request.clone(),
+        })
+        .await
+    }
+
+    async fn submit_reboots(&self, request: &RebootRequest) -> Result<Submitted, Failure> {
+        self.publish(EventData::Reboot {
+            run_id: None,
+            request: request.clone(),
+        })
+        .await
     }
 }

@@ -1,4 +1,4 @@
-//! `rollgate detect`: the weekly detection, with its adapters wired here.
+//! `rollgate detect`: the daily detection, with its adapters wired here.
 
 use anyhow::{Context as _, bail};
 
@@ -58,9 +58,14 @@ pub(super) async fn detect(settings: &Settings, args: DetectArgs) -> anyhow::Res
                 .context("cannot reach RabbitMQ (queue.amqp_url)")?,
         )))),
     };
+    let reboots = args.reboots.then(|| crate::workflows::detect::RebootCheck {
+        sentinel_script: settings.reboot.sentinel_script(),
+        control_planes: settings.reboot.control_planes,
+    });
     let (report, error) = crate::workflows::detect::detect(
         &sources,
         &stages,
+        reboots.as_ref(),
         push.as_ref().map(|p| p as &dyn crate::ports::MetricsPush),
         submitter.as_deref(),
     )

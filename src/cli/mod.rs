@@ -87,9 +87,14 @@ pub struct ApiTlsArgs {
 /// `detect` options.
 #[derive(clap::Args, Debug)]
 pub struct DetectArgs {
-    /// Find, decide and push the metrics, but do not ask for the upgrade.
+    /// Find, decide and push the metrics, but do not ask for the upgrade (or reboots).
     #[arg(long)]
     pub dry_run: bool,
+    /// Also read every node's reboot sentinel over SSH (`reboot.sentinel_file` or
+    /// `reboot.sentinel_command`), push `rollgate_node_reboot_required{node}` and ask for
+    /// the reboots of the nodes whose sentinel is set.
+    #[arg(long)]
+    pub reboots: bool,
 }
 
 /// `plan` options.

@@ -178,6 +178,22 @@ pub fn pushgateway_text(decision: &Decision, now: i64) -> String {
     text
 }
 
+/// The Pushgateway text of reboot detection: per node read, 1 when its sentinel is set,
+/// else 0 (kured's `kured_reboot_required`).
+pub fn reboot_text(required: &std::collections::BTreeMap<String, bool>) -> String {
+    let mut text = String::from(
+        "# HELP rollgate_node_reboot_required 1 when the node's reboot sentinel is set.\n\
+         # TYPE rollgate_node_reboot_required gauge\n",
+    );
+    for (node, set) in required {
+        text.push_str(&format!(
+            "rollgate_node_reboot_required{{node=\"{node}\"}} {}\n",
+            u8::from(*set)
+        ));
+    }
+    text
+}
+
 /// `MAJOR.MINOR` of a version, for repository paths and messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Minor {

@@ -1,23 +1,27 @@
-//! `rollgate detect`, what the weekly CronJob runs: read the running versions from the
+//! `rollgate detect`, what the daily CronJob runs: read the running versions from the
 //! Kubernetes API, the patches the control plane's apt repository offers over SSH, and
 //! (when no patch comes first) whether the next minor's repository carries a release;
-//! decide (`domain::detect::decide`); push the result to a Pushgateway; ask rollgate for
-//! the upgrade over HTTP or AMQP unless it is a dry run.
+//! decide (`domain::detect::decide`); with reboots asked for, read every node's reboot
+//! sentinel over SSH; push the result to a Pushgateway; ask rollgate for the upgrade and
+//! the reboots over HTTP or AMQP unless it is a dry run.
 
 use chrono::Utc;
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::domain::detect::{
     self, Decision, Findings, NextMinor, RunningError, madison_releases, minor_of, next_minor,
 };
-use crate::domain::event::{DetectionRequest, StageSelection};
+use crate::domain::event::{DetectionRequest, RebootRequest, StageSelection};
 use crate::domain::k8s_upgrade::Role;
+use crate::error_chain;
 use crate::ports::{
     ClusterError, ClusterRead, Failure, MetricsPush, NodeExec, NodeTarget, PackageRepository,
     RepoError, Submitted, Submitter,
 };
 use crate::workflows::k8s_upgrade::NODE_SCRIPT;
+use crate::workflows::node_reboot::sentinel;
 
 /// Where detection reads from.
 pub struct Sources {
@@ -56,6 +60,9 @@ pub enum DetectError {
     /// The metrics were not pushed (what else there was to do is done).
     #[error("the metrics were not pushed")]
     Push(#[source] Failure),
+    /// Some nodes' reboot sentinels could not be read (the others' were acted on).
+    #[error("the reboot sentinel could not be read on {}", .0.iter().map(|(n, why)| format!("{n} ({why})")).collect::<Vec<_>>().join(", "))]
+    Sentinels(BTreeMap<String, String>),
 }
 
 impl DetectError {
@@ -63,7 +70,11 @@ impl DetectError {
     /// not take the request; 5: the metrics were not pushed.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::Cluster(_) | Self::Running(_) | Self::Ssh { .. } | Self::Repo(_) => 3,
+            Self::Cluster(_)
+            | Self::Running(_)
+            | Self::Ssh { .. }
+            | Self::Repo(_)
+            | Self::Sentinels(_) => 3,
             Self::Submit(_) => 4,
             Self::Push(_) => 5,
         }
@@ -82,6 +93,60 @@ pub struct Report {
     /// What came of the request; `None` when nothing was asked for (nothing to do, or a
     /// dry run).
     pub submitted: Option<Submitted>,
+}
+
+/// How reboot detection reads a node's sentinel.
+#[derive(Debug, Clone)]
+pub struct RebootCheck {
+    /// The script that tells whether a node needs a reboot: exit 0 yes, 1 no.
+    pub sentinel_script: String,
+    /// Whether control planes are read too (`reboot.control_planes`).
+    pub control_planes: bool,
+}
+
+/// What reboot detection found and did.
+#[derive(Debug, Clone, Serialize)]
+pub struct RebootReport {
+    /// The nodes whose sentinel is set.
+    pub required: Vec<String>,
+    /// The nodes whose sentinel is not set.
+    pub clear: Vec<String>,
+    /// The nodes whose sentinel could not be read, with why.
+    pub unreadable: BTreeMap<String, String>,
+    /// What came of the reboot request; `None` when nothing was asked for.
+    pub submitted: Option<Submitted>,
+}
+
+/// Reads every node's sentinel (control planes too when allowed), side by side.
+async fn reboot_findings(
+    sources: &Sources,
+    check: &RebootCheck,
+) -> Result<(BTreeMap<String, bool>, BTreeMap<String, String>), DetectError> {
+    let facts = sources.cluster.facts().await?;
+    let reads = facts
+        .nodes
+        .iter()
+        .filter(|n| n.role == Role::Worker || check.control_planes)
+        .map(|n| {
+            let target = NodeTarget::from(n);
+            async move {
+                let set = sentinel(&*sources.exec, &target, &check.sentinel_script).await;
+                (target.name, set)
+            }
+        });
+    let mut required = BTreeMap::new();
+    let mut unreadable = BTreeMap::new();
+    for (node, set) in futures_util::future::join_all(reads).await {
+        match set {
+            Ok(set) => {
+                required.insert(node, set);
+            }
+            Err(e) => {
+                unreadable.insert(node, error_chain(&e));
+            }
+        }
+    }
+    Ok((required, unreadable))
 }
 
 /// Reads the facts.
@@ -137,36 +202,78 @@ pub async fn findings(sources: &Sources) -> Result<Findings, DetectError> {
     })
 }
 
-/// Finds, decides, pushes the metrics (when a Pushgateway is given) and asks for the
-/// upgrade (when a submitter is given: not in a dry run). The report comes back whenever
-/// the facts could be read, also when a later part failed.
+/// What one detection found and did: the upgrade part when its facts could be read, the
+/// reboot part when it was asked for.
+#[derive(Debug, Clone, Serialize)]
+pub struct Detected {
+    /// Versions, decision, push and upgrade request.
+    #[serde(flatten)]
+    pub upgrade: Option<Report>,
+    /// Sentinels and reboot request.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reboots: Option<RebootReport>,
+}
+
+/// Finds, decides, reads the reboot sentinels (with `reboots`), pushes the metrics (when
+/// a Pushgateway is given and the upgrade part could be read: a failed check pushes
+/// nothing, so its last-run timestamp ages) and asks for the upgrade and the reboots
+/// (when a submitter is given: not in a dry run). What was found comes back also when a
+/// later part failed; the error is the worst: not taken (4), not read (3), not pushed (5).
 pub async fn detect(
     sources: &Sources,
     stages: &StageSelection,
+    reboots: Option<&RebootCheck>,
     push: Option<&dyn MetricsPush>,
     submit: Option<&dyn Submitter>,
-) -> (Option<Report>, Option<DetectError>) {
-    let findings = match findings(sources).await {
-        Ok(f) => f,
-        Err(e) => return (None, Some(e)),
+) -> (Option<Detected>, Option<DetectError>) {
+    let mut read_error = None;
+    let mut reboot_part = None;
+    if let Some(check) = reboots {
+        match reboot_findings(sources, check).await {
+            Ok((required, unreadable)) => {
+                if !unreadable.is_empty() {
+                    read_error = Some(DetectError::Sentinels(unreadable.clone()));
+                }
+                reboot_part = Some((required, unreadable));
+            }
+            Err(e) => read_error = Some(e),
+        }
+    }
+    let upgrade_part = match findings(sources).await {
+        Ok(f) => {
+            let decision = detect::decide(&f);
+            Some((f, decision))
+        }
+        Err(e) => {
+            read_error = Some(e);
+            None
+        }
     };
-    let decision = detect::decide(&findings);
-    let mut error = None;
-    let pushed = match push {
-        None => false,
-        Some(push) => {
-            let text = detect::pushgateway_text(&decision, Utc::now().timestamp());
+    if upgrade_part.is_none() && reboot_part.is_none() {
+        return (None, read_error);
+    }
+    let mut push_error = None;
+    let pushed = match (push, &upgrade_part) {
+        (Some(push), Some((_, decision))) => {
+            let mut text = detect::pushgateway_text(decision, Utc::now().timestamp());
+            if let Some((required, _)) = &reboot_part {
+                text.push_str(&detect::reboot_text(required));
+            }
             match push.push(text).await {
                 Ok(()) => true,
                 Err(e) => {
-                    error = Some(DetectError::Push(e));
+                    push_error = Some(DetectError::Push(e));
                     false
                 }
             }
         }
+        _ => false,
     };
+    let mut submit_error = None;
     let mut submitted = None;
-    if let (Decision::Upgrade { kind, target, .. }, Some(submit)) = (&decision, submit) {
+    if let (Some((_, Decision::Upgrade { kind, target, .. })), Some(submit)) =
+        (&upgrade_part, submit)
+    {
         let request = DetectionRequest {
             target_version: *target,
             kind: *kind,
@@ -175,17 +282,42 @@ pub async fn detect(
         };
         match submit.submit(&request).await {
             Ok(s) => submitted = Some(s),
-            // Not taken is worse than not pushed: it is the error to report.
-            Err(e) => error = Some(DetectError::Submit(e)),
+            Err(e) => submit_error = Some(DetectError::Submit(e)),
         }
     }
-    let report = Report {
+    let reboots = match reboot_part {
+        None => None,
+        Some((required, unreadable)) => {
+            let (needing, clear): (Vec<_>, Vec<_>) = required.iter().partition(|(_, set)| **set);
+            let needing: Vec<String> = needing.into_iter().map(|(n, _)| n.clone()).collect();
+            let mut reboot_submitted = None;
+            if let (false, Some(submit)) = (needing.is_empty(), submit) {
+                let request = RebootRequest {
+                    nodes: needing.clone(),
+                    reason: Some("rollgate detect: the reboot sentinel is set".into()),
+                };
+                match submit.submit_reboots(&request).await {
+                    Ok(s) => reboot_submitted = Some(s),
+                    Err(e) => submit_error = Some(DetectError::Submit(e)),
+                }
+            }
+            Some(RebootReport {
+                required: needing,
+                clear: clear.into_iter().map(|(n, _)| n.clone()).collect(),
+                unreadable,
+                submitted: reboot_submitted,
+            })
+        }
+    };
+    let upgrade = upgrade_part.map(|(findings, decision)| Report {
         findings,
         decision,
         pushed,
         submitted,
-    };
-    (Some(report), error)
+    });
+    // Not taken is worse than not read, which is worse than not pushed.
+    let error = submit_error.or(read_error).or(push_error);
+    (Some(Detected { upgrade, reboots }), error)
 }
 
 #[cfg(test)]
@@ -213,6 +345,10 @@ mod tests {
             ),
             (DetectError::Submit(Failure::new("x")), 4),
             (DetectError::Push(Failure::new("x")), 5),
+            (
+                DetectError::Sentinels([("w1".to_owned(), "x".to_owned())].into()),
+                3,
+            ),
         ];
         for (error, code) in cases {
             assert_eq!(error.exit_code(), code, "{error}");

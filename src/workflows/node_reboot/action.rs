@@ -12,6 +12,7 @@ use std::time::Duration;
 use crate::domain::engine::StepOutcome;
 use crate::domain::run::{Run, Step};
 use crate::error_chain;
+use crate::metrics::Metrics;
 use crate::ports::{ClusterRead, ExecError, NodeBoot, NodeBoots, NodeExec, NodeTarget, RebootMark};
 use crate::workflows::node_cycle::NodeCycle;
 
@@ -43,25 +44,53 @@ pub struct NodeReboots {
     pub cycle: NodeCycle,
     /// Commands and limits.
     pub settings: RebootAction,
+    /// Where it keeps what it last read of each node's sentinel.
+    pub metrics: Metrics,
 }
 
-/// Whether a node's sentinel is set, or why it cannot be told.
+/// Why a node's sentinel could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum SentinelError {
+    /// The check ran and answered neither 0 nor 1.
+    #[error("the sentinel check on {node} exited with {status:?}: {tail}")]
+    Exit {
+        /// The node.
+        node: String,
+        /// Its exit status (`None`: a signal).
+        status: Option<i32>,
+        /// The end of its output.
+        tail: String,
+    },
+    /// The check did not run.
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+}
+
+impl SentinelError {
+    /// The step's outcome: a changed host key never gets better by retrying.
+    fn outcome(self) -> StepOutcome {
+        match self {
+            Self::Exec(e @ ExecError::HostKey { .. }) => StepOutcome::failed(error_chain(&e)),
+            other => StepOutcome::retry(error_chain(&other)),
+        }
+    }
+}
+
+/// Whether a node's sentinel is set: `script` exits 0 (set) or 1 (not set).
 pub async fn sentinel(
     exec: &dyn NodeExec,
     target: &NodeTarget,
     script: &str,
-) -> Result<bool, StepOutcome> {
-    match exec.run_script(target, script, &[]).await {
-        Ok(out) if out.status == Some(0) => Ok(true),
-        Ok(out) if out.status == Some(1) => Ok(false),
-        Ok(out) => Err(StepOutcome::retry(format!(
-            "the sentinel check on {} exited with {:?}: {}",
-            target.name,
-            out.status,
-            out.tail(4)
-        ))),
-        Err(e @ ExecError::HostKey { .. }) => Err(StepOutcome::failed(error_chain(&e))),
-        Err(e) => Err(StepOutcome::retry(error_chain(&e))),
+) -> Result<bool, SentinelError> {
+    let out = exec.run_script(target, script, &[]).await?;
+    match out.status {
+        Some(0) => Ok(true),
+        Some(1) => Ok(false),
+        status => Err(SentinelError::Exit {
+            node: target.name.clone(),
+            status,
+            tail: out.tail(4),
+        }),
     }
 }
 
@@ -78,10 +107,22 @@ impl NodeReboots {
         Ok(NodeTarget::from(node))
     }
 
+    /// Whether `target`'s sentinel is set now; kept in `rollgate_node_reboot_required`.
+    pub async fn read_sentinel(&self, target: &NodeTarget) -> Result<bool, StepOutcome> {
+        let set = sentinel(&*self.exec, target, &self.settings.sentinel_script)
+            .await
+            .map_err(SentinelError::outcome)?;
+        self.metrics
+            .node_reboot_required
+            .with_label_values(&[&target.name])
+            .set(i64::from(set));
+        Ok(set)
+    }
+
     /// Whether `node`'s sentinel is set now.
     pub async fn required(&self, node: &str) -> Result<bool, StepOutcome> {
         let target = self.target(node).await?;
-        sentinel(&*self.exec, &target, &self.settings.sentinel_script).await
+        self.read_sentinel(&target).await
     }
 
     /// Marks the node's boot id, then sends the reboot command; once only.
@@ -175,6 +216,10 @@ impl NodeReboots {
             if let Err(e) = self.boots.label(node, &self.settings.labels_after).await {
                 return StepOutcome::retry(error_chain(&e));
             }
+            self.metrics
+                .node_reboot_required
+                .with_label_values(&[node])
+                .set(0);
             self.cycle.tell(
                 node,
                 "Rebooted",

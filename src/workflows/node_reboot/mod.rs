@@ -7,6 +7,6 @@ mod action;
 pub mod plan;
 mod steps;
 
-pub use action::{NodeReboots, RebootAction};
+pub use action::{NodeReboots, RebootAction, SentinelError, sentinel};
 pub use plan::{RebootPlanError, RebootPlanSettings, check_request};
 pub use steps::RebootSteps;

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use tracing::info;
 
-use super::action::{NodeReboots, sentinel};
+use super::action::NodeReboots;
 use super::plan::{self, RebootPlanSettings};
 use crate::domain::control_planes::NextControlPlane;
 use crate::domain::engine::StepOutcome;
@@ -51,12 +51,7 @@ impl RebootSteps {
             .map(|n| {
                 let target = NodeTarget::from(n);
                 async move {
-                    let needs = sentinel(
-                        &*self.reboots.exec,
-                        &target,
-                        &self.reboots.settings.sentinel_script,
-                    )
-                    .await;
+                    let needs = self.reboots.read_sentinel(&target).await;
                     (target.name, needs)
                 }
             });
@@ -151,12 +146,7 @@ impl RebootSteps {
                 marked.push(name);
                 continue;
             }
-            let set = sentinel(
-                &*self.reboots.exec,
-                &NodeTarget::from(node),
-                &self.reboots.settings.sentinel_script,
-            )
-            .await?;
+            let set = self.reboots.read_sentinel(&NodeTarget::from(node)).await?;
             needs.insert(name, set);
         }
         Ok(plan::control_planes_pending(
