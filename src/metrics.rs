@@ -55,6 +55,11 @@ pub struct Metrics {
     /// Per node, 1 when its reboot sentinel was set when rollgate last read it, 0 when
     /// not (or once rollgate rebooted it); kured's `kured_reboot_required`.
     pub node_reboot_required: IntGaugeVec,
+    /// Per node, when rollgate last sent it the reboot command (Unix seconds).
+    pub node_reboot_sent: prometheus::GaugeVec,
+    /// Per node, when rollgate last saw it back from its reboot (Unix seconds): a boot
+    /// between the two is rollgate's own (rules: `NodeRecentlyRebooted`).
+    pub node_reboot_back: prometheus::GaugeVec,
     /// 1 while a maintenance window is open (or none is configured), else 0.
     pub window_open: IntGauge,
     /// When the maintenance window open now, or the next one, opens (Unix seconds); 0 with
@@ -260,6 +265,22 @@ impl Metrics {
         registry
             .register(Box::new(node_reboot_required.clone()))
             .expect("unique metric");
+        let node_reboot_time = |name: &str, help: &str| {
+            let gauge =
+                prometheus::GaugeVec::new(Opts::new(name, help), &["node"]).expect("valid metric");
+            registry
+                .register(Box::new(gauge.clone()))
+                .expect("unique metric");
+            gauge
+        };
+        let node_reboot_sent = node_reboot_time(
+            "rollgate_node_reboot_sent_timestamp_seconds",
+            "When rollgate last sent the node its reboot command (Unix time).",
+        );
+        let node_reboot_back = node_reboot_time(
+            "rollgate_node_reboot_back_timestamp_seconds",
+            "When rollgate last saw the node back from its reboot (Unix time).",
+        );
         let node_step_duration = HistogramVec::new(
             HistogramOpts::new(
                 "rollgate_node_step_duration_seconds",
@@ -321,6 +342,8 @@ impl Metrics {
             upgrade_stage,
             upgrade_node_in_hand,
             node_reboot_required,
+            node_reboot_sent,
+            node_reboot_back,
             window_open,
             window_opening,
             node_step_duration,

@@ -285,7 +285,7 @@ async fn a_rollout_left_part_done_fires_the_skew_and_the_run_that_finishes_it_is
     let (_, gates) = r.rg.get("/v1/gates").await;
     assert_eq!(gates["verdict"]["verdict"], "closed", "{gates}");
 
-    // The weekly detection's "finish the rollout": the skew does not hold it.
+    // The daily detection's "finish the rollout": the skew does not hold it.
     let finish = detect(&r, "1.34.5", "all").await;
     let run = r.rg.wait_status(&finish, "succeeded", RUN_DEADLINE).await;
     assert!(!history_has(&run, "gate closed"), "{run}");
@@ -310,4 +310,130 @@ async fn a_rollout_left_part_done_fires_the_skew_and_the_run_that_finishes_it_is
         (!r.firing().await.contains(&"K8sVersionSkew".to_owned())).then_some(())
     })
     .await;
+}
+
+/// Asks for the reboot of every node whose sentinel is set; the run's id.
+async fn reboot_all(r: &Rehearsal) -> String {
+    let (status, body) = r.rg.post("/v1/reboots", &json!({})).await;
+    assert_eq!(status, 202, "{body}");
+    body["run_id"].as_str().expect("run id").to_owned()
+}
+
+fn set_ready(r: &Rehearsal, node: &str, ready: bool) {
+    r.ground.api.edit_node(node, |n| {
+        n["status"]["conditions"] =
+            json!([{"type": "Ready", "status": if ready { "True" } else { "False" }}]);
+    });
+}
+
+#[tokio::test]
+async fn a_healthy_reboot_of_one_control_plane_and_six_workers_closes_no_gate_of_its_own() {
+    let r = Rehearsal::start("1.34.2", 6).await;
+    for node in &r.ground.nodes {
+        node.need_reboot();
+    }
+    // w3 is a server slow to come back (6 minutes, scaled): long enough for
+    // KubeNodeNotReady's `for: 5m` while rollgate has it in hand.
+    r.ground
+        .node("w3")
+        .reboot_delay(Duration::from_secs(360).mul_f64(SCALE).as_secs_f64());
+    let started = Instant::now();
+    let id = reboot_all(&r).await;
+    let run = r.rg.wait_status(&id, "succeeded", RUN_DEADLINE).await;
+    let window = started.elapsed().as_secs() + 1;
+
+    for node in &r.ground.nodes {
+        assert_eq!(node.reboots(), 1, "{}", node.name);
+        assert!(!cordoned(&r, &node.name), "{}", node.name);
+    }
+    r.ground.assert_drained_once();
+    assert!(!history_has(&run, "gate closed"), "{run}");
+    assert!(!history_has(&run, "halted"), "{run}");
+    // Every node's boot time changed as the exporters saw it: without the rule's exception
+    // for rollgate's own reboots, NodeRecentlyRebooted would have held each next node.
+    let booted = label_values(
+        &r,
+        &format!("changes(node_boot_time_seconds[{window}s]) > 0"),
+        "node",
+    )
+    .await;
+    let nodes: BTreeSet<String> = r.ground.nodes.iter().map(|n| n.name.clone()).collect();
+    assert_eq!(booted, nodes);
+    // The only gate alert that fired is the slow node's NotReady while rollgate had it in
+    // hand: no gate is asked then, and it resolved before the next one.
+    let fired = r
+        .query(&format!(
+            r#"max_over_time(ALERTS{{alertstate="firing",upgrade_gate="true"}}[{window}s])"#
+        ))
+        .await;
+    let fired: BTreeSet<String> = fired
+        .iter()
+        .map(|s| {
+            format!(
+                "{}{{{}}}",
+                s["metric"]["alertname"].as_str().unwrap_or_default(),
+                s["metric"]["node"].as_str().unwrap_or_default()
+            )
+        })
+        .collect();
+    assert_eq!(
+        fired,
+        BTreeSet::from(["KubeNodeNotReady{w3}".to_owned()]),
+        "gate alerts fired during the run"
+    );
+    let (_, board) = r.rg.get("/v1/alerts").await;
+    assert_eq!(board, json!([]), "rollgate's board");
+}
+
+#[tokio::test]
+async fn a_node_nobody_rebooted_going_not_ready_holds_the_reboot_run() {
+    let r = Rehearsal::start("1.34.2", 6).await;
+    for name in ["w1", "w2", "w3", "w4"] {
+        r.ground.node(name).need_reboot();
+    }
+    let id = reboot_all(&r).await;
+    r.rg.wait_run_until(&id, "the first batch to soak", RUN_DEADLINE, |run| {
+        run["steps"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|s| s["name"] == "soak" && s["status"] != "pending")
+    })
+    .await;
+    // w6, which rollgate is not rebooting, goes down on its own.
+    set_ready(&r, "w6", false);
+    let held =
+        r.rg.wait_run_until(&id, "the next gate to hold the run", RUN_DEADLINE, |run| {
+            run["status"] == "waiting" && run["blockers"].to_string().contains("KubeNodeNotReady")
+        })
+        .await;
+    let gate = current_label(&held);
+    assert!(gate.starts_with("reboot/gate@"), "held at {gate}");
+    // It comes back from a reboot nobody planned: now NodeRecentlyRebooted holds the run.
+    r.ground.api.edit_node("w6", |n| {
+        n["status"]["nodeInfo"]["bootID"] = json!("boot-w6-unplanned");
+    });
+    set_ready(&r, "w6", true);
+    r.rg.wait_run_until(
+        &id,
+        "NodeRecentlyRebooted to hold the run",
+        RUN_DEADLINE,
+        |run| {
+            run["status"] == "waiting"
+                && run["blockers"].to_string().contains("NodeRecentlyRebooted")
+        },
+    )
+    .await;
+    // Once it has settled (10 minutes, scaled) the run goes on and completes.
+    let run = r.rg.wait_status(&id, "succeeded", RUN_DEADLINE).await;
+    assert!(
+        history_has(&run, &format!("gate closed at step {gate}")),
+        "{run}"
+    );
+    assert!(!history_has(&run, "halted"), "{run}");
+    for name in ["w1", "w2", "w3", "w4"] {
+        assert_eq!(r.ground.node(name).reboots(), 1, "{name}");
+    }
+    assert_eq!(r.ground.node("w6").reboots(), 0);
+    r.ground.assert_drained_once();
 }

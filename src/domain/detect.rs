@@ -1,4 +1,4 @@
-//! What the weekly detection decides: from the running versions, the patches the control
+//! What the daily detection decides: from the running versions, the patches the control
 //! plane's apt repository offers, and whether the next minor's repository carries a
 //! release, the one upgrade to ask for (or none).
 

@@ -124,6 +124,7 @@ pub fn scaled_rollgate_env() -> Vec<(&'static str, String)> {
     let ssh = rollgate::config::SshConfig::default();
     let etcd = rollgate::config::EtcdConfig::default();
     let queue = rollgate::config::QueueSettings::default();
+    let reboot = rollgate::config::RebootConfig::default();
     vec![
         ("ROLLGATE__CLUSTER__SOAK", scaled(cluster.soak)),
         (
@@ -157,6 +158,12 @@ pub fn scaled_rollgate_env() -> Vec<(&'static str, String)> {
             scaled(etcd.transfer_timeout),
         ),
         ("ROLLGATE__QUEUE__LEASE", scaled(queue.lease)),
+        ("ROLLGATE__REBOOT__TIMEOUT", scaled(reboot.timeout)),
+        // The fake node's sentinel (reboot.sentinel_file's place on a real one).
+        (
+            "ROLLGATE__REBOOT__SENTINEL_COMMAND",
+            "test -e \"$STUB_STATE/reboot-required\"".to_owned(),
+        ),
     ]
 }
 

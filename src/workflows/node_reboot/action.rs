@@ -164,6 +164,10 @@ impl NodeReboots {
         if let Err(e) = self.boots.mark_reboot(node, &mark).await {
             return StepOutcome::retry(format!("{NOT_SENT}{}", error_chain(&e)));
         }
+        self.metrics
+            .node_reboot_sent
+            .with_label_values(&[node])
+            .set(mark.at.timestamp_millis() as f64 / 1000.0);
         let sent = match self
             .exec
             .run_script(&target, &format!("{}\n", self.settings.command), &[])
@@ -220,6 +224,15 @@ impl NodeReboots {
                 .node_reboot_required
                 .with_label_values(&[node])
                 .set(0);
+            // The mark's time as well: after a restart of rollgate this is how it knows.
+            self.metrics
+                .node_reboot_sent
+                .with_label_values(&[node])
+                .set(mark.at.timestamp_millis() as f64 / 1000.0);
+            self.metrics
+                .node_reboot_back
+                .with_label_values(&[node])
+                .set(now.timestamp_millis() as f64 / 1000.0);
             self.cycle.tell(
                 node,
                 "Rebooted",
