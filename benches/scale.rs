@@ -46,11 +46,11 @@ use chrono::Utc;
 use rollgate::adapters::kube::Kube;
 use rollgate::domain::engine::{Context, Input, Next, StepOutcome, advance};
 use rollgate::domain::event::{DetectionRequest, StageSelection, UpgradeKind};
-use rollgate::domain::k8s_upgrade::{self, MaxUnavailable, PlanSettings};
 use rollgate::domain::run::{FailurePolicy, Run};
 use rollgate::domain::version::Version;
 use rollgate::ports::{ClusterRead, NodeDrain};
 use rollgate::store::{Commit, Store};
+use rollgate::workflows::k8s_upgrade::plan::{self as k8s_upgrade, MaxUnavailable, PlanSettings};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 use support::kube::FakeKube;
@@ -132,7 +132,7 @@ async fn planned_run(kube: &Kube) -> Run {
         reboot_after_upgrade: false,
     };
     let plan = k8s_upgrade::plan(&request(), &facts, None, &settings).expect("plan");
-    let mut run = Run::k8s_upgrade(
+    let mut run = rollgate::workflows::k8s_upgrade::plan::new_run(
         uuid::Uuid::now_v7().to_string(),
         &request(),
         FailurePolicy::default(),

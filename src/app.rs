@@ -21,8 +21,6 @@ use crate::adapters::prometheus::Prometheus;
 use crate::adapters::snapshot::EtcdSnapshots;
 use crate::adapters::ssh::{Ssh, SshSettings};
 use crate::config::{AfterUpgrade, QueueBackend, Settings, StoreBackend};
-use crate::domain::k8s_upgrade::PlanSettings;
-use crate::domain::roll_watch::{WatchTarget, WatchedRoll};
 use crate::http::clients::{Clients, TokenSources};
 use crate::http::tls::{Tls, TlsFiles};
 use crate::http::{self, AppState, EtcdRollIntake};
@@ -37,10 +35,12 @@ use crate::queue::embedded::EmbeddedQueue;
 use crate::store::Store;
 use crate::worker::{Worker, WorkerPolicy};
 use crate::workflows::control_plane_cycle::{ControlPlaneCycle, ControlPlaneSettings};
+use crate::workflows::etcd_roll::roll_watch::{WatchTarget, WatchedRoll};
 use crate::workflows::etcd_roll::steps::EtcdRollSteps;
 use crate::workflows::etcd_roll::watch::{RollStarter, RollWatch};
 use crate::workflows::events::{EventNotifier, EventSink};
 use crate::workflows::gate::{Gate, GateStep, QuietPeriodStep};
+use crate::workflows::k8s_upgrade::plan::PlanSettings;
 use crate::workflows::k8s_upgrade::{UpgradeSettings, UpgradeSteps};
 use crate::workflows::node_cycle::{CycleSettings, NodeCycle, SelfSilences};
 use crate::workflows::node_reboot::{NodeReboots, RebootAction, RebootPlanSettings, RebootSteps};
@@ -466,7 +466,7 @@ pub fn node_cycle(
             blocking_pods: c
                 .blocking_pod_selectors
                 .iter()
-                .filter_map(|raw| crate::domain::drain_holds::Requirement::parse(raw).ok())
+                .filter_map(|raw| crate::workflows::node_cycle::holds::Requirement::parse(raw).ok())
                 .collect(),
             hold_poll: settings.gate.poll_interval,
         },

@@ -6,15 +6,16 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::domain::control_planes::{EtcdAlarm, StaticPod};
-use crate::domain::detect::Minor;
 use crate::domain::engine::StepOutcome;
-use crate::domain::event::{DetectionRequest, RebootRequest};
+use crate::domain::event::DetectionRequest;
 use crate::domain::gate::PromReading;
-use crate::domain::k8s_upgrade::ClusterFacts;
 use crate::domain::run::{Run, RunStatus, Step};
 use crate::domain::step::{StepKind, UpgradeStep};
 use crate::domain::version::Version;
+use crate::workflows::control_plane_cycle::plan::{EtcdAlarm, StaticPod};
+use crate::workflows::detect::plan::Minor;
+use crate::workflows::k8s_upgrade::plan::ClusterFacts;
+use crate::workflows::node_reboot::RebootRequest;
 
 /// Carries out one kind of step. A step must be idempotent: after a crash it is executed
 /// again from the start.
@@ -235,9 +236,9 @@ pub struct RebootMark {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DrainFacts {
     /// The pods on the node.
-    pub pods: Vec<crate::domain::drain_holds::PodFacts>,
+    pub pods: Vec<crate::workflows::node_cycle::holds::PodFacts>,
     /// Every PodDisruptionBudget of the cluster.
-    pub budgets: Vec<crate::domain::drain_holds::BudgetFacts>,
+    pub budgets: Vec<crate::workflows::node_cycle::holds::BudgetFacts>,
 }
 
 /// Keeps the in-flight annotations on the upgrade namespace.
@@ -409,8 +410,8 @@ pub struct NodeTarget {
     pub address: Option<String>,
 }
 
-impl From<&crate::domain::k8s_upgrade::NodeFacts> for NodeTarget {
-    fn from(node: &crate::domain::k8s_upgrade::NodeFacts) -> Self {
+impl From<&crate::workflows::k8s_upgrade::plan::NodeFacts> for NodeTarget {
+    fn from(node: &crate::workflows::k8s_upgrade::plan::NodeFacts) -> Self {
         Self {
             name: node.name.clone(),
             address: node.address.clone(),

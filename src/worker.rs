@@ -16,15 +16,16 @@ use crate::domain::backoff::Backoff;
 use crate::domain::engine::{self, Context, Input, Next, StepOutcome};
 use crate::domain::event::{
     CloudEvent, ControlRequest, DetectionRequest, EventData, EventType, ROLLGATE_SOURCE,
-    RebootRequest, WakeRequest,
+    WakeRequest,
 };
-use crate::domain::k8s_upgrade::FailureBudget;
 use crate::domain::run::{FailurePolicy, Run, RunKind, RunStatus, Step};
 use crate::domain::schedule::Windows;
 use crate::metrics::Metrics;
 use crate::ports::{Executors, Notice, Notifier};
 use crate::queue::{Delivery, Outgoing, Queue, QueueError};
 use crate::store::{AlertEvent, Commit, Committed, Store, StoreError};
+use crate::workflows::k8s_upgrade::plan::FailureBudget;
+use crate::workflows::node_reboot::RebootRequest;
 
 /// The worker.
 pub struct Worker {
@@ -709,8 +710,13 @@ impl Worker {
                         Some(&request.target_version.to_string()),
                         run_id,
                         |id| {
-                            Run::k8s_upgrade(id, &request, on_failure, Utc::now())
-                                .credited(&event.source)
+                            crate::workflows::k8s_upgrade::plan::new_run(
+                                id,
+                                &request,
+                                on_failure,
+                                Utc::now(),
+                            )
+                            .credited(&event.source)
                         },
                         &mut commit,
                         &mut notices,
@@ -725,8 +731,13 @@ impl Worker {
                         Some(&request.target()),
                         run_id,
                         |id| {
-                            Run::etcd_roll(id, &request, on_failure, Utc::now())
-                                .credited(&event.source)
+                            crate::workflows::etcd_roll::plan::new_run(
+                                id,
+                                &request,
+                                on_failure,
+                                Utc::now(),
+                            )
+                            .credited(&event.source)
                         },
                         &mut commit,
                         &mut notices,
@@ -920,7 +931,10 @@ impl Worker {
             RunKind::NodeReboot,
             None,
             run_id,
-            |id| Run::node_reboot(id, &request, on_failure, Utc::now()).credited(source),
+            |id| {
+                crate::workflows::node_reboot::plan::new_run(id, &request, on_failure, Utc::now())
+                    .credited(source)
+            },
             commit,
             notices,
         )

@@ -6,8 +6,8 @@
 mod support;
 
 use rollgate::adapters::kube::Kube;
-use rollgate::domain::drain_holds;
 use rollgate::ports::{Cordon, DrainOptions, NodeDrain};
+use rollgate::workflows::node_cycle::holds as drain_holds;
 use serde_json::{Value, json};
 use std::time::Duration;
 use support::kube::{Change, FakeKube};

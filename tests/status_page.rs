@@ -342,11 +342,11 @@ async fn a_read_token_sees_the_run_and_who_asked_for_it_but_cannot_control_it() 
 fn thousand_node_run(workers: usize) -> rollgate::domain::run::Run {
     use rollgate::domain::engine::{Input, Next, StepOutcome, advance};
     use rollgate::domain::event::{ControlAction, DetectionRequest, StageSelection, UpgradeKind};
-    use rollgate::domain::k8s_upgrade::{
-        self, ClusterFacts, MaxUnavailable, NodeFacts, PlanSettings, Role,
-    };
     use rollgate::domain::run::{FailurePolicy, Run};
     use rollgate::domain::version::Version;
+    use rollgate::workflows::k8s_upgrade::plan::{
+        self as k8s_upgrade, ClusterFacts, MaxUnavailable, NodeFacts, PlanSettings, Role,
+    };
     let v = |s: &str| Version::parse(s).unwrap();
     let node = |name: String, role| NodeFacts {
         name,
@@ -369,7 +369,7 @@ fn thousand_node_run(workers: usize) -> rollgate::domain::run::Run {
         ..PlanSettings::default()
     };
     let plan = k8s_upgrade::plan(&request, &ClusterFacts { nodes }, None, &settings).unwrap();
-    let mut run = Run::k8s_upgrade(
+    let mut run = rollgate::workflows::k8s_upgrade::plan::new_run(
         uuid::Uuid::now_v7().to_string(),
         &request,
         FailurePolicy::Halt,

@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 
-use crate::domain::control_planes::EtcdAlarm;
-use crate::domain::etcd_roll::agreed_leader;
 use crate::ports::{EtcdConnect, EtcdMembers};
 pub use crate::ports::{EtcdError, MemberInfo, MemberStatus};
+use crate::workflows::control_plane_cycle::plan::EtcdAlarm;
+use crate::workflows::etcd_roll::plan::agreed_leader;
 
 /// TLS to etcd.
 #[derive(Debug, Clone)]

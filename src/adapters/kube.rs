@@ -20,15 +20,15 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::domain::control_planes::StaticPod;
-use crate::domain::drain_holds::{BudgetFacts, PodFacts};
-use crate::domain::k8s_upgrade::{ClusterFacts, NodeFacts, Role};
 use crate::domain::version::Version;
 use crate::ports::{
     ClusterError, ClusterEvent, ClusterRead, Cordon, DrainError, DrainFacts, DrainOptions,
     DrainReport, EventRecorder, InFlight, InFlightMarks, NodeBoot, NodeBoots, NodeDrain, PodRef,
     PodState, RebootMark, Regarding, StatefulSetState, StatefulSets,
 };
+use crate::workflows::control_plane_cycle::plan::StaticPod;
+use crate::workflows::k8s_upgrade::plan::{ClusterFacts, NodeFacts, Role};
+use crate::workflows::node_cycle::holds::{BudgetFacts, PodFacts};
 
 /// Every (API group, resource, verb) this adapter uses.
 pub const API_USE: &[(&str, &str, &str)] = &[
@@ -175,7 +175,7 @@ fn cordon_state(node: &Node, mark: &str) -> (bool, Option<String>) {
 
 /// A budget as the drain holds read it: its selector as requirements, its status.
 fn budget_facts(pdb: PodDisruptionBudget) -> BudgetFacts {
-    use crate::domain::drain_holds::{Operator, Requirement, Selector};
+    use crate::workflows::node_cycle::holds::{Operator, Requirement, Selector};
     let selector = pdb
         .spec
         .as_ref()

@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use crate::domain::detect::{Minor, packages_releases};
 use crate::domain::version::Version;
 use crate::ports::{Failure, PackageRepository, RepoError};
+use crate::workflows::detect::plan::{Minor, packages_releases};
 
 /// Largest `Packages` index read (a minor's index is a few hundred KB).
 const MAX_INDEX_BYTES: usize = 32 << 20;

@@ -4,9 +4,10 @@
 use chrono::Utc;
 use std::sync::Arc;
 
-use crate::domain::event::{CloudEvent, DetectionRequest, EventData, RebootRequest};
+use crate::domain::event::{CloudEvent, DetectionRequest, EventData};
 use crate::ports::{Failure, Submitted, Submitter};
 use crate::queue::{Outgoing, Queue};
+use crate::workflows::node_reboot::RebootRequest;
 
 /// `POST /v1/detections`, `POST /v1/reboots`.
 pub struct HttpSubmitter {

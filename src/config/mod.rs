@@ -4,7 +4,7 @@
 //! still read, and `rollgate check-config` reports every bad value at once.
 
 mod sections;
-mod values;
+pub(crate) mod values;
 
 pub use sections::{
     AfterUpgrade, ClusterSettings, DetectConfig, DetectSubmit, EtcdConfig, EtcdRollConfig,

@@ -12,6 +12,7 @@ use super::values::{self, Problems, host_list, matcher_list, string_list};
 use crate::domain::gate::Matcher;
 use crate::domain::run::FailurePolicy;
 use crate::domain::scope::Scope;
+pub use crate::workflows::node_reboot::config::{AfterUpgrade, RebootConfig};
 
 /// Which queue backend carries events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -21,17 +22,6 @@ pub enum QueueBackend {
     Embedded,
     /// RabbitMQ through lapin.
     Amqp,
-}
-
-/// Whether an upgrade reboots a node its script left needing one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum AfterUpgrade {
-    /// Never (default): a later reboot run takes the node, drained again.
-    Never,
-    /// After a node's script the sentinel is read; when set, the node is rebooted inside
-    /// the same drain, before it is verified and uncordoned.
-    IfRequired,
 }
 
 /// Which database keeps runs.
@@ -628,7 +618,7 @@ pub struct ClusterSettings {
     /// rounded down, at least 1). PodDisruptionBudgets still bound every eviction.
     /// Control planes always go one at a time.
     #[serde(deserialize_with = "values::max_unavailable")]
-    pub max_unavailable: crate::domain::k8s_upgrade::MaxUnavailable,
+    pub max_unavailable: crate::workflows::k8s_upgrade::plan::MaxUnavailable,
     /// How many workers may fail their cycle (drain, node script or verify, after their
     /// attempts) and be left behind, cordoned and named, while the run goes on with the
     /// others: a count (`1`) or a percentage of the workers (`"10%"`, rounded down);
@@ -636,7 +626,7 @@ pub struct ClusterSettings {
     /// workers left behind holds at its end until they are fixed (resume retries exactly
     /// them) or it is aborted. Control planes have no budget.
     #[serde(deserialize_with = "values::failure_budget")]
-    pub failure_budget: crate::domain::k8s_upgrade::FailureBudget,
+    pub failure_budget: crate::workflows::k8s_upgrade::plan::FailureBudget,
     /// Pods that hold a node's drain while one runs on it (kured's blocking pods):
     /// `key=value`, `key!=value`, `key` or `!key`, any of which holds (default: none).
     #[serde(deserialize_with = "string_list")]
@@ -703,7 +693,7 @@ impl ClusterSettings {
         p.name("namespace", &self.namespace);
         p.name("annotation_prefix", &self.annotation_prefix);
         for raw in &self.blocking_pod_selectors {
-            if let Err(e) = crate::domain::drain_holds::Requirement::parse(raw) {
+            if let Err(e) = crate::workflows::node_cycle::holds::Requirement::parse(raw) {
                 p.add("blocking_pod_selectors", e);
             }
         }
@@ -909,16 +899,16 @@ impl Default for EtcdRollConfig {
 
 impl EtcdRollConfig {
     /// The watched StatefulSets, parsed (`check` has refused any that does not parse).
-    pub fn watch_targets(&self) -> Vec<crate::domain::roll_watch::WatchTarget> {
+    pub fn watch_targets(&self) -> Vec<crate::workflows::etcd_roll::roll_watch::WatchTarget> {
         self.watch
             .iter()
-            .filter_map(|raw| crate::domain::roll_watch::WatchTarget::parse(raw).ok())
+            .filter_map(|raw| crate::workflows::etcd_roll::roll_watch::WatchTarget::parse(raw).ok())
             .collect()
     }
 
     fn check(&self, p: &mut Problems) {
         for raw in &self.watch {
-            if let Err(e) = crate::domain::roll_watch::WatchTarget::parse(raw) {
+            if let Err(e) = crate::workflows::etcd_roll::roll_watch::WatchTarget::parse(raw) {
                 p.add("watch", e);
             }
         }
@@ -928,126 +918,7 @@ impl EtcdRollConfig {
     }
 }
 
-/// Node reboots (section `reboot`): what runs on a node to tell whether it needs a reboot
-/// and to reboot it. Operator settings only: no request ever carries a command.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RebootConfig {
-    /// The file whose presence means the node needs a reboot (kured's sentinel, default
-    /// `/var/run/reboot-required`); used unless `sentinel_command` is set.
-    pub sentinel_file: PathBuf,
-    /// A command run on the node instead of looking for the file: exit 0 means it needs a
-    /// reboot, exit 1 that it does not; anything else is an error (default: none).
-    pub sentinel_command: Option<String>,
-    /// The command that reboots the node, over SSH (default `systemctl reboot`); the
-    /// connection dropping as the node goes down is expected.
-    pub command: String,
-    /// How long a node may take from the reboot command to being Ready with another boot
-    /// id before the run halts naming it (default 15m).
-    #[serde(with = "humantime_serde")]
-    pub timeout: Duration,
-    /// Whether control-plane nodes may be rebooted (default true: one at a time, first,
-    /// between health checks, with one etcd leadership change when etcd is stacked).
-    /// False: a request naming one is refused, and `{}` leaves them out, named.
-    pub control_planes: bool,
-    /// Labels set on a node before its reboot (`key=value`; kured's
-    /// `--pre-reboot-node-labels`), e.g. to take it out of a load balancer.
-    #[serde(deserialize_with = "string_list")]
-    pub labels_before: Vec<String>,
-    /// Labels set on a node once it is back (`key=value`; kured's
-    /// `--post-reboot-node-labels`).
-    #[serde(deserialize_with = "string_list")]
-    pub labels_after: Vec<String>,
-    /// `never` (default) or `if-required`: after an upgrade's node script, a node whose
-    /// sentinel is set is rebooted inside the same drain, so it is drained once, not twice.
-    pub after_upgrade: AfterUpgrade,
-}
-
-impl Default for RebootConfig {
-    fn default() -> Self {
-        Self {
-            sentinel_file: PathBuf::from("/var/run/reboot-required"),
-            sentinel_command: None,
-            command: "systemctl reboot".into(),
-            timeout: Duration::from_secs(15 * 60),
-            control_planes: true,
-            labels_before: Vec::new(),
-            labels_after: Vec::new(),
-            after_upgrade: AfterUpgrade::Never,
-        }
-    }
-}
-
-impl RebootConfig {
-    /// The script that tells whether a node needs a reboot: exit 0 yes, 1 no.
-    pub fn sentinel_script(&self) -> String {
-        match &self.sentinel_command {
-            Some(command) => format!("{command}\n"),
-            None => format!("test -e '{}'\n", self.sentinel_file.display()),
-        }
-    }
-
-    /// `labels` as (key, value) pairs (`check` has refused any that does not parse).
-    pub fn labels(labels: &[String]) -> Vec<(String, Option<String>)> {
-        labels
-            .iter()
-            .filter_map(|raw| raw.split_once('='))
-            .map(|(k, v)| (k.trim().to_owned(), Some(v.trim().to_owned())))
-            .collect()
-    }
-
-    fn check(&self, p: &mut Problems) {
-        let file = self.sentinel_file.to_string_lossy();
-        if !file.starts_with('/')
-            || !file
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"/._-".contains(&b))
-        {
-            p.add(
-                "sentinel_file",
-                format!(
-                    "{file:?} must be an absolute path of letters, digits, '/', '.', '_' and '-'"
-                ),
-            );
-        }
-        if self
-            .sentinel_command
-            .as_deref()
-            .is_some_and(|c| c.trim().is_empty())
-        {
-            p.add(
-                "sentinel_command",
-                "must not be empty (leave it out to use sentinel_file)",
-            );
-        }
-        if self.command.trim().is_empty() {
-            p.add("command", "must not be empty");
-        }
-        p.duration("timeout", self.timeout, 1000, 24 * 3_600_000);
-        for (key, labels) in [
-            ("labels_before", &self.labels_before),
-            ("labels_after", &self.labels_after),
-        ] {
-            for raw in labels {
-                let ok = raw.split_once('=').is_some_and(|(k, v)| {
-                    let (k, v) = (k.trim(), v.trim());
-                    !k.is_empty()
-                        && k.len() <= 253
-                        && k.bytes()
-                            .all(|b| b.is_ascii_alphanumeric() || b"./-_".contains(&b))
-                        && v.len() <= 63
-                        && v.bytes()
-                            .all(|b| b.is_ascii_alphanumeric() || b".-_".contains(&b))
-                });
-                if !ok {
-                    p.add(key, format!("{raw:?} is not a label key=value"));
-                }
-            }
-        }
-    }
-}
-
-/// `rollgate detect`, the weekly CronJob (section `detect`).
+/// `rollgate detect`, the daily CronJob (section `detect`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DetectConfig {

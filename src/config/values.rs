@@ -11,9 +11,9 @@ use std::time::Duration;
 use super::Problem;
 use super::sections::SshHost;
 use crate::domain::gate::Matcher;
-use crate::domain::k8s_upgrade::{FailureBudget, MaxUnavailable};
 use crate::domain::schedule::{Window, WindowError, Windows};
 use crate::domain::scope::Scope;
+use crate::workflows::k8s_upgrade::plan::{FailureBudget, MaxUnavailable};
 
 /// A TOML array of strings, or one comma-separated string (as the environment gives it).
 pub fn string_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {

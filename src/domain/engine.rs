@@ -6,8 +6,8 @@
 use chrono::{DateTime, Utc};
 
 use super::backoff::Backoff;
+use super::budget::FailureBudget;
 use super::event::ControlAction;
-use super::k8s_upgrade::FailureBudget;
 use super::run::{Learned, Run, RunStatus, Step, StepStatus};
 
 /// What the engine needs to know about the world besides the run.

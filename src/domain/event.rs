@@ -1,6 +1,7 @@
 //! Events as rollgate accepts them: the CloudEvents envelope, and the validated `data` of
 //! each event type. Parsing is separate from applying (the worker applies).
 
+use crate::workflows::node_reboot::request::RebootRequest;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -432,122 +433,6 @@ impl DetectionRequest {
             "dry_run": self.dry_run,
             "stages": self.stages.to_text(),
         })
-    }
-}
-
-/// A validated request to reboot nodes (`POST /v1/reboots`): the nodes named, or every
-/// node whose sentinel is set when none is named. What runs on the nodes (the reboot
-/// command, the sentinel's test) is the operator's setting (`reboot.*`), never the
-/// request's.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct RebootRequest {
-    /// The nodes to reboot, sorted; empty: every node whose sentinel is set.
-    pub nodes: Vec<String>,
-    /// Why, in words; kept in the run's history.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-}
-
-/// The body of `POST /v1/reboots` (and the `data` of a `rollgate.reboot.v1` event), as
-/// it is read and documented; [`RebootRequest::from_json`] validates it.
-#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-#[schema(example = json!({"nodes": ["worker-3", "worker-7"], "reason": "kernel 6.1.0-28"}))]
-pub struct RebootBody {
-    /// Node names (1 to 1000 of them); leave out (or `[]`) for every node whose sentinel
-    /// is set.
-    #[schema(required = false, value_type = Vec<String>)]
-    pub nodes: Option<Vec<String>>,
-    /// Why, up to 500 characters, no control characters.
-    #[schema(required = false, value_type = String)]
-    pub reason: Option<String>,
-}
-
-impl RebootRequest {
-    /// Most nodes a request may name.
-    pub const MAX_NODES: usize = 1000;
-    /// Longest reason.
-    pub const MAX_REASON: usize = 500;
-
-    /// Reads and validates the JSON body of a reboot request, reporting every bad field.
-    pub fn from_json(body: &Value) -> Result<Self, FieldErrors> {
-        let mut errors = FieldErrors::default();
-        let read: RebootBody = read_body(body, &mut errors);
-        let mut nodes = read.nodes.unwrap_or_default();
-        if nodes.len() > Self::MAX_NODES {
-            errors.push(
-                "nodes",
-                format!(
-                    "{} names; at most {} per request",
-                    nodes.len(),
-                    Self::MAX_NODES
-                ),
-            );
-        }
-        for (i, node) in nodes.iter().enumerate() {
-            if let Some(problem) = node_name_problem(node) {
-                errors.push(&format!("nodes[{i}]"), problem);
-            }
-        }
-        nodes.sort();
-        if let Some(twice) = nodes.windows(2).find(|w| w[0] == w[1]) {
-            errors.push("nodes", format!("{} is named twice", twice[0]));
-        }
-        let reason = read.reason.filter(|r| !r.trim().is_empty());
-        if let Some(reason) = &reason
-            && (reason.chars().count() > Self::MAX_REASON || reason.chars().any(char::is_control))
-        {
-            errors.push(
-                "reason",
-                format!(
-                    "must be at most {} characters, none of them control characters",
-                    Self::MAX_REASON
-                ),
-            );
-        }
-        errors.into_result(Self { nodes, reason })
-    }
-
-    /// The request as the JSON the API takes.
-    pub fn to_json(&self) -> Value {
-        serde_json::to_value(self).unwrap_or_default()
-    }
-
-    /// This request and `other` as one: the union of their nodes (every node when either
-    /// names none), the reasons joined.
-    pub fn merged(&self, other: &RebootRequest) -> RebootRequest {
-        let nodes = if self.nodes.is_empty() || other.nodes.is_empty() {
-            Vec::new()
-        } else {
-            let mut nodes: Vec<String> = self.nodes.iter().chain(&other.nodes).cloned().collect();
-            nodes.sort();
-            nodes.dedup();
-            nodes
-        };
-        let reason = match (&self.reason, &other.reason) {
-            (Some(a), Some(b)) if a != b => Some(format!("{a}; {b}")),
-            (a, b) => a.clone().or_else(|| b.clone()),
-        };
-        RebootRequest { nodes, reason }
-    }
-}
-
-/// Why `name` is not a Kubernetes node name (a DNS-1123 subdomain), if it is not.
-fn node_name_problem(name: &str) -> Option<String> {
-    let label_ok = |l: &str| {
-        !l.is_empty()
-            && l.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-    };
-    if name.len() <= 253 && name.split('.').all(label_ok) {
-        None
-    } else {
-        Some(format!(
-            "{:?} is not a node name (lowercase letters, digits, '-' and '.', at most 253)",
-            name.chars().take(80).collect::<String>()
-        ))
     }
 }
 

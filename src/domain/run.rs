@@ -5,7 +5,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::fmt;
 
-use super::event::{DetectionRequest, EtcdRollRequest, RebootRequest};
 use super::step::StepKind;
 
 /// What a run does.
@@ -445,69 +444,10 @@ impl Run {
         self.touched.all = true;
     }
 
-    /// A new upgrade run: the gate, the quiet period and `plan`, which appends the rest.
-    pub fn k8s_upgrade(
-        id: String,
-        request: &DetectionRequest,
-        on_failure: FailurePolicy,
-        now: DateTime<Utc>,
-    ) -> Self {
-        let mut run = Self::new(
-            id,
-            RunKind::K8sUpgrade,
-            request.to_json(),
-            Some(request.target_version.to_string()),
-            super::k8s_upgrade::initial_steps(request),
-            now,
-            "accepted",
-        );
-        run.on_failure = on_failure;
-        run
-    }
-
-    /// A new etcd roll run: `begin`, then `next`, which plans one action at a time.
-    pub fn etcd_roll(
-        id: String,
-        request: &EtcdRollRequest,
-        on_failure: FailurePolicy,
-        now: DateTime<Utc>,
-    ) -> Self {
-        let mut run = Self::new(
-            id,
-            RunKind::EtcdRoll,
-            request.to_json(),
-            Some(request.target()),
-            super::etcd_roll::initial_steps(),
-            now,
-            "accepted",
-        );
-        run.on_failure = on_failure;
-        run
-    }
-
-    /// A new node-reboot run: `plan-reboots`, which reads the sentinels and appends the
-    /// rest.
-    pub fn node_reboot(
-        id: String,
-        request: &RebootRequest,
-        on_failure: FailurePolicy,
-        now: DateTime<Utc>,
-    ) -> Self {
-        let reason = match &request.reason {
-            Some(why) => format!("accepted: {why}"),
-            None => "accepted".to_owned(),
-        };
-        let mut run = Self::new(
-            id,
-            RunKind::NodeReboot,
-            request.to_json(),
-            None,
-            vec![Step::new(super::step::RebootStep::Plan)],
-            now,
-            reason,
-        );
-        run.on_failure = on_failure;
-        run
+    /// `self` with `on_failure` as its policy when a step gives up.
+    pub fn failing(mut self, on_failure: FailurePolicy) -> Self {
+        self.on_failure = on_failure;
+        self
     }
 
     /// Whether this run works on the cluster's nodes or its own etcd, so that it holds the

@@ -12,8 +12,7 @@ use chrono::{DateTime, Datelike, Duration, NaiveDate, NaiveTime, TimeZone, Utc, 
 use chrono_tz::Tz;
 use std::fmt;
 
-use super::event::Stage;
-use super::step::{ControlPlanePart, EtcdRollStep, RebootStep, StepKind, UpgradeStep};
+use super::step::StepKind;
 
 /// Why a window cannot be read. Each message says what a good one looks like.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -324,36 +323,20 @@ impl Windows {
     }
 }
 
-/// Whether `step` starts work that a maintenance window must allow: the gate in front of
-/// a node's drain or an etcd member's restart, a leadership move, and the pre-flight gate
-/// and snapshot of an upgrade. The steps of a node in hand, soaks and post-flight never
-/// wait: work in progress is not interrupted by a window closing.
+/// Whether `step` starts work a maintenance window must allow: the gate in front of a
+/// node's drain or an etcd member's restart, a leadership move, and the pre-flight gate
+/// and snapshot of an upgrade (each workflow says which of its steps do). The steps of a
+/// node in hand, soaks and post-flight never wait: work in progress is not interrupted by
+/// a window closing.
 pub fn waits_for_window(step: &StepKind) -> bool {
-    match step {
-        StepKind::K8sUpgrade(step) => match step {
-            UpgradeStep::Gate { stage, node } => node.is_some() || *stage == Stage::Preflight,
-            UpgradeStep::EtcdSnapshot | UpgradeStep::MoveLeader { .. } => true,
-            _ => false,
-        },
-        StepKind::EtcdRoll(step) => matches!(
-            step,
-            EtcdRollStep::Gate { .. } | EtcdRollStep::Transfer { .. }
-        ),
-        StepKind::NodeReboot(step) => matches!(
-            step,
-            RebootStep::Gate { .. }
-                | RebootStep::MoveLeader { .. }
-                | RebootStep::ControlPlane {
-                    part: ControlPlanePart::Gate,
-                    ..
-                }
-        ),
-    }
+    step.waits_for_window()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::event::Stage;
+    use crate::domain::step::{ControlPlanePart, EtcdRollStep, RebootStep, UpgradeStep};
 
     fn at(text: &str) -> DateTime<Utc> {
         DateTime::parse_from_rfc3339(text)
@@ -511,7 +494,7 @@ mod tests {
         let node = || "w1".to_owned();
         let waits = |step: StepKind| waits_for_window(&step);
         let gate = |stage, node| StepKind::from(UpgradeStep::Gate { stage, node });
-        let cases: [(StepKind, bool); 12] = [
+        let cases: [(StepKind, bool); 17] = [
             (gate(Stage::Preflight, None), true),
             (gate(Stage::Workers, Some(node())), true),
             (gate(Stage::ControlPlane, Some(node())), true),
@@ -538,6 +521,25 @@ mod tests {
             (EtcdRollStep::Gate { member: node() }.into(), true),
             (EtcdRollStep::Transfer { member: node() }.into(), true),
             (EtcdRollStep::Ready { member: node() }.into(), false),
+            (RebootStep::Gate { node: node() }.into(), true),
+            (RebootStep::MoveLeader { node: node() }.into(), true),
+            (
+                RebootStep::ControlPlane {
+                    node: node(),
+                    part: ControlPlanePart::Gate,
+                }
+                .into(),
+                true,
+            ),
+            (RebootStep::Back { node: node() }.into(), false),
+            (
+                RebootStep::ControlPlane {
+                    node: node(),
+                    part: ControlPlanePart::Reboot,
+                }
+                .into(),
+                false,
+            ),
         ];
         for (step, want) in cases {
             assert_eq!(waits(step.clone()), want, "{step:?}");

@@ -43,7 +43,7 @@ pub struct AppState {
     /// The cluster's etcd, when configured: how the control planes are planned.
     pub etcd: Option<Arc<dyn crate::ports::EtcdMembers>>,
     /// Planning choices.
-    pub plan_settings: crate::domain::k8s_upgrade::PlanSettings,
+    pub plan_settings: crate::workflows::k8s_upgrade::plan::PlanSettings,
     /// What new runs do when a step gives up.
     pub on_failure: crate::domain::run::FailurePolicy,
     /// Whether etcd roll requests can be carried out.
@@ -104,7 +104,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                 .route("/alerts", web::get().to(routes::get_alerts))
                 .route("/detections", web::post().to(routes::post_detections))
                 .route("/etcd-rolls", web::post().to(routes::post_etcd_rolls))
-                .route("/reboots", web::post().to(routes::post_reboots))
+                .route(
+                    "/reboots",
+                    web::post().to(crate::workflows::node_reboot::api::post_reboots),
+                )
                 .route("/gates", web::get().to(routes::get_gates))
                 .route("/events", web::get().to(events::stream))
                 .route("/runs", web::get().to(routes::list_runs))

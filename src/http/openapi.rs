@@ -15,7 +15,7 @@ use utoipa::{Modify, OpenApi};
         super::routes::get_gates,
         super::routes::post_detections,
         super::routes::post_etcd_rolls,
-        super::routes::post_reboots,
+        crate::workflows::node_reboot::api::post_reboots,
         super::routes::list_runs,
         super::routes::get_run,
         super::routes::control_run,

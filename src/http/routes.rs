@@ -14,14 +14,14 @@ use crate::domain::alert::{AlertBatch, WebhookBody};
 use crate::domain::engine::check_control;
 use crate::domain::event::{
     CloudEvent, ControlAction, ControlRequest, DetectionBody, DetectionRequest, EtcdRollBody,
-    EtcdRollRequest, EventData, ROLLGATE_SOURCE, RebootRequest,
+    EtcdRollRequest, EventData, ROLLGATE_SOURCE,
 };
-use crate::domain::roll_watch::WatchedRoll;
 use crate::domain::run::{Run, RunKind, RunStatus};
 use crate::queue::Outgoing;
 use crate::store::Claim;
+use crate::workflows::etcd_roll::roll_watch::WatchedRoll;
 
-type State = web::Data<AppState>;
+pub(crate) type State = web::Data<AppState>;
 
 /// Answer to an accepted alert notification.
 #[derive(Serialize, utoipa::ToSchema)]
@@ -63,7 +63,7 @@ pub struct Whoami {
 
 /// Reads a JSON body: 415 unless JSON, 413 over the limit, 400 unless it parses.
 /// A request body read as JSON and validated by `parse`: 422 with every bad field.
-async fn read_request<T, E: std::fmt::Display>(
+pub(crate) async fn read_request<T, E: std::fmt::Display>(
     req: &HttpRequest,
     payload: web::Payload,
     state: &AppState,
@@ -132,7 +132,7 @@ async fn read_json(
     serde_json::from_slice(&body).map_err(ApiError::bad_json)
 }
 
-async fn enqueue(
+pub(crate) async fn enqueue(
     state: &AppState,
     req: &HttpRequest,
     data: &EventData,
@@ -170,12 +170,12 @@ fn api_source(req: &HttpRequest) -> String {
 }
 
 /// The name of the client that made `req` (`-` if none was authenticated), for the audit.
-fn caller(req: &HttpRequest) -> String {
+pub(crate) fn caller(req: &HttpRequest) -> String {
     super::auth::Caller::of(req).map_or_else(|| "-".into(), |c| c.name.clone())
 }
 
 /// A 503 for a store that failed, logged.
-pub(super) fn store_down(e: crate::store::StoreError) -> ApiError {
+pub(crate) fn store_down(e: crate::store::StoreError) -> ApiError {
     tracing::warn!(error = %crate::error_chain(&e), "run store failed");
     ApiError::unavailable("the run store is unavailable; retry later")
 }
@@ -257,8 +257,13 @@ pub async fn post_detections(
 ) -> Result<HttpResponse, ApiError> {
     let request = read_request(&req, payload, &state, DetectionRequest::from_json).await?;
     let run_id = uuid::Uuid::now_v7().to_string();
-    let run = Run::k8s_upgrade(run_id.clone(), &request, state.on_failure, Utc::now())
-        .credited(&caller(&req));
+    let run = crate::workflows::k8s_upgrade::plan::new_run(
+        run_id.clone(),
+        &request,
+        state.on_failure,
+        Utc::now(),
+    )
+    .credited(&caller(&req));
     let event = EventData::Detection {
         run_id: Some(run_id),
         request: request.clone(),
@@ -269,7 +274,7 @@ pub async fn post_detections(
 /// Takes a request that makes `run`: 200 with the run already in flight for the same kind
 /// and target, if there is one; else `check` must pass, then `event` is queued durably
 /// (202), then the run record is written (the worker writes it if this write is lost).
-async fn take_run_request(
+pub(crate) async fn take_run_request(
     state: &AppState,
     run: Run,
     event: EventData,
@@ -380,7 +385,7 @@ fn held_by(holder: &Run) -> ApiError {
 /// at `seed`. One run per revision: its id comes from the revision.
 pub async fn start_watched_roll(
     state: &AppState,
-    target: &crate::domain::roll_watch::WatchTarget,
+    target: &crate::workflows::etcd_roll::roll_watch::WatchTarget,
     revision: &str,
     seed: &str,
 ) -> Result<WatchedRoll, ApiError> {
@@ -409,7 +414,12 @@ pub async fn start_watched_roll(
             "the members at {seed} do not make a roll request: {e}"
         ))
     })?;
-    let run = Run::etcd_roll(run_id.clone(), &request, state.on_failure, Utc::now());
+    let run = crate::workflows::etcd_roll::plan::new_run(
+        run_id.clone(),
+        &request,
+        state.on_failure,
+        Utc::now(),
+    );
     let check = check_members(state, request.endpoints.clone());
     let event = EventData::EtcdRoll {
         run_id: Some(run_id),
@@ -442,74 +452,19 @@ pub async fn post_etcd_rolls(
         ));
     }
     let run_id = uuid::Uuid::now_v7().to_string();
-    let run = Run::etcd_roll(run_id.clone(), &request, state.on_failure, Utc::now())
-        .credited(&caller(&req));
+    let run = crate::workflows::etcd_roll::plan::new_run(
+        run_id.clone(),
+        &request,
+        state.on_failure,
+        Utc::now(),
+    )
+    .credited(&caller(&req));
     let check = check_members(&state, request.endpoints.clone());
     let event = EventData::EtcdRoll {
         run_id: Some(run_id),
         request,
     };
     take_run_request(&state, run, event, check).await
-}
-
-/// `POST /v1/reboots`: reboot the nodes named, or every node whose sentinel is set.
-#[utoipa::path(post, path = "/v1/reboots", request_body = crate::domain::event::RebootBody,
-    responses((status = 202, body = DetectionAccepted, description = "a new run"),
-        (status = 200, body = DetectionAccepted, description = "merged into the reboot run that waits for the cluster"),
-        (status = 422, body = super::error::ErrorBody), (status = 503, body = super::error::ErrorBody)),
-    security(("bearer" = ["reboots:write"])))]
-pub async fn post_reboots(
-    state: State,
-    req: HttpRequest,
-    payload: web::Payload,
-) -> Result<HttpResponse, ApiError> {
-    let request = read_request(&req, payload, &state, RebootRequest::from_json).await?;
-    // Reboots are carried out by the same cluster, SSH and etcd wiring as upgrades.
-    if let Some(why) = &state.upgrades_unavailable {
-        return Err(ApiError::invalid(format!(
-            "node reboots are not available here: {why}"
-        )));
-    }
-    let Some(cluster) = &state.cluster else {
-        return Err(ApiError::invalid(
-            "no cluster is configured (cluster.kubeconfig or cluster.in_cluster): rollgate has no nodes to reboot",
-        ));
-    };
-    let facts = cluster.facts().await.map_err(|e| {
-        tracing::warn!(error = %crate::error_chain(&e), "cannot read the cluster to check a reboot request");
-        ApiError::unavailable(format!(
-            "cannot read the cluster to check the request; retry later ({e})"
-        ))
-    })?;
-    crate::workflows::node_reboot::check_request(&request, &facts, &state.reboot_plan)
-        .map_err(|e| ApiError::invalid(e.to_string()))?;
-    let waiting = state
-        .store
-        .not_ended()
-        .await
-        .map_err(store_down)?
-        .into_iter()
-        .find(|r| r.kind == RunKind::NodeReboot && r.status == RunStatus::Queued);
-    if let Some(waiting) = waiting {
-        // The worker merges it into the waiting run, which has not planned yet.
-        let data = EventData::Reboot {
-            run_id: None,
-            request,
-        };
-        enqueue(&state, &req, &data).await?;
-        return Ok(HttpResponse::Ok().json(DetectionAccepted {
-            run_id: waiting.id,
-            status: waiting.status,
-        }));
-    }
-    let run_id = uuid::Uuid::now_v7().to_string();
-    let run = Run::node_reboot(run_id.clone(), &request, state.on_failure, Utc::now())
-        .credited(&caller(&req));
-    let event = EventData::Reboot {
-        run_id: Some(run_id),
-        request,
-    };
-    take_run_request(&state, run, event, async { Ok(()) }).await
 }
 
 /// The members a roll names must be reachable and answer at the endpoints given: a member
@@ -568,7 +523,7 @@ async fn check_plan(state: &AppState, request: &DetectionRequest) -> Result<(), 
             ))
         })?),
     };
-    crate::domain::k8s_upgrade::plan(request, &facts, etcd.as_ref(), &state.plan_settings)
+    crate::workflows::k8s_upgrade::plan::plan(request, &facts, etcd.as_ref(), &state.plan_settings)
         .map(drop)
         .map_err(|e| ApiError::invalid(e.to_string()))
 }

@@ -726,13 +726,17 @@ fn insert_outgoing(tx: &Transaction<'_>, msg: &Outgoing) -> rusqlite::Result<i64
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::control_planes::{ControlPlaneAction, EtcdFacts, EtcdMemberFacts, Kubeadm};
-    use crate::domain::etcd_roll::{Action, initial_steps as roll_steps, steps_for};
     use crate::domain::event::{DetectionRequest, StageSelection, UpgradeKind};
-    use crate::domain::k8s_upgrade::{self as plan, ClusterFacts, NodeFacts, PlanSettings, Role};
     use crate::domain::run::{Step, StepStatus};
     use crate::domain::version::Version;
     use crate::store::{Commit, Store};
+    use crate::workflows::control_plane_cycle::plan::{
+        ControlPlaneAction, EtcdFacts, EtcdMemberFacts, Kubeadm,
+    };
+    use crate::workflows::etcd_roll::plan::{Action, initial_steps as roll_steps, steps_for};
+    use crate::workflows::k8s_upgrade::plan::{
+        self as plan, ClusterFacts, NodeFacts, PlanSettings, Role,
+    };
     use chrono::Utc;
 
     fn node(name: &str, role: Role, containerd: &str) -> NodeFacts {

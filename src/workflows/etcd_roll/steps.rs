@@ -1,5 +1,5 @@
 //! The steps of an etcd roll run inside `serve` (`POST /v1/etcd-rolls`, AMQP
-//! `etcd-rolls`). The roll is planned one action at a time (`domain::etcd_roll::steps_for`)
+//! `etcd-rolls`). The roll is planned one action at a time (`workflows::etcd_roll::plan::steps_for`)
 //! and each step is short: a restart lowers the partition and returns, the wait for the
 //! member is a step that polls and yields to the queue, so the worker keeps taking alerts
 //! while a member comes back. Every step reads the cluster again before it acts, so a
@@ -13,14 +13,14 @@ use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
 use crate::domain::engine::StepOutcome;
-use crate::domain::etcd_roll::{
-    Action, ClusterView, Member, Refusal, next_action, steps_for, tally,
-};
 use crate::domain::event::EtcdRollRequest;
 use crate::domain::run::{Learned, Run, Step};
 use crate::domain::step::{EtcdRollStep, StepKind};
 use crate::metrics::Metrics;
 use crate::ports::{EtcdConnect, EtcdError, EtcdMembers, StatefulSets, StepExecutor};
+use crate::workflows::etcd_roll::plan::{
+    Action, ClusterView, Member, Refusal, next_action, steps_for, tally,
+};
 use crate::workflows::etcd_roll::{
     Driver, Endpoints, RollError, RollReport, StatefulSetDriver, Watch, check_endpoints, not_ready,
     sample, view,

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing::{Instrument, debug, info, warn};
 
-use crate::domain::roll_watch::{WatchTarget, WatchedRoll, revision_to_roll};
 use crate::ports::StatefulSets;
+use crate::workflows::etcd_roll::roll_watch::{WatchTarget, WatchedRoll, revision_to_roll};
 
 /// How long one watch request waits for a change before the StatefulSet is read again.
 const WATCH_SPAN: Duration = Duration::from_secs(300);

@@ -3,13 +3,13 @@
 //! pending while its kubelet is not at the target.
 
 use super::UpgradeSteps;
-use crate::domain::control_planes::{self as cps, NextControlPlane};
 use crate::domain::engine::StepOutcome;
 use crate::domain::event::Stage;
-use crate::domain::k8s_upgrade::{NodeFacts, control_plane_steps};
 use crate::domain::run::{Run, Step, StepStatus};
 use crate::domain::step::{StepKind, UpgradeStep};
 use crate::domain::version::Version;
+use crate::workflows::control_plane_cycle::plan::{self as cps, NextControlPlane};
+use crate::workflows::k8s_upgrade::plan::{NodeFacts, control_plane_steps};
 
 /// The control planes an upgrade to `target` still has to touch.
 fn behind(target: Version) -> impl Fn(&NodeFacts) -> bool + Sync {

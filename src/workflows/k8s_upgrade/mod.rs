@@ -4,6 +4,8 @@
 //! the node script checks what is installed before it installs).
 
 mod control_planes;
+pub mod plan;
+pub mod step;
 
 pub use crate::workflows::control_plane_cycle::{METRICS_TARGET, read_etcd};
 
@@ -15,7 +17,6 @@ use tracing::info;
 
 use crate::domain::engine::StepOutcome;
 use crate::domain::event::{DetectionRequest, Stage, UpgradeKind};
-use crate::domain::k8s_upgrade::{self as plan, PlanSettings, Role};
 use crate::domain::run::{Run, Step};
 use crate::domain::step::{StepKind, UpgradeStep};
 use crate::domain::version::Version;
@@ -26,6 +27,7 @@ use crate::ports::{
     NodeTarget, Snapshots, StepExecutor,
 };
 use crate::workflows::control_plane_cycle::ControlPlaneCycle;
+use crate::workflows::k8s_upgrade::plan::{PlanSettings, Role};
 use crate::workflows::node_cycle::NodeCycle;
 use crate::workflows::node_reboot::NodeReboots;
 
@@ -537,7 +539,7 @@ fn show_nodes_in_hand(metrics: &Metrics, nodes: &[&str]) {
 /// The nodes `run` has in hand: drained (or being drained) and not yet uncordoned, in
 /// the order of their drains.
 pub fn nodes_in_hand(run: &Run) -> Vec<&str> {
-    crate::domain::node_cycle::nodes_in_hand(&run.steps)
+    crate::workflows::node_cycle::plan::nodes_in_hand(&run.steps)
 }
 
 /// Whether `run` has done its step `kind`.

@@ -4,12 +4,14 @@
 
 use std::collections::BTreeMap;
 
-use crate::domain::control_planes::NextControlPlane;
-use crate::domain::event::RebootRequest;
-use crate::domain::k8s_upgrade::{self, ClusterFacts, PlanSettings, Role};
-use crate::domain::node_cycle::{self, CycleSteps, Part};
 use crate::domain::run::Step;
+use crate::domain::run::{FailurePolicy, Run, RunKind};
 use crate::domain::step::{ControlPlanePart, RebootStep};
+use crate::workflows::control_plane_cycle::plan::NextControlPlane;
+use crate::workflows::k8s_upgrade::plan::{self as k8s_upgrade, ClusterFacts, PlanSettings, Role};
+use crate::workflows::node_cycle::plan::{self as node_cycle, CycleSteps, Part};
+use crate::workflows::node_reboot::RebootRequest;
+use chrono::{DateTime, Utc};
 
 /// How reboots are planned.
 #[derive(Debug, Clone)]
@@ -220,11 +222,34 @@ impl CycleSteps for RebootCycle {
     }
 }
 
+/// A new node-reboot run: `plan-reboots`, which reads the sentinels and appends the rest.
+pub fn new_run(
+    id: String,
+    request: &RebootRequest,
+    on_failure: FailurePolicy,
+    now: DateTime<Utc>,
+) -> Run {
+    let reason = match &request.reason {
+        Some(why) => format!("accepted: {why}"),
+        None => "accepted".to_owned(),
+    };
+    Run::new(
+        id,
+        RunKind::NodeReboot,
+        request.to_json(),
+        None,
+        vec![Step::new(RebootStep::Plan)],
+        now,
+        reason,
+    )
+    .failing(on_failure)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::k8s_upgrade::{FailureBudget, MaxUnavailable, NodeFacts};
     use crate::domain::version::Version;
+    use crate::workflows::k8s_upgrade::plan::{FailureBudget, MaxUnavailable, NodeFacts};
 
     fn facts(cps: &[&str], workers: &[&str]) -> ClusterFacts {
         let node = |name: &&str, role| NodeFacts {

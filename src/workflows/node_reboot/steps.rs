@@ -9,17 +9,17 @@ use tracing::info;
 
 use super::action::NodeReboots;
 use super::plan::{self, RebootPlanSettings};
-use crate::domain::control_planes::NextControlPlane;
 use crate::domain::engine::StepOutcome;
-use crate::domain::event::RebootRequest;
-use crate::domain::k8s_upgrade::{NodeFacts, Role};
 use crate::domain::run::{Run, Step, StepStatus};
 use crate::domain::step::{ControlPlanePart, RebootStep, StepKind};
 use crate::error_chain;
 use crate::metrics::Metrics;
 use crate::ports::{ClusterRead, Cordon, NodeTarget, StepExecutor};
 use crate::workflows::control_plane_cycle::ControlPlaneCycle;
+use crate::workflows::control_plane_cycle::plan::NextControlPlane;
+use crate::workflows::k8s_upgrade::plan::{NodeFacts, Role};
 use crate::workflows::node_cycle::NodeCycle;
+use crate::workflows::node_reboot::RebootRequest;
 
 /// The ports the reboot steps drive.
 pub struct RebootSteps {

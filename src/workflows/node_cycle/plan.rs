@@ -3,7 +3,7 @@
 //! batch's cycles side by side, one soak after it. The workflow names the parts' steps;
 //! what differs between workflows is the action in the middle (the node script, a reboot).
 
-use super::run::{Step, StepStatus};
+use crate::domain::run::{Step, StepStatus};
 
 /// A part of one worker's cycle, in the order the workflow lists them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

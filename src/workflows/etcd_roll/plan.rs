@@ -11,8 +11,11 @@
 
 use std::fmt;
 
-use super::run::{Step, StepStatus};
-use super::step::{EtcdRollStep, StepKind};
+use crate::domain::event::EtcdRollRequest;
+use crate::domain::run::{FailurePolicy, Run, RunKind};
+use crate::domain::run::{Step, StepStatus};
+use crate::domain::step::{EtcdRollStep, StepKind};
+use chrono::{DateTime, Utc};
 
 /// One etcd member as the roll sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -321,6 +324,25 @@ pub fn tally<'a>(done_steps: impl IntoIterator<Item = &'a Step>) -> Tally {
         }
     }
     tally
+}
+
+/// A new etcd roll run: `begin`, then `next`, which plans one action at a time.
+pub fn new_run(
+    id: String,
+    request: &EtcdRollRequest,
+    on_failure: FailurePolicy,
+    now: DateTime<Utc>,
+) -> Run {
+    Run::new(
+        id,
+        RunKind::EtcdRoll,
+        request.to_json(),
+        Some(request.target()),
+        initial_steps(),
+        now,
+        "accepted",
+    )
+    .failing(on_failure)
 }
 
 #[cfg(test)]

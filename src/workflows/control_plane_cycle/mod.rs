@@ -4,23 +4,25 @@
 //! checks between control planes, the leadership move itself, and the report of what the
 //! stage did to etcd leadership. What "touching" a control plane means is the workflow's.
 
+pub mod plan;
+
 use chrono::Utc;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::{info, warn};
 
-use crate::domain::control_planes::{
-    self as cps, EtcdFacts, EtcdLayout, EtcdMemberFacts, NextControlPlane, Unhealthy,
-};
 use crate::domain::engine::StepOutcome;
-use crate::domain::etcd_roll::{Refusal, agreed_leader};
-use crate::domain::k8s_upgrade::{ClusterFacts, NodeFacts};
 use crate::domain::run::{Learned, Run, Step};
 use crate::domain::version::Version;
 use crate::error_chain;
 use crate::metrics::Metrics;
 use crate::ports::{ClusterRead, EtcdError, EtcdMembers};
+use crate::workflows::control_plane_cycle::plan::{
+    self as cps, EtcdFacts, EtcdLayout, EtcdMemberFacts, NextControlPlane, Unhealthy,
+};
+use crate::workflows::etcd_roll::plan::{Refusal, agreed_leader};
+use crate::workflows::k8s_upgrade::plan::{ClusterFacts, NodeFacts};
 
 /// The label the control-plane stages carry in the `etcd_roll_*` metrics.
 pub const METRICS_TARGET: &str = "control-plane";

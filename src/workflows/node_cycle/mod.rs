@@ -4,20 +4,23 @@
 //! story. A workflow brings its action (the node script, a reboot) and calls these for
 //! the rest.
 
+pub mod holds;
+pub mod plan;
+
 use chrono::Utc;
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::warn;
 
-use crate::domain::drain_holds;
 use crate::domain::engine::StepOutcome;
-use crate::domain::node_cycle;
 use crate::domain::run::{Run, Step};
 use crate::domain::self_silence::{self, SilenceMatcher};
 use crate::error_chain;
 use crate::metrics::Metrics;
 use crate::ports::{ClusterError, Cordon, DrainError, DrainOptions, NodeDrain, Silences};
 use crate::workflows::events::EventSink;
+use crate::workflows::node_cycle::holds as drain_holds;
+use crate::workflows::node_cycle::plan as node_cycle;
 
 /// How the cycle drains and soaks.
 #[derive(Debug, Clone)]

@@ -11,9 +11,11 @@
 
 use std::fmt;
 
-use super::etcd_roll::{self, Action, ClusterView, Member, Order, Refusal};
-use super::k8s_upgrade::{NodeFacts, Role};
-use super::version::Version;
+use crate::domain::version::Version;
+use crate::workflows::etcd_roll::plan::{
+    self as etcd_roll, Action, ClusterView, Member, Order, Refusal,
+};
+use crate::workflows::k8s_upgrade::plan::{NodeFacts, Role};
 
 /// Where the cluster's etcd runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,9 +5,9 @@
 use serde::Serialize;
 use std::fmt;
 
-use super::event::UpgradeKind;
-use super::k8s_upgrade::{ClusterFacts, Role};
-use super::version::Version;
+use crate::domain::event::UpgradeKind;
+use crate::domain::version::Version;
+use crate::workflows::k8s_upgrade::plan::{ClusterFacts, Role};
 
 /// What detection found out.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -275,7 +275,7 @@ fn release_of(package_version: &str) -> Option<Version> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::k8s_upgrade::NodeFacts;
+    use crate::workflows::k8s_upgrade::plan::NodeFacts;
 
     fn v(s: &str) -> Version {
         Version::parse(s).unwrap()

@@ -1,27 +1,28 @@
 //! `rollgate detect`, what the daily CronJob runs: read the running versions from the
 //! Kubernetes API, the patches the control plane's apt repository offers over SSH, and
 //! (when no patch comes first) whether the next minor's repository carries a release;
-//! decide (`domain::detect::decide`); with reboots asked for, read every node's reboot
+//! decide (`workflows::detect::plan::decide`); with reboots asked for, read every node's reboot
 //! sentinel over SSH; push the result to a Pushgateway; ask rollgate for the upgrade and
 //! the reboots over HTTP or AMQP unless it is a dry run.
+
+pub mod plan;
 
 use chrono::Utc;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::domain::detect::{
-    self, Decision, Findings, NextMinor, RunningError, madison_releases, minor_of, next_minor,
-};
-use crate::domain::event::{DetectionRequest, RebootRequest, StageSelection};
-use crate::domain::k8s_upgrade::Role;
+use crate::domain::event::{DetectionRequest, StageSelection};
 use crate::error_chain;
 use crate::ports::{
     ClusterError, ClusterRead, Failure, MetricsPush, NodeExec, NodeTarget, PackageRepository,
     RepoError, Submitted, Submitter,
 };
 use crate::workflows::k8s_upgrade::NODE_SCRIPT;
+use crate::workflows::k8s_upgrade::plan::Role;
+use crate::workflows::node_reboot::RebootRequest;
 use crate::workflows::node_reboot::sentinel;
+use plan::{Decision, Findings, NextMinor, RunningError, madison_releases, minor_of, next_minor};
 
 /// Where detection reads from.
 pub struct Sources {
@@ -153,7 +154,7 @@ async fn reboot_findings(
 pub async fn findings(sources: &Sources) -> Result<Findings, DetectError> {
     let facts = sources.cluster.facts().await?;
     let api_server = sources.cluster.api_server_version().await?;
-    let (running, behind) = detect::running(&facts, api_server)?;
+    let (running, behind) = plan::running(&facts, api_server)?;
     let plane = facts
         .nodes
         .iter()
@@ -241,7 +242,7 @@ pub async fn detect(
     }
     let upgrade_part = match findings(sources).await {
         Ok(f) => {
-            let decision = detect::decide(&f);
+            let decision = plan::decide(&f);
             Some((f, decision))
         }
         Err(e) => {
@@ -255,9 +256,9 @@ pub async fn detect(
     let mut push_error = None;
     let pushed = match (push, &upgrade_part) {
         (Some(push), Some((_, decision))) => {
-            let mut text = detect::pushgateway_text(decision, Utc::now().timestamp());
+            let mut text = plan::pushgateway_text(decision, Utc::now().timestamp());
             if let Some((required, _)) = &reboot_part {
-                text.push_str(&detect::reboot_text(required));
+                text.push_str(&plan::reboot_text(required));
             }
             match push.push(text).await {
                 Ok(()) => true,
