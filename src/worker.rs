@@ -905,20 +905,13 @@ impl Worker {
                 if let Some(latest) = self.store.get_run(&run.id).await? {
                     run = latest;
                 }
-                if run.status == RunStatus::Queued
-                    && let Ok(asked) = RebootRequest::from_json(&run.request)
-                {
-                    let nodes = if request.nodes.is_empty() {
-                        "every node that needs it".to_owned()
-                    } else {
-                        request.nodes.join(", ")
-                    };
-                    run.request = asked.merged(&request).to_json();
-                    let told = run.history.len();
-                    run.note(
-                        format!("a request from {source} for {nodes} is merged into this run"),
-                        Utc::now(),
-                    );
+                let told = run.history.len();
+                if let Some(nodes) = crate::workflows::node_reboot::plan::merge(
+                    &mut run,
+                    &request,
+                    source,
+                    Utc::now(),
+                ) {
                     notices.extend(notices_since(&run, told));
                     info!(run_id = %run.id, %nodes, "reboot request merged into the waiting run");
                     commit.runs.push(run);

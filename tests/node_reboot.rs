@@ -363,6 +363,21 @@ async fn a_reboot_asked_during_an_upgrade_waits_for_it_and_starts_after() {
     assert_eq!(ground.node("w1").reboots(), 1);
     assert_eq!(ground.node("w2").reboots(), 1, "the merged request's node");
     ground.assert_all_at("1.34.5");
+    // Each run takes one node at a time, and never both runs together: the ground never
+    // has two nodes cordoned at once.
+    let mut cordoned = std::collections::BTreeSet::new();
+    for change in ground.api.changes() {
+        match change {
+            support::kube::Change::Cordon(n) => {
+                cordoned.insert(n);
+            }
+            support::kube::Change::Uncordon(n) => {
+                cordoned.remove(&n);
+            }
+            _ => {}
+        }
+        assert!(cordoned.len() <= 1, "cordoned together: {cordoned:?}");
+    }
 }
 
 #[tokio::test]

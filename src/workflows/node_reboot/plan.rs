@@ -245,6 +245,33 @@ pub fn new_run(
     .failing(on_failure)
 }
 
+/// Merges `request` (from `source`) into `run`, a reboot run that waits for the cluster
+/// and has not planned yet: its nodes join (none named: every node that needs it), the
+/// history says so. The nodes taken in, in words; `None` when `run` cannot take it (no
+/// longer queued, or not a reboot run's request).
+pub fn merge(
+    run: &mut Run,
+    request: &RebootRequest,
+    source: &str,
+    now: DateTime<Utc>,
+) -> Option<String> {
+    if run.kind != RunKind::NodeReboot || run.status != crate::domain::run::RunStatus::Queued {
+        return None;
+    }
+    let asked = RebootRequest::from_json(&run.request).ok()?;
+    let nodes = if request.nodes.is_empty() {
+        "every node that needs it".to_owned()
+    } else {
+        request.nodes.join(", ")
+    };
+    run.request = asked.merged(request).to_json();
+    run.note(
+        format!("a request from {source} for {nodes} is merged into this run"),
+        now,
+    );
+    Some(nodes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -422,5 +449,37 @@ mod tests {
             ]
         );
         assert!(control_plane_steps(&NextControlPlane::Done).is_empty());
+    }
+
+    #[test]
+    fn a_request_merges_into_a_queued_reboot_run_only() {
+        let now = chrono::Utc::now();
+        let mut waiting = new_run("r1".into(), &request(&["w1"]), FailurePolicy::Halt, now);
+        let merged = merge(&mut waiting, &request(&["w3"]), "api", now);
+        assert_eq!(merged.as_deref(), Some("w3"));
+        assert_eq!(
+            RebootRequest::from_json(&waiting.request).unwrap().nodes,
+            ["w1", "w3"]
+        );
+        assert!(
+            waiting
+                .history
+                .iter()
+                .any(|h| h.reason.contains("a request from api for w3 is merged")),
+            "{:?}",
+            waiting.history
+        );
+        assert_eq!(
+            merge(&mut waiting, &request(&[]), "detect", now).as_deref(),
+            Some("every node that needs it")
+        );
+        assert!(
+            RebootRequest::from_json(&waiting.request)
+                .unwrap()
+                .nodes
+                .is_empty()
+        );
+        waiting.status = crate::domain::run::RunStatus::Running;
+        assert_eq!(merge(&mut waiting, &request(&["w9"]), "api", now), None);
     }
 }
