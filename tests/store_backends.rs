@@ -482,6 +482,105 @@ async fn resolved_alerts_leave_the_board_after_a_day_and_firing_ones_stay() {
     }
 }
 
+/// Notifications out of order and resent: the board keeps the newest by the alert's own
+/// times, not the last to arrive, and counts each one received. Both backends.
+#[tokio::test]
+async fn the_board_keeps_the_newest_notification_by_the_alerts_own_times() {
+    use rollgate::domain::alert::{AlertBatch, AlertStatus};
+    use rollgate::store::AlertEvent;
+    let notification = |id: &str, status: &str, starts: &str, ends: &str| {
+        let mut body = support::webhook("ff0rder");
+        body["status"] = status.into();
+        body["alerts"][0]["status"] = status.into();
+        body["alerts"][0]["startsAt"] = starts.into();
+        body["alerts"][0]["endsAt"] = ends.into();
+        AlertEvent {
+            id: id.into(),
+            alerts: AlertBatch::from_json(&body).expect("a webhook").alerts,
+        }
+    };
+    const ZERO: &str = "0001-01-01T00:00:00Z";
+    let dir = tempfile::tempdir().unwrap();
+    let url = server().database().await;
+    for backend in ["sqlite", "postgres"] {
+        let store = match backend {
+            "sqlite" => Store::open(&dir.path().join("store.db")).unwrap(),
+            _ => replica(&url).await,
+        };
+        let board = || async {
+            let entries = store.board(Utc::now()).await.unwrap();
+            assert_eq!(entries.len(), 1, "{backend}");
+            (
+                entries[0].alert.status,
+                entries[0].alert.starts_at.to_rfc3339(),
+                entries[0].received,
+            )
+        };
+        // (notification, one per commit, and the board after it)
+        let steps = [
+            // The resolution arrives before the firing it resolves.
+            (
+                notification(
+                    "n1",
+                    "resolved",
+                    "2026-12-01T10:00:00Z",
+                    "2026-12-01T10:05:00Z",
+                ),
+                AlertStatus::Resolved,
+                "2026-12-01T10:00:00+00:00",
+            ),
+            (
+                notification("n2", "firing", "2026-12-01T10:00:00Z", ZERO),
+                AlertStatus::Resolved,
+                "2026-12-01T10:00:00+00:00",
+            ),
+            // The same group resent.
+            (
+                notification(
+                    "n3",
+                    "resolved",
+                    "2026-12-01T10:00:00Z",
+                    "2026-12-01T10:05:00Z",
+                ),
+                AlertStatus::Resolved,
+                "2026-12-01T10:00:00+00:00",
+            ),
+            // It fires again: a new start.
+            (
+                notification("n4", "firing", "2026-12-01T11:00:00Z", ZERO),
+                AlertStatus::Firing,
+                "2026-12-01T11:00:00+00:00",
+            ),
+            // A late copy of the first resolution.
+            (
+                notification(
+                    "n5",
+                    "resolved",
+                    "2026-12-01T10:00:00Z",
+                    "2026-12-01T10:05:00Z",
+                ),
+                AlertStatus::Firing,
+                "2026-12-01T11:00:00+00:00",
+            ),
+        ];
+        for (received, (event, status, starts)) in steps.into_iter().enumerate() {
+            store
+                .commit(Commit {
+                    alert_events: vec![event],
+                    ..Commit::default()
+                })
+                .await
+                .unwrap();
+            assert_eq!(
+                board().await,
+                (status, starts.to_owned(), received as u64 + 1),
+                "{backend}, notification {}",
+                received + 1
+            );
+        }
+    }
+}
+
 /// A planned upgrade of 1 control plane + `workers` workers, one worker per batch.
 fn planned(id: &str, workers: usize) -> Run {
     use rollgate::domain::event::Stage;

@@ -39,6 +39,38 @@ impl Alert {
     pub fn name(&self) -> &str {
         self.labels.get("alertname").map_or("", String::as_str)
     }
+
+    /// Whether this notification of an alert is newer than `stored`, the board's one of
+    /// the same fingerprint, by the alert's own times rather than by arrival: a later
+    /// start is a new firing; an earlier one is stale. For the same start, a resolution
+    /// is final (a firing again starts anew), and of two resolutions the later end wins;
+    /// two firings are a resend, the later one taken.
+    pub fn supersedes(&self, stored: &Alert) -> bool {
+        use AlertStatus::{Firing, Resolved};
+        match self.starts_at.cmp(&stored.starts_at) {
+            std::cmp::Ordering::Greater => true,
+            std::cmp::Ordering::Less => false,
+            std::cmp::Ordering::Equal => match (stored.status, self.status) {
+                (Resolved, Firing) => false,
+                (Firing, Resolved) | (Firing, Firing) => true,
+                (Resolved, Resolved) => self.ends_at >= stored.ends_at,
+            },
+        }
+    }
+}
+
+/// The newest notification of each fingerprint in `alerts`, by [`Alert::supersedes`], in
+/// the order their fingerprints first appear.
+pub fn newest_by_fingerprint<'a>(alerts: impl IntoIterator<Item = &'a Alert>) -> Vec<&'a Alert> {
+    let mut out: Vec<&Alert> = Vec::new();
+    for alert in alerts {
+        match out.iter_mut().find(|a| a.fingerprint == alert.fingerprint) {
+            Some(kept) if alert.supersedes(kept) => *kept = alert,
+            Some(_) => {}
+            None => out.push(alert),
+        }
+    }
+    out
 }
 
 /// A validated Alertmanager webhook notification.
@@ -373,5 +405,59 @@ mod tests {
     #[test]
     fn not_an_object_is_refused() {
         assert!(AlertBatch::from_json(&json!([1, 2])).is_err());
+    }
+
+    #[test]
+    fn the_newest_notification_wins_by_the_alerts_own_times_not_by_arrival() {
+        let at = |m: u32| {
+            DateTime::parse_from_rfc3339(&format!("2026-12-02T10:{m:02}:00Z"))
+                .unwrap()
+                .with_timezone(&Utc)
+        };
+        let alert = |status, start: u32, end: Option<u32>| Alert {
+            fingerprint: "f1".into(),
+            status,
+            labels: BTreeMap::from([("alertname".into(), "KubeNodeNotReady".into())]),
+            annotations: BTreeMap::new(),
+            starts_at: at(start),
+            ends_at: end.map(at),
+        };
+        use AlertStatus::{Firing, Resolved};
+        // (stored, incoming, incoming wins)
+        let cases = [
+            // A resolution arrives before the firing it resolves: the firing is stale.
+            (alert(Resolved, 0, Some(5)), alert(Firing, 0, None), false),
+            (alert(Firing, 0, None), alert(Resolved, 0, Some(5)), true),
+            // The same group resent.
+            (alert(Firing, 0, None), alert(Firing, 0, None), true),
+            (
+                alert(Resolved, 0, Some(5)),
+                alert(Resolved, 0, Some(5)),
+                true,
+            ),
+            (
+                alert(Resolved, 0, Some(7)),
+                alert(Resolved, 0, Some(5)),
+                false,
+            ),
+            // It fires again later: a new start.
+            (alert(Resolved, 0, Some(5)), alert(Firing, 9, None), true),
+            // An old firing of an earlier instance, late.
+            (alert(Firing, 9, None), alert(Resolved, 0, Some(5)), false),
+        ];
+        for (stored, incoming, wins) in cases {
+            assert_eq!(
+                incoming.supersedes(&stored),
+                wins,
+                "{:?}@{} after {:?}@{}",
+                incoming.status,
+                incoming.starts_at,
+                stored.status,
+                stored.starts_at
+            );
+        }
+        let (resolved, firing) = (alert(Resolved, 0, Some(5)), alert(Firing, 0, None));
+        let kept = newest_by_fingerprint([&resolved, &firing]);
+        assert_eq!(kept, [&resolved]);
     }
 }

@@ -684,6 +684,46 @@ impl Backend for PgStore {
                     }
                 }
             }
+            let board = crate::domain::alert::newest_by_fingerprint(board);
+            let mut stale: Vec<String> = Vec::new();
+            let board: Vec<&crate::domain::alert::Alert> = if board.is_empty() {
+                board
+            } else {
+                // The board keeps the newest notification by the alert's own times: the
+                // stored ones, locked against another replica's commit, decide.
+                let fingerprints: Vec<&str> =
+                    board.iter().map(|a| a.fingerprint.as_str()).collect();
+                let rows = tx
+                    .query(
+                        "SELECT fingerprint, doc FROM alerts WHERE fingerprint = ANY($1) FOR UPDATE",
+                        &[&fingerprints],
+                    )
+                    .await?;
+                let stored: std::collections::HashMap<String, crate::domain::alert::Alert> = rows
+                    .iter()
+                    .filter_map(|r| {
+                        let doc: String = r.get(1);
+                        serde_json::from_str(&doc).ok().map(|a| (r.get(0), a))
+                    })
+                    .collect();
+                board
+                    .into_iter()
+                    .filter(|alert| match stored.get(&alert.fingerprint) {
+                        Some(kept) if !alert.supersedes(kept) => {
+                            stale.push(alert.fingerprint.clone());
+                            false
+                        }
+                        _ => true,
+                    })
+                    .collect()
+            };
+            if !stale.is_empty() {
+                tx.execute(
+                    "UPDATE alerts SET received = received + 1 WHERE fingerprint = ANY($1)",
+                    &[&stale],
+                )
+                .await?;
+            }
             if !board.is_empty() {
                 let upsert = tx
                     .prepare_cached(

@@ -12,6 +12,7 @@ use super::{
     RunWrite, StoreError, Which, dedup_horizon, encode, encode_summary, resolved_alert_horizon,
     unlogged_events,
 };
+use crate::domain::alert::{Alert, newest_by_fingerprint};
 use crate::domain::run::{Run, RunKind, RunStatus};
 use crate::queue::Outgoing;
 use crate::sqlite::{self, Migration, MigrationError};
@@ -565,7 +566,25 @@ impl Backend for SqliteStore {
                     skipped += 1;
                 }
             }
-            for alert in board {
+            for alert in newest_by_fingerprint(board) {
+                let stored: Option<String> = tx
+                    .query_row(
+                        "SELECT doc FROM alerts WHERE fingerprint = ?1",
+                        params![alert.fingerprint],
+                        |r| r.get(0),
+                    )
+                    .optional()?;
+                let stale = stored
+                    .and_then(|doc| serde_json::from_str::<Alert>(&doc).ok())
+                    .is_some_and(|stored| !alert.supersedes(&stored));
+                if stale {
+                    // Counted as received; the board keeps the newer notification.
+                    tx.execute(
+                        "UPDATE alerts SET received = received + 1 WHERE fingerprint = ?1",
+                        params![alert.fingerprint],
+                    )?;
+                    continue;
+                }
                 tx.execute(
                     "INSERT INTO alerts (fingerprint, doc, received, updated_at) VALUES (?1, ?2, 1, ?3)
                      ON CONFLICT (fingerprint) DO UPDATE
