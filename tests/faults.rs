@@ -115,3 +115,108 @@ async fn out_of_order_and_resent_notifications_keep_the_newest_by_the_alerts_own
     let (_, report) = rg.get("/v1/gates").await;
     assert_eq!(report["verdict"]["verdict"], "closed", "{report}");
 }
+
+const EMPTY_VECTOR: &str = r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#;
+
+/// The gate's verdict and why, once it has become `want`.
+async fn reason_once(rg: &Rollgate, want: &str) -> String {
+    verdict_becomes(rg, want).await["verdict"].to_string()
+}
+
+#[tokio::test]
+async fn a_prometheus_answering_badly_never_opens_the_gate_and_says_why() {
+    // A server in Prometheus' place, answering as each case says.
+    let prom = MiniServer::start().await;
+    prom.set_reply(200, EMPTY_VECTOR);
+    let url = format!("http://{}", prom.address());
+    let rg = Rollgate::start(&[
+        ("ROLLGATE__GATE__PROMETHEUS_URL", &url),
+        ("ROLLGATE__GATE__POLL_INTERVAL", "300ms"),
+        ("ROLLGATE__GATE__TIMEOUT", "1s"),
+    ])
+    .await;
+    verdict_becomes(&rg, "open").await;
+    // (what Prometheus does, the reply, what the gate's reason says)
+    let cases: [(&str, u16, &str, Duration, &str); 4] = [
+        (
+            "slower than gate.timeout",
+            200,
+            EMPTY_VECTOR,
+            Duration::from_secs(3),
+            "failed",
+        ),
+        (
+            "a body that is not JSON",
+            200,
+            "<html>proxy error</html>",
+            Duration::ZERO,
+            "failed",
+        ),
+        (
+            "a partial result (warnings)",
+            200,
+            r#"{"status":"success","warnings":["remote read of store-2 failed: connection refused"],"data":{"resultType":"vector","result":[]}}"#,
+            Duration::ZERO,
+            "remote read of store-2 failed",
+        ),
+        (
+            "an error answer",
+            422,
+            r#"{"status":"error","errorType":"execution","error":"query timed out in expression evaluation"}"#,
+            Duration::ZERO,
+            "query timed out in expression evaluation",
+        ),
+    ];
+    for (what, status, body, delay, says) in cases {
+        *prom.delay.lock().unwrap() = delay;
+        prom.set_reply(status, body);
+        let reason = reason_once(&rg, "unknown").await;
+        assert!(reason.contains(says), "{what}: {reason}");
+        // Healthy again: it opens, so each case above is shown closing an open gate.
+        *prom.delay.lock().unwrap() = Duration::ZERO;
+        prom.set_reply(200, EMPTY_VECTOR);
+        verdict_becomes(&rg, "open").await;
+    }
+}
+
+#[tokio::test]
+async fn an_alertmanager_listing_an_alert_whose_end_has_passed_closes_the_gate() {
+    let prom = MiniServer::start().await;
+    prom.set_reply(200, EMPTY_VECTOR);
+    let am = MiniServer::start().await;
+    am.set_reply(200, "[]");
+    let (prom_url, am_url) = (
+        format!("http://{}", prom.address()),
+        format!("http://{}", am.address()),
+    );
+    let rg = Rollgate::start(&[
+        ("ROLLGATE__GATE__PROMETHEUS_URL", &prom_url),
+        ("ROLLGATE__GATE__ALERTMANAGER_URL", &am_url),
+        ("ROLLGATE__GATE__POLL_INTERVAL", "300ms"),
+        ("ROLLGATE__GATE__TIMEOUT", "1s"),
+    ])
+    .await;
+    verdict_becomes(&rg, "open").await;
+    // Alertmanager still holds it active, though its endsAt is an hour ago by rollgate's
+    // clock (the two clocks disagree, or Alertmanager has not swept it yet): Alertmanager
+    // is the authority on what is active, so it blocks.
+    let ended = (chrono::Utc::now() - chrono::Duration::hours(1)).to_rfc3339();
+    let listed = serde_json::json!([{
+        "fingerprint": "f00d",
+        "labels": {"alertname": "KubeNodeNotReady", "upgrade_gate": "true", "node": "w2"},
+        "annotations": {},
+        "startsAt": "2026-12-01T10:00:00Z",
+        "endsAt": ended,
+        "updatedAt": ended,
+        "generatorURL": "",
+        "receivers": [{"name": "rollgate"}],
+        "status": {"state": "active", "silencedBy": [], "inhibitedBy": []}
+    }]);
+    am.set_reply(200, &listed.to_string());
+    let reason = reason_once(&rg, "closed").await;
+    assert!(reason.contains("KubeNodeNotReady"), "{reason}");
+    // An answer that is not a list is no answer: unknown, never open.
+    am.set_reply(200, r#"{"alerts": "all clear"}"#);
+    let reason = reason_once(&rg, "unknown").await;
+    assert!(reason.to_lowercase().contains("alertmanager"), "{reason}");
+}

@@ -39,6 +39,67 @@ impl Prometheus {
     }
 }
 
+/// Prometheus' answer to a query, as its HTTP API documents it.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Answer {
+    status: String,
+    #[serde(default)]
+    data: Option<prometheus_http_query::response::Data>,
+    #[serde(default)]
+    error_type: Option<String>,
+    #[serde(default)]
+    error: Option<String>,
+    /// Set when the answer is partial (a remote store or a shard did not answer).
+    #[serde(default)]
+    warnings: Vec<String>,
+}
+
+/// What an answer (HTTP `status`, `body`) to `promql` says. Only a complete instant
+/// vector is a reading: an error, a body that is not Prometheus' JSON, or a partial
+/// answer (with `warnings`) is a failure, so the gate is unknown rather than open.
+fn read_answer(promql: &str, status: u16, body: &[u8]) -> PromReading {
+    let answer: Answer = match serde_json::from_slice(body) {
+        Ok(a) => a,
+        Err(_) => {
+            let text: String = String::from_utf8_lossy(body).chars().take(120).collect();
+            return PromReading::Failed(format!(
+                "Prometheus query failed: HTTP {status}, and the answer is not Prometheus' JSON: {text:?}"
+            ));
+        }
+    };
+    if answer.status != "success" {
+        return PromReading::Failed(format!(
+            "Prometheus query failed: HTTP {status}: {}: {}",
+            answer.error_type.unwrap_or_default(),
+            answer.error.unwrap_or_default()
+        ));
+    }
+    if !answer.warnings.is_empty() {
+        return PromReading::Failed(format!(
+            "Prometheus query failed: the answer is partial, with warnings: {}",
+            answer.warnings.join("; ")
+        ));
+    }
+    match answer.data {
+        Some(prometheus_http_query::response::Data::Vector(vector)) => PromReading::Series(
+            vector
+                .iter()
+                .map(|v| PromSeries {
+                    labels: v
+                        .metric()
+                        .iter()
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect::<BTreeMap<_, _>>(),
+                })
+                .collect(),
+        ),
+        _ => PromReading::Failed(format!(
+            "the query {promql:?} must return an instant vector"
+        )),
+    }
+}
+
 #[async_trait::async_trait]
 impl MetricsSource for Prometheus {
     async fn query(&self, promql: &str) -> PromReading {
@@ -46,30 +107,64 @@ impl MetricsSource for Prometheus {
             .client
             .query(promql)
             .timeout(self.timeout_ms)
-            .get()
+            .get_raw()
             .await;
-        match answer {
+        let response = match answer {
+            Ok(r) => r,
+            Err(e) => {
+                return PromReading::Failed(format!(
+                    "Prometheus query failed: {}",
+                    crate::error_chain(&e)
+                ));
+            }
+        };
+        let status = response.status().as_u16();
+        match response.bytes().await {
+            Ok(body) => read_answer(promql, status, &body),
             Err(e) => PromReading::Failed(format!(
-                "Prometheus query failed: {}",
+                "Prometheus query failed: reading its answer: {}",
                 crate::error_chain(&e)
             )),
-            Ok(result) => match result.data() {
-                prometheus_http_query::response::Data::Vector(vector) => PromReading::Series(
-                    vector
-                        .iter()
-                        .map(|v| PromSeries {
-                            labels: v
-                                .metric()
-                                .iter()
-                                .map(|(k, v)| (k.clone(), v.clone()))
-                                .collect::<BTreeMap<_, _>>(),
-                        })
-                        .collect(),
-                ),
-                _ => PromReading::Failed(format!(
-                    "the query {promql:?} must return an instant vector"
-                )),
-            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_complete_instant_vector_is_a_reading() {
+        let vector = r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"alertname":"X"},"value":[1,"1"]}]}}"#;
+        match read_answer("ALERTS", 200, vector.as_bytes()) {
+            PromReading::Series(s) => assert_eq!(s[0].labels["alertname"], "X"),
+            other => panic!("{other:?}"),
+        }
+        // (status, body, what the failure says)
+        let cases = [
+            (
+                200,
+                r#"{"status":"success","warnings":["shard 2 down"],"data":{"resultType":"vector","result":[]}}"#,
+                "partial, with warnings: shard 2 down",
+            ),
+            (
+                422,
+                r#"{"status":"error","errorType":"execution","error":"too many samples"}"#,
+                "HTTP 422: execution: too many samples",
+            ),
+            (502, "<html>bad gateway</html>", "not Prometheus' JSON"),
+            (
+                200,
+                r#"{"status":"success","data":{"resultType":"scalar","result":[1,"1"]}}"#,
+                "instant vector",
+            ),
+            (200, r#"{"status":"success"}"#, "instant vector"),
+        ];
+        for (status, body, says) in cases {
+            match read_answer("ALERTS", status, body.as_bytes()) {
+                PromReading::Failed(why) => assert!(why.contains(says), "{body}: {why}"),
+                other => panic!("{body} gave {other:?}"),
+            }
         }
     }
 }
