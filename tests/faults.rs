@@ -4,8 +4,9 @@
 
 mod support;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use std::time::Duration;
+use support::ground::Ground;
 use support::services::{MiniServer, Prometheus};
 use support::{Rollgate, eventually};
 
@@ -219,4 +220,108 @@ async fn an_alertmanager_listing_an_alert_whose_end_has_passed_closes_the_gate()
     am.set_reply(200, r#"{"alerts": "all clear"}"#);
     let reason = reason_once(&rg, "unknown").await;
     assert!(reason.to_lowercase().contains("alertmanager"), "{reason}");
+}
+
+/// Every step outcome and the run's reason, as one text to look for words in.
+fn said(run: &Value) -> String {
+    let mut text = run["reason"].as_str().unwrap_or_default().to_owned();
+    for step in run["steps"].as_array().into_iter().flatten() {
+        text.push('\n');
+        text.push_str(step["outcome"].as_str().unwrap_or_default());
+    }
+    text
+}
+
+#[tokio::test]
+async fn a_frozen_etcd_member_holds_the_control_planes_naming_it_and_the_run_goes_on_after() {
+    let ground = Ground::start_ha("1.34.2", 3, 1).await;
+    let stacked = ground.etcd.stacked();
+    stacked.lead("cp-1").await;
+    let term_before = stacked.term().await;
+    let rg = ground.rollgate(&[]).await;
+    let id = rg.detect("1.34.5", "patch").await;
+    let deadline = Duration::from_secs(240);
+    // The first control plane is upgraded and checked: a follower not yet upgraded
+    // freezes (SIGSTOP: alive, its sockets open, answering nothing).
+    let run = rg
+        .wait_run_until(&id, "the first control plane checked", deadline, |r| {
+            r["steps"].as_array().into_iter().flatten().any(|s| {
+                s["stage"] == "control-plane"
+                    && s["name"] == "healthy-after"
+                    && s["status"] == "done"
+            })
+        })
+        .await;
+    let first = run["steps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|s| s["name"] == "healthy-after" && s["status"] == "done")
+        .and_then(|s| s["node"].as_str())
+        .expect("the first control plane")
+        .to_owned();
+    let frozen = if first == "cp-2" { "cp-3" } else { "cp-2" };
+    stacked.member(frozen).freeze();
+    // Held within control_plane_health_timeout (the ground's 20 s), naming the member.
+    let held = rg
+        .wait_run_until(
+            &id,
+            "the control planes to hold on the frozen member",
+            deadline,
+            |r| {
+                r["status"] == "halted"
+                    || said(r).contains(&format!("unhealthy member(s): {frozen}"))
+            },
+        )
+        .await;
+    assert_ne!(held["status"], "halted", "{}", said(&held));
+    assert_ne!(
+        ground.api.node(frozen)["spec"]["unschedulable"],
+        json!(true),
+        "{frozen} was cordoned while its member was frozen"
+    );
+    stacked.member(frozen).thaw();
+    let run = rg.wait_status(&id, "succeeded", deadline).await;
+    ground.assert_all_at("1.34.5");
+    ground.assert_drained_once();
+    // A frozen follower is no election: still exactly the one planned leadership change.
+    let term_after = stacked.term().await;
+    assert_eq!(
+        term_after,
+        term_before + 1,
+        "raft term {term_before} -> {term_after}"
+    );
+    assert!(said(&run).contains("uncontrolled 0"), "{}", said(&run));
+}
+
+#[tokio::test]
+async fn an_etcd_member_frozen_past_the_health_timeout_halts_the_run_naming_it() {
+    let ground = Ground::start_ha("1.34.2", 3, 1).await;
+    let stacked = ground.etcd.stacked();
+    stacked.lead("cp-1").await;
+    let rg = ground
+        .rollgate(&[(
+            "ROLLGATE__CLUSTER__CONTROL_PLANE_HEALTH_TIMEOUT",
+            "5s".into(),
+        )])
+        .await;
+    let id = rg.detect("1.34.5", "patch").await;
+    let deadline = Duration::from_secs(240);
+    rg.wait_run_until(&id, "the control-plane stage", deadline, |r| {
+        r["steps"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|s| s["stage"] == "control-plane" && s["name"] == "next" && s["status"] == "done")
+    })
+    .await;
+    stacked.member("cp-3").freeze();
+    let run = rg.wait_status(&id, "halted", deadline).await;
+    stacked.member("cp-3").thaw();
+    let reason = run["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("cp-3") && reason.contains("no further control plane was touched")
+            || reason.contains("cp-3") && reason.contains("it was not touched"),
+        "{reason}"
+    );
 }

@@ -71,6 +71,26 @@ impl StackedMember {
         self.run("start");
     }
 
+    /// Freezes the member (SIGSTOP): it stops answering without dying, its sockets open.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a frozen member go on (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = std::fs::read_to_string(self.dir.join("pid")).expect("the member runs");
+        let ok = std::process::Command::new("kill")
+            .args([signal, pid.trim()])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "kill {signal} {}", self.name);
+    }
+
     fn kill(&self) {
         if let Ok(pid) = std::fs::read_to_string(self.dir.join("pid")) {
             let _ = std::process::Command::new("kill")
