@@ -36,14 +36,36 @@ async fn ask(rg: &Rollgate, body: Value) -> String {
     answer["run_id"].as_str().expect("run_id").to_owned()
 }
 
-fn labels(run: &Value, name: &str) -> Vec<String> {
+/// The nodes of `run`'s steps named `stage/name`, in the run's order.
+fn nodes_of(run: &Value, stage: &str, name: &str) -> Vec<String> {
     run["steps"]
         .as_array()
         .unwrap()
         .iter()
-        .filter(|s| s["name"] == name)
+        .filter(|s| s["stage"] == stage && s["name"] == name)
         .map(|s| s["node"].as_str().unwrap_or_default().to_owned())
         .collect()
+}
+
+/// The nodes of the workers' steps named `name`, in the run's order.
+fn labels(run: &Value, name: &str) -> Vec<String> {
+    nodes_of(run, "reboot", name)
+}
+
+/// `node` took one reboot command, came back with its second boot id, and is not left
+/// cordoned.
+fn assert_rebooted_once(ground: &Ground, node: &str) {
+    assert_eq!(
+        ground.node(node).reboots(),
+        1,
+        "{node} took another reboot command"
+    );
+    assert_eq!(boot_id(ground, node), format!("boot-{node}-2"), "{node}");
+    assert_ne!(
+        ground.api.node(node)["spec"]["unschedulable"],
+        json!(true),
+        "{node} left cordoned"
+    );
 }
 
 #[tokio::test]
@@ -58,21 +80,22 @@ async fn the_four_workers_whose_sentinel_is_set_are_rebooted_each_drained_once()
     let run = rg.wait_status(&id, "succeeded", RUN_DEADLINE).await;
 
     for node in &ground.nodes {
-        let (reboots, boot) = (node.reboots(), boot_id(&ground, &node.name));
         if needing.contains(&node.name.as_str()) {
-            assert_eq!(reboots, 1, "{} took {reboots} reboot commands", node.name);
-            assert_eq!(boot, format!("boot-{}-2", node.name), "{}", node.name);
+            assert_rebooted_once(&ground, &node.name);
             assert!(!node.needs_reboot(), "{}: the sentinel stays", node.name);
         } else {
-            assert_eq!(reboots, 0, "{} was rebooted", node.name);
-            assert_eq!(boot, format!("boot-{}-1", node.name));
+            assert_eq!(node.reboots(), 0, "{} was rebooted", node.name);
+            assert_eq!(
+                boot_id(&ground, &node.name),
+                format!("boot-{}-1", node.name)
+            );
+            assert_ne!(
+                ground.api.node(&node.name)["spec"]["unschedulable"],
+                json!(true),
+                "{} left cordoned",
+                node.name
+            );
         }
-        assert_ne!(
-            ground.api.node(&node.name)["spec"]["unschedulable"],
-            json!(true),
-            "{} left cordoned",
-            node.name
-        );
     }
     ground.assert_drained_once();
     let mut rebooted = labels(&run, "reboot");
@@ -88,17 +111,6 @@ async fn the_four_workers_whose_sentinel_is_set_are_rebooted_each_drained_once()
             .is_some_and(|o| o.starts_with("4 node(s) to reboot, 1 at a time")),
         "{planned}"
     );
-}
-
-/// The nodes of `run`'s steps named `stage/name`, in the run's order.
-fn nodes_of(run: &Value, stage: &str, name: &str) -> Vec<String> {
-    run["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|s| s["stage"] == stage && s["name"] == name)
-        .map(|s| s["node"].as_str().unwrap_or_default().to_owned())
-        .collect()
 }
 
 #[tokio::test]
@@ -143,8 +155,7 @@ async fn three_stacked_control_planes_reboot_with_one_leadership_change_the_lead
     };
     assert!(rebooted_at("cp-2") < rebooted_at("w2"));
     for node in ["cp-1", "cp-2", "cp-3", "w2"] {
-        assert_eq!(ground.node(node).reboots(), 1, "{node}");
-        assert_eq!(boot_id(&ground, node), format!("boot-{node}-2"), "{node}");
+        assert_rebooted_once(&ground, node);
     }
     assert_eq!(ground.node("w1").reboots(), 0);
     ground.assert_drained_once();
@@ -253,24 +264,7 @@ async fn kill_9_right_after_the_reboot_command_and_while_the_node_is_down_reboot
 
     let run = rg.wait_status(&id, "succeeded", RUN_DEADLINE).await;
     for node in &ground.nodes {
-        assert_eq!(
-            node.reboots(),
-            1,
-            "{} took another reboot command",
-            node.name
-        );
-        assert_eq!(
-            boot_id(&ground, &node.name),
-            format!("boot-{}-2", node.name),
-            "{}",
-            node.name
-        );
-        assert_ne!(
-            ground.api.node(&node.name)["spec"]["unschedulable"],
-            json!(true),
-            "{} left cordoned",
-            node.name
-        );
+        assert_rebooted_once(&ground, &node.name);
     }
     ground.assert_drained_once();
     let redone = support::find_step(&run, &format!("reboot@{}", order[0])).expect("its step");

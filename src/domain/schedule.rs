@@ -306,7 +306,7 @@ impl Windows {
         dry_run: impl FnOnce() -> bool,
         now: DateTime<Utc>,
     ) -> Option<(DateTime<Utc>, String)> {
-        if self.0.is_empty() || !waits_for_window(step) || dry_run() {
+        if self.0.is_empty() || !step.waits_for_window() || dry_run() {
             return None;
         }
         match self.at(now) {
@@ -321,15 +321,6 @@ impl Windows {
             Now::Always | Now::Open { .. } => None,
         }
     }
-}
-
-/// Whether `step` starts work a maintenance window must allow: the gate in front of a
-/// node's drain or an etcd member's restart, a leadership move, and the pre-flight gate
-/// and snapshot of an upgrade (each workflow says which of its steps do). The steps of a
-/// node in hand, soaks and post-flight never wait: work in progress is not interrupted by
-/// a window closing.
-pub fn waits_for_window(step: &StepKind) -> bool {
-    step.waits_for_window()
 }
 
 #[cfg(test)]
@@ -492,7 +483,7 @@ mod tests {
     #[test]
     fn only_steps_that_start_work_on_a_node_wait() {
         let node = || "w1".to_owned();
-        let waits = |step: StepKind| waits_for_window(&step);
+        let waits = |step: StepKind| step.waits_for_window();
         let gate = |stage, node| StepKind::from(UpgradeStep::Gate { stage, node });
         let cases: [(StepKind, bool); 17] = [
             (gate(Stage::Preflight, None), true),

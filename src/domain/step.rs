@@ -146,7 +146,8 @@ impl StepKind {
         self.step().among_workers()
     }
 
-    /// Whether it starts work a maintenance window must allow.
+    /// Whether it starts work a maintenance window must allow (each workflow says which
+    /// of its steps do); work in progress is never interrupted by a window closing.
     pub fn waits_for_window(&self) -> bool {
         self.step().waits_for_window()
     }

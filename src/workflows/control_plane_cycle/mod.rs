@@ -328,19 +328,16 @@ impl ControlPlaneCycle {
         self.unhealthy(step, &problems, &what)
     }
 
-    /// Moves etcd leadership to `node`'s member, unless the cluster no longer needs it
-    /// (`pending`: the control planes still to touch); otherwise decides again from
-    /// `next_step`.
+    /// Moves etcd leadership to `node`'s member, unless the cluster as it is `now` no
+    /// longer needs it (`pending`: the control planes still to touch); otherwise decides
+    /// again from `next_step`.
     pub async fn move_leader(
         &self,
+        now: &Now,
         node: &str,
         pending: &(dyn Fn(&NodeFacts) -> bool + Sync),
         next_step: Step,
     ) -> StepOutcome {
-        let now = match self.now().await {
-            Ok(now) => now,
-            Err(outcome) => return outcome,
-        };
         let (Some(etcd), Some(client)) = (&now.etcd, &self.etcd) else {
             return replan("etcd is not configured: nothing to move".into(), next_step);
         };

@@ -19,7 +19,7 @@ use crate::ports::{
     RepoError, Submitted, Submitter,
 };
 use crate::workflows::k8s_upgrade::NODE_SCRIPT;
-use crate::workflows::k8s_upgrade::plan::Role;
+use crate::workflows::k8s_upgrade::plan::{ClusterFacts, Role};
 use crate::workflows::node_reboot::RebootRequest;
 use crate::workflows::node_reboot::sentinel;
 use plan::{Decision, Findings, NextMinor, RunningError, madison_releases, minor_of, next_minor};
@@ -118,12 +118,13 @@ pub struct RebootReport {
     pub submitted: Option<Submitted>,
 }
 
-/// Reads every node's sentinel (control planes too when allowed), side by side.
+/// Reads the sentinel of every node `facts` list (control planes too when allowed), side
+/// by side: whether each is set, and why each that could not be read was not.
 async fn reboot_findings(
     sources: &Sources,
+    facts: &ClusterFacts,
     check: &RebootCheck,
-) -> Result<(BTreeMap<String, bool>, BTreeMap<String, String>), DetectError> {
-    let facts = sources.cluster.facts().await?;
+) -> (BTreeMap<String, bool>, BTreeMap<String, String>) {
     let reads = facts
         .nodes
         .iter()
@@ -147,14 +148,13 @@ async fn reboot_findings(
             }
         }
     }
-    Ok((required, unreadable))
+    (required, unreadable)
 }
 
-/// Reads the facts.
-pub async fn findings(sources: &Sources) -> Result<Findings, DetectError> {
-    let facts = sources.cluster.facts().await?;
+/// Reads the versions of the cluster `facts` show.
+pub async fn findings(sources: &Sources, facts: &ClusterFacts) -> Result<Findings, DetectError> {
     let api_server = sources.cluster.api_server_version().await?;
-    let (running, behind) = plan::running(&facts, api_server)?;
+    let (running, behind) = plan::running(facts, api_server)?;
     let plane = facts
         .nodes
         .iter()
@@ -227,20 +227,20 @@ pub async fn detect(
     push: Option<&dyn MetricsPush>,
     submit: Option<&dyn Submitter>,
 ) -> (Option<Detected>, Option<DetectError>) {
+    let facts = match sources.cluster.facts().await {
+        Ok(f) => f,
+        Err(e) => return (None, Some(DetectError::Cluster(e))),
+    };
     let mut read_error = None;
     let mut reboot_part = None;
     if let Some(check) = reboots {
-        match reboot_findings(sources, check).await {
-            Ok((required, unreadable)) => {
-                if !unreadable.is_empty() {
-                    read_error = Some(DetectError::Sentinels(unreadable.clone()));
-                }
-                reboot_part = Some((required, unreadable));
-            }
-            Err(e) => read_error = Some(e),
+        let (required, unreadable) = reboot_findings(sources, &facts, check).await;
+        if !unreadable.is_empty() {
+            read_error = Some(DetectError::Sentinels(unreadable.clone()));
         }
+        reboot_part = Some((required, unreadable));
     }
-    let upgrade_part = match findings(sources).await {
+    let upgrade_part = match findings(sources, &facts).await {
         Ok(f) => {
             let decision = plan::decide(&f);
             Some((f, decision))

@@ -79,8 +79,14 @@ impl UpgradeSteps {
 
     /// Moves etcd leadership to `node`'s member, unless the cluster no longer needs it.
     pub(super) async fn move_leader(&self, node: &str, target: Version) -> StepOutcome {
-        self.control_planes
-            .move_leader(node, &behind(target), next_step())
-            .await
+        let cycle = &self.control_planes;
+        match cycle.now().await {
+            Ok(now) => {
+                cycle
+                    .move_leader(&now, node, &behind(target), next_step())
+                    .await
+            }
+            Err(outcome) => outcome,
+        }
     }
 }

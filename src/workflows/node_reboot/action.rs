@@ -127,10 +127,20 @@ impl NodeReboots {
 
     /// Marks the node's boot id, then sends the reboot command; once only.
     pub async fn reboot(&self, run: &Run, step: &Step, node: &str) -> StepOutcome {
-        let boot = match self.boot(node).await {
-            Ok(b) => b,
-            Err(outcome) => return outcome,
-        };
+        match self.boot(node).await {
+            Ok(boot) => self.reboot_from(run, step, node, &boot).await,
+            Err(outcome) => outcome,
+        }
+    }
+
+    /// [`Self::reboot`] of a node whose boot (and mark) was just read as `boot`.
+    async fn reboot_from(
+        &self,
+        run: &Run,
+        step: &Step,
+        node: &str,
+        boot: &NodeBoot,
+    ) -> StepOutcome {
         if let Some(mark) = boot.mark.as_ref().filter(|m| m.run_id == run.id) {
             if mark.boot_id != boot.boot_id {
                 return StepOutcome::done(format!(
@@ -204,10 +214,14 @@ impl NodeReboots {
     /// The node is back: another boot id than the one marked, and Ready, within the
     /// timeout counted from the reboot command.
     pub async fn back(&self, run: &Run, node: &str) -> StepOutcome {
-        let boot = match self.boot(node).await {
-            Ok(b) => b,
-            Err(outcome) => return outcome,
-        };
+        match self.boot(node).await {
+            Ok(boot) => self.back_from(run, node, &boot).await,
+            Err(outcome) => outcome,
+        }
+    }
+
+    /// [`Self::back`] of a node whose boot (and mark) was just read as `boot`.
+    async fn back_from(&self, run: &Run, node: &str, boot: &NodeBoot) -> StepOutcome {
         let Some(mark) = boot.mark.as_ref().filter(|m| m.run_id == run.id) else {
             return StepOutcome::failed(format!(
                 "{node} carries no reboot mark of this run: the reboot was not asked"
@@ -273,18 +287,24 @@ impl NodeReboots {
             Ok(b) => b,
             Err(outcome) => return outcome,
         };
-        if boot.mark.as_ref().is_none_or(|m| m.run_id != run.id) {
-            match self.required(node).await {
-                Ok(true) => {}
-                Ok(false) => {
-                    return StepOutcome::done(format!(
-                        "{node} needs no reboot: its sentinel is not set"
-                    ));
-                }
-                Err(outcome) => return outcome,
-            }
+        if boot.mark.as_ref().is_some_and(|m| m.run_id == run.id) {
+            // Sent already (this poll, or before a restart): one read serves both.
+            return match self.reboot_from(run, step, node, &boot).await {
+                StepOutcome::Done { .. } => self.back_from(run, node, &boot).await,
+                other => other,
+            };
         }
-        match self.reboot(run, step, node).await {
+        match self.required(node).await {
+            Ok(true) => {}
+            Ok(false) => {
+                return StepOutcome::done(format!(
+                    "{node} needs no reboot: its sentinel is not set"
+                ));
+            }
+            Err(outcome) => return outcome,
+        }
+        match self.reboot_from(run, step, node, &boot).await {
+            // The mark is on the node now: read it back with the node's state.
             StepOutcome::Done { .. } => self.back(run, node).await,
             other => other,
         }

@@ -17,7 +17,7 @@ use crate::metrics::Metrics;
 use crate::ports::{ClusterRead, Cordon, NodeTarget, StepExecutor};
 use crate::workflows::control_plane_cycle::ControlPlaneCycle;
 use crate::workflows::control_plane_cycle::plan::NextControlPlane;
-use crate::workflows::k8s_upgrade::plan::{NodeFacts, Role};
+use crate::workflows::k8s_upgrade::plan::{ClusterFacts, NodeFacts, Role};
 use crate::workflows::node_cycle::NodeCycle;
 use crate::workflows::node_reboot::RebootRequest;
 
@@ -118,21 +118,17 @@ impl RebootSteps {
         }
     }
 
-    /// The control planes this run still has to reboot: their sentinel set now and no
-    /// reboot mark of this run on them.
+    /// The control planes this run still has to reboot, of the cluster as `facts` show
+    /// it: their sentinel set now and no reboot mark of this run on them.
     async fn control_planes_pending(
         &self,
         run: &Run,
         request: &RebootRequest,
+        facts: &ClusterFacts,
     ) -> Result<Vec<String>, StepOutcome> {
-        let facts = self
-            .cluster
-            .facts()
-            .await
-            .map_err(|e| StepOutcome::retry(error_chain(&e)))?;
         let mut needs = BTreeMap::new();
         let mut marked = Vec::new();
-        for name in plan::candidates(request, &facts, &self.plan) {
+        for name in plan::candidates(request, facts, &self.plan) {
             let Some(node) = facts.node(&name).filter(|n| n.role == Role::ControlPlane) else {
                 continue;
             };
@@ -150,7 +146,7 @@ impl RebootSteps {
             needs.insert(name, set);
         }
         Ok(plan::control_planes_pending(
-            request, &facts, &needs, &marked, &self.plan,
+            request, facts, &needs, &marked, &self.plan,
         ))
     }
 
@@ -161,13 +157,13 @@ impl RebootSteps {
         step: &Step,
         request: &RebootRequest,
     ) -> StepOutcome {
-        let pending = match self.control_planes_pending(run, request).await {
-            Ok(p) => p,
-            Err(outcome) => return outcome,
-        };
         let cycle = &self.control_planes;
         let now = match cycle.now().await {
             Ok(now) => now,
+            Err(outcome) => return outcome,
+        };
+        let pending = match self.control_planes_pending(run, request, &now.facts).await {
+            Ok(p) => p,
             Err(outcome) => return outcome,
         };
         let is_pending = |n: &NodeFacts| pending.contains(&n.name);
@@ -197,14 +193,18 @@ impl RebootSteps {
 
     /// Moves etcd leadership to `node`'s member, unless no longer needed.
     async fn move_leader(&self, run: &Run, request: &RebootRequest, node: &str) -> StepOutcome {
-        let pending = match self.control_planes_pending(run, request).await {
+        let cycle = &self.control_planes;
+        let now = match cycle.now().await {
+            Ok(now) => now,
+            Err(outcome) => return outcome,
+        };
+        let pending = match self.control_planes_pending(run, request, &now.facts).await {
             Ok(p) => p,
             Err(outcome) => return outcome,
         };
         let is_pending = |n: &NodeFacts| pending.contains(&n.name);
-        self.control_planes
-            .move_leader(node, &is_pending, Step::new(RebootStep::ControlPlaneNext))
-            .await
+        let next = Step::new(RebootStep::ControlPlaneNext);
+        cycle.move_leader(&now, node, &is_pending, next).await
     }
 
     /// One part of a control plane's reboot: the node cycle's, between health checks.
