@@ -371,7 +371,7 @@ impl Failure {
 /// A Kubernetes API failure: what was being done, in words an operator can act on, and
 /// the client's error beneath it.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("kubernetes API: {0}")]
+#[error("Kubernetes API server: {0}")]
 pub struct ClusterError(#[source] pub Failure);
 
 impl ClusterError {

@@ -5,10 +5,11 @@
 mod support;
 
 use serde_json::{Value, json};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use support::ground::Ground;
+use support::kube::fault::{Answer, Fault, Lasting, Request};
 use support::services::{MiniServer, Prometheus};
-use support::{Rollgate, eventually};
+use support::{Rollgate, eventually, find_step};
 
 const ZERO: &str = "0001-01-01T00:00:00Z";
 
@@ -323,5 +324,302 @@ async fn an_etcd_member_frozen_past_the_health_timeout_halts_the_run_naming_it()
         reason.contains("cp-3") && reason.contains("no further control plane was touched")
             || reason.contains("cp-3") && reason.contains("it was not touched"),
         "{reason}"
+    );
+}
+
+// ---- The API server misbehaving ----
+
+/// The invariants every whole-upgrade fault case ends on, from the ground's own records:
+/// every node at `target` and schedulable, none drained twice (the API server's log of
+/// changes), each node's `kubeadm upgrade` run once (its sshd's log of calls).
+fn assert_upgraded_once(ground: &Ground, target: &str) {
+    ground.assert_all_at(target);
+    ground.assert_drained_once();
+    for node in &ground.nodes {
+        let calls = node.calls();
+        let upgrades = calls
+            .iter()
+            .filter(|c| c.starts_with("kubeadm upgrade apply") || *c == "kubeadm upgrade node")
+            .count();
+        assert_eq!(upgrades, 1, "{}: {calls:?}", node.name);
+    }
+}
+
+/// The requests the fake API server received of `method` whose path contains `path`.
+fn requests(ground: &Ground, method: &str, path: &str) -> Vec<Request> {
+    ground
+        .api
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == method && r.path.contains(path))
+        .collect()
+}
+
+/// Waits until the fake API server answers again (its outage over).
+async fn api_answers(ground: &Ground) -> Instant {
+    let http = reqwest::Client::new();
+    let url = format!("{}/version", ground.api.url());
+    let token = ground.api.token.clone();
+    eventually("the API server to answer", Duration::from_secs(120), || {
+        let (http, url, token) = (&http, &url, &token);
+        async move {
+            let answer = http.get(url).bearer_auth(token).send().await.ok()?;
+            answer.status().is_success().then(Instant::now)
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn api_server_errors_and_dropped_connections_during_a_drain_are_retried_and_drain_nothing_twice()
+ {
+    let ground = Ground::start("1.34.2", 3).await;
+    for w in ["w1", "w2", "w3"] {
+        ground.api.add_pods(w, "web", 2, false);
+    }
+    // w2's drain: listing its pods drops the connection twice, and each of its pods'
+    // first two evictions answers 500.
+    ground.api.inject(Fault::on(
+        "GET",
+        "fieldSelector=spec.nodeName=w2",
+        Answer::Reset,
+        Lasting::Requests(2),
+    ));
+    let w2_pods: Vec<String> = ground
+        .api
+        .pods_on("w2")
+        .iter()
+        .filter(|p| p["metadata"]["labels"]["app"] == "web")
+        .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+        .collect();
+    for pod in &w2_pods {
+        ground.api.inject(Fault::on(
+            "POST",
+            &format!("/pods/{pod}/eviction"),
+            Answer::Status {
+                code: 500,
+                retry_after: None,
+            },
+            Lasting::Requests(2),
+        ));
+    }
+    let rg = ground.rollgate(&[]).await;
+    let id = rg.detect("1.34.5", "patch").await;
+    let run = rg
+        .wait_status(&id, "succeeded", Duration::from_secs(180))
+        .await;
+    assert_upgraded_once(&ground, "1.34.5");
+    let faulted: Vec<Request> = ground
+        .api
+        .requests()
+        .into_iter()
+        .filter(|r| r.faulted.is_some())
+        .collect();
+    assert_eq!(
+        faulted
+            .iter()
+            .filter(|r| r.faulted.as_deref() == Some("reset"))
+            .count(),
+        2,
+        "{faulted:?}"
+    );
+    for pod in &w2_pods {
+        let tries = requests(&ground, "POST", &format!("/pods/{pod}/eviction"));
+        assert_eq!(tries.len(), 3, "{pod}: two 500s, then evicted: {tries:?}");
+    }
+    eprintln!("recovered: {}", said(&run));
+}
+
+#[tokio::test]
+async fn an_eviction_answered_429_with_retry_after_is_asked_again_no_sooner() {
+    let ground = Ground::start("1.34.2", 3).await;
+    ground.api.add_pods("w3", "web", 2, false);
+    // The server sheds load: the next six evictions (w3's two pods, three times each)
+    // answer 429 with Retry-After: 2, ten times the drain's pace.
+    ground.api.inject(Fault::on(
+        "POST",
+        "/eviction",
+        Answer::Status {
+            code: 429,
+            retry_after: Some(2),
+        },
+        Lasting::Requests(6),
+    ));
+    let rg = ground.rollgate(&[]).await;
+    let id = rg.detect("1.34.5", "patch").await;
+    rg.wait_status(&id, "succeeded", Duration::from_secs(180))
+        .await;
+    assert_upgraded_once(&ground, "1.34.5");
+    let evictions = requests(&ground, "POST", "/eviction");
+    let mut by_pod: std::collections::BTreeMap<&str, Vec<&Request>> = Default::default();
+    for r in &evictions {
+        by_pod.entry(r.path.as_str()).or_default().push(r);
+    }
+    let refused: usize = evictions.iter().filter(|r| r.faulted.is_some()).count();
+    assert_eq!(refused, 6, "{evictions:?}");
+    for (pod, tries) in &by_pod {
+        for pair in tries.windows(2) {
+            if pair[0].faulted.is_some() {
+                let gap = pair[1].at - pair[0].at;
+                assert!(
+                    gap >= Duration::from_millis(1950),
+                    "{pod} asked again {gap:?} after a 429 with Retry-After: 2"
+                );
+            }
+        }
+    }
+    // Not hammered: each refused pod was asked once per Retry-After, not every 200 ms.
+    assert!(
+        evictions.len() <= refused + by_pod.len(),
+        "{} evictions for {} pods: {evictions:?}",
+        evictions.len(),
+        by_pod.len()
+    );
+}
+
+/// Makes `node` come back NotReady from its script and waits until the run's verify of it
+/// says so; returns the run.
+async fn verify_waiting_on(ground: &Ground, rg: &Rollgate, id: &str, node: &str) -> Value {
+    ground.node(node).stay_not_ready();
+    rg.wait_run_until(
+        id,
+        &format!("verify of {node} to wait for it"),
+        Duration::from_secs(120),
+        |run| {
+            find_step(run, &format!("workers/verify@{node}")).is_some_and(|s| {
+                s["outcome"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("not Ready")
+            })
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn an_api_server_outage_during_a_verify_is_waited_out_within_the_verify_bound() {
+    let ground = Ground::start("1.34.2", 3).await;
+    ground.api.add_pods("w2", "web", 2, false);
+    // verify_timeout 20 s stands for the default 5 min: the 8 s outage for 2 minutes.
+    let rg = ground.rollgate(&[]).await;
+    let id = rg.detect("1.34.5", "patch").await;
+    verify_waiting_on(&ground, &rg, &id, "w2").await;
+    ground.api.inject(Fault::outage(Duration::from_secs(8)));
+    rg.wait_run_until(
+        &id,
+        "verify to say the API server does not answer",
+        Duration::from_secs(30),
+        |run| {
+            find_step(run, "workers/verify@w2").is_some_and(|s| {
+                s["outcome"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("no answer about w2: Kubernetes API server")
+            })
+        },
+    )
+    .await;
+    // The kubelet reports Ready while the API server is out to rollgate.
+    ground.api.edit_node("w2", |n| {
+        n["status"]["conditions"] = json!([{"type": "Ready", "status": "True"}]);
+    });
+    let back = api_answers(&ground).await;
+    let run = rg
+        .wait_run_until(&id, "verify of w2 done", Duration::from_secs(60), |run| {
+            find_step(run, "workers/verify@w2").is_some_and(|s| s["status"] == "done")
+        })
+        .await;
+    eprintln!(
+        "verify of w2 done {:?} after the outage ended",
+        back.elapsed()
+    );
+    assert_ne!(run["status"], "halted", "{}", said(&run));
+    rg.wait_status(&id, "succeeded", Duration::from_secs(120))
+        .await;
+    assert_upgraded_once(&ground, "1.34.5");
+    let dropped = ground
+        .api
+        .requests()
+        .iter()
+        .filter(|r| r.faulted.as_deref() == Some("reset"))
+        .count();
+    assert!(dropped > 0, "the outage met no request");
+}
+
+#[tokio::test]
+async fn an_api_server_outage_past_the_verify_bound_halts_naming_it_and_resume_completes() {
+    let ground = Ground::start("1.34.2", 3).await;
+    let rg = ground
+        .rollgate(&[("ROLLGATE__CLUSTER__VERIFY_TIMEOUT", "6s".into())])
+        .await;
+    let id = rg.detect("1.34.5", "patch").await;
+    verify_waiting_on(&ground, &rg, &id, "w2").await;
+    ground.api.inject(Fault::outage(Duration::from_secs(15)));
+    ground.api.edit_node("w2", |n| {
+        n["status"]["conditions"] = json!([{"type": "Ready", "status": "True"}]);
+    });
+    let run = rg.wait_status(&id, "halted", Duration::from_secs(60)).await;
+    let reason = run["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("no answer about w2: Kubernetes API server")
+            && reason.contains("it stays cordoned"),
+        "{reason}"
+    );
+    // Nothing further was touched: w1 not cordoned, not upgraded.
+    assert_eq!(ground.api.node("w1")["spec"]["unschedulable"], Value::Null);
+    assert!(
+        !ground
+            .node("w1")
+            .calls()
+            .iter()
+            .any(|c| c.starts_with("kubeadm upgrade")),
+        "w1 was upgraded while the run could not see w2"
+    );
+    let back = api_answers(&ground).await;
+    assert_eq!(
+        rg.control(&id, "resume", "the API server is back").await,
+        202
+    );
+    rg.wait_run(&id, "the resume to be taken", |run| {
+        run["status"] != "halted"
+    })
+    .await;
+    rg.wait_status(&id, "succeeded", Duration::from_secs(120))
+        .await;
+    eprintln!(
+        "resumed run succeeded {:?} after the outage ended",
+        back.elapsed()
+    );
+    assert_upgraded_once(&ground, "1.34.5");
+}
+
+#[tokio::test]
+async fn conflicting_writes_to_a_node_are_merged_not_overwritten_and_the_run_completes() {
+    let ground = Ground::start("1.34.2", 3).await;
+    // Another controller writes w2 right after each of rollgate's next six reads of it:
+    // the cordon's patch at the resourceVersion it read is refused (409) five times over,
+    // the step gives up, and its retry meets one more conflict before it goes through.
+    let mut n = 0;
+    ground
+        .api
+        .write_after_reads_of_node("w2", 6, move |node: &mut Value| {
+            n += 1;
+            node["metadata"]["labels"]["example.com/other-writer"] = json!(n.to_string());
+        });
+    let rg = ground.rollgate(&[]).await;
+    let id = rg.detect("1.34.5", "patch").await;
+    rg.wait_status(&id, "succeeded", Duration::from_secs(180))
+        .await;
+    assert_upgraded_once(&ground, "1.34.5");
+    let calls = ground.api.calls();
+    assert!(
+        calls.get("patch node 409").copied().unwrap_or(0) >= 5,
+        "{calls:?}"
+    );
+    // The other writer's last write stands: rollgate's patches merged into it.
+    assert_eq!(
+        ground.api.node("w2")["metadata"]["labels"]["example.com/other-writer"],
+        "6"
     );
 }

@@ -20,6 +20,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use crate::domain::backoff::Backoff;
 use crate::domain::version::Version;
 use crate::ports::{
     ClusterError, ClusterEvent, ClusterRead, Cordon, DrainError, DrainFacts, DrainOptions,
@@ -278,6 +279,18 @@ fn pod_key(pod: &Pod) -> (String, String, String) {
     )
 }
 
+/// How long to wait before asking for an eviction again: the drain's pace through the one
+/// jittered policy (evictions of one drain run side by side and must not retry in step),
+/// never sooner than the server asked (`Retry-After`, which the API server also sends as
+/// `details.retryAfterSeconds`).
+fn eviction_pause(e: &kube::Error, every: Duration) -> Duration {
+    let asked = match e {
+        kube::Error::Api(status) => status.details.as_ref().map_or(0, |d| d.retry_after_seconds),
+        _ => 0,
+    };
+    crate::jitter::pause(&Backoff::new(every, every), 1).max(Duration::from_secs(asked.into()))
+}
+
 /// The PodDisruptionBudget named by a 429's causes or message, if any.
 fn blocking_budget(status: &kube::core::Status) -> String {
     let from_causes = status.details.as_ref().and_then(|d| {
@@ -453,27 +466,29 @@ impl Kube {
             ..EvictParams::default()
         };
         loop {
-            match api.evict(&name, &params).await {
+            let e = match api.evict(&name, &params).await {
                 Ok(_) => return Ok(()),
                 Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
-                Err(kube::Error::Api(status)) if status.code == 429 || status.code == 500 => {
-                    // 429: a PDB refuses now; 500: several PDBs match the pod. Both may
-                    // clear (pods elsewhere become Ready, or someone fixes the budgets).
+                Err(e) => e,
+            };
+            let pause = eviction_pause(&e, options.retry_every);
+            let why = match &e {
+                kube::Error::Api(status) if status.code == 429 || status.code == 500 => {
+                    // 429: a PDB refuses now (or the server sheds load); 500: several PDBs
+                    // match the pod. Both may clear (pods elsewhere become Ready, or
+                    // someone fixes the budgets).
                     refusals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let why = blocking_budget(&status);
-                    if Instant::now() + options.retry_every > deadline {
-                        return Err(format!("{ns}/{name}: {why}"));
-                    }
-                    tokio::time::sleep(options.retry_every).await;
+                    blocking_budget(status)
                 }
-                Err(e) => {
-                    if Instant::now() + options.retry_every > deadline {
-                        return Err(format!("{ns}/{name}: {e}"));
-                    }
-                    warn!(pod = %name, error = %crate::error_chain(&e), "eviction failed; retrying");
-                    tokio::time::sleep(options.retry_every).await;
+                other => {
+                    warn!(pod = %name, error = %crate::error_chain(other), "eviction failed; retrying");
+                    other.to_string()
                 }
+            };
+            if Instant::now() + pause > deadline {
+                return Err(format!("{ns}/{name}: {why}"));
             }
+            tokio::time::sleep(pause).await;
         }
     }
 

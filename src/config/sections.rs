@@ -635,7 +635,9 @@ pub struct ClusterSettings {
     /// cordoned and the run halts, naming the pods that would not leave.
     #[serde(with = "humantime_serde")]
     pub drain_timeout: Duration,
-    /// Pause between evictions refused by a PodDisruptionBudget.
+    /// Pause between tries of an eviction that was refused (a PodDisruptionBudget, the
+    /// server shedding load) or failed: jittered between half of it and all of it, never
+    /// shorter than the server's `Retry-After`.
     #[serde(with = "humantime_serde")]
     pub eviction_retry: Duration,
     /// Grace period for evicted pods, in seconds; each pod's own when unset.

@@ -322,27 +322,30 @@ impl UpgradeSteps {
     async fn verify(&self, step: &Step, node: &str, target: Version) -> StepOutcome {
         let now = Utc::now();
         let started = step.started_at.unwrap_or(now);
-        let facts = match self.cluster.facts().await {
-            Ok(f) => f,
-            Err(e) => return StepOutcome::retry(error_chain(&e)),
+        // The API server not answering says nothing of the node: verify waits it out
+        // within its own bound, as it waits for the node.
+        let state = match self.cluster.facts().await {
+            Err(e) => format!("no answer about {node}: {}", error_chain(&e)),
+            Ok(facts) => {
+                let Some(n) = facts.node(node) else {
+                    return StepOutcome::failed(format!("node {node} is no longer in the cluster"));
+                };
+                if n.kubelet == target && n.ready {
+                    self.cycle.tell(
+                        node,
+                        "Upgraded",
+                        "Upgrade",
+                        format!("upgraded to v{target}: kubelet v{target}, Ready"),
+                    );
+                    return StepOutcome::done(format!("{node} is Ready with kubelet {target}"));
+                }
+                format!(
+                    "{node} reports kubelet {} and {}",
+                    n.kubelet,
+                    if n.ready { "Ready" } else { "not Ready" }
+                )
+            }
         };
-        let Some(n) = facts.node(node) else {
-            return StepOutcome::failed(format!("node {node} is no longer in the cluster"));
-        };
-        if n.kubelet == target && n.ready {
-            self.cycle.tell(
-                node,
-                "Upgraded",
-                "Upgrade",
-                format!("upgraded to v{target}: kubelet v{target}, Ready"),
-            );
-            return StepOutcome::done(format!("{node} is Ready with kubelet {target}"));
-        }
-        let state = format!(
-            "{node} reports kubelet {} and {}",
-            n.kubelet,
-            if n.ready { "Ready" } else { "not Ready" }
-        );
         let timeout = chrono::Duration::from_std(self.settings.verify_timeout)
             .unwrap_or(chrono::Duration::MAX);
         if now - started >= timeout {

@@ -22,6 +22,7 @@
 
 mod budget;
 mod exporters;
+pub mod fault;
 mod patch;
 mod resources;
 mod selector;
@@ -503,6 +504,16 @@ impl FakeKube {
                 .unwrap_or(0)
         });
         events
+    }
+
+    /// Injects `fault` into the requests it matches (see [`fault::Fault`]).
+    pub fn inject(&self, fault: fault::Fault) {
+        self.lock().faults.add(fault);
+    }
+
+    /// Every request received so far, faulted or not, oldest first.
+    pub fn requests(&self) -> Vec<fault::Request> {
+        self.lock().faults.log.clone()
     }
 
     /// Makes creating an Event answer 500 (or stop doing so).

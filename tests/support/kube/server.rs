@@ -2,6 +2,7 @@
 //! with its `Status` bodies (kind, reason, code, details) for every refusal.
 
 use super::budget;
+use super::fault;
 use super::patch;
 use super::resources::{Resource, Target, route};
 use super::selector::{FieldSelector, LabelSelector};
@@ -140,6 +141,19 @@ pub(super) async fn handle(req: HttpRequest, body: web::Bytes, shared: Shared) -
             .map(|q| q.into_inner())
             .unwrap_or_default(),
     );
+    // The exporters are other programs than the API server: its faults leave them be.
+    if !path.starts_with("/metrics") {
+        let fault = state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .faults
+            .take(&method, &fault::uri(&path, &query.0));
+        match fault {
+            Some(fault::Answer::Delay(d)) => actix_web::rt::time::sleep(d).await,
+            Some(answer) => return fault::respond(&answer),
+            None => {}
+        }
+    }
     let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
     s.tick();
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();

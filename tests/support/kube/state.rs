@@ -101,6 +101,8 @@ pub struct State {
     /// Per resource, after how many more pages of a list the history is compacted (so the
     /// list's continue token expires).
     pub(super) compact_after_pages: BTreeMap<&'static str, usize>,
+    /// Injected faults and the log of every request.
+    pub faults: super::fault::Faults,
 }
 
 pub(super) fn key_of(resource: &'static Resource, object: &Value) -> Key {
@@ -182,6 +184,7 @@ impl State {
             budget_low: BTreeMap::new(),
             after_read: Vec::new(),
             compact_after_pages: BTreeMap::new(),
+            faults: Default::default(),
         }
     }
 
