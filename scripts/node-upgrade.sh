@@ -13,17 +13,25 @@
 #   --check                                       prove the node answers and has the tools
 #   --available                                   list the kubeadm packages apt offers (read-only)
 #
-# Safe to re-run: each part checks what is installed before it changes anything.
+# Safe to re-run: each part checks what is installed before it changes anything, and
+# `kubeadm upgrade` runs once per release (a marker in ROLLGATE_STATE_DIR records it).
+# Runs that change the node take a lock there, so a re-run after a dropped SSH session
+# waits for the first one, which goes on to its end: SIGHUP and SIGPIPE are ignored, so
+# losing the session never kills kubeadm half-way.
 # Environment (for unusual layouts): K8S_APT_SOURCE (default
-# /etc/apt/sources.list.d/kubernetes.list), CONTAINERD_PACKAGE (default containerd.io).
+# /etc/apt/sources.list.d/kubernetes.list), CONTAINERD_PACKAGE (default containerd.io),
+# ROLLGATE_STATE_DIR (default /var/lib/rollgate), LOCK_WAIT (seconds, default 900).
 set -euo pipefail
 
 role="" release="" containerd="" apt_minor="" action="" kubeadm=""
 K8S_APT_SOURCE=${K8S_APT_SOURCE:-/etc/apt/sources.list.d/kubernetes.list}
 CONTAINERD_PACKAGE=${CONTAINERD_PACKAGE:-containerd.io}
+ROLLGATE_STATE_DIR=${ROLLGATE_STATE_DIR:-/var/lib/rollgate}
+LOCK_WAIT=${LOCK_WAIT:-900}
 
-die() { echo "node-upgrade: $*" >&2; exit 2; }
-log() { echo "node-upgrade: $*"; }
+# Once the session is gone nobody reads the output: a failed write is not a failure.
+die() { echo "node-upgrade: $*" >&2 || true; exit 2; }
+log() { echo "node-upgrade: $*" || true; }
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -55,6 +63,18 @@ candidate() {
 
 installed() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || true; }
 
+# Takes this node's upgrade lock (fd 9) for the rest of the script, waiting for a run
+# still going (one whose SSH session dropped), and detaches from the session's signals.
+lock_node() {
+  trap '' HUP PIPE
+  $SUDO install -d -m 0755 -o "$(id -un)" "$ROLLGATE_STATE_DIR"
+  exec 9>>"$ROLLGATE_STATE_DIR/node-upgrade.lock"
+  if ! flock -n 9; then
+    log "another node-upgrade.sh runs on this node; waiting up to ${LOCK_WAIT}s for it"
+    flock -w "$LOCK_WAIT" 9 || die "another node-upgrade.sh still runs on this node after ${LOCK_WAIT}s"
+  fi
+}
+
 install_pinned() {
   local pkg=$1 version=$2
   if [ "$(installed "$pkg")" = "$version" ]; then
@@ -79,10 +99,16 @@ upgrade_node() {
   pkg=$(candidate kubeadm "$release")
   [ -n "$pkg" ] || die "kubeadm $release is not in the apt repository (apt-cache madison kubeadm)"
   install_pinned kubeadm "$pkg"
-  if [ "$kubeadm" = apply ]; then
-    $SUDO kubeadm upgrade apply -y "v$release"
+  local done_mark="$ROLLGATE_STATE_DIR/kubeadm-upgrade-$kubeadm-$release.done"
+  if [ -f "$done_mark" ]; then
+    log "kubeadm upgrade $kubeadm to $release already done"
   else
-    $SUDO kubeadm upgrade node
+    if [ "$kubeadm" = apply ]; then
+      $SUDO kubeadm upgrade apply -y "v$release"
+    else
+      $SUDO kubeadm upgrade node
+    fi
+    touch "$done_mark"
   fi
   install_pinned kubelet "$pkg"
   install_pinned kubectl "$pkg"
@@ -125,7 +151,7 @@ plan() {
 
 check() {
   local tool
-  for tool in apt-get apt-cache apt-mark dpkg-query kubeadm systemctl timeout; do
+  for tool in apt-get apt-cache apt-mark dpkg-query flock kubeadm systemctl timeout; do
     command -v "$tool" >/dev/null || die "$tool is missing on this node"
   done
   log "ok: kubeadm $(installed kubeadm), kubelet $(installed kubelet)"
@@ -135,10 +161,10 @@ check() {
 available() { apt-cache madison kubeadm; }
 
 case "$action" in
-  "") upgrade_node ;;
+  "") lock_node; upgrade_node ;;
   available) available ;;
-  containerd) upgrade_containerd ;;
-  apt-minor) rewrite_repo ;;
+  containerd) lock_node; upgrade_containerd ;;
+  apt-minor) lock_node; rewrite_repo ;;
   plan) plan ;;
   check) check ;;
 esac

@@ -345,6 +345,18 @@ fn assert_upgraded_once(ground: &Ground, target: &str) {
     }
 }
 
+/// Serves rollgate on `ground`, upgrades it to 1.34.5, and asserts the run succeeded with
+/// [`assert_upgraded_once`]; the run.
+async fn upgrade_through(ground: &Ground) -> Value {
+    let rg = ground.rollgate(&[]).await;
+    let id = rg.detect("1.34.5", "patch").await;
+    let run = rg
+        .wait_status(&id, "succeeded", Duration::from_secs(180))
+        .await;
+    assert_upgraded_once(ground, "1.34.5");
+    run
+}
+
 /// The requests the fake API server received of `method` whose path contains `path`.
 fn requests(ground: &Ground, method: &str, path: &str) -> Vec<Request> {
     ground
@@ -403,12 +415,7 @@ async fn api_server_errors_and_dropped_connections_during_a_drain_are_retried_an
             Lasting::Requests(2),
         ));
     }
-    let rg = ground.rollgate(&[]).await;
-    let id = rg.detect("1.34.5", "patch").await;
-    let run = rg
-        .wait_status(&id, "succeeded", Duration::from_secs(180))
-        .await;
-    assert_upgraded_once(&ground, "1.34.5");
+    upgrade_through(&ground).await;
     let faulted: Vec<Request> = ground
         .api
         .requests()
@@ -427,7 +434,6 @@ async fn api_server_errors_and_dropped_connections_during_a_drain_are_retried_an
         let tries = requests(&ground, "POST", &format!("/pods/{pod}/eviction"));
         assert_eq!(tries.len(), 3, "{pod}: two 500s, then evicted: {tries:?}");
     }
-    eprintln!("recovered: {}", said(&run));
 }
 
 #[tokio::test]
@@ -445,11 +451,7 @@ async fn an_eviction_answered_429_with_retry_after_is_asked_again_no_sooner() {
         },
         Lasting::Requests(6),
     ));
-    let rg = ground.rollgate(&[]).await;
-    let id = rg.detect("1.34.5", "patch").await;
-    rg.wait_status(&id, "succeeded", Duration::from_secs(180))
-        .await;
-    assert_upgraded_once(&ground, "1.34.5");
+    upgrade_through(&ground).await;
     let evictions = requests(&ground, "POST", "/eviction");
     let mut by_pod: std::collections::BTreeMap<&str, Vec<&Request>> = Default::default();
     for r in &evictions {
@@ -475,6 +477,17 @@ async fn an_eviction_answered_429_with_retry_after_is_asked_again_no_sooner() {
         evictions.len(),
         by_pod.len()
     );
+}
+
+/// Resumes the halted run `id` with `reason` and waits for it to succeed.
+async fn resume_to_success(rg: &Rollgate, id: &str, reason: &str) {
+    assert_eq!(rg.control(id, "resume", reason).await, 202);
+    rg.wait_run(id, "the resume to be taken", |run| {
+        run["status"] != "halted"
+    })
+    .await;
+    rg.wait_status(id, "succeeded", Duration::from_secs(120))
+        .await;
 }
 
 /// Makes `node` come back NotReady from its script and waits until the run's verify of it
@@ -577,16 +590,7 @@ async fn an_api_server_outage_past_the_verify_bound_halts_naming_it_and_resume_c
         "w1 was upgraded while the run could not see w2"
     );
     let back = api_answers(&ground).await;
-    assert_eq!(
-        rg.control(&id, "resume", "the API server is back").await,
-        202
-    );
-    rg.wait_run(&id, "the resume to be taken", |run| {
-        run["status"] != "halted"
-    })
-    .await;
-    rg.wait_status(&id, "succeeded", Duration::from_secs(120))
-        .await;
+    resume_to_success(&rg, &id, "the API server is back").await;
     eprintln!(
         "resumed run succeeded {:?} after the outage ended",
         back.elapsed()
@@ -607,11 +611,7 @@ async fn conflicting_writes_to_a_node_are_merged_not_overwritten_and_the_run_com
             n += 1;
             node["metadata"]["labels"]["example.com/other-writer"] = json!(n.to_string());
         });
-    let rg = ground.rollgate(&[]).await;
-    let id = rg.detect("1.34.5", "patch").await;
-    rg.wait_status(&id, "succeeded", Duration::from_secs(180))
-        .await;
-    assert_upgraded_once(&ground, "1.34.5");
+    upgrade_through(&ground).await;
     let calls = ground.api.calls();
     assert!(
         calls.get("patch node 409").copied().unwrap_or(0) >= 5,
@@ -622,4 +622,79 @@ async fn conflicting_writes_to_a_node_are_merged_not_overwritten_and_the_run_com
         ground.api.node("w2")["metadata"]["labels"]["example.com/other-writer"],
         "6"
     );
+}
+
+// ---- SSH cut mid-script ----
+
+/// Whether `node`'s kubelet was restarted after its last kubelet package install: it runs
+/// the new binary.
+fn kubelet_restarted_on_the_new_binary(node: &support::nodes::FakeNode) -> bool {
+    let calls = node.calls();
+    let installed = calls
+        .iter()
+        .rposition(|c| c.starts_with("apt-get install") && c.contains("kubelet="));
+    let restarted = calls.iter().rposition(|c| c == "systemctl restart kubelet");
+    matches!((installed, restarted), (Some(i), Some(r)) if r > i)
+}
+
+#[tokio::test]
+async fn an_ssh_session_cut_while_kubeadm_runs_is_redone_and_the_upgrade_applies_once() {
+    let ground = Ground::start("1.34.2", 3).await;
+    ground.node("w2").cut_session_during_upgrade();
+    let run = upgrade_through(&ground).await;
+    let w2 = ground.node("w2");
+    // The script ran again after the cut, and its second run repeated no kubeadm upgrade.
+    assert_eq!(w2.script_runs(), 2, "{:?}", w2.calls());
+    assert!(kubelet_restarted_on_the_new_binary(w2), "{:?}", w2.calls());
+    let upgrade = find_step(&run, "workers/upgrade@w2").expect("upgrade@w2");
+    assert_eq!(upgrade["attempts"], 2, "{upgrade}");
+}
+
+#[tokio::test]
+async fn a_host_key_changed_before_the_redo_is_refused_and_halts_naming_the_node() {
+    let mut ground = Ground::start("1.34.2", 3).await;
+    ground.node("w2").hold_kubeadm();
+    ground.node("w2").cut_session_during_upgrade();
+    let rg = ground.rollgate(&[]).await;
+    let id = rg.detect("1.34.5", "patch").await;
+    eventually(
+        "w2's kubeadm upgrade to start",
+        Duration::from_secs(120),
+        || async {
+            let calls = ground.node("w2").calls();
+            calls
+                .iter()
+                .any(|c| c == "kubeadm upgrade node")
+                .then_some(())
+        },
+    )
+    .await;
+    // While kubeadm works, w2 answers with another host key (a reinstalled host, or
+    // another one taking its address); then the session drops.
+    let w2 = ground
+        .nodes
+        .iter_mut()
+        .find(|n| n.name == "w2")
+        .expect("w2");
+    w2.change_host_key();
+    w2.release_kubeadm();
+    let run = rg.wait_status(&id, "halted", Duration::from_secs(60)).await;
+    let reason = run["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("ssh to w2: host key verification failed"),
+        "{reason}"
+    );
+    let w2 = ground.node("w2");
+    assert_eq!(w2.script_runs(), 1, "the redo reached w2: {:?}", w2.calls());
+    assert_ne!(
+        ground.api.node("w1")["spec"]["unschedulable"],
+        json!(true),
+        "w1 was touched after the halt"
+    );
+    // The operator checks the new key and trusts it: the resumed run finishes w2 without
+    // a second kubeadm upgrade.
+    w2.trust(&ground.client);
+    resume_to_success(&rg, &id, "w2's new host key checked").await;
+    assert_upgraded_once(&ground, "1.34.5");
+    assert!(kubelet_restarted_on_the_new_binary(ground.node("w2")));
 }

@@ -37,6 +37,21 @@ impl Node {
         (out.status.code().unwrap_or(-1), text)
     }
 
+    /// Starts the script with `args` on its own thread.
+    fn spawn(&self, args: &[&str]) -> std::thread::JoinHandle<std::process::Output> {
+        let (script, env) = (script(), self.env.clone());
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        std::thread::spawn(move || {
+            Command::new("bash")
+                .arg(script)
+                .args(args)
+                .env_clear()
+                .envs(env)
+                .output()
+                .expect("bash")
+        })
+    }
+
     fn calls(&self) -> Vec<String> {
         std::fs::read_to_string(self.dir.path().join("calls.log"))
             .unwrap_or_default()
@@ -215,4 +230,62 @@ async fn bad_arguments_stop_the_script_before_any_tool_runs() {
         assert!(out.contains(why), "{args:?}: {out}");
     }
     assert!(w1.calls().is_empty(), "{:?}", w1.calls());
+}
+
+#[tokio::test]
+async fn a_second_run_while_the_first_still_runs_waits_for_it_and_repeats_no_kubeadm_upgrade() {
+    let api = FakeKube::start().await;
+    api.add_node("w1", false, "1.34.2", "1.7.20");
+    let w1 = node(&api, "w1", "1.34").await;
+    // The first run's kubeadm is held (as if slow, its SSH session gone); a second run
+    // starts meanwhile, as rollgate's redo would.
+    let hold = w1.dir.path().join("state/hold");
+    std::fs::write(&hold, "").expect("hold");
+    let args = ["--role", "worker", "--release", "1.34.5"];
+    let first = w1.spawn(&args);
+    support::eventually(
+        "the first run's kubeadm upgrade",
+        std::time::Duration::from_secs(10),
+        || async {
+            w1.calls()
+                .contains(&"kubeadm upgrade node".to_owned())
+                .then_some(())
+        },
+    )
+    .await;
+    let second = w1.spawn(&args);
+    support::eventually(
+        "the second run to wait for the lock",
+        std::time::Duration::from_secs(10),
+        || async {
+            let lock = w1.dir.path().join("state/rollgate/node-upgrade.lock");
+            let waiting = Command::new("bash")
+                .arg("-c")
+                .arg(format!("! flock -n {} true", lock.display()))
+                .status()
+                .is_ok_and(|s| s.success());
+            (waiting && !second.is_finished()).then_some(())
+        },
+    )
+    .await;
+    std::fs::remove_file(&hold).expect("release");
+    let first = first.join().expect("first run");
+    let second = second.join().expect("second run");
+    assert!(first.status.success(), "{first:?}");
+    let out = String::from_utf8_lossy(&second.stdout);
+    assert!(second.status.success(), "{second:?}");
+    assert!(
+        out.contains("another node-upgrade.sh runs on this node"),
+        "{out}"
+    );
+    assert!(
+        out.contains("kubeadm upgrade node to 1.34.5 already done"),
+        "{out}"
+    );
+    let upgrades = w1
+        .calls()
+        .iter()
+        .filter(|c| *c == "kubeadm upgrade node")
+        .count();
+    assert_eq!(upgrades, 1, "{:?}", w1.calls());
 }

@@ -80,6 +80,14 @@ if [ "$1" = upgrade ] && [ "$2" != plan ]; then
 fi
 if [ -f "$STUB_STATE/slow" ]; then sleep "$(cat "$STUB_STATE/slow")"; fi
 if [ "$1" = upgrade ]; then while [ -f "$STUB_STATE/hold" ]; do sleep 0.1; done; fi
+if [ "$1" = upgrade ] && [ "$2" != plan ] && [ -f "$STUB_STATE/cut-session" ]; then
+  # The SSH session drops while kubeadm works (the network, a killed sshd): the sshd
+  # process of this connection dies; kubeadm itself goes on to its end a moment later.
+  rm -f "$STUB_STATE/cut-session"
+  sid=$(ps -o sid= -p $$ | tr -d ' ')
+  kill -9 "$(ps -o ppid= -p "$sid" | tr -d ' ')" 2>/dev/null
+  sleep 1
+fi
 installed=$(cat "$STUB_STATE/installed-kubeadm")
 static_pods() {
   [ -f "$STUB_STATE/control-plane" ] || return 0
@@ -235,6 +243,7 @@ pub fn node_files(d: &Path, name: &str, api: &FakeKube, minor: &str) -> Vec<(Str
         ("FAKE_NODE", name.to_owned()),
         ("FAKE_TOKEN", api.token.clone()),
         ("K8S_APT_SOURCE", format!("{d}/kubernetes.list")),
+        ("ROLLGATE_STATE_DIR", format!("{d}/state/rollgate")),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
@@ -371,6 +380,20 @@ impl FakeNode {
     /// Lets a held `kubeadm upgrade` go on.
     pub fn release_kubeadm(&self) {
         std::fs::remove_file(self.dir.path().join("state/hold")).expect("release");
+    }
+
+    /// Makes the next `kubeadm upgrade` on this node lose its SSH session (after any
+    /// hold) and finish without it.
+    pub fn cut_session_during_upgrade(&self) {
+        std::fs::write(self.dir.path().join("state/cut-session"), "").expect("marker");
+    }
+
+    /// The times the node script ran its upgrade on this node (its `apt-get update`s).
+    pub fn script_runs(&self) -> usize {
+        self.calls()
+            .iter()
+            .filter(|c| c.starts_with("apt-get update"))
+            .count()
     }
 
     /// Makes `kubeadm upgrade` on this node fail until [`FakeNode::fix_upgrade`].
