@@ -159,6 +159,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
                 (None, None)
             }
         };
+    let writes = Arc::new(crate::worker::WriteHealth::default());
     let state = web::Data::new(AppState {
         gate: gate.clone(),
         queue: queue.clone(),
@@ -174,6 +175,9 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         etcd_rolls,
         windows: settings.schedule.windows.clone(),
         reboot_plan: reboot_plan_settings(&settings),
+        reserve: (settings.queue.backend == QueueBackend::Embedded)
+            .then(|| crate::disk::Reserve::new(&settings.data_dir, settings.queue.min_free_bytes)),
+        writes: writes.clone(),
     });
     let served = state.clone();
     let server = HttpServer::new(move || {
@@ -247,7 +251,8 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             .telling(gate.clone())
             .refusing_detections(upgrades_unavailable)
             .within(settings.schedule.windows.clone())
-            .led_by(leading);
+            .led_by(leading)
+            .reporting_writes_to(writes);
         Some(tokio::spawn(worker.run(stop_rx)))
     };
 

@@ -4,6 +4,7 @@ pub mod adapters;
 pub mod app;
 pub mod cli;
 pub mod config;
+pub mod disk;
 pub mod domain;
 pub mod http;
 pub mod jitter;

@@ -2,7 +2,7 @@
 //! (run, processed id, outbox) → publish the outbox → ack. Then, if the engine asked for
 //! a step, execute it and persist its outcome the same way.
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -45,6 +45,8 @@ pub struct Worker {
     pub outbox_pending: AtomicBool,
     /// Events that failed in a row for a transient reason; sets the back-off.
     pub consecutive_failures: AtomicU32,
+    /// Where it tells whether its writes to the store go through.
+    writes: Arc<WriteHealth>,
     /// Why new detections (from AMQP) cannot become runs here, when they cannot: they are
     /// dead-lettered with this reason, as the API refuses them with a 422.
     pub detections_refused: Option<String>,
@@ -104,6 +106,28 @@ fn alerts_batchable(delivery: &Delivery) -> bool {
         && delivery.not_before.is_none()
 }
 
+/// Whether the worker can write the store now: since when it cannot, and why (for
+/// `/readyz`, so that a full disk or a store that refuses writes is seen while runs hold).
+#[derive(Debug, Default)]
+pub struct WriteHealth(std::sync::Mutex<Option<(DateTime<Utc>, String)>>);
+
+impl WriteHealth {
+    fn failed(&self, why: String) {
+        let mut trouble = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let since = trouble.as_ref().map_or_else(Utc::now, |(since, _)| *since);
+        *trouble = Some((since, why));
+    }
+
+    fn ok(&self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// Since when writes fail and the last reason, if they do.
+    pub fn trouble(&self) -> Option<(DateTime<Utc>, String)> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
 /// Why an event could not be processed now; the delivery is released and retried.
 #[derive(Debug, thiserror::Error)]
 enum Transient {
@@ -133,6 +157,7 @@ impl Worker {
             // A crash may have left messages in the outbox.
             outbox_pending: AtomicBool::new(true),
             consecutive_failures: AtomicU32::new(0),
+            writes: Arc::default(),
             detections_refused: None,
             windows: Windows::default(),
             leading: None,
@@ -226,6 +251,12 @@ impl Worker {
             Some(mut leading) => crate::workflows::leader::until_deposed(&mut leading).await,
             None => std::future::pending().await,
         }
+    }
+
+    /// The same worker, telling `writes` whether its writes to the store go through.
+    pub fn reporting_writes_to(mut self, writes: Arc<WriteHealth>) -> Self {
+        self.writes = writes;
+        self
     }
 
     /// The same worker, starting work on nodes only inside `windows`.
@@ -467,7 +498,16 @@ impl Worker {
             commit.outbox.push(wake);
         }
         let has_outbox = !commit.outbox.is_empty();
-        let committed = self.store.commit_keeping(commit).await?;
+        let committed = match self.store.commit_keeping(commit).await {
+            Ok(committed) => {
+                self.writes.ok();
+                committed
+            }
+            Err(e) => {
+                self.writes.failed(crate::error_chain(&e));
+                return Err(e);
+            }
+        };
         for run in &commit.runs {
             self.forget_lock(run);
         }
@@ -1006,41 +1046,64 @@ impl Worker {
                 .step_duration
                 .with_label_values(&[run.kind.name(), run.steps[index].kind.name()])
                 .observe(took.as_secs_f64());
-            // Re-read under the run's lock: a control or a wake may have been applied
-            // while the step ran.
-            let run_lock = self.run_lock(&run.id);
-            let _held = run_lock.lock().await;
-            if let Ok(Some(latest)) = self.store.get_run(&run.id).await {
-                run = latest;
-            }
-            let mut commit = Commit::default();
-            let mut notices = Vec::new();
-            let (next, changed) = self.apply(
-                &mut run,
-                Input::StepFinished { epoch, outcome },
-                &mut commit,
-                &mut notices,
-            );
-            if !changed {
-                // A late outcome (the run was aborted, or the step started again since):
-                // nothing to write.
-                continue;
-            }
-            commit.runs.push(run);
-            let committed = self.commit(&mut commit).await;
-            let Some(written) = commit.runs.pop() else {
-                return;
+            let mut failures = 0u32;
+            let (next, notices) = loop {
+                match self.persist_outcome(&mut run, epoch, outcome.clone()).await {
+                    Persisted::Written { next, notices } => break (next, notices),
+                    Persisted::Late => break (Vec::new(), Vec::new()),
+                    Persisted::Failed(e) => {
+                        // The outcome is kept and written again (the store may be full or
+                        // down for a while); the run holds where it is meanwhile.
+                        failures = failures.saturating_add(1);
+                        let pause = crate::jitter::pause(&EVENT_RETRY, failures);
+                        warn!(run_id = %run.id, error = %crate::error_chain(&e), retry_in = ?pause, "cannot persist a step outcome; the run holds until it is written");
+                        tokio::select! {
+                            () = tokio::time::sleep(pause) => {}
+                            () = self.deposed() => return,
+                        }
+                    }
+                }
             };
-            run = written;
-            if let Err(e) = committed {
-                warn!(run_id = %run.id, error = %crate::error_chain(&e), "cannot persist a step outcome; the steps in hand run again after recovery");
-                return;
+            if failures > 0 {
+                info!(run_id = %run.id, failures, "the step outcome is written; the run goes on");
             }
             self.tell(notices);
             self.flush_or_keep().await;
             for (index, epoch) in next {
                 running.push(self.execute(run.clone(), index, epoch));
             }
+        }
+    }
+
+    /// Applies a step's `outcome` to `run`, re-read under the run's lock (a control or a
+    /// wake may have been applied while the step ran), and commits it.
+    async fn persist_outcome(&self, run: &mut Run, epoch: u64, outcome: StepOutcome) -> Persisted {
+        let run_lock = self.run_lock(&run.id);
+        let _held = run_lock.lock().await;
+        if let Ok(Some(latest)) = self.store.get_run(&run.id).await {
+            *run = latest;
+        }
+        let mut commit = Commit::default();
+        let mut notices = Vec::new();
+        let (next, changed) = self.apply(
+            run,
+            Input::StepFinished { epoch, outcome },
+            &mut commit,
+            &mut notices,
+        );
+        if !changed {
+            // A late outcome (the run was aborted, or the step started again since):
+            // nothing to write.
+            return Persisted::Late;
+        }
+        commit.runs.push(run.clone());
+        let committed = self.commit(&mut commit).await;
+        if let Some(written) = commit.runs.pop() {
+            *run = written;
+        }
+        match committed {
+            Ok(_) => Persisted::Written { next, notices },
+            Err(e) => Persisted::Failed(e),
         }
     }
 
@@ -1070,6 +1133,19 @@ impl Worker {
             took: started.elapsed(),
         }
     }
+}
+
+/// What became of a step's outcome in [`Worker::persist_outcome`].
+enum Persisted {
+    /// Committed: the steps to start next and what to tell.
+    Written {
+        next: Vec<(usize, u64)>,
+        notices: Vec<Notice>,
+    },
+    /// The run moved on without it: nothing to write.
+    Late,
+    /// The store did not take it.
+    Failed(StoreError),
 }
 
 /// What happened to something [`Worker::drive`] has in hand.

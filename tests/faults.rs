@@ -6,6 +6,7 @@ mod support;
 
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
+use support::disk::SmallDisk;
 use support::ground::Ground;
 use support::kube::fault::{Answer, Fault, Lasting, Request};
 use support::services::{MiniServer, Prometheus};
@@ -626,6 +627,22 @@ async fn conflicting_writes_to_a_node_are_merged_not_overwritten_and_the_run_com
 
 // ---- SSH cut mid-script ----
 
+/// Waits until `node`'s `kubeadm upgrade node` has started (held, if it is).
+async fn kubeadm_started(ground: &Ground, node: &str) {
+    eventually(
+        &format!("{node}'s kubeadm upgrade to start"),
+        Duration::from_secs(120),
+        || async {
+            let calls = ground.node(node).calls();
+            calls
+                .iter()
+                .any(|c| c == "kubeadm upgrade node")
+                .then_some(())
+        },
+    )
+    .await;
+}
+
 /// Whether `node`'s kubelet was restarted after its last kubelet package install: it runs
 /// the new binary.
 fn kubelet_restarted_on_the_new_binary(node: &support::nodes::FakeNode) -> bool {
@@ -657,18 +674,7 @@ async fn a_host_key_changed_before_the_redo_is_refused_and_halts_naming_the_node
     ground.node("w2").cut_session_during_upgrade();
     let rg = ground.rollgate(&[]).await;
     let id = rg.detect("1.34.5", "patch").await;
-    eventually(
-        "w2's kubeadm upgrade to start",
-        Duration::from_secs(120),
-        || async {
-            let calls = ground.node("w2").calls();
-            calls
-                .iter()
-                .any(|c| c == "kubeadm upgrade node")
-                .then_some(())
-        },
-    )
-    .await;
+    kubeadm_started(&ground, "w2").await;
     // While kubeadm works, w2 answers with another host key (a reinstalled host, or
     // another one taking its address); then the session drops.
     let w2 = ground
@@ -697,4 +703,161 @@ async fn a_host_key_changed_before_the_redo_is_refused_and_halts_naming_the_node
     resume_to_success(&rg, &id, "w2's new host key checked").await;
     assert_upgraded_once(&ground, "1.34.5");
     assert!(kubelet_restarted_on_the_new_binary(ground.node("w2")));
+}
+
+// ---- A full disk ----
+
+/// `PRAGMA integrity_check` of the SQLite file at `path`, opened read-only beside rollgate.
+fn integrity(path: &std::path::Path) -> String {
+    let db =
+        rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    db.query_row("PRAGMA integrity_check", [], |r| r.get::<_, String>(0))
+        .expect("integrity_check")
+}
+
+#[tokio::test]
+async fn a_full_disk_under_data_dir_refuses_intake_holds_the_run_and_it_carries_on_once_freed() {
+    let ground = Ground::start("1.34.2", 3).await;
+    let disk = SmallDisk::mount(48);
+    let data = disk.join("data");
+    let rg = ground
+        .rollgate(&[
+            ("ROLLGATE__DATA_DIR", data.display().to_string()),
+            ("ROLLGATE__QUEUE__MIN_FREE_BYTES", (4u64 << 20).to_string()),
+        ])
+        .await;
+    // An alert notification accepted before the disk fills stays accepted.
+    let (status, body) = rg
+        .post("/v1/alerts", &support::resolved("beforefull"))
+        .await;
+    assert_eq!(status, 202, "{body}");
+    ground.node("w2").hold_kubeadm();
+    let id = rg.detect("1.34.5", "patch").await;
+    kubeadm_started(&ground, "w2").await;
+    // Something else fills the disk. The store's write-ahead log has not wrapped yet (it
+    // does at 4 MiB), so its next commit needs new blocks.
+    let wal = std::fs::metadata(data.join("store.db-wal")).map_or(0, |m| m.len());
+    assert!(wal < 4 << 20, "the WAL is {wal} bytes");
+    disk.fill();
+
+    // Intake refuses with 503 and Retry-After, naming the disk, and keeps nothing.
+    let refused = rg
+        .http
+        .post(format!("{}/v1/alerts", rg.base()))
+        .bearer_auth(&rg.token)
+        .json(&support::resolved("whilefull"))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(refused.status(), 503);
+    assert!(refused.headers().contains_key("retry-after"));
+    let body: Value = refused.json().await.expect("json");
+    let message = body["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("the disk under") && message.contains("nothing was accepted"),
+        "{message}"
+    );
+    let (ready, _) = rg.get("/readyz").await;
+    assert_eq!(ready, 503);
+
+    // w2's script ends while the store cannot take it: the run holds, and rollgate says why.
+    ground.node("w2").release_kubeadm();
+    let ready = eventually(
+        "readyz to say the store's writes fail",
+        Duration::from_secs(60),
+        || async {
+            let (_, ready) = rg.get("/readyz").await;
+            ready["writes"]
+                .as_str()
+                .is_some_and(|w| w.contains("full"))
+                .then_some(ready)
+        },
+    )
+    .await;
+    assert!(
+        ready["disk"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("below queue.min_free_bytes"),
+        "{ready}"
+    );
+    let held = rg.run(&id).await;
+    assert_eq!(held["status"], "running", "{}", said(&held));
+    let upgrade = find_step(&held, "workers/upgrade@w2").expect("upgrade@w2");
+    assert_ne!(upgrade["status"], "done", "{upgrade}");
+    assert_ne!(
+        ground.api.node("w1")["spec"]["unschedulable"],
+        json!(true),
+        "w1 was touched while the store could not record it"
+    );
+
+    disk.unfill();
+    let freed = Instant::now();
+    rg.wait_run_until(
+        &id,
+        "w2's upgrade to be recorded",
+        Duration::from_secs(120),
+        |run| find_step(run, "workers/upgrade@w2").is_some_and(|s| s["status"] == "done"),
+    )
+    .await;
+    eprintln!(
+        "the held outcome was written {:?} after the disk was freed",
+        freed.elapsed()
+    );
+    rg.wait_status(&id, "succeeded", Duration::from_secs(120))
+        .await;
+    assert_upgraded_once(&ground, "1.34.5");
+    let (ready, body) = rg.get("/readyz").await;
+    assert_eq!(ready, 200, "{body}");
+    // Nothing accepted was lost; nothing refused was kept.
+    let board = support::board(&rg).await;
+    assert!(board.contains_key("beforefull"), "{board:?}");
+    assert!(!board.contains_key("whilefull"), "{board:?}");
+    for db in ["store.db", "queue.db"] {
+        assert_eq!(integrity(&data.join(db)), "ok", "{db}");
+    }
+}
+
+#[tokio::test]
+async fn an_etcd_snapshot_that_cannot_be_written_fails_the_preflight_and_touches_no_node() {
+    let ground = Ground::start("1.34.2", 3).await;
+    let disk = SmallDisk::mount(1);
+    disk.fill();
+    let rg = ground
+        .rollgate(&[
+            (
+                "ROLLGATE__ETCD__SNAPSHOT_DIR",
+                disk.join("snapshots").display().to_string(),
+            ),
+            ("ROLLGATE__WORKER__MAX_ATTEMPTS", "2".into()),
+        ])
+        .await;
+    let id = rg.detect("1.34.5", "patch").await;
+    let run = rg
+        .wait_status(&id, "halted", Duration::from_secs(120))
+        .await;
+    let snapshot = run["steps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|s| s["name"] == "etcd-snapshot")
+        .expect("the snapshot step");
+    assert_eq!(snapshot["status"], "failed", "{}", said(&run));
+    let reason = run["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("snapshot"), "{reason}");
+    // Nothing was touched: no cordon, no eviction, no package; no partial file left.
+    assert!(ground.api.changes().iter().all(|c| !matches!(
+        c,
+        support::kube::Change::Cordon(_) | support::kube::Change::Evicted { .. }
+    )));
+    ground.assert_nothing_installed();
+    let left: Vec<_> = std::fs::read_dir(disk.join("snapshots"))
+        .map(|d| d.filter_map(Result::ok).map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?}");
+    // Space freed, a resume takes the snapshot and completes the run.
+    disk.unfill();
+    resume_to_success(&rg, &id, "space freed under the snapshot dir").await;
+    assert_upgraded_once(&ground, "1.34.5");
 }

@@ -254,6 +254,10 @@ pub struct QueueSettings {
     /// How long an embedded delivery stays leased before redelivery (default `10m`).
     #[serde(with = "humantime_serde")]
     pub lease: Duration,
+    /// With the embedded queue, the free space intake keeps under `data_dir`, in bytes
+    /// (default 64 MiB; 0 keeps none): below it new events are refused (503 with
+    /// `Retry-After`), so that the runs in hand can still record their progress.
+    pub min_free_bytes: u64,
 }
 
 impl Default for QueueSettings {
@@ -269,6 +273,7 @@ impl Default for QueueSettings {
             delivery_limit: 10,
             connect_timeout: Duration::from_secs(3),
             lease: Duration::from_secs(600),
+            min_free_bytes: 64 << 20,
         }
     }
 }
@@ -294,6 +299,7 @@ impl QueueSettings {
         p.range("delivery_limit", self.delivery_limit, 1, 1000);
         p.duration("connect_timeout", self.connect_timeout, 100, 120_000);
         p.duration("lease", self.lease, 1000, 24 * 3_600_000);
+        p.range("min_free_bytes", self.min_free_bytes, 0, 1 << 40);
     }
 }
 

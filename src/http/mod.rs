@@ -52,6 +52,10 @@ pub struct AppState {
     pub windows: crate::domain::schedule::Windows,
     /// How reboot requests are checked against the cluster.
     pub reboot_plan: crate::workflows::node_reboot::RebootPlanSettings,
+    /// The free space intake keeps under `data_dir` (with the embedded queue).
+    pub reserve: Option<crate::disk::Reserve>,
+    /// Whether the worker can write the store now, and why not.
+    pub writes: std::sync::Arc<crate::worker::WriteHealth>,
 }
 
 /// What the intake checks an etcd roll request against.

@@ -139,6 +139,17 @@ pub(crate) async fn enqueue(
 ) -> Result<CloudEvent, ApiError> {
     let event = CloudEvent::new(data, &api_source(req), Utc::now());
     let kind = data.event_type();
+    if let Some(low) = state.reserve.as_ref().and_then(|r| r.check().err()) {
+        state
+            .metrics
+            .queue_errors
+            .with_label_values(&["low_disk"])
+            .inc();
+        tracing::warn!(error = %low, "refusing an event: the disk under data_dir is short");
+        return Err(ApiError::unavailable(format!(
+            "the event was not queued: {low}; nothing was accepted, retry later"
+        )));
+    }
     let msg = Outgoing::event(&event, kind);
     match state.queue.publish(msg).await {
         Ok(()) => {
@@ -758,19 +769,27 @@ pub async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(serde_json::json!({"status": "ok"}))
 }
 
-/// `GET /readyz`: the queue and the store answer.
+/// `GET /readyz`: the queue and the store answer, the store takes the worker's writes,
+/// and (with the embedded queue) the disk under `data_dir` keeps its reserve.
 pub async fn readyz(state: State) -> HttpResponse {
     let timeout = std::time::Duration::from_secs(2);
     let queue = tokio::time::timeout(timeout, state.queue.depth()).await;
     let store = tokio::time::timeout(timeout, state.store.ping()).await;
     let queue_ok = matches!(queue, Ok(Ok(_)));
     let store_ok = matches!(store, Ok(Ok(())));
+    let disk = state.reserve.as_ref().and_then(|r| r.check().err());
+    let writes = state.writes.trouble();
     let body = serde_json::json!({
         "queue": if queue_ok { "ok" } else { "unavailable" },
         "store": if store_ok { "ok" } else { "unavailable" },
+        "writes": writes.as_ref().map_or_else(
+            || "ok".to_owned(),
+            |(since, why)| format!("failing since {}: {why}", since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
+        ),
+        "disk": disk.as_ref().map_or_else(|| "ok".to_owned(), ToString::to_string),
         "backend": state.queue.backend(),
     });
-    if queue_ok && store_ok {
+    if queue_ok && store_ok && disk.is_none() && writes.is_none() {
         HttpResponse::Ok().json(body)
     } else {
         HttpResponse::ServiceUnavailable().json(body)

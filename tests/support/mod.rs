@@ -4,6 +4,7 @@
 
 pub mod clients;
 pub mod cluster;
+pub mod disk;
 pub mod etcd;
 pub mod etcd_pods;
 pub mod ground;
@@ -145,8 +146,12 @@ impl Rollgate {
         rg
     }
 
+    /// The data dir: `data` in its temp dir, unless the test set `ROLLGATE__DATA_DIR`.
     pub fn data_dir(&self) -> PathBuf {
-        self.dir.path().join("data")
+        self.env
+            .iter()
+            .find(|(k, _)| k == "ROLLGATE__DATA_DIR")
+            .map_or_else(|| self.dir.path().join("data"), |(_, v)| PathBuf::from(v))
     }
 
     pub fn base(&self) -> String {
