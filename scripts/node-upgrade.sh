@@ -65,6 +65,8 @@ installed() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || true; }
 
 # Takes this node's upgrade lock (fd 9) for the rest of the script, waiting for a run
 # still going (one whose SSH session dropped), and detaches from the session's signals.
+# Commands that may leave a process behind run with fd 9 closed (9>&-), so that nothing
+# outlives the script holding its lock.
 lock_node() {
   trap '' HUP PIPE
   $SUDO install -d -m 0755 -o "$(id -un)" "$ROLLGATE_STATE_DIR"
@@ -82,7 +84,7 @@ install_pinned() {
     return
   fi
   $SUDO apt-mark unhold "$pkg" >/dev/null
-  $SUDO apt-get install -y --allow-change-held-packages "$pkg=$version"
+  $SUDO apt-get install -y --allow-change-held-packages "$pkg=$version" 9>&-
   $SUDO apt-mark hold "$pkg" >/dev/null
 }
 
@@ -104,16 +106,16 @@ upgrade_node() {
     log "kubeadm upgrade $kubeadm to $release already done"
   else
     if [ "$kubeadm" = apply ]; then
-      $SUDO kubeadm upgrade apply -y "v$release"
+      $SUDO kubeadm upgrade apply -y "v$release" 9>&-
     else
-      $SUDO kubeadm upgrade node
+      $SUDO kubeadm upgrade node 9>&-
     fi
     touch "$done_mark"
   fi
   install_pinned kubelet "$pkg"
   install_pinned kubectl "$pkg"
-  $SUDO systemctl daemon-reload
-  $SUDO systemctl restart kubelet
+  $SUDO systemctl daemon-reload 9>&-
+  $SUDO systemctl restart kubelet 9>&-
   log "node at $release ($role, kubeadm upgrade $kubeadm)"
 }
 
@@ -124,7 +126,7 @@ upgrade_containerd() {
   pkg=$(candidate "$CONTAINERD_PACKAGE" "$containerd")
   [ -n "$pkg" ] || die "$CONTAINERD_PACKAGE $containerd is not in the apt repository"
   install_pinned "$CONTAINERD_PACKAGE" "$pkg"
-  $SUDO systemctl restart containerd
+  $SUDO systemctl restart containerd 9>&-
   log "containerd at $containerd"
 }
 

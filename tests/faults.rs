@@ -7,9 +7,11 @@ mod support;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 use support::disk::SmallDisk;
+use support::etcd_pods::EtcdStatefulSet;
 use support::ground::Ground;
 use support::kube::fault::{Answer, Fault, Lasting, Request};
 use support::services::{MiniServer, Prometheus};
+use support::witness::RaftWitness;
 use support::{Rollgate, eventually, find_step};
 
 const ZERO: &str = "0001-01-01T00:00:00Z";
@@ -860,4 +862,187 @@ async fn an_etcd_snapshot_that_cannot_be_written_fails_the_preflight_and_touches
     disk.unfill();
     resume_to_success(&rg, &id, "space freed under the snapshot dir").await;
     assert_upgraded_once(&ground, "1.34.5");
+}
+
+// ---- An etcd member frozen during an etcd roll ----
+
+/// An etcd roll under way: three members as a StatefulSet's pods (etcd-0 leading), a
+/// quiet Prometheus for the gate, `rollgate serve`, and a witness of the raft terms.
+struct Rolling {
+    sts: EtcdStatefulSet,
+    _target: MiniServer,
+    _prom: Prometheus,
+    rg: Rollgate,
+    witness: RaftWitness,
+    /// The roll's run.
+    id: String,
+}
+
+impl Rolling {
+    /// Starts the roll, each member to be ready within `ready_secs`.
+    async fn start(ready_secs: u64) -> Self {
+        let sts = EtcdStatefulSet::start(3, 0).await;
+        let target = MiniServer::start().await;
+        target.set_metrics(&support::ground::quiet_metrics());
+        let prom = Prometheus::start(&target.address()).await;
+        let rg = serve_rolls(&sts, &prom).await;
+        let witness = RaftWitness::start(sts.cluster.etcd()).await;
+        let id = roll(&rg, &sts, ready_secs).await;
+        Self {
+            sts,
+            _target: target,
+            _prom: prom,
+            rg,
+            witness,
+            id,
+        }
+    }
+}
+
+/// Waits until the roll `id` has `member` restarted and ready.
+async fn member_ready(rg: &Rollgate, id: &str, member: &str) {
+    rg.wait_run_until(
+        id,
+        &format!("{member} ready"),
+        Duration::from_secs(120),
+        |run| roll_steps(run, "etcd-ready").any(|s| s["node"] == member && s["status"] == "done"),
+    )
+    .await;
+}
+
+/// `rollgate serve` for etcd rolls of `sts`, its gate on a quiet Prometheus.
+async fn serve_rolls(sts: &EtcdStatefulSet, prom: &Prometheus) -> Rollgate {
+    let kubeconfig = sts.kubeconfig.display().to_string();
+    let url = prom.url();
+    Rollgate::start(&[
+        ("ROLLGATE__CLUSTER__KUBECONFIG", kubeconfig.as_str()),
+        ("ROLLGATE__GATE__PROMETHEUS_URL", url.as_str()),
+        ("ROLLGATE__GATE__POLL_INTERVAL", "300ms"),
+        ("ROLLGATE__ETCD_ROLL__TIMEOUT", "2s"),
+        ("ROLLGATE__ETCD_ROLL__TRANSFER_TIMEOUT", "3s"),
+    ])
+    .await
+}
+
+/// Asks for the roll of `sts` (members ready within `ready_secs`); the run's id.
+async fn roll(rg: &Rollgate, sts: &EtcdStatefulSet, ready_secs: u64) -> String {
+    let (status, body) = rg
+        .post(
+            "/v1/etcd-rolls",
+            &json!({
+                "statefulset": "etcd", "namespace": "default",
+                "endpoints": sts.cluster.endpoints,
+                "ready_timeout_secs": ready_secs, "cooldown_secs": 0
+            }),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    body["run_id"].as_str().expect("run id").to_owned()
+}
+
+/// The etcd roll steps named `name` of `run`, with their member.
+fn roll_steps<'a>(run: &'a Value, name: &'a str) -> impl Iterator<Item = &'a Value> + 'a {
+    run["steps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(move |s| s["name"] == name)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_member_frozen_while_leadership_moves_to_it_costs_still_one_leadership_change() {
+    let Rolling {
+        sts,
+        rg,
+        witness,
+        id,
+        ..
+    } = Rolling::start(30).await;
+    // The followers etcd-2 and etcd-1 are restarted first. From then on the roll reads
+    // the pods slowly (the API server answers each after 500 ms): the transfer's look at
+    // the members (healthy) and its move lie that far apart, and the member the move
+    // goes to freezes in between.
+    member_ready(&rg, &id, "etcd-1").await;
+    sts.api.inject(Fault::on(
+        "GET",
+        "/namespaces/default/pods/etcd-",
+        Answer::Delay(Duration::from_millis(500)),
+        Lasting::Until(Instant::now() + Duration::from_secs(20)),
+    ));
+    let run = rg
+        .wait_run_until(&id, "the leadership move", Duration::from_secs(60), |run| {
+            roll_steps(run, "etcd-transfer").any(|s| s["status"] == "running")
+        })
+        .await;
+    let to = roll_steps(&run, "etcd-transfer")
+        .find_map(|s| s["node"].as_str())
+        .expect("the transfer's member")
+        .to_owned();
+    sts.cluster.freeze(&to);
+    // The move cannot be confirmed; the roll then holds on the member not answering.
+    let held = rg
+        .wait_run_until(
+            &id,
+            "the roll to hold on the frozen member",
+            Duration::from_secs(60),
+            |run| {
+                run["status"] == "halted"
+                    || said(run).contains(&format!("unhealthy member(s): {to}"))
+            },
+        )
+        .await;
+    assert_ne!(held["status"], "halted", "{}", said(&held));
+    // Looked at, or asked again right before the move, the member did not answer: no
+    // move was made.
+    let transfer = roll_steps(&held, "etcd-transfer")
+        .next()
+        .expect("the transfer");
+    let outcome = transfer["outcome"].as_str().unwrap_or_default();
+    assert!(
+        outcome.starts_with("not moving leadership") && outcome.contains(&to),
+        "{transfer}"
+    );
+    assert_eq!(
+        sts.restarted(),
+        ["etcd-2", "etcd-1"],
+        "the old leader was restarted"
+    );
+    sts.cluster.thaw(&to);
+    let run = rg
+        .wait_status(&id, "succeeded", Duration::from_secs(120))
+        .await;
+    // From etcd itself: one leadership change in the whole roll, whatever the move met.
+    let seen = witness.stop().await;
+    assert_eq!(seen.term_rise(), 1, "{seen:?}");
+    assert_eq!(seen.leader_changes(), 1, "{seen:?}");
+    assert_eq!(sts.restarted(), ["etcd-2", "etcd-1", "etcd-0"]);
+    assert!(said(&run).contains("uncontrolled 0;"), "{}", said(&run));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_member_frozen_before_the_move_halts_the_roll_naming_it_and_resume_completes() {
+    let Rolling {
+        sts,
+        rg,
+        witness,
+        id,
+        ..
+    } = Rolling::start(5).await;
+    member_ready(&rg, &id, "etcd-2").await;
+    // etcd-2, already restarted and a candidate for the move, stops answering: with one
+    // of three members frozen, restarting another would lose quorum, so nothing moves.
+    sts.cluster.freeze("etcd-2");
+    let run = rg.wait_status(&id, "halted", Duration::from_secs(60)).await;
+    let reason = run["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("etcd-2"), "{reason}");
+    assert!(sts.restarted().len() <= 2, "{:?}", sts.restarted());
+    assert!(
+        !sts.restarted().contains(&"etcd-0".to_owned()),
+        "the leader was restarted"
+    );
+    sts.cluster.thaw("etcd-2");
+    resume_to_success(&rg, &id, "etcd-2 answers again").await;
+    let seen = witness.stop().await;
+    assert_eq!(seen.term_rise(), 1, "{seen:?}");
+    assert_eq!(sts.restarted(), ["etcd-2", "etcd-1", "etcd-0"]);
 }

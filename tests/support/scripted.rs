@@ -71,7 +71,7 @@ impl Scripted {
         for (i, (client, peer)) in ports.iter().enumerate() {
             let name = format!("{prefix}{i}");
             let mut args = format!(
-                "--name={name} --data-dir={} --listen-client-urls={scheme}://127.0.0.1:{client} --advertise-client-urls={scheme}://127.0.0.1:{client} --listen-peer-urls=http://127.0.0.1:{peer} --initial-advertise-peer-urls=http://127.0.0.1:{peer} --initial-cluster={} --initial-cluster-state=new --initial-cluster-token={token} --log-level=warn",
+                "--name={name} --data-dir={} --listen-client-urls={scheme}://127.0.0.1:{client} --advertise-client-urls={scheme}://127.0.0.1:{client} --listen-peer-urls=http://127.0.0.1:{peer} --initial-advertise-peer-urls=http://127.0.0.1:{peer} --initial-cluster={} --initial-cluster-state=new --initial-cluster-token={token} --pre-vote=true --log-level=warn",
                 dir.path().join(&name).display(),
                 initial.join(",")
             );
@@ -203,6 +203,29 @@ impl Scripted {
                 timeout: std::time::Duration::from_secs(30),
             }),
         }
+    }
+}
+
+impl Scripted {
+    /// Freezes member `name` (SIGSTOP): it stops answering without dying, its sockets open.
+    pub fn freeze(&self, name: &str) {
+        self.signal(name, "-STOP");
+    }
+
+    /// Lets a frozen member go on (SIGCONT).
+    pub fn thaw(&self, name: &str) {
+        self.signal(name, "-CONT");
+    }
+
+    fn signal(&self, name: &str, signal: &str) {
+        let pid =
+            std::fs::read_to_string(self.path(&format!("{name}.pid"))).expect("the member runs");
+        let ok = Command::new("kill")
+            .args([signal, pid.trim()])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "kill {signal} {name}");
     }
 }
 

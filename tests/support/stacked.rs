@@ -17,7 +17,15 @@ const CTL: &str = r#"#!/bin/bash
 d="$(dirname "$(readlink -f "$0")")"
 start() {
   mapfile -t args < "$d/args"
-  setsid etcd "${args[@]}" >> "$d/etcd.log" 2>&1 < /dev/null &
+  # The kubelet starts a static pod, not whoever asked for the restart: none of the
+  # caller's files stays open in the member (the node script's lock among them).
+  (
+    for fd in /proc/self/fd/*; do
+      n=${fd##*/}
+      if [ "$n" -gt 2 ]; then eval "exec $n>&-"; fi
+    done
+    exec setsid etcd "${args[@]}" >> "$d/etcd.log" 2>&1 < /dev/null
+  ) &
   echo $! > "$d/pid"
 }
 stop() {

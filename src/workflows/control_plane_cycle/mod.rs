@@ -21,6 +21,7 @@ use crate::ports::{ClusterRead, EtcdError, EtcdMembers};
 use crate::workflows::control_plane_cycle::plan::{
     self as cps, EtcdFacts, EtcdLayout, EtcdMemberFacts, NextControlPlane, Unhealthy,
 };
+use crate::workflows::etcd_roll::caught_up;
 use crate::workflows::etcd_roll::plan::{Refusal, agreed_leader};
 use crate::workflows::k8s_upgrade::plan::{ClusterFacts, NodeFacts};
 
@@ -354,6 +355,18 @@ impl ControlPlaneCycle {
         }
         match now.next(pending, self.settings.etcd_max_lag) {
             Ok(NextControlPlane::MoveLeader { to, .. }) if to == node => {
+                // `now` was read before the cluster's nodes: the member is asked again
+                // right before the move (see the etcd roll's transfer for why).
+                if let Err(why) =
+                    caught_up(client.as_ref(), member.id, self.settings.etcd_max_lag).await
+                {
+                    return replan(
+                        format!(
+                            "not moving leadership: {node}'s member is {why} right before the move"
+                        ),
+                        next_step,
+                    );
+                }
                 match client
                     .move_leader(member.id, self.settings.transfer_timeout)
                     .await

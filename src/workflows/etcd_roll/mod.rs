@@ -497,6 +497,15 @@ async fn steps(
                 return Ok(());
             }
             Action::MoveLeader { to, name } => {
+                // As in the served roll: the member is asked again right before the move;
+                // the next look decides (and waits, or gives up) when it is not fit.
+                if let Err(why) = caught_up(etcd, to, settings.max_lag).await {
+                    progress(&format!(
+                        "not moving leadership: {name} is {why} right before the move"
+                    ));
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
                 progress(&format!("moving leadership to {name}"));
                 etcd.move_leader(to, settings.transfer_timeout).await?;
                 report.transfers += 1;
@@ -570,32 +579,46 @@ pub(crate) async fn not_ready(
     name: &str,
     max_lag: u64,
 ) -> Option<String> {
-    let statuses = etcd.answering().await;
-    let Some(status) = statuses.iter().find(|s| s.id == id) else {
-        return Some("not answering".into());
+    let status = match caught_up(etcd, id, max_lag).await {
+        Ok(status) => status,
+        Err(why) => return Some(why),
     };
-    let Some(leader) = agreed_leader(followed(&statuses), etcd.endpoints().len())
-        .and_then(|l| statuses.iter().find(|s| s.id == l))
-    else {
-        return Some("no agreed leader".into());
-    };
-    if status.leader != leader.id {
-        return Some(format!(
-            "follows {:x}, not the agreed leader {:x}",
-            status.leader, leader.id
-        ));
-    }
-    if status.raft_index + max_lag < leader.raft_index {
-        return Some(format!(
-            "raft index {} behind the leader's {}",
-            status.raft_index, leader.raft_index
-        ));
-    }
     match driver.at_target(name, &status.endpoint).await {
         Ok(true) => None,
         Ok(false) => Some("not yet at the target".into()),
         Err(e) => Some(format!("cannot tell whether it is at the target: {e}")),
     }
+}
+
+/// Member `id`'s status when it answers now, follows the agreed leader and trails it by at
+/// most `max_lag` entries; else why not.
+pub(crate) async fn caught_up(
+    etcd: &dyn EtcdMembers,
+    id: u64,
+    max_lag: u64,
+) -> Result<MemberStatus, String> {
+    let statuses = etcd.answering().await;
+    let Some(status) = statuses.iter().find(|s| s.id == id) else {
+        return Err("not answering".into());
+    };
+    let Some(leader) = agreed_leader(followed(&statuses), etcd.endpoints().len())
+        .and_then(|l| statuses.iter().find(|s| s.id == l))
+    else {
+        return Err("no agreed leader".into());
+    };
+    if status.leader != leader.id {
+        return Err(format!(
+            "follows {:x}, not the agreed leader {:x}",
+            status.leader, leader.id
+        ));
+    }
+    if status.raft_index + max_lag < leader.raft_index {
+        return Err(format!(
+            "raft index {} behind the leader's {}",
+            status.raft_index, leader.raft_index
+        ));
+    }
+    Ok(status.clone())
 }
 
 #[cfg(test)]

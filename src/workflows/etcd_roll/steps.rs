@@ -22,8 +22,8 @@ use crate::workflows::etcd_roll::plan::{
     Action, ClusterView, Member, Refusal, next_action, steps_for, tally,
 };
 use crate::workflows::etcd_roll::{
-    Driver, Endpoints, RollError, RollReport, StatefulSetDriver, Watch, check_endpoints, not_ready,
-    sample, view,
+    Driver, Endpoints, RollError, RollReport, StatefulSetDriver, Watch, caught_up, check_endpoints,
+    not_ready, sample, view,
 };
 
 /// How long a `ready` step polls before it yields to the queue.
@@ -314,6 +314,15 @@ impl EtcdRollSteps {
         }
         match next_action(&current, driver.order(), request.max_lag) {
             Ok(Action::MoveLeader { to, .. }) if to == m.id => {
+                // The look above may be seconds old (it reads every pod): the member is
+                // asked again right before the move. One that stopped answering in
+                // between would get the move's TimeoutNow on waking, its log perhaps
+                // behind, and start elections that fail.
+                if let Err(why) = caught_up(etcd, to, request.max_lag).await {
+                    return replan(format!(
+                        "not moving leadership: {member} is {why} right before the move"
+                    ));
+                }
                 // A transfer drops proposals in flight ("raft proposal dropped"); clients
                 // retry those, and so does this step when the move is not confirmed.
                 match etcd.move_leader(to, self.transfer_timeout).await {
