@@ -23,6 +23,8 @@ apt_install postgresql
 # Headless Chromium and its WebDriver for the status page's browser test; procps's pkill
 # ends what is left of a test's browser.
 apt_install chromium chromium-driver procps
+# libfaketime, to step rollgate's wall clock (forward and back) in the fault tests.
+apt_install faketime
 # kubectl for the kustomize build of deploy/ (Debian's kubernetes-client when none is here).
 command -v kubectl >/dev/null || apt_install kubernetes-client
 cargo test --locked "$@"

@@ -3,6 +3,7 @@
 pub mod adapters;
 pub mod app;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod disk;
 pub mod domain;

@@ -1065,3 +1065,120 @@ async fn an_etcd_member_frozen_before_the_move_halts_the_roll_naming_it_and_resu
     assert_eq!(seen.term_rise(), 1, "{seen:?}");
     assert_eq!(sts.restarted(), ["etcd-2", "etcd-1", "etcd-0"]);
 }
+
+// ---- The clock jumps ----
+
+/// rollgate's wall clock, stepped at will: libfaketime (Debian's faketime) reads the
+/// offset from a file; the monotonic clock is left alone, as NTP leaves it.
+struct SteppedClock {
+    file: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl SteppedClock {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("faketime");
+        std::fs::write(&file, "+0").expect("offset");
+        Self { file, _dir: dir }
+    }
+
+    /// The environment that runs rollgate on this clock.
+    fn env(&self) -> Vec<(&'static str, String)> {
+        let lib = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+        assert!(
+            std::path::Path::new(lib).exists(),
+            "{lib} is missing: apt-get install faketime"
+        );
+        vec![
+            ("LD_PRELOAD", lib.to_owned()),
+            ("FAKETIME_TIMESTAMP_FILE", self.file.display().to_string()),
+            ("FAKETIME_CACHE_DURATION", "1".to_owned()),
+            ("DONT_FAKE_MONOTONIC", "1".to_owned()),
+        ]
+    }
+
+    /// Steps the wall clock to `offset` from the true time (`+1h`, `+0`, `-2h`).
+    fn step_to(&self, offset: &str) {
+        std::fs::write(&self.file, offset).expect("offset");
+    }
+}
+
+/// When each node was cordoned and uncordoned, from the API server's own log.
+fn cordon_times(ground: &Ground) -> Vec<(Instant, support::kube::Change)> {
+    ground
+        .api
+        .lock()
+        .changes
+        .iter()
+        .filter(|(_, c)| {
+            matches!(
+                c,
+                support::kube::Change::Cordon(_) | support::kube::Change::Uncordon(_)
+            )
+        })
+        .cloned()
+        .collect()
+}
+
+/// The time from `node`'s uncordon to the next cordon: the soak between them.
+fn soak_after(times: &[(Instant, support::kube::Change)], node: &str) -> Duration {
+    let uncordoned = times
+        .iter()
+        .position(|(_, c)| matches!(c, support::kube::Change::Uncordon(n) if n == node))
+        .unwrap_or_else(|| panic!("{node} never uncordoned: {times:?}"));
+    let next = times[uncordoned + 1..]
+        .iter()
+        .find(|(_, c)| matches!(c, support::kube::Change::Cordon(_)))
+        .unwrap_or_else(|| panic!("nothing cordoned after {node}: {times:?}"));
+    next.0 - times[uncordoned].0
+}
+
+#[tokio::test]
+async fn a_wall_clock_stepped_forward_and_back_an_hour_neither_shortens_nor_stretches_a_soak() {
+    let ground = Ground::start("1.34.2", 3).await;
+    let clock = SteppedClock::new();
+    let soak = Duration::from_secs(8);
+    let mut env = clock.env();
+    env.push(("ROLLGATE__CLUSTER__SOAK", "8s".into()));
+    let rg = ground.rollgate(&env).await;
+    let id = rg.detect("1.34.5", "patch").await;
+    let soaking = |node: &'static str| {
+        move |run: &Value| {
+            find_step(run, &format!("workers/soak@{node}"))
+                .is_some_and(|s| s["status"] == "waiting" || s["status"] == "running")
+        }
+    };
+    // Workers go w3, w2, w1. NTP steps the clock an hour forward while w3 soaks, and back
+    // an hour while w2 soaks.
+    rg.wait_run_until(&id, "w3 soaking", Duration::from_secs(120), soaking("w3"))
+        .await;
+    clock.step_to("+1h");
+    rg.wait_run_until(&id, "w2 soaking", Duration::from_secs(120), soaking("w2"))
+        .await;
+    // rollgate's clock did run an hour ahead: w2's soak started then, by its clock.
+    let run = rg.run(&id).await;
+    let started = find_step(&run, "workers/soak@w2")
+        .and_then(|s| s["started_at"].as_str())
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        .expect("w2's soak start");
+    let ahead = started.with_timezone(&chrono::Utc) - chrono::Utc::now();
+    assert!(
+        ahead > chrono::Duration::minutes(59),
+        "rollgate's clock is {ahead} ahead"
+    );
+    clock.step_to("+0");
+    rg.wait_status(&id, "succeeded", Duration::from_secs(120))
+        .await;
+    assert_upgraded_once(&ground, "1.34.5");
+    let times = cordon_times(&ground);
+    for node in ["w3", "w2"] {
+        let soaked = soak_after(&times, node);
+        eprintln!("{node} soaked {soaked:?}");
+        assert!(soaked >= soak, "{node}'s soak ended early: {soaked:?}");
+        assert!(
+            soaked < soak + Duration::from_secs(10),
+            "{node}'s soak ran late: {soaked:?}"
+        );
+    }
+}

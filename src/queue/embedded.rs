@@ -93,6 +93,7 @@ impl EmbeddedQueue {
             conn,
             lease_ms: i64::try_from(lease.as_millis()).unwrap_or(i64::MAX),
             delivery_limit: i64::from(delivery_limit),
+            wall: crate::clock::WallSteps::default(),
         };
         std::thread::Builder::new()
             .name("rollgate-queue".into())
@@ -213,7 +214,16 @@ struct Writer {
     conn: Connection,
     lease_ms: i64,
     delivery_limit: i64,
+    /// The wall clock against the monotonic one: due times and leases are wall-clock ms.
+    wall: crate::clock::WallSteps,
 }
+
+/// After the wall clock was stepped back by `back_ms`, what waits keeps its delay: its due
+/// time and its lease move back as far (a clock stepped forward needs nothing: what comes
+/// due early is checked again by the step that waits, on the monotonic clock).
+const KEEP_DELAYS: &str = "UPDATE messages SET
+     not_before = CASE WHEN not_before > ?2 THEN MAX(not_before - ?1, ?2) ELSE not_before END,
+     lease_until = CASE WHEN lease_until > ?2 THEN MAX(lease_until - ?1, ?2) ELSE lease_until END";
 
 enum Reply {
     Unit(
@@ -234,6 +244,19 @@ enum Reply {
 impl Writer {
     fn run(mut self, rx: mpsc::Receiver<Cmd>, published: &Notify) {
         while let Ok(first) = rx.recv() {
+            if let Some(back_ms) = self.wall.stepped_back() {
+                let now = ms(Utc::now());
+                match self.conn.execute(KEEP_DELAYS, params![back_ms, now]) {
+                    Ok(n) => tracing::warn!(
+                        back_ms,
+                        messages = n,
+                        "the wall clock was stepped back: what waits in the queue keeps its delay"
+                    ),
+                    Err(e) => {
+                        tracing::warn!(back_ms, error = %e, "the wall clock was stepped back and the waiting messages could not be moved")
+                    }
+                }
+            }
             let mut batch = vec![first];
             while batch.len() < MAX_BATCH {
                 match rx.try_recv() {

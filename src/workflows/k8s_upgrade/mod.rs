@@ -346,12 +346,11 @@ impl UpgradeSteps {
                 )
             }
         };
-        let timeout = chrono::Duration::from_std(self.settings.verify_timeout)
-            .unwrap_or(chrono::Duration::MAX);
-        if now - started >= timeout {
+        let waited = crate::clock::since(started);
+        if waited >= self.settings.verify_timeout {
             return StepOutcome::failed(format!(
                 "{state} {}s after the script; it stays cordoned",
-                (now - started).num_seconds()
+                waited.as_secs()
             ));
         }
         let poll = (self.settings.verify_timeout / 20)

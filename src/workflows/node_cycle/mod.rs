@@ -268,15 +268,17 @@ impl NodeCycle {
     /// Waits `soak` from the step's first start.
     pub fn soak(&self, step: &Step, node: &str) -> StepOutcome {
         let now = Utc::now();
-        let until = step.started_at.unwrap_or(now)
-            + chrono::Duration::from_std(self.settings.soak).unwrap_or_default();
-        if now >= until {
-            StepOutcome::done(format!("{node} soaked {:?}", self.settings.soak))
-        } else {
-            StepOutcome::Wait {
-                until,
-                reason: format!("{node} soaks until {}", until.format("%H:%M:%S")),
+        // Measured, not read off the wall clock: a clock stepped forward must not end it.
+        let soaked = step.started_at.map_or(Duration::ZERO, crate::clock::since);
+        match self.settings.soak.checked_sub(soaked) {
+            Some(left) if !left.is_zero() => {
+                let until = now + chrono::Duration::from_std(left).unwrap_or_default();
+                StepOutcome::Wait {
+                    until,
+                    reason: format!("{node} soaks until {}", until.format("%H:%M:%S")),
+                }
             }
+            _ => StepOutcome::done(format!("{node} soaked {:?}", self.settings.soak)),
         }
     }
 
