@@ -983,7 +983,7 @@ async fn an_etcd_member_frozen_while_leadership_moves_to_it_costs_still_one_lead
         .expect("the transfer's member")
         .to_owned();
     sts.cluster.freeze(&to);
-    // The move cannot be confirmed; the roll then holds on the member not answering.
+    // Asked again right before the move, the member does not answer: the roll holds on it.
     let held = rg
         .wait_run_until(
             &id,
@@ -1102,6 +1102,30 @@ impl SteppedClock {
     fn step_to(&self, offset: &str) {
         std::fs::write(&self.file, offset).expect("offset");
     }
+
+    /// Steps the wall clock to `offset` and waits until rollgate's own clock shows it
+    /// (the `Date` of its answers `secs` from the true time, within 5 s); libfaketime
+    /// reads the file again after a second.
+    async fn step_and_see(&self, rg: &Rollgate, offset: &str, secs: i64) {
+        self.step_to(offset);
+        eventually(
+            &format!("rollgate's clock at {offset}"),
+            Duration::from_secs(20),
+            || async {
+                let answer = rg
+                    .http
+                    .get(format!("{}/healthz", rg.base()))
+                    .send()
+                    .await
+                    .ok()?;
+                let date = answer.headers().get("date")?.to_str().ok()?;
+                let theirs = chrono::DateTime::parse_from_rfc2822(date).ok()?;
+                let off = (theirs.with_timezone(&chrono::Utc) - chrono::Utc::now()).num_seconds();
+                ((off - secs).abs() <= 5).then_some(())
+            },
+        )
+        .await;
+    }
 }
 
 /// When each node was cordoned and uncordoned, from the API server's own log.
@@ -1153,7 +1177,7 @@ async fn a_wall_clock_stepped_forward_and_back_an_hour_neither_shortens_nor_stre
     // an hour while w2 soaks.
     rg.wait_run_until(&id, "w3 soaking", Duration::from_secs(120), soaking("w3"))
         .await;
-    clock.step_to("+1h");
+    clock.step_and_see(&rg, "+1h", 3600).await;
     rg.wait_run_until(&id, "w2 soaking", Duration::from_secs(120), soaking("w2"))
         .await;
     // rollgate's clock did run an hour ahead: w2's soak started then, by its clock.
@@ -1167,7 +1191,7 @@ async fn a_wall_clock_stepped_forward_and_back_an_hour_neither_shortens_nor_stre
         ahead > chrono::Duration::minutes(59),
         "rollgate's clock is {ahead} ahead"
     );
-    clock.step_to("+0");
+    clock.step_and_see(&rg, "+0", 0).await;
     rg.wait_status(&id, "succeeded", Duration::from_secs(120))
         .await;
     assert_upgraded_once(&ground, "1.34.5");
@@ -1181,4 +1205,70 @@ async fn a_wall_clock_stepped_forward_and_back_an_hour_neither_shortens_nor_stre
             "{node}'s soak ran late: {soaked:?}"
         );
     }
+}
+
+#[tokio::test]
+async fn a_wall_clock_stepped_back_out_of_the_window_starts_no_node_until_it_is_open_again() {
+    let ground = Ground::start("1.34.2", 3).await;
+    let clock = SteppedClock::new();
+    // One daily window around the true time now: open from 10 s ago for 20 minutes.
+    let t0 = chrono::Utc::now();
+    let at = |secs: i64| {
+        (t0 + chrono::Duration::seconds(secs))
+            .format("%H:%M:%S")
+            .to_string()
+    };
+    let mut env = clock.env();
+    env.push((
+        "ROLLGATE__SCHEDULE__WINDOWS",
+        format!("{}-{} UTC", at(-10), at(1200)),
+    ));
+    let rg = ground.rollgate(&env).await;
+    ground.node("w3").hold_kubeadm();
+    let id = rg.detect("1.34.5", "patch").await;
+    kubeadm_started(&ground, "w3").await;
+    // w3 is in hand when NTP steps the clock back an hour, before the window's opening.
+    clock.step_and_see(&rg, "-1h", -3600).await;
+    ground.node("w3").release_kubeadm();
+    let run = rg
+        .wait_run_until(
+            &id,
+            "w2's gate to wait for the window",
+            Duration::from_secs(120),
+            |run| {
+                run["status"] == "waiting"
+                    && run["reason"]
+                        .as_str()
+                        .is_some_and(|t| t.contains("outside the maintenance windows"))
+            },
+        )
+        .await;
+    // w3, in hand, finished; nothing else was started.
+    assert_eq!(
+        find_step(&run, "workers/uncordon@w3").map(|s| &s["status"]),
+        Some(&json!("done"))
+    );
+    assert_eq!(
+        ground.cordon_order(),
+        ["cp", "w3"],
+        "a node started outside the window"
+    );
+    // The clock comes right: the window is open by it again, and the run goes on at once.
+    clock.step_to("+0");
+    let stepped = Instant::now();
+    rg.wait_status(&id, "succeeded", Duration::from_secs(120))
+        .await;
+    assert_upgraded_once(&ground, "1.34.5");
+    let times = cordon_times(&ground);
+    let w2 = times
+        .iter()
+        .find(|(_, c)| matches!(c, support::kube::Change::Cordon(n) if n == "w2"))
+        .map(|(at, _)| *at)
+        .expect("w2 cordoned");
+    assert!(w2 > stepped, "w2 started before the clock was right again");
+    eprintln!("w2 started {:?} after the clock came right", w2 - stepped);
+    assert!(
+        w2 - stepped < Duration::from_secs(15),
+        "the wake for the opening came late"
+    );
 }
