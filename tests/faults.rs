@@ -285,7 +285,12 @@ async fn a_frozen_etcd_member_holds_the_control_planes_naming_it_and_the_run_goe
         "{frozen} was cordoned while its member was frozen"
     );
     stacked.member(frozen).thaw();
+    let thawed = Instant::now();
     let run = rg.wait_status(&id, "succeeded", deadline).await;
+    eprintln!(
+        "recovery: the run succeeded {:?} after the thaw",
+        thawed.elapsed()
+    );
     ground.assert_all_at("1.34.5");
     ground.assert_drained_once();
     // A frozen follower is no election: still exactly the one planned leadership change.
@@ -471,6 +476,17 @@ async fn an_eviction_answered_429_with_retry_after_is_asked_again_no_sooner() {
                     "{pod} asked again {gap:?} after a 429 with Retry-After: 2"
                 );
             }
+        }
+    }
+    for tries in by_pod.values() {
+        if let (Some(last_refused), Some(done)) = (
+            tries.iter().rev().find(|r| r.faulted.is_some()),
+            tries.iter().rev().find(|r| r.faulted.is_none()),
+        ) {
+            eprintln!(
+                "recovery: evicted {:?} after the last 429",
+                done.at - last_refused.at
+            );
         }
     }
     // Not hammered: each refused pod was asked once per Retry-After, not every 200 ms.
@@ -667,6 +683,10 @@ async fn an_ssh_session_cut_while_kubeadm_runs_is_redone_and_the_upgrade_applies
     assert!(kubelet_restarted_on_the_new_binary(w2), "{:?}", w2.calls());
     let upgrade = find_step(&run, "workers/upgrade@w2").expect("upgrade@w2");
     assert_eq!(upgrade["attempts"], 2, "{upgrade}");
+    eprintln!(
+        "recovery: w2's upgrade step, cut and redone, took {} to {}",
+        upgrade["started_at"], upgrade["ended_at"]
+    );
 }
 
 #[tokio::test]
@@ -702,7 +722,12 @@ async fn a_host_key_changed_before_the_redo_is_refused_and_halts_naming_the_node
     // The operator checks the new key and trusts it: the resumed run finishes w2 without
     // a second kubeadm upgrade.
     w2.trust(&ground.client);
+    let trusted = Instant::now();
     resume_to_success(&rg, &id, "w2's new host key checked").await;
+    eprintln!(
+        "recovery: the resumed run succeeded {:?} after the key was trusted",
+        trusted.elapsed()
+    );
     assert_upgraded_once(&ground, "1.34.5");
     assert!(kubelet_restarted_on_the_new_binary(ground.node("w2")));
 }
@@ -1012,9 +1037,14 @@ async fn an_etcd_member_frozen_while_leadership_moves_to_it_costs_still_one_lead
         "the old leader was restarted"
     );
     sts.cluster.thaw(&to);
+    let thawed = Instant::now();
     let run = rg
         .wait_status(&id, "succeeded", Duration::from_secs(120))
         .await;
+    eprintln!(
+        "recovery: the roll succeeded {:?} after the thaw",
+        thawed.elapsed()
+    );
     // From etcd itself: one leadership change in the whole roll, whatever the move met.
     let seen = witness.stop().await;
     assert_eq!(seen.term_rise(), 1, "{seen:?}");
@@ -1060,7 +1090,12 @@ async fn an_etcd_member_frozen_before_the_move_halts_the_roll_naming_it_and_resu
         "restarted with a member frozen"
     );
     sts.cluster.thaw("etcd-2");
+    let thawed = Instant::now();
     resume_to_success(&rg, &id, "etcd-2 answers again").await;
+    eprintln!(
+        "recovery: the resumed roll succeeded {:?} after the thaw",
+        thawed.elapsed()
+    );
     let seen = witness.stop().await;
     assert_eq!(seen.term_rise(), 1, "{seen:?}");
     assert_eq!(sts.restarted(), ["etcd-2", "etcd-1", "etcd-0"]);
