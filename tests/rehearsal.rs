@@ -72,7 +72,7 @@ fn the_rules_scale_by_one_factor() {
 
 #[tokio::test]
 async fn a_healthy_upgrade_of_one_control_plane_and_six_workers_closes_no_gate_of_its_own() {
-    let r = Rehearsal::start("1.34.2", 6).await;
+    let r = Rehearsal::start_alone("1.34.2", 6).await;
     // w3's node script takes a while (a slow mirror), as a real one does: rollgate has
     // the node in hand long enough to see what the inhibition does there.
     r.ground.node("w3").slow_kubeadm(4);
