@@ -8,6 +8,8 @@
 //! back, to keep the delays of what it holds.
 
 use chrono::{DateTime, Utc};
+
+use crate::domain::run::Step;
 use std::collections::BTreeMap;
 use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant};
@@ -33,6 +35,13 @@ pub fn since(started: DateTime<Utc>) -> Duration {
         anchors.retain(|_, a| mono.duration_since(*a) < FORGET_AFTER);
     }
     mono.duration_since(anchor)
+}
+
+/// Whether `step` has been going on for longer than `limit`, counted by [`since`] from its
+/// first start (persisted, so a restart of rollgate does not reset it); not started, no.
+pub fn over(step: &Step, limit: Duration) -> bool {
+    step.started_at
+        .is_some_and(|started| since(started) > limit)
 }
 
 /// Watches the wall clock against the monotonic one.
@@ -89,6 +98,17 @@ mod tests {
         for (before, now, want) in cases {
             assert_eq!(stepped_back(before, now), want, "{before} -> {now}");
         }
+    }
+
+    #[test]
+    fn a_step_is_over_its_limit_from_its_first_start() {
+        let mut step = Step::new(crate::domain::step::EtcdRollStep::Ready {
+            member: "etcd-1".into(),
+        });
+        assert!(!over(&step, Duration::from_secs(1)));
+        step.started_at = Some(Utc::now() - chrono::Duration::seconds(5));
+        assert!(over(&step, Duration::from_secs(1)));
+        assert!(!over(&step, Duration::from_secs(10)));
     }
 
     #[test]

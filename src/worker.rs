@@ -1047,10 +1047,10 @@ impl Worker {
                 .with_label_values(&[run.kind.name(), run.steps[index].kind.name()])
                 .observe(took.as_secs_f64());
             let mut failures = 0u32;
-            let (next, notices) = loop {
+            let written = loop {
                 match self.persist_outcome(&mut run, epoch, outcome.clone()).await {
-                    Persisted::Written { next, notices } => break (next, notices),
-                    Persisted::Late => break (Vec::new(), Vec::new()),
+                    Persisted::Written { next, notices } => break Some((next, notices)),
+                    Persisted::Late => break None,
                     Persisted::Failed(e) => {
                         // The outcome is kept and written again (the store may be full or
                         // down for a while); the run holds where it is meanwhile.
@@ -1063,6 +1063,9 @@ impl Worker {
                         }
                     }
                 }
+            };
+            let Some((next, notices)) = written else {
+                continue;
             };
             if failures > 0 {
                 info!(run_id = %run.id, failures, "the step outcome is written; the run goes on");

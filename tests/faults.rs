@@ -924,17 +924,17 @@ impl Rolling {
     }
 }
 
-/// Waits until the roll `id` has `member` restarted and ready.
-async fn member_ready(rg: &Rollgate, id: &str, member: &str) {
+/// Waits until the roll `id` has done its step `name` (`etcd-restart`, `etcd-ready`) of
+/// `member`.
+async fn roll_step_done(rg: &Rollgate, id: &str, name: &str, member: &str) {
     rg.wait_run_until(
         id,
-        &format!("{member} ready"),
+        &format!("{name} of {member}"),
         Duration::from_secs(120),
-        |run| roll_steps(run, "etcd-ready").any(|s| s["node"] == member && s["status"] == "done"),
+        |run| roll_steps(run, name).any(|s| s["node"] == member && s["status"] == "done"),
     )
     .await;
 }
-
 /// `rollgate serve` for etcd rolls of `sts`, its gate on a quiet Prometheus.
 async fn serve_rolls(sts: &EtcdStatefulSet, prom: &Prometheus) -> Rollgate {
     let kubeconfig = sts.kubeconfig.display().to_string();
@@ -988,10 +988,7 @@ async fn an_etcd_member_frozen_while_leadership_moves_to_it_costs_still_one_lead
     // roll reads the pods slowly (the API server answers each after 2 s): the transfer's
     // look at the members (healthy) and its move lie that far apart, and the member the
     // move goes to freezes in between.
-    rg.wait_run_until(&id, "etcd-1 restarting", Duration::from_secs(120), |run| {
-        roll_steps(run, "etcd-restart").any(|s| s["node"] == "etcd-1" && s["status"] == "done")
-    })
-    .await;
+    roll_step_done(&rg, &id, "etcd-restart", "etcd-1").await;
     sts.api.inject(Fault::on(
         "GET",
         "/namespaces/default/pods/etcd-",
@@ -1065,13 +1062,10 @@ async fn an_etcd_member_frozen_before_the_move_halts_the_roll_naming_it_and_resu
     } = Rolling::start(5).await;
     // An alert closes the gate while etcd-2 comes back from its restart: the roll holds
     // at the gate before etcd-1's, with etcd-2 restarted and a candidate for the move.
-    rg.wait_run_until(&id, "etcd-2 restarting", Duration::from_secs(120), |run| {
-        roll_steps(run, "etcd-restart").any(|s| s["node"] == "etcd-2" && s["status"] == "done")
-    })
-    .await;
+    roll_step_done(&rg, &id, "etcd-restart", "etcd-2").await;
     let (status, body) = rg.post("/v1/alerts", &support::webhook("holdroll")).await;
     assert_eq!(status, 202, "{body}");
-    member_ready(&rg, &id, "etcd-2").await;
+    roll_step_done(&rg, &id, "etcd-ready", "etcd-2").await;
     rg.wait_run(&id, "the gate before etcd-1 to hold", |run| {
         run["status"] == "waiting" && said(run).contains("gate")
     })

@@ -151,13 +151,6 @@ impl Step {
     pub fn label(&self) -> String {
         self.kind.label()
     }
-
-    /// Whether the step has been going on for longer than `limit` at `now`, counted from
-    /// its first start (persisted, so a restart of rollgate does not reset the clock).
-    pub fn over(&self, limit: std::time::Duration, now: DateTime<Utc>) -> bool {
-        let started = self.started_at.unwrap_or(now);
-        (now - started).to_std().unwrap_or_default() > limit
-    }
 }
 
 /// One change of a run's status, kept forever in its history.
@@ -575,23 +568,5 @@ impl Run {
         self.status = to;
         self.reason = reason;
         self.updated_at = now;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_step_is_over_its_limit_from_its_first_start() {
-        use std::time::Duration;
-        let now = Utc::now();
-        let mut step = Step::new(crate::domain::step::EtcdRollStep::Ready {
-            member: "etcd-1".into(),
-        });
-        assert!(!step.over(Duration::from_secs(1), now));
-        step.started_at = Some(now - chrono::Duration::seconds(5));
-        assert!(step.over(Duration::from_secs(1), now));
-        assert!(!step.over(Duration::from_secs(10), now));
     }
 }

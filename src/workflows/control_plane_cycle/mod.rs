@@ -156,7 +156,7 @@ impl ControlPlaneCycle {
     /// those that will not pass, fails with `what` and the problems.
     fn unhealthy(&self, step: &Step, problems: &[Unhealthy], what: &str) -> StepOutcome {
         let timeout = self.settings.health_timeout;
-        if problems.iter().all(Unhealthy::may_pass) && !step.over(timeout, Utc::now()) {
+        if problems.iter().all(Unhealthy::may_pass) && !crate::clock::over(step, timeout) {
             return StepOutcome::Wait {
                 until: Utc::now() + self.poll(),
                 reason: format!("waiting: {}", lines(problems)),
@@ -218,7 +218,8 @@ impl ControlPlaneCycle {
                 }
             }
             Err(refusal)
-                if refusal.may_pass() && !step.over(self.settings.health_timeout, Utc::now()) =>
+                if refusal.may_pass()
+                    && !crate::clock::over(step, self.settings.health_timeout) =>
             {
                 StepOutcome::Wait {
                     until: Utc::now() + self.poll(),

@@ -201,7 +201,10 @@ impl EtcdRollSteps {
             },
             Err(refusal)
                 if refusal.may_pass()
-                    && !step.over(Duration::from_secs(request.ready_timeout_secs), Utc::now()) =>
+                    && !crate::clock::over(
+                        step,
+                        Duration::from_secs(request.ready_timeout_secs),
+                    ) =>
             {
                 wait(format!("waiting: {refusal}"))
             }
@@ -286,7 +289,7 @@ impl EtcdRollSteps {
         }
         let state = state.unwrap_or_default();
         let limit = Duration::from_secs(request.ready_timeout_secs);
-        if step.over(limit, Utc::now()) {
+        if crate::clock::over(step, limit) {
             return StepOutcome::failed(format!(
                 "{}: {state}",
                 RollError::NotReady {
