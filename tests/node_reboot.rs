@@ -374,6 +374,92 @@ async fn a_reboot_asked_during_an_upgrade_waits_for_it_and_starts_after() {
     }
 }
 
+async fn roll(rg: &Rollgate, body: &Value) -> String {
+    let (status, answer) = rg.post("/v1/etcd-rolls", body).await;
+    assert_eq!(status, 202, "{answer}");
+    answer["run_id"].as_str().expect("run_id").to_owned()
+}
+
+/// The time `run` ended, by its last update, and the time its first step started.
+fn span(run: &Value) -> (String, String) {
+    let ended = run["updated_at"].as_str().unwrap_or_default().to_owned();
+    let began = run["steps"][0]["started_at"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    (began, ended)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_roll_and_a_reboot_wait_for_each_other_to_release_the_cluster() {
+    let ground = Ground::start("1.34.2", 2).await;
+    ground.node("w1").need_reboot();
+    let sts = support::etcd_pods::EtcdStatefulSet::start_in(ground.api.clone(), 3, 0, true).await;
+    let rg = reboot_rollgate(&ground, &[]).await;
+    let roll_request = json!({
+        "statefulset": "etcd", "namespace": "default",
+        "endpoints": sts.cluster.endpoints, "ready_timeout_secs": 20, "cooldown_secs": 0
+    });
+    let waits_for = |holder: &str, kind: &str| {
+        format!("waits for run {holder} ({kind}) to release the cluster")
+    };
+
+    // A roll held at its first gate holds the cluster: a reboot asked meanwhile waits.
+    let (status, _) = rg.post("/v1/alerts", &support::webhook("e7c0")).await;
+    assert_eq!(status, 202);
+    let first_roll = roll(&rg, &roll_request).await;
+    rg.wait_run(&first_roll, "the roll held at its gate", |r| {
+        r["status"] == "waiting" && !r["blockers"].as_array().unwrap().is_empty()
+    })
+    .await;
+    let reboot = ask(&rg, json!({})).await;
+    let waiting = rg
+        .wait_run(&reboot, "the reboot to wait for the roll", |r| {
+            r["reason"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("waits for run"))
+        })
+        .await;
+    assert_eq!(waiting["reason"], waits_for(&first_roll, "etcd-roll"));
+    assert!(sts.restarted().is_empty());
+
+    // Released, the roll goes first; the reboot starts once it has ended, and a roll asked
+    // while the reboot is in flight waits for it in turn.
+    let (status, _) = rg.post("/v1/alerts", &support::resolved("e7c0")).await;
+    assert_eq!(status, 202);
+    let rolled = rg.wait_status(&first_roll, "succeeded", RUN_DEADLINE).await;
+    rg.wait_run(&reboot, "the reboot to start", |r| r["status"] != "queued")
+        .await;
+    let second_roll = roll(&rg, &roll_request).await;
+    let waiting = rg
+        .wait_run(&second_roll, "the second roll to wait", |r| {
+            r["reason"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("waits for run"))
+        })
+        .await;
+    assert_eq!(waiting["reason"], waits_for(&reboot, "node-reboot"));
+    let rebooted = rg.wait_status(&reboot, "succeeded", RUN_DEADLINE).await;
+    let rolled_again = rg
+        .wait_status(&second_roll, "succeeded", RUN_DEADLINE)
+        .await;
+
+    let (_, roll_ended) = span(&rolled);
+    let (reboot_began, reboot_ended) = span(&rebooted);
+    let (second_began, _) = span(&rolled_again);
+    assert!(
+        reboot_began >= roll_ended,
+        "the reboot began ({reboot_began}) before the roll ended ({roll_ended})"
+    );
+    assert!(
+        second_began >= reboot_ended,
+        "the second roll began ({second_began}) before the reboot ended ({reboot_ended})"
+    );
+    assert_eq!(sts.restarted(), ["etcd-2", "etcd-1", "etcd-0"]);
+    assert_rebooted_once(&ground, "w1");
+    assert_eq!(ground.node("w2").reboots(), 0);
+}
+
 #[tokio::test]
 async fn an_upgrade_that_leaves_the_sentinel_reboots_the_node_inside_its_one_drain() {
     let ground = Ground::start("1.34.2", 3).await;

@@ -443,12 +443,15 @@ impl Run {
         self
     }
 
-    /// Whether this run works on the cluster's nodes or its own etcd, so that it holds the
-    /// cluster's one lock while it has not ended: upgrades and reboots do. An etcd roll
-    /// rolls a StatefulSet's members, which is never the kubeadm cluster's own (static-pod)
-    /// etcd: rolls go side by side, each gated.
+    /// Whether this run holds the cluster's one lock while it has not ended: every kind
+    /// does. Upgrades and reboots take nodes down; an etcd roll restarts members on those
+    /// nodes, and a node drained under a roll's restart can take a second member away
+    /// where the quorum allowed one.
     pub fn holds_cluster(&self) -> bool {
-        matches!(self.kind, RunKind::K8sUpgrade | RunKind::NodeReboot)
+        matches!(
+            self.kind,
+            RunKind::K8sUpgrade | RunKind::NodeReboot | RunKind::EtcdRoll
+        )
     }
 
     /// The step in hand or held.

@@ -28,6 +28,12 @@ impl EtcdStatefulSet {
     /// As [`start`](Self::start); without `controller` nothing restarts a pod whose
     /// partition is lowered (a controller that is stuck, a pod that never comes back).
     pub async fn start_with(n: usize, leader: usize, controller: bool) -> Self {
+        Self::start_in(FakeKube::start().await, n, leader, controller).await
+    }
+
+    /// As [`start_with`](Self::start_with), its StatefulSet and pods in `api`, beside
+    /// whatever else that API server holds (a test ground's nodes).
+    pub async fn start_in(api: FakeKube, n: usize, leader: usize, controller: bool) -> Self {
         let cluster = Scripted::start_pods(n, "etcd").await;
         let etcd = cluster.etcd();
         let members = etcd.members().await.unwrap();
@@ -38,7 +44,6 @@ impl EtcdStatefulSet {
             .id;
         super::etcd::lead_to(&etcd, id).await;
 
-        let api = FakeKube::start().await;
         let replicas = u32::try_from(n).unwrap();
         api.add_statefulset("etcd", replicas, replicas, "rev-1", "rev-2");
         let dir = cluster.dir.path().to_owned();
