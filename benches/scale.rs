@@ -135,10 +135,11 @@ async fn planned_run(kube: &Kube) -> Run {
     let mut run = rollgate::workflows::k8s_upgrade::plan::new_run(
         uuid::Uuid::now_v7().to_string(),
         &request(),
+        false,
         FailurePolicy::default(),
         Utc::now(),
     );
-    run.steps = k8s_upgrade::initial_steps(&request());
+    run.steps = k8s_upgrade::initial_steps(&request(), false);
     run.steps.extend(plan.steps);
     run
 }

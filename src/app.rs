@@ -39,6 +39,7 @@ use crate::workflows::etcd_roll::roll_watch::{WatchTarget, WatchedRoll};
 use crate::workflows::etcd_roll::steps::EtcdRollSteps;
 use crate::workflows::etcd_roll::watch::{RollStarter, RollWatch};
 use crate::workflows::events::{EventNotifier, EventSink};
+use crate::workflows::fleet::{Fleet, UpstreamsStep};
 use crate::workflows::gate::{Gate, GateStep, QuietPeriodStep};
 use crate::workflows::k8s_upgrade::plan::PlanSettings;
 use crate::workflows::k8s_upgrade::{UpgradeSettings, UpgradeSteps};
@@ -159,6 +160,17 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
                 (None, None)
             }
         };
+    let fleet = Arc::new(
+        Fleet::new(
+            settings.fleet.clone(),
+            store.clone(),
+            gate.clone(),
+            cluster.clone(),
+            metrics.clone(),
+        )
+        .context("cannot ask the fleet's upstreams")?,
+    );
+    executors.upstreams = Some(Arc::new(UpstreamsStep(fleet.clone())));
     let writes = Arc::new(crate::worker::WriteHealth::default());
     let state = web::Data::new(AppState {
         gate: gate.clone(),
@@ -178,6 +190,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         reserve: (settings.queue.backend == QueueBackend::Embedded)
             .then(|| crate::disk::Reserve::new(&settings.data_dir, settings.queue.min_free_bytes)),
         writes: writes.clone(),
+        fleet: fleet.clone(),
     });
     let served = state.clone();
     let server = HttpServer::new(move || {
@@ -218,6 +231,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(watch_gate(gate.clone(), stop_rx.clone()));
+    tokio::spawn(fleet.clone().keep_quiet_since(stop_rx.clone()));
     tokio::spawn(clients.watch(stop_rx.clone()));
     if let Some(tls) = tls {
         tokio::spawn(tls.watch(stop_rx.clone()));
@@ -246,6 +260,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             halt_after: settings.gate.halt_after,
             on_failure: settings.worker.on_failure,
             failure_budget: settings.cluster.failure_budget,
+            asks_upstreams: fleet.has_upstreams(),
         };
         let worker = Worker::new(queue, store, metrics, executors, policy, notifier)
             .telling(gate.clone())

@@ -55,6 +55,11 @@ pub struct Metrics {
     /// Per node, 1 when its reboot sentinel was set when rollgate last read it, 0 when
     /// not (or once rollgate rebooted it); kured's `kured_reboot_required`.
     pub node_reboot_required: IntGaugeVec,
+    /// Per upstream cluster, 1 when the version last asked about may go on from it.
+    pub fleet_upstream_ready: IntGaugeVec,
+    /// Per upstream cluster, the seconds of its soak left by its clock (0 once soaked,
+    /// -1 when no soak has begun).
+    pub fleet_soak_remaining: IntGaugeVec,
     /// Per node, when rollgate last sent it the reboot command (Unix seconds).
     pub node_reboot_sent: prometheus::GaugeVec,
     /// Per node, when rollgate last saw it back from its reboot (Unix seconds): a boot
@@ -265,6 +270,22 @@ impl Metrics {
         registry
             .register(Box::new(node_reboot_required.clone()))
             .expect("unique metric");
+        let per_upstream = |name: &str, help: &str| {
+            let gauge =
+                IntGaugeVec::new(Opts::new(name, help), &["upstream"]).expect("valid metric");
+            registry
+                .register(Box::new(gauge.clone()))
+                .expect("unique metric");
+            gauge
+        };
+        let fleet_upstream_ready = per_upstream(
+            "rollgate_fleet_upstream_ready",
+            "1 when the version last asked about may go on from this upstream cluster, else 0.",
+        );
+        let fleet_soak_remaining = per_upstream(
+            "rollgate_fleet_soak_remaining_seconds",
+            "Seconds of the upstream cluster's soak left, by its clock; -1 before one began.",
+        );
         let node_reboot_time = |name: &str, help: &str| {
             let gauge =
                 prometheus::GaugeVec::new(Opts::new(name, help), &["node"]).expect("valid metric");
@@ -342,6 +363,8 @@ impl Metrics {
             upgrade_stage,
             upgrade_node_in_hand,
             node_reboot_required,
+            fleet_upstream_ready,
+            fleet_soak_remaining,
             node_reboot_sent,
             node_reboot_back,
             window_open,

@@ -33,6 +33,8 @@ pub struct Executors {
     pub gate: Option<Arc<dyn StepExecutor>>,
     /// The pre-flight quiet period.
     pub quiet_period: Option<Arc<dyn StepExecutor>>,
+    /// The pre-flight wait for the upstream clusters of a fleet wave.
+    pub upstreams: Option<Arc<dyn StepExecutor>>,
     /// Every other step of a Kubernetes upgrade.
     pub k8s_upgrade: Option<Arc<dyn StepExecutor>>,
     /// Every other step of an etcd roll.
@@ -47,6 +49,7 @@ impl Executors {
         let executor = match &step.kind {
             kind if kind.is_gate() => &self.gate,
             StepKind::K8sUpgrade(UpgradeStep::QuietPeriod) => &self.quiet_period,
+            StepKind::K8sUpgrade(UpgradeStep::Upstreams) => &self.upstreams,
             StepKind::K8sUpgrade(_) => &self.k8s_upgrade,
             StepKind::EtcdRoll(_) => &self.etcd_roll,
             StepKind::NodeReboot(_) => &self.node_reboot,

@@ -83,6 +83,8 @@ pub struct WorkerPolicy {
     pub on_failure: FailurePolicy,
     /// How many workers may be left behind while an upgrade goes on.
     pub failure_budget: FailureBudget,
+    /// Whether upgrades wait for the fleet's upstream clusters first (`fleet.upstreams`).
+    pub asks_upstreams: bool,
 }
 
 impl WorkerPolicy {
@@ -744,6 +746,7 @@ impl Worker {
             }
             EventData::Detection { run_id, request } => {
                 let on_failure = self.policy.on_failure;
+                let asks_upstreams = self.policy.asks_upstreams;
                 step = self
                     .create_run(
                         RunKind::K8sUpgrade,
@@ -753,6 +756,7 @@ impl Worker {
                             crate::workflows::k8s_upgrade::plan::new_run(
                                 id,
                                 &request,
+                                asks_upstreams,
                                 on_failure,
                                 Utc::now(),
                             )

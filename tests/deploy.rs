@@ -773,9 +773,22 @@ fn kustomize(name: &str) -> (tempfile::TempDir, Vec<Value>) {
             std::fs::write(path, format!("test {key}\n")).unwrap();
         }
     }
+    // The overlay's own Secrets' files, when it makes any beside the example's.
+    let overlay = deploy.join("overlays").join(name);
+    if name != "example" {
+        let own = documents(&overlay.join("kustomization.yaml"))[0]["secretGenerator"].clone();
+        for generator in own.as_array().into_iter().flatten() {
+            for file in generator["files"].as_array().unwrap() {
+                let (key, path) = file.as_str().unwrap().split_once('=').unwrap();
+                let path = overlay.join(path);
+                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                std::fs::write(path, format!("test {key}\n")).unwrap();
+            }
+        }
+    }
     let out = Command::new("kubectl")
         .arg("kustomize")
-        .arg(deploy.join("overlays").join(name))
+        .arg(&overlay)
         .output()
         .unwrap();
     assert!(
@@ -787,6 +800,79 @@ fn kustomize(name: &str) -> (tempfile::TempDir, Vec<Value>) {
     std::fs::write(&built, &out.stdout).unwrap();
     let docs = documents(&built);
     (dir, docs)
+}
+
+/// The fleet-downstream overlay builds into the example site whose configuration waits
+/// for staging: the upstream's token and CA files are the keys of the rollgate-fleet Secret
+/// where the pod mounts it, and the NetworkPolicy lets rollgate reach staging's port.
+#[test]
+fn the_fleet_downstream_overlay_asks_staging_with_the_mounted_secret_and_may_reach_it() {
+    let (dir, docs) = kustomize("fleet-downstream");
+    let built = dir.path().join("built.yaml");
+    let of = |kind: &str| -> Vec<&Value> { docs.iter().filter(|d| d["kind"] == kind).collect() };
+    let cm: ConfigMap = typed(
+        of("ConfigMap")
+            .into_iter()
+            .find(|d| d["metadata"]["name"] == "rollgate")
+            .expect("the rollgate config map"),
+        &built,
+    );
+    let settings = config_map_settings(&built, &cm);
+    assert_eq!(settings.fleet.name, "prod");
+    assert!(settings.fleet.require_approval);
+    let upstream = &settings.fleet.upstreams[0];
+    assert_eq!(upstream.name, "staging");
+    let url = reqwest::Url::parse(&upstream.url).unwrap();
+    assert_eq!(url.scheme(), "https");
+
+    let sts: StatefulSet = typed(of("StatefulSet")[0], &built);
+    let pod = sts.spec.unwrap().template.spec.unwrap();
+    let mount = pod.containers[0]
+        .volume_mounts
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|m| m.name == "fleet")
+        .expect("the fleet volume is mounted");
+    let volume = pod
+        .volumes
+        .unwrap()
+        .into_iter()
+        .find(|v| v.name == "fleet")
+        .unwrap();
+    let secret_name = volume.secret.unwrap().secret_name.unwrap();
+    let secret = of("Secret")
+        .into_iter()
+        .find(|d| d["metadata"]["name"] == secret_name.as_str())
+        .expect("the fleet Secret is generated");
+    for file in [&upstream.token_file, &upstream.ca_file] {
+        let file = file.as_ref().expect("token and CA files are set");
+        let key = file
+            .strip_prefix(&mount.mount_path)
+            .unwrap_or_else(|_| panic!("{} is not under {}", file.display(), mount.mount_path));
+        assert!(
+            secret["data"][key.to_str().unwrap()].is_string(),
+            "{key:?} is not a key of {secret_name}"
+        );
+    }
+
+    let policy: NetworkPolicy = typed(
+        of("NetworkPolicy")
+            .into_iter()
+            .find(|d| d["metadata"]["name"] == "rollgate")
+            .unwrap(),
+        &built,
+    );
+    let port = url.port().unwrap_or(443);
+    let reaches = policy.spec.unwrap().egress.unwrap().iter().any(|rule| {
+        rule.ports.iter().flatten().any(|p| {
+            p.port
+                == Some(
+                    k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(i32::from(port)),
+                )
+        }) && rule.to.iter().flatten().any(|peer| peer.ip_block.is_some())
+    });
+    assert!(reaches, "no egress to the upstream's port {port}");
 }
 
 /// The HA overlay builds into three rollgate pods on three nodes, a budget of one, the

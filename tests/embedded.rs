@@ -33,6 +33,7 @@ fn spawn_worker(
         max_attempts: 3,
         halt_after: Duration::from_secs(60),
         failure_budget: Default::default(),
+        asks_upstreams: false,
     };
     let worker = Worker::new(
         queue,

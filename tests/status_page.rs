@@ -372,6 +372,7 @@ fn thousand_node_run(workers: usize) -> rollgate::domain::run::Run {
     let mut run = rollgate::workflows::k8s_upgrade::plan::new_run(
         uuid::Uuid::now_v7().to_string(),
         &request,
+        false,
         FailurePolicy::Halt,
         chrono::Utc::now(),
     );

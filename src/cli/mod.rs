@@ -10,6 +10,7 @@ use crate::config::{LogFormat, Settings};
 
 mod detect;
 mod etcd_roll;
+mod fleet;
 mod plan;
 mod runs;
 pub mod watch;
@@ -67,6 +68,21 @@ pub enum Command {
         /// What to do.
         #[command(subcommand)]
         action: RunsAction,
+    },
+    /// This cluster's place in a fleet wave, through the API (a token with `read`).
+    Fleet {
+        /// API base URL (default: from server.listen).
+        #[arg(long)]
+        url: Option<String>,
+        /// API token file (default: server.token_file).
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        /// How to reach an HTTPS listener.
+        #[command(flatten)]
+        tls: ApiTlsArgs,
+        /// What to do.
+        #[command(subcommand)]
+        action: FleetAction,
     },
 }
 
@@ -268,6 +284,27 @@ pub enum RunsAction {
         /// Why, for the history.
         #[arg(long, default_value = "")]
         reason: String,
+    },
+    /// Let an upgrade that waits for an approval (`fleet.require_approval`) go on; needs a
+    /// token with `runs:approve`.
+    Approve {
+        /// The run's id, as `runs list` shows it.
+        id: String,
+        /// Why, for the history.
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+}
+
+/// What `rollgate fleet` does.
+#[derive(Subcommand, Debug)]
+pub enum FleetAction {
+    /// The chain of clusters upstream of this one: each with its versions, last upgrade,
+    /// gate and the soak left.
+    Status {
+        /// Print `GET /v1/fleet` as JSON instead.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -478,6 +515,22 @@ pub fn run(cli: Cli) -> ExitCode {
                 Err(e) => {
                     eprintln!("rollgate: {e:#}");
                     ExitCode::from(2)
+                }
+            }
+        }
+        Command::Fleet {
+            url,
+            token_file,
+            tls,
+            action: FleetAction::Status { json },
+        } => {
+            let result = runs::Api::new(&settings, url, token_file, tls)
+                .and_then(|api| block_on(false, async move { fleet::status(&api, json).await }));
+            match result {
+                Ok(code) => code,
+                Err(e) => {
+                    eprintln!("rollgate: {e:#}");
+                    ExitCode::FAILURE
                 }
             }
         }

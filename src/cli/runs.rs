@@ -10,42 +10,66 @@ use super::{ApiTlsArgs, RunsAction};
 use crate::adapters::http_client::HttpSource;
 use crate::config::Settings;
 
-/// `rollgate runs …` against the API at `url` (default: `server.listen`).
-pub(super) async fn runs(
-    settings: &Settings,
-    url: Option<String>,
-    token_file: Option<PathBuf>,
-    tls: ApiTlsArgs,
-    action: RunsAction,
-) -> anyhow::Result<ExitCode> {
-    let base =
-        url.unwrap_or_else(|| format!("{}://{}", settings.server.scheme(), settings.server.listen));
-    let base = reqwest::Url::parse(&base).with_context(|| format!("--url {base:?}"))?;
-    let token = crate::app::read_token(token_file.as_ref().unwrap_or(&settings.server.token_file))?;
-    let source = HttpSource {
-        section: "--",
-        timeout: Duration::from_secs(10),
-        bearer_token_file: None,
-        basic_auth_user: None,
-        basic_auth_password_file: None,
-        ca_file: tls.ca_file.as_ref(),
-        identity: tls.cert_file.as_ref().zip(tls.key_file.as_ref()),
-    };
-    if let RunsAction::Watch { id } = &action {
-        // The event stream stays open: only connecting is bounded.
-        let client = source.builder()?.build()?;
-        return super::watch::watch(&client, &base, &token, id).await;
+/// How the CLI reaches rollgate's API: its base URL (default `server.listen`), the token
+/// (default `server.token_file`) and the client's TLS settings.
+pub(super) struct Api {
+    pub base: reqwest::Url,
+    pub token: String,
+    pub source_tls: ApiTlsArgs,
+}
+
+impl Api {
+    pub(super) fn new(
+        settings: &Settings,
+        url: Option<String>,
+        token_file: Option<PathBuf>,
+        tls: ApiTlsArgs,
+    ) -> anyhow::Result<Self> {
+        let base = url.unwrap_or_else(|| {
+            format!("{}://{}", settings.server.scheme(), settings.server.listen)
+        });
+        let base = reqwest::Url::parse(&base).with_context(|| format!("--url {base:?}"))?;
+        let token =
+            crate::app::read_token(token_file.as_ref().unwrap_or(&settings.server.token_file))?;
+        Ok(Self {
+            base,
+            token,
+            source_tls: tls,
+        })
     }
-    let client = source.client()?;
-    let (method, target, body) = runs_request(&base, &action)?;
-    let mut req = client.request(method, target).bearer_auth(token);
-    if let Some(body) = body {
-        req = req.json(&body);
+
+    pub(super) fn source(&self) -> HttpSource<'_> {
+        HttpSource {
+            section: "--",
+            timeout: Duration::from_secs(10),
+            bearer_token_file: None,
+            basic_auth_user: None,
+            basic_auth_password_file: None,
+            ca_file: self.source_tls.ca_file.as_ref(),
+            identity: self
+                .source_tls
+                .cert_file
+                .as_ref()
+                .zip(self.source_tls.key_file.as_ref()),
+        }
     }
-    let resp = req
-        .send()
-        .await
-        .with_context(|| format!("cannot reach rollgate at {base}"))?;
+
+    /// GETs `segments` under the base URL; the JSON answer, or the API's message.
+    pub(super) async fn get(&self, segments: &[&str]) -> anyhow::Result<serde_json::Value> {
+        let client = self.source().client()?;
+        let url = api_url(&self.base, segments)?;
+        let resp = client
+            .get(url)
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .with_context(|| format!("cannot reach rollgate at {}", self.base))?;
+        answer(resp).await
+    }
+}
+
+/// The JSON of a successful answer, or an error with the API's message.
+async fn answer(resp: reqwest::Response) -> anyhow::Result<serde_json::Value> {
     let status = resp.status();
     let value: serde_json::Value = resp.json().await.context("the answer is not JSON")?;
     if !status.is_success() {
@@ -57,6 +81,35 @@ pub(super) async fn runs(
                 .unwrap_or("no message")
         );
     }
+    Ok(value)
+}
+
+/// `rollgate runs …` against the API at `url` (default: `server.listen`).
+pub(super) async fn runs(
+    settings: &Settings,
+    url: Option<String>,
+    token_file: Option<PathBuf>,
+    tls: ApiTlsArgs,
+    action: RunsAction,
+) -> anyhow::Result<ExitCode> {
+    let api = Api::new(settings, url, token_file, tls)?;
+    let (base, token, source) = (&api.base, &api.token, api.source());
+    if let RunsAction::Watch { id } = &action {
+        // The event stream stays open: only connecting is bounded.
+        let client = source.builder()?.build()?;
+        return super::watch::watch(&client, base, token, id).await;
+    }
+    let client = source.client()?;
+    let (method, target, body) = runs_request(base, &action)?;
+    let mut req = client.request(method, target).bearer_auth(token);
+    if let Some(body) = body {
+        req = req.json(&body);
+    }
+    let resp = req
+        .send()
+        .await
+        .with_context(|| format!("cannot reach rollgate at {base}"))?;
+    let value = answer(resp).await?;
     match action {
         RunsAction::List { json: false, .. } => print_runs(&value),
         _ => println!("{}", serde_json::to_string_pretty(&value)?),
@@ -104,10 +157,12 @@ fn runs_request(
         }
         RunsAction::Halt { id, reason }
         | RunsAction::Resume { id, reason }
-        | RunsAction::Abort { id, reason } => {
+        | RunsAction::Abort { id, reason }
+        | RunsAction::Approve { id, reason } => {
             let verb = match action {
                 RunsAction::Halt { .. } => "halt",
                 RunsAction::Resume { .. } => "resume",
+                RunsAction::Approve { .. } => "approve",
                 _ => "abort",
             };
             segments.extend([id.as_str(), verb]);

@@ -8,7 +8,7 @@ pub(crate) mod values;
 
 pub use sections::{
     AfterUpgrade, ClusterSettings, DetectConfig, DetectSubmit, EtcdConfig, EtcdRollConfig,
-    GateSettings, LogFormat, LogSettings, NotifySettings, QueueBackend, QueueSettings,
+    FleetConfig, GateSettings, LogFormat, LogSettings, NotifySettings, QueueBackend, QueueSettings,
     RebootConfig, ScheduleSettings, ServerSettings, Settings, SshConfig, SshHost, StoreBackend,
     StoreSettings, WorkerSettings,
 };
@@ -65,6 +65,7 @@ pub fn keys() -> Vec<String> {
     add("detect", fields::<DetectConfig>());
     add("reboot", fields::<RebootConfig>());
     add("schedule", fields::<ScheduleSettings>());
+    add("fleet", fields::<FleetConfig>());
     out
 }
 
@@ -139,6 +140,7 @@ impl Settings {
             detect: take_section(r, "detect", p),
             reboot: take_section(r, "reboot", p),
             schedule: take_section(r, "schedule", p),
+            fleet: take_section(r, "fleet", p),
         };
         for key in root.keys() {
             problems.push(Problem {

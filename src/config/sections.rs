@@ -12,6 +12,7 @@ use super::values::{self, Problems, host_list, matcher_list, string_list};
 use crate::domain::gate::Matcher;
 use crate::domain::run::FailurePolicy;
 use crate::domain::scope::Scope;
+pub use crate::workflows::fleet::config::FleetConfig;
 pub use crate::workflows::node_reboot::config::{AfterUpgrade, RebootConfig};
 
 /// Which queue backend carries events.
@@ -1059,6 +1060,8 @@ pub struct Settings {
     pub reboot: RebootConfig,
     /// Maintenance windows.
     pub schedule: ScheduleSettings,
+    /// Fleet waves: the clusters upstream of this one.
+    pub fleet: FleetConfig,
 }
 
 impl Settings {
@@ -1116,5 +1119,6 @@ impl Settings {
         check("etcd_roll", &|p| self.etcd_roll.check(p));
         check("detect", &|p| self.detect.check(p));
         check("reboot", &|p| self.reboot.check(p));
+        check("fleet", &|p| self.fleet.check(p));
     }
 }

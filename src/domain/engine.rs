@@ -78,6 +78,12 @@ pub enum StepOutcome {
         /// What went wrong.
         error: String,
     },
+    /// Done, and worth telling everyone: `note` also goes into the run's history, so that
+    /// Slack, the Events and the log say it (a fleet wave promoting a version).
+    Announced {
+        /// What happened.
+        note: String,
+    },
     /// Held by a closed (or unknown) gate: check again at `retry_at`, and halt the run once
     /// the gate has been closed for `halt_after`.
     Blocked {
@@ -217,6 +223,10 @@ pub fn check_control(run: &Run, action: ControlAction) -> Result<(), NotAllowed>
         }
         (ControlAction::Resume, RunStatus::Halted) => return Ok(()),
         (ControlAction::Resume, _) => " (only a halted run can be resumed)",
+        (ControlAction::Approve, RunStatus::Waiting) if awaiting_approval(run).is_some() => {
+            return Ok(());
+        }
+        (ControlAction::Approve, _) => " (it does not wait for an approval)",
         _ => return Ok(()),
     };
     Err(NotAllowed {
@@ -246,6 +256,22 @@ pub fn advance(run: &mut Run, input: Input, ctx: &Context) -> Result<Next, NotAl
         Input::Wake { epoch } => Ok(wake(run, epoch, ctx)),
         Input::StepFinished { epoch, outcome } => Ok(step_finished(run, epoch, outcome, ctx)),
     }
+}
+
+/// How a step waiting for an operator's approval starts its outcome: only such a run may be
+/// approved (`POST /v1/runs/{id}/approve`).
+pub const AWAITS_APPROVAL: &str = "waits for approval";
+
+/// The step in hand that waits for an approval, if one does.
+fn awaiting_approval(run: &Run) -> Option<usize> {
+    run.in_hand.iter().copied().find(|&i| {
+        run.steps.get(i).is_some_and(|s| {
+            s.status == StepStatus::Waiting
+                && s.outcome
+                    .as_deref()
+                    .is_some_and(|o| o.starts_with(AWAITS_APPROVAL))
+        })
+    })
 }
 
 /// The gate's blockers as a held step's outcome starts them: how the worker finds the
@@ -622,6 +648,15 @@ fn control(
             hold(run, reason, ctx);
             Next::Nothing
         }
+        ControlAction::Approve => {
+            run.approved_by = Some(who.to_owned());
+            run.note(reason, ctx.now);
+            // The step that waits for it goes on now, not at its next poll.
+            match awaiting_approval(run) {
+                Some(index) => wake(run, run.steps[index].epoch, ctx),
+                None => Next::Nothing,
+            }
+        }
         ControlAction::Resume => {
             // A fresh halt_after window: the operator has looked at the blockers.
             run.blocked_since = None;
@@ -737,6 +772,10 @@ fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context)
             run.steps.truncate(index + 1);
             run.steps.extend(steps);
             run.touch_all_steps();
+            step_done(run, index, note, ctx)
+        }
+        StepOutcome::Announced { note } => {
+            run.note(note.clone(), ctx.now);
             step_done(run, index, note, ctx)
         }
         StepOutcome::SkipCycle { note } => {
@@ -915,6 +954,7 @@ mod tests {
         let node = || "n1".to_owned();
         Step::new(match name {
             "plan" => UpgradeStep::Plan,
+            "upstreams" => UpgradeStep::Upstreams,
             "nodes-ready" => UpgradeStep::NodesReady,
             "gate" => UpgradeStep::Gate {
                 stage: Stage::Workers,
@@ -1036,6 +1076,84 @@ mod tests {
                 .iter()
                 .all(|s| s.status == StepStatus::Done && s.attempts == 1)
         );
+    }
+
+    #[test]
+    fn only_a_run_waiting_for_an_approval_takes_one_and_it_goes_on_at_once() {
+        let mut run = run_with(&["upstreams", "b"]);
+        let approve = |by: &str| Input::Control {
+            action: ControlAction::Approve,
+            reason: String::new(),
+            by: Some(by.into()),
+        };
+        advance(&mut run, Input::Start, &ctx(1)).unwrap();
+        // Held by its upstreams, not yet by an approval: nothing to approve.
+        let upstreams = StepOutcome::Wait {
+            until: t(60),
+            reason: "waits for upstreams: staging: soaking until …".into(),
+        };
+        let at = |epoch| Input::StepFinished {
+            epoch,
+            outcome: upstreams.clone(),
+        };
+        advance(&mut run, at(1), &ctx(2)).unwrap();
+        let refused = advance(&mut run, approve("ops"), &ctx(3)).unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "cannot approve a run that is waiting (it does not wait for an approval)"
+        );
+        assert_eq!(run.approved_by, None);
+        advance(&mut run, Input::Wake { epoch: 2 }, &ctx(4)).unwrap();
+        let approval = StepOutcome::Wait {
+            until: t(90),
+            reason: format!("{AWAITS_APPROVAL}: upstreams ready (staging)"),
+        };
+        let next = advance(
+            &mut run,
+            Input::StepFinished {
+                epoch: 3,
+                outcome: approval,
+            },
+            &ctx(5),
+        )
+        .unwrap();
+        assert_eq!(
+            next,
+            Next::WakeAt {
+                at: t(90),
+                epoch: 4
+            }
+        );
+        // Approved: the step runs again now, not at its next poll, and the approver is
+        // credited.
+        let next = advance(&mut run, approve("approver"), &ctx(6)).unwrap();
+        assert_eq!(next, Next::RunStep { index: 0, epoch: 5 });
+        assert_eq!(run.approved_by.as_deref(), Some("approver"));
+        assert!(
+            run.history
+                .iter()
+                .any(|h| h.reason == "approve by approver" && h.by.as_deref() == Some("approver"))
+        );
+        let announced = StepOutcome::Announced {
+            note: "wave promotes 1.34.5 to prod: staging ran it".into(),
+        };
+        let next = advance(
+            &mut run,
+            Input::StepFinished {
+                epoch: 5,
+                outcome: announced,
+            },
+            &ctx(7),
+        )
+        .unwrap();
+        assert_eq!(next, Next::RunStep { index: 1, epoch: 6 });
+        assert!(
+            run.history
+                .iter()
+                .any(|h| h.reason == "wave promotes 1.34.5 to prod: staging ran it"),
+            "an announced step is told in the history"
+        );
+        assert!(advance(&mut run, approve("approver"), &ctx(8)).is_err());
     }
 
     #[test]

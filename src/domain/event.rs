@@ -648,6 +648,9 @@ pub enum ControlAction {
     Resume,
     /// Stop for good, changing nothing more.
     Abort,
+    /// Let a run that waits for an operator's approval (a fleet wave with
+    /// `fleet.require_approval`) go on; the approver is credited.
+    Approve,
 }
 
 impl ControlAction {
@@ -657,6 +660,7 @@ impl ControlAction {
             "halt" => Some(Self::Halt),
             "resume" => Some(Self::Resume),
             "abort" => Some(Self::Abort),
+            "approve" => Some(Self::Approve),
             _ => None,
         }
     }
@@ -668,6 +672,7 @@ impl fmt::Display for ControlAction {
             Self::Halt => "halt",
             Self::Resume => "resume",
             Self::Abort => "abort",
+            Self::Approve => "approve",
         })
     }
 }

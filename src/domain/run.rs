@@ -318,6 +318,9 @@ pub struct Run {
     /// Since when the step in hand has been held by a closed gate.
     #[serde(default)]
     pub blocked_since: Option<DateTime<Utc>>,
+    /// Who approved the run, when it waited for an approval (`fleet.require_approval`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approved_by: Option<String>,
     /// What holds it: the gate's blocking alerts, or why the gate is unknown.
     #[serde(default)]
     pub blockers: Vec<String>,
@@ -409,6 +412,7 @@ impl Run {
             halt_requested: false,
             halt_requested_by: None,
             blocked_since: None,
+            approved_by: None,
             blockers: Vec::new(),
             on_failure: FailurePolicy::default(),
             memory: RunMemory::default(),

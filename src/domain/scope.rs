@@ -33,6 +33,9 @@ pub enum Scope {
     /// `POST /v1/runs/{id}/{halt|resume|abort}`.
     #[serde(rename = "runs:control")]
     RunsControl,
+    /// `POST /v1/runs/{id}/approve`: lets a fleet wave that waits for an approval go on.
+    #[serde(rename = "runs:approve")]
+    RunsApprove,
     /// Every `GET` under `/v1`: runs, alerts, gates, the event stream.
     #[serde(rename = "read")]
     Read,
@@ -40,12 +43,13 @@ pub enum Scope {
 
 impl Scope {
     /// Every scope, as `server.token_file` grants them.
-    pub const ALL: [Scope; 6] = [
+    pub const ALL: [Scope; 7] = [
         Scope::AlertsWrite,
         Scope::DetectionsWrite,
         Scope::EtcdRollsWrite,
         Scope::RebootsWrite,
         Scope::RunsControl,
+        Scope::RunsApprove,
         Scope::Read,
     ];
 
@@ -57,6 +61,7 @@ impl Scope {
             Scope::EtcdRollsWrite => "etcd-rolls:write",
             Scope::RebootsWrite => "reboots:write",
             Scope::RunsControl => "runs:control",
+            Scope::RunsApprove => "runs:approve",
             Scope::Read => "read",
         }
     }
@@ -84,6 +89,7 @@ pub fn required(method: &str, path: &str) -> Option<Scope> {
         ["detections"] => Scope::DetectionsWrite,
         ["etcd-rolls"] => Scope::EtcdRollsWrite,
         ["reboots"] => Scope::RebootsWrite,
+        ["runs", _, "approve"] => Scope::RunsApprove,
         _ => Scope::RunsControl,
     })
 }
@@ -108,6 +114,8 @@ mod tests {
             ("POST", "/v1/runs/r-1/halt", Scope::RunsControl),
             ("POST", "/v1/runs/r-1/resume", Scope::RunsControl),
             ("POST", "/v1/runs/r-1/abort", Scope::RunsControl),
+            ("POST", "/v1/runs/r-1/approve", Scope::RunsApprove),
+            ("GET", "/v1/fleet", Scope::Read),
             ("POST", "/v1/alerts/", Scope::AlertsWrite),
             ("POST", "/v1/nothing-here", Scope::RunsControl),
             ("DELETE", "/v1/alerts", Scope::AlertsWrite),

@@ -56,6 +56,8 @@ pub struct AppState {
     pub reserve: Option<crate::disk::Reserve>,
     /// Whether the worker can write the store now, and why not.
     pub writes: std::sync::Arc<crate::worker::WriteHealth>,
+    /// This cluster's part in the fleet, for `GET /v1/fleet` and the upgrades' wait.
+    pub fleet: Arc<crate::workflows::fleet::Fleet>,
 }
 
 /// What the intake checks an etcd roll request against.
@@ -113,6 +115,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                     web::post().to(crate::workflows::node_reboot::api::post_reboots),
                 )
                 .route("/gates", web::get().to(routes::get_gates))
+                .route("/fleet", web::get().to(routes::get_fleet))
                 .route("/events", web::get().to(events::stream))
                 .route("/runs", web::get().to(routes::list_runs))
                 .route("/runs/{id}", web::get().to(routes::get_run))

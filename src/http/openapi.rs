@@ -13,6 +13,7 @@ use utoipa::{Modify, OpenApi};
         super::routes::post_alerts,
         super::routes::get_alerts,
         super::routes::get_gates,
+        super::routes::get_fleet,
         super::routes::post_detections,
         super::routes::post_etcd_rolls,
         crate::workflows::node_reboot::api::post_reboots,

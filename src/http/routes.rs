@@ -254,6 +254,14 @@ pub async fn get_gates(state: State, query: web::Query<GateQuery>) -> HttpRespon
     }
 }
 
+/// `GET /v1/fleet`: this cluster as its downstream clusters see it: its name, the
+/// versions it runs, its last run of each kind, its gate and since when it has been
+/// quiet, and how it sees its own upstreams.
+#[utoipa::path(get, path = "/v1/fleet", responses((status = 200, body = crate::workflows::fleet::view::FleetView)), security(("bearer" = ["read"])))]
+pub async fn get_fleet(state: State) -> HttpResponse {
+    HttpResponse::Ok().json(state.fleet.view().await)
+}
+
 /// `POST /v1/detections`: ask for a Kubernetes version upgrade.
 #[utoipa::path(post, path = "/v1/detections", request_body = DetectionBody,
     responses((status = 202, body = DetectionAccepted, description = "a new run"),
@@ -271,6 +279,7 @@ pub async fn post_detections(
     let run = crate::workflows::k8s_upgrade::plan::new_run(
         run_id.clone(),
         &request,
+        state.fleet.has_upstreams(),
         state.on_failure,
         Utc::now(),
     )
@@ -711,7 +720,7 @@ pub async fn control_run(
     let (run_id, action) = path.into_inner();
     let Some(action) = ControlAction::from_name(&action) else {
         return Err(ApiError::not_found(format!(
-            "no action {action:?}; use halt, resume or abort"
+            "no action {action:?}; use halt, resume, abort or approve"
         )));
     };
     let has_body = req

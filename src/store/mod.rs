@@ -197,6 +197,10 @@ trait Backend: Send + Sync {
     async fn delivered(&self, sink: &str) -> Result<i64, StoreError>;
     async fn set_delivered(&self, sink: &str, seq: i64) -> Result<(), StoreError>;
     async fn last_event_seq(&self) -> Result<i64, StoreError>;
+    /// The time (ms since the epoch) of mark `name`; none when unset or set to nothing.
+    async fn mark(&self, name: &str) -> Result<Option<i64>, StoreError>;
+    /// Sets mark `name` to `at`; with `keep`, a mark already holding a time keeps it.
+    async fn set_mark(&self, name: &str, at: Option<i64>, keep: bool) -> Result<(), StoreError>;
     async fn events_after(
         &self,
         after: i64,
@@ -218,6 +222,9 @@ pub struct Store {
     /// Counts the commits that logged transitions, for the event stream to wait on.
     logged: Arc<tokio::sync::watch::Sender<u64>>,
 }
+
+/// The mark that keeps the gate's quiet time.
+const QUIET_SINCE: &str = "quiet_since";
 
 impl Store {
     /// Opens (creates) the SQLite store at `path`, migrating it to the schema this build
@@ -501,6 +508,28 @@ impl Store {
     /// Records that `sink` delivered every transition up to number `seq`.
     pub async fn set_delivered(&self, sink: &str, seq: i64) -> Result<(), StoreError> {
         self.backend.set_delivered(sink, seq).await
+    }
+
+    /// Since when no blocking alert has fired, as the gate was last seen; none while one
+    /// fires (or before the gate was first seen open).
+    pub async fn quiet_since(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
+        Ok(self
+            .backend
+            .mark(QUIET_SINCE)
+            .await?
+            .and_then(DateTime::from_timestamp_millis))
+    }
+
+    /// Records the gate seen at `now`: closed by a blocking alert ends the quiet time;
+    /// open starts it, unless it has already begun (every replica may record it).
+    pub async fn record_gate(&self, closed: bool, now: DateTime<Utc>) -> Result<(), StoreError> {
+        if closed {
+            self.backend.set_mark(QUIET_SINCE, None, false).await
+        } else {
+            self.backend
+                .set_mark(QUIET_SINCE, Some(now.timestamp_millis()), true)
+                .await
+        }
     }
 
     /// The number of the newest logged transition (0 when none is).

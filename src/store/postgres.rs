@@ -95,7 +95,16 @@ const STEPS_APART: &str = r#"
         doc = (doc::JSONB || '{"steps": [], "history": []}'::JSONB)::TEXT;"#;
 
 /// The schema, one list of statements per version.
-pub const MIGRATIONS: &[&[&str]] = &[&[TABLES], &[LEASES, IN_FLIGHT_INDEXES], &[STEPS_APART]];
+pub const MIGRATIONS: &[&[&str]] = &[
+    &[TABLES],
+    &[LEASES, IN_FLIGHT_INDEXES],
+    &[STEPS_APART],
+    &[MARKS],
+];
+
+/// Version 4: named times kept across restarts and failovers (the gate's `quiet_since`);
+/// a NULL time is a mark set to nothing (the gate is closed).
+const MARKS: &str = "CREATE TABLE marks (name TEXT PRIMARY KEY, at BIGINT);";
 
 /// How to reach the database.
 #[derive(Clone)]
@@ -860,6 +869,33 @@ impl Backend for PgStore {
                     &[&sink, &seq],
                 )
                 .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn mark(&self, name: &str) -> Result<Option<i64>, StoreError> {
+        self.timed(async {
+            let client = self.pool.get().await?;
+            let row = client
+                .query_opt("SELECT at FROM marks WHERE name = $1", &[&name])
+                .await?;
+            Ok(row.and_then(|r| r.get::<_, Option<i64>>(0)))
+        })
+        .await
+    }
+
+    async fn set_mark(&self, name: &str, at: Option<i64>, keep: bool) -> Result<(), StoreError> {
+        self.timed(async {
+            let client = self.pool.get().await?;
+            let sql = if keep {
+                "INSERT INTO marks (name, at) VALUES ($1, $2)
+                 ON CONFLICT (name) DO UPDATE SET at = COALESCE(marks.at, excluded.at)"
+            } else {
+                "INSERT INTO marks (name, at) VALUES ($1, $2)
+                 ON CONFLICT (name) DO UPDATE SET at = excluded.at"
+            };
+            client.execute(sql, &[&name, &at]).await?;
             Ok(())
         })
         .await

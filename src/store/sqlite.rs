@@ -26,6 +26,7 @@ const MIGRATIONS: &[Migration] = &[
     deliveries,
     one_in_flight,
     steps_apart,
+    marks,
 ];
 
 /// Version 1: runs, processed events, the outbox and the alert board.
@@ -135,6 +136,13 @@ fn run_events(tx: &Transaction<'_>) -> Result<(), MigrationError> {
             params![id, encode_summary(&run)],
         )?;
     }
+    Ok(())
+}
+
+/// Version 8: named times kept across restarts (the gate's `quiet_since`); a NULL time is
+/// a mark that is set to nothing (the gate is closed).
+fn marks(tx: &Transaction<'_>) -> Result<(), MigrationError> {
+    tx.execute_batch("CREATE TABLE marks (name TEXT PRIMARY KEY, at INTEGER);")?;
     Ok(())
 }
 
@@ -688,6 +696,36 @@ impl Backend for SqliteStore {
         .await
     }
 
+    async fn mark(&self, name: &str) -> Result<Option<i64>, StoreError> {
+        let name = name.to_owned();
+        self.with(move |c| {
+            Ok(
+                c.query_row("SELECT at FROM marks WHERE name = ?1", params![name], |r| {
+                    r.get::<_, Option<i64>>(0)
+                })
+                .optional()?
+                .flatten(),
+            )
+        })
+        .await
+    }
+
+    async fn set_mark(&self, name: &str, at: Option<i64>, keep: bool) -> Result<(), StoreError> {
+        let name = name.to_owned();
+        self.with(move |c| {
+            let sql = if keep {
+                "INSERT INTO marks (name, at) VALUES (?1, ?2)
+                 ON CONFLICT (name) DO UPDATE SET at = COALESCE(marks.at, excluded.at)"
+            } else {
+                "INSERT INTO marks (name, at) VALUES (?1, ?2)
+                 ON CONFLICT (name) DO UPDATE SET at = excluded.at"
+            };
+            c.execute(sql, params![name, at])?;
+            Ok(())
+        })
+        .await
+    }
+
     async fn last_event_seq(&self) -> Result<i64, StoreError> {
         self.with(|c| {
             Ok(
@@ -796,7 +834,7 @@ mod tests {
             leader: Some(1),
             alarms: Vec::new(),
         };
-        let mut steps = plan::initial_steps(&request);
+        let mut steps = plan::initial_steps(&request, false);
         steps.extend(
             plan::plan(&request, &facts, Some(&etcd), &PlanSettings::default())
                 .unwrap()

@@ -6,6 +6,7 @@ pub mod control_plane_cycle;
 pub mod detect;
 pub mod etcd_roll;
 pub mod events;
+pub mod fleet;
 pub mod gate;
 pub mod k8s_upgrade;
 pub mod leader;

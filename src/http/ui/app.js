@@ -242,6 +242,36 @@ const GROUP_ABOVE = 50;
 // How many of a run's newest transitions the history table shows.
 const HISTORY_SHOWN = 200;
 
+// A run held at its fleet wave's `upstreams` step: how this rollgate sees each upstream,
+// and the approval it waits for.
+function waitsForUpstreams(run) {
+  return (run.steps || []).some((s) => s.name === 'upstreams' && s.status !== 'done' && s.status !== 'pending');
+}
+
+// The step that waits for an approval says so first in its outcome (the engine's rule).
+function awaitsApproval(run) {
+  return (run.steps || []).some((s) => s.status === 'waiting' && (s.outcome || '').startsWith('waits for approval'));
+}
+
+async function loadFleet() {
+  const panel = document.getElementById('fleet');
+  if (!panel) return;
+  let fleet;
+  try {
+    fleet = await api('/v1/fleet');
+  } catch (e) {
+    panel.replaceChildren(el('p', { class: 'reason' }, 'The fleet cannot be read: ' + e.message));
+    return;
+  }
+  const items = (fleet.upstreams || []).map((u) => el('li', { class: 'upstream', 'data-upstream': u.name },
+    el('strong', {}, u.name), ' ',
+    el('span', { class: 'status ' + (u.ready ? 'status-succeeded' : 'status-waiting') }, u.ready ? 'ready' : 'holds'),
+    u.soak_remaining_secs ? el('span', { class: 'muted' }, ' soak left ' + u.soak_remaining_secs + 's') : null,
+    u.blockers.length ? el('ul', {}, u.blockers.map((b) => el('li', { class: 'reason' }, b))) : null));
+  panel.replaceChildren(el('p', {}, 'This cluster: ' + fleet.name + '; its upstreams, asked ' + time(new Date().toISOString()) + ':'),
+    el('ul', { class: 'blockers' }, items));
+}
+
 function renderRun() {
   const run = view.run;
   const terminal = ['succeeded', 'failed', 'aborted'].includes(run.status);
@@ -253,6 +283,9 @@ function renderRun() {
     button('halt', 'Halt', terminal || run.status === 'halted'),
     button('resume', 'Resume', run.status !== 'halted'),
     button('abort', 'Abort', terminal),
+    awaitsApproval(run)
+      ? el('button', { id: 'approve', type: 'button', disabled: !may('runs:approve'), title: may('runs:approve') ? null : 'client ' + view.me.client + ' lacks scope runs:approve', onclick: () => control('approve') }, 'Approve')
+      : null,
     el('span', { id: 'control-error', class: 'reason' }, denied ? denied + ': read only' : ''));
   const timeline = stages(run).map(({ stage, steps, nodes, batches: groups }) => {
     const done = steps.filter((s) => s.status === 'done').length;
@@ -271,6 +304,8 @@ function renderRun() {
     el('p', { id: 'run-reason' }, run.reason),
     run.blockers && run.blockers.length ? el('p', { id: 'run-blockers', class: 'reason' }, 'Held by: ' + run.blockers.join('; ')) : null,
     controls,
+    waitsForUpstreams(run) ? el('h2', {}, 'Fleet') : null,
+    waitsForUpstreams(run) ? el('div', { id: 'fleet', class: 'panel' }, el('p', { class: 'muted' }, 'Asking…')) : null,
     el('h2', {}, 'Gate'),
     el('div', { id: 'gate', class: 'panel' }),
     el('h2', {}, 'Stages'),
@@ -280,6 +315,7 @@ function renderRun() {
       el('thead', {}, el('tr', {}, el('th', {}, 'at'), el('th', {}, 'to'), el('th', {}, 'step'), el('th', {}, 'by'), el('th', {}, 'why'))),
       el('tbody', {}, history))));
   renderGatePanel();
+  if (waitsForUpstreams(run)) loadFleet();
 }
 
 async function loadRun(id) {

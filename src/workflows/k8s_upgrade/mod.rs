@@ -480,6 +480,7 @@ impl UpgradeSteps {
             S::Gate { .. } | S::QuietPeriod => {
                 StepOutcome::failed(format!("{} is the gate's step", step.label()))
             }
+            S::Upstreams => StepOutcome::failed(format!("{} is the fleet's step", step.label())),
         }
     }
 }

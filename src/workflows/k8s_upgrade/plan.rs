@@ -148,8 +148,13 @@ pub struct Plan {
 /// A run's steps before its plan is known: with pre-flight (or a dry run), the gate and
 /// the quiet period first, so that not even the cluster is read during an incident; then
 /// `plan`, which appends the rest.
-pub fn initial_steps(request: &DetectionRequest) -> Vec<Step> {
+pub fn initial_steps(request: &DetectionRequest, upstreams: bool) -> Vec<Step> {
     let mut out = Vec::new();
+    // A fleet wave's wait comes first: nothing of the cluster is read or marked while the
+    // clusters upstream have not run the version. A dry run waits for nobody.
+    if upstreams && !request.dry_run && request.stages.0.contains(&Stage::Preflight) {
+        out.push(Step::new(UpgradeStep::Upstreams));
+    }
     if request.dry_run || request.stages.0.contains(&Stage::Preflight) {
         out.push(Step::new(UpgradeStep::Gate {
             stage: Stage::Preflight,
@@ -608,6 +613,9 @@ pub fn describe(step: &UpgradeStep, target: Version) -> String {
     use UpgradeStep as S;
     match step {
         S::Plan => "read the nodes and plan the run".into(),
+        S::Upstreams => format!(
+            "wait until every upstream cluster (fleet.upstreams) runs {target} and stayed quiet for fleet.soak"
+        ),
         S::MarkInFlight => format!(
             "annotate the upgrade namespace in-flight (target {target}); set k8s_upgrade_in_flight=1"
         ),
@@ -664,10 +672,12 @@ pub fn describe(step: &UpgradeStep, target: Version) -> String {
     }
 }
 
-/// A new upgrade run: the gate, the quiet period and `plan`, which appends the rest.
+/// A new upgrade run: with `upstreams` (a fleet wave) the wait for them, then the gate,
+/// the quiet period and `plan`, which appends the rest.
 pub fn new_run(
     id: String,
     request: &DetectionRequest,
+    upstreams: bool,
     on_failure: FailurePolicy,
     now: DateTime<Utc>,
 ) -> Run {
@@ -676,7 +686,7 @@ pub fn new_run(
         RunKind::K8sUpgrade,
         request.to_json(),
         Some(request.target_version.to_string()),
-        initial_steps(request),
+        initial_steps(request, upstreams),
         now,
         "accepted",
     )
@@ -1022,7 +1032,7 @@ mod tests {
     #[test]
     fn the_gate_comes_before_the_plan_when_preflight_runs() {
         let names = |req: &DetectionRequest| -> Vec<String> {
-            initial_steps(req).iter().map(Step::label).collect()
+            initial_steps(req, false).iter().map(Step::label).collect()
         };
         let all = request("1.34.5", UpgradeKind::Patch, "all");
         assert_eq!(

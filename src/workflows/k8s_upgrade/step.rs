@@ -8,6 +8,10 @@ use crate::domain::step::{ACCEPT, FINISH, PLAN, StepError, StepRole, WorkflowSte
 pub enum UpgradeStep {
     /// Reads the cluster and appends the rest of the plan.
     Plan,
+    /// Pre-flight, first: every upstream cluster (`fleet.upstreams`) ran the target and
+    /// stayed quiet for `fleet.soak` (and, with `fleet.require_approval`, an operator
+    /// approved).
+    Upstreams,
     /// Stage 0: the in-flight annotations and gauge.
     MarkInFlight,
     /// Every node is Ready.
@@ -112,6 +116,7 @@ impl UpgradeStep {
     pub fn name(&self) -> &'static str {
         match self {
             Self::Plan => "plan",
+            Self::Upstreams => "upstreams",
             Self::MarkInFlight => "mark-in-flight",
             Self::NodesReady => "nodes-ready",
             Self::SshReachable => "ssh-reachable",
@@ -143,7 +148,8 @@ impl UpgradeStep {
     pub fn stage(&self) -> Option<Stage> {
         match self {
             Self::Plan | Self::MarkInFlight | Self::ClearInFlight => None,
-            Self::NodesReady
+            Self::Upstreams
+            | Self::NodesReady
             | Self::SshReachable
             | Self::KubeadmPlan { .. }
             | Self::QuietPeriod
@@ -225,6 +231,7 @@ impl UpgradeStep {
             | Self::Apply { node } => Some(node),
             Self::Gate { node, .. } => node.as_deref(),
             Self::Plan
+            | Self::Upstreams
             | Self::MarkInFlight
             | Self::NodesReady
             | Self::SshReachable
@@ -274,6 +281,7 @@ impl UpgradeStep {
                 node,
             },
             ("plan", ..) => Self::Plan,
+            ("upstreams", ..) => Self::Upstreams,
             ("mark-in-flight", ..) => Self::MarkInFlight,
             ("nodes-ready", ..) => Self::NodesReady,
             ("ssh-reachable", ..) => Self::SshReachable,

@@ -557,6 +557,11 @@ impl FakeKube {
         self.lock().pods_on(node).into_iter().cloned().collect()
     }
 
+    /// Every change with when the fake made it.
+    pub fn changes_timed(&self) -> Vec<(std::time::Instant, Change)> {
+        self.lock().changes.clone()
+    }
+
     pub fn changes(&self) -> Vec<Change> {
         self.lock().changes.iter().map(|(_, c)| c.clone()).collect()
     }
