@@ -67,9 +67,14 @@ pub struct Worker {
 /// The reason a run waiting for the cluster's lock gives, up to the holder it names.
 pub const WAITS_FOR_CLUSTER: &str = "waits for run ";
 
-/// Whether `run` is queued behind the cluster's lock.
+/// Whether `run` is queued behind the cluster's lock, or queued to take it (it waited
+/// outside the cluster until now).
 fn waits_for_cluster(run: &Run) -> bool {
-    run.status == RunStatus::Queued && run.reason.starts_with(WAITS_FOR_CLUSTER)
+    run.status == RunStatus::Queued
+        && (run.reason.starts_with(WAITS_FOR_CLUSTER)
+            || run
+                .reason
+                .starts_with(crate::domain::engine::TAKES_THE_CLUSTER))
 }
 
 /// Limits the engine applies to every run.

@@ -7,9 +7,9 @@ mod support;
 
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
-use support::Rollgate;
 use support::ground::Ground;
 use support::kube::Change;
+use support::{Rollgate, eventually};
 
 const RUN_DEADLINE: Duration = Duration::from_secs(240);
 const WAIT: Duration = Duration::from_secs(120);
@@ -465,4 +465,80 @@ async fn bad_fleets_are_refused_and_an_upstream_answering_no_fleet_view_holds_th
     let (_, view) = rg.get("/v1/fleet").await;
     assert_eq!(view["upstreams"][0]["ready"], false, "{view}");
     assert!(view["upstreams"][0]["view"].is_null(), "{view}");
+}
+
+/// An upstream's `GET /v1/fleet` answer, served by a stand-in: it runs `version` (its
+/// upgrade to it ended and its gate quiet since an hour before `now`).
+fn upstream_view(version: &str) -> String {
+    let now = chrono::Utc::now();
+    let hour_ago = (now - chrono::Duration::hours(1)).to_rfc3339();
+    json!({
+        "name": "dev",
+        "now": now.to_rfc3339(),
+        "versions": {"api_server": {version: 1}, "kubelet": {version: 2}},
+        "last_runs": {"k8s-upgrade": {
+            "id": "r-dev", "status": "succeeded", "target": version, "ended_at": hour_ago
+        }},
+        "gate": {"verdict": "open", "reasons": [], "blockers": [], "quiet_since": hour_ago},
+        "upstreams": []
+    })
+    .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_waiting_for_its_upstreams_holds_no_lock_and_takes_it_after_a_reboot() {
+    let upstream = support::services::MiniServer::start().await;
+    *upstream.reply.lock().unwrap() = upstream_view("1.34.2");
+    let dir = tempfile::tempdir().expect("dir");
+    let config = dir.path().join("prod.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[fleet]\nname = \"prod\"\nsoak = \"1s\"\npoll_interval = \"300ms\"\n\
+             [[fleet.upstreams]]\nname = \"dev\"\nurl = \"http://127.0.0.1:{}\"\n",
+            upstream.port
+        ),
+    )
+    .unwrap();
+    let ground = Ground::start("1.34.2", 2).await;
+    ground.node("w1").need_reboot();
+    ground.node("w1").reboot_delay(4.0);
+    let rg = ground
+        .rollgate(&[
+            ("ROLLGATE_CONFIG", config.display().to_string()),
+            (
+                "ROLLGATE__REBOOT__SENTINEL_COMMAND",
+                "test -e \"$STUB_STATE/reboot-required\"".into(),
+            ),
+            ("ROLLGATE__REBOOT__TIMEOUT", "60s".into()),
+        ])
+        .await;
+    let upgrade = rg.detect("1.34.5", "patch").await;
+    rg.wait_run_until(&upgrade, "the upgrade at its upstreams", WAIT, |r| {
+        r["reason"]
+            .as_str()
+            .is_some_and(|t| t.contains("dev: runs 1.34.2, not 1.34.5"))
+    })
+    .await;
+
+    // The weekly reboot goes ahead: the upgrade waiting outside holds nothing.
+    let (status, body) = rg.post("/v1/reboots", &json!({})).await;
+    assert_eq!(status, 202, "{body}");
+    let reboot = body["run_id"].as_str().unwrap().to_owned();
+    eventually("w1 cordoned by the reboot", WAIT, || async {
+        ground
+            .api
+            .changes()
+            .iter()
+            .any(|c| matches!(c, Change::Cordon(n) if n == "w1"))
+            .then_some(())
+    })
+    .await;
+    // dev is ready while w1 is down: the upgrade now needs the cluster and waits for it.
+    *upstream.reply.lock().unwrap() = upstream_view("1.34.5");
+    rg.wait_behind(&upgrade, &reboot, "node-reboot").await;
+    rg.wait_status(&reboot, "succeeded", RUN_DEADLINE).await;
+    rg.wait_status(&upgrade, "succeeded", RUN_DEADLINE).await;
+    ground.assert_one_node_down_at_a_time();
+    ground.assert_all_at("1.34.5");
 }

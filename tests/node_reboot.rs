@@ -327,17 +327,7 @@ async fn a_reboot_asked_during_an_upgrade_waits_for_it_and_starts_after() {
     })
     .await;
     let reboot = ask(&rg, json!({"nodes": ["w1"]})).await;
-    let waiting = rg
-        .wait_run(&reboot, "the reboot to wait", |r| {
-            r["reason"]
-                .as_str()
-                .is_some_and(|t| t.starts_with("waits for run"))
-        })
-        .await;
-    assert_eq!(
-        waiting["reason"],
-        format!("waits for run {upgrade} (k8s-upgrade) to release the cluster")
-    );
+    rg.wait_behind(&reboot, &upgrade, "k8s-upgrade").await;
     // A second request while it waits is merged into it: same run, both nodes.
     let (status, merged) = rg.post("/v1/reboots", &json!({"nodes": ["w2"]})).await;
     assert_eq!(status, 200, "{merged}");
@@ -359,19 +349,7 @@ async fn a_reboot_asked_during_an_upgrade_waits_for_it_and_starts_after() {
     ground.assert_all_at("1.34.5");
     // Each run takes one node at a time, and never both runs together: the ground never
     // has two nodes cordoned at once.
-    let mut cordoned = std::collections::BTreeSet::new();
-    for change in ground.api.changes() {
-        match change {
-            support::kube::Change::Cordon(n) => {
-                cordoned.insert(n);
-            }
-            support::kube::Change::Uncordon(n) => {
-                cordoned.remove(&n);
-            }
-            _ => {}
-        }
-        assert!(cordoned.len() <= 1, "cordoned together: {cordoned:?}");
-    }
+    ground.assert_one_node_down_at_a_time();
 }
 
 async fn roll(rg: &Rollgate, body: &Value) -> String {
@@ -400,10 +378,6 @@ async fn an_etcd_roll_and_a_reboot_wait_for_each_other_to_release_the_cluster() 
         "statefulset": "etcd", "namespace": "default",
         "endpoints": sts.cluster.endpoints, "ready_timeout_secs": 20, "cooldown_secs": 0
     });
-    let waits_for = |holder: &str, kind: &str| {
-        format!("waits for run {holder} ({kind}) to release the cluster")
-    };
-
     // A roll held at its first gate holds the cluster: a reboot asked meanwhile waits.
     let (status, _) = rg.post("/v1/alerts", &support::webhook("e7c0")).await;
     assert_eq!(status, 202);
@@ -413,14 +387,7 @@ async fn an_etcd_roll_and_a_reboot_wait_for_each_other_to_release_the_cluster() 
     })
     .await;
     let reboot = ask(&rg, json!({})).await;
-    let waiting = rg
-        .wait_run(&reboot, "the reboot to wait for the roll", |r| {
-            r["reason"]
-                .as_str()
-                .is_some_and(|t| t.starts_with("waits for run"))
-        })
-        .await;
-    assert_eq!(waiting["reason"], waits_for(&first_roll, "etcd-roll"));
+    rg.wait_behind(&reboot, &first_roll, "etcd-roll").await;
     assert!(sts.restarted().is_empty());
 
     // Released, the roll goes first; the reboot starts once it has ended, and a roll asked
@@ -431,14 +398,7 @@ async fn an_etcd_roll_and_a_reboot_wait_for_each_other_to_release_the_cluster() 
     rg.wait_run(&reboot, "the reboot to start", |r| r["status"] != "queued")
         .await;
     let second_roll = roll(&rg, &roll_request).await;
-    let waiting = rg
-        .wait_run(&second_roll, "the second roll to wait", |r| {
-            r["reason"]
-                .as_str()
-                .is_some_and(|t| t.starts_with("waits for run"))
-        })
-        .await;
-    assert_eq!(waiting["reason"], waits_for(&reboot, "node-reboot"));
+    rg.wait_behind(&second_roll, &reboot, "node-reboot").await;
     let rebooted = rg.wait_status(&reboot, "succeeded", RUN_DEADLINE).await;
     let rolled_again = rg
         .wait_status(&second_roll, "succeeded", RUN_DEADLINE)

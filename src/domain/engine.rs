@@ -370,6 +370,23 @@ fn proceed(run: &mut Run, ctx: &Context, via_queue: bool) -> Next {
             run.transition(RunStatus::Queued, reason, ctx.now);
             return Next::Nothing;
         }
+        if via_queue && enters_the_cluster(run, first) {
+            // It waited outside the cluster (a fleet wave's upstreams) and now needs the
+            // cluster's lock, which is taken through the queue, where the worker sees the
+            // other runs: queued, with a wake now.
+            run.current_step = Some(first);
+            run.epoch += 1;
+            run.wake_at = Some(ctx.now);
+            let reason = format!(
+                "{TAKES_THE_CLUSTER} (next step: {})",
+                run.steps[first].label()
+            );
+            run.transition(RunStatus::Queued, reason, ctx.now);
+            return Next::WakeAt {
+                at: ctx.now,
+                epoch: run.epoch,
+            };
+        }
         if via_queue && run.steps[first].kind.is_gate() {
             // A gate is asked only from the queue: alerts that arrived while earlier steps
             // ran are on the board by then, so a gate never reads a board that is behind.
@@ -388,6 +405,19 @@ fn proceed(run: &mut Run, ctx: &Context, via_queue: bool) -> Next {
     }
     Next::all(ready.into_iter().map(|index| run_step(run, index, ctx)))
 }
+
+/// Whether step `index` is the first after the steps a run waits through outside the
+/// cluster.
+fn enters_the_cluster(run: &Run, index: usize) -> bool {
+    index > 0
+        && run.steps[..index]
+            .iter()
+            .all(|s| s.kind.outside_the_cluster())
+        && !run.steps[index].kind.outside_the_cluster()
+}
+
+/// How a run that leaves its wait outside the cluster says it now takes the cluster's lock.
+pub const TAKES_THE_CLUSTER: &str = "takes the cluster";
 
 /// Every step is done or left behind: the run succeeds, or holds naming who is behind.
 fn finish(run: &mut Run, ctx: &Context) -> Next {
@@ -1079,6 +1109,43 @@ mod tests {
     }
 
     #[test]
+    fn a_run_leaving_its_wait_outside_the_cluster_takes_the_lock_through_the_queue() {
+        let mut run = run_with(&["upstreams", "plan"]);
+        assert!(!run.holds_cluster(), "a run at its upstreams holds nothing");
+        script(
+            &mut run,
+            vec![
+                (
+                    Input::Start,
+                    RunStatus::Running,
+                    Next::RunStep { index: 0, epoch: 1 },
+                ),
+                (
+                    Input::StepFinished {
+                        epoch: 1,
+                        outcome: done(),
+                    },
+                    RunStatus::Queued,
+                    Next::WakeAt { at: t(2), epoch: 2 },
+                ),
+                (
+                    Input::Start,
+                    RunStatus::Running,
+                    Next::RunStep { index: 1, epoch: 3 },
+                ),
+            ],
+        );
+        assert!(run.holds_cluster());
+        assert!(
+            run.history
+                .iter()
+                .any(|h| h.reason == "takes the cluster (next step: plan)"),
+            "{:?}",
+            run.history
+        );
+    }
+
+    #[test]
     fn only_a_run_waiting_for_an_approval_takes_one_and_it_goes_on_at_once() {
         let mut run = run_with(&["upstreams", "b"]);
         let approve = |by: &str| Input::Control {
@@ -1146,7 +1213,9 @@ mod tests {
             &ctx(7),
         )
         .unwrap();
-        assert_eq!(next, Next::RunStep { index: 1, epoch: 6 });
+        // Past its upstreams the run takes the cluster's lock through the queue.
+        assert_eq!(next, Next::WakeAt { at: t(7), epoch: 6 });
+        assert_eq!(run.status, RunStatus::Queued);
         assert!(
             run.history
                 .iter()

@@ -451,11 +451,24 @@ impl Run {
     /// does. Upgrades and reboots take nodes down; an etcd roll restarts members on those
     /// nodes, and a node drained under a roll's restart can take a second member away
     /// where the quorum allowed one.
+    /// A run that still waits outside the cluster (a fleet wave's upstreams) holds nothing
+    /// yet: a weekly reboot need not wait a soak of days for it.
     pub fn holds_cluster(&self) -> bool {
         matches!(
             self.kind,
             RunKind::K8sUpgrade | RunKind::NodeReboot | RunKind::EtcdRoll
-        )
+        ) && !self.outside_the_cluster()
+    }
+
+    /// Whether every step from the first to the cursor's waits outside the cluster, and the
+    /// one at the cursor is not done yet.
+    pub fn outside_the_cluster(&self) -> bool {
+        self.steps
+            .get(self.cursor)
+            .is_some_and(|step| step.kind.outside_the_cluster() && step.status != StepStatus::Done)
+            && self.steps[..self.cursor]
+                .iter()
+                .all(|s| s.kind.outside_the_cluster())
     }
 
     /// The step in hand or held.

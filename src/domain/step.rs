@@ -82,6 +82,12 @@ pub trait WorkflowStep {
     fn waits_for_window(&self) -> bool {
         false
     }
+    /// Whether it waits outside the cluster, before the run takes the cluster's lock (a
+    /// fleet wave's wait for its upstreams): a run whose steps so far are all such steps
+    /// holds nothing, and takes the lock through the queue when it leaves them.
+    fn outside_the_cluster(&self) -> bool {
+        false
+    }
 }
 
 /// What the engine treats a step as.
@@ -150,6 +156,11 @@ impl StepKind {
     /// of its steps do); work in progress is never interrupted by a window closing.
     pub fn waits_for_window(&self) -> bool {
         self.step().waits_for_window()
+    }
+
+    /// Whether it waits outside the cluster, before the run takes the cluster's lock.
+    pub fn outside_the_cluster(&self) -> bool {
+        self.step().outside_the_cluster()
     }
 
     /// A soak: the wait after a node or a batch is back.

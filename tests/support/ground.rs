@@ -277,6 +277,24 @@ impl Ground {
         (most, peaks)
     }
 
+    /// Asserts that the API server's own log never had two nodes cordoned at once (two
+    /// runs under one cluster lock, each one node at a time).
+    pub fn assert_one_node_down_at_a_time(&self) {
+        let mut cordoned = BTreeSet::new();
+        for change in self.api.changes() {
+            match change {
+                Change::Cordon(n) => {
+                    cordoned.insert(n);
+                }
+                Change::Uncordon(n) => {
+                    cordoned.remove(&n);
+                }
+                _ => {}
+            }
+            assert!(cordoned.len() <= 1, "cordoned together: {cordoned:?}");
+        }
+    }
+
     /// Asserts that every node runs `target` (its kubelet reported, its package installed)
     /// and is schedulable, without rollgate's cordon mark.
     pub fn assert_all_at(&self, target: &str) {

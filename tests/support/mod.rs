@@ -365,6 +365,27 @@ impl Rollgate {
         .await
     }
 
+    /// Waits until run `id` is queued behind the cluster's lock, and asserts that it names
+    /// run `holder` of `kind` as what it waits for.
+    pub async fn wait_behind(&self, id: &str, holder: &str, kind: &str) {
+        let run = self
+            .wait_run_until(
+                id,
+                "the run to wait for the cluster",
+                Duration::from_secs(120),
+                |r| {
+                    r["reason"]
+                        .as_str()
+                        .is_some_and(|t| t.starts_with("waits for run"))
+                },
+            )
+            .await;
+        assert_eq!(
+            run["reason"],
+            format!("waits for run {holder} ({kind}) to release the cluster")
+        );
+    }
+
     /// Waits until run `id` satisfies `pred`.
     pub async fn wait_run(&self, id: &str, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
         self.wait_run_until(id, what, Duration::from_secs(20), pred)

@@ -357,4 +357,8 @@ impl WorkflowStep for UpgradeStep {
             _ => false,
         }
     }
+
+    fn outside_the_cluster(&self) -> bool {
+        matches!(self, Self::Upstreams)
+    }
 }
