@@ -803,3 +803,46 @@ async fn log_as_before(client: &tokio_postgres::Client, run: &Run) {
             .unwrap();
     }
 }
+
+/// The gate's quiet time on both backends: the first open sighting starts it, later ones
+/// keep it (every replica records), a blocking alert clears it, the next open starts it
+/// again; and a second store on the same data (a restart, another replica) reads it back.
+#[tokio::test]
+async fn quiet_since_starts_at_the_first_open_gate_and_a_blocking_alert_restarts_it() {
+    let at = |secs: i64| chrono::DateTime::from_timestamp(1_800_000_000 + secs, 0).unwrap();
+    for (store, _dir) in both().await {
+        let name = store.backend();
+        assert_eq!(store.quiet_since().await.unwrap(), None, "{name}");
+        store.record_gate(false, at(10)).await.unwrap();
+        store.record_gate(false, at(20)).await.unwrap();
+        assert_eq!(store.quiet_since().await.unwrap(), Some(at(10)), "{name}");
+        store.record_gate(true, at(30)).await.unwrap();
+        assert_eq!(store.quiet_since().await.unwrap(), None, "{name}");
+        store.record_gate(true, at(35)).await.unwrap();
+        store.record_gate(false, at(40)).await.unwrap();
+        store.record_gate(false, at(50)).await.unwrap();
+        assert_eq!(store.quiet_since().await.unwrap(), Some(at(40)), "{name}");
+    }
+    // Read back by another store on the same files: kept across restarts.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    Store::open(&path)
+        .unwrap()
+        .record_gate(false, at(60))
+        .await
+        .unwrap();
+    assert_eq!(
+        Store::open(&path).unwrap().quiet_since().await.unwrap(),
+        Some(at(60))
+    );
+    let url = server().database().await;
+    replica(&url)
+        .await
+        .record_gate(false, at(70))
+        .await
+        .unwrap();
+    assert_eq!(
+        replica(&url).await.quiet_since().await.unwrap(),
+        Some(at(70))
+    );
+}
