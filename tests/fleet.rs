@@ -100,6 +100,7 @@ impl Site {
 /// `later` came at least `soak` after `earlier`.
 fn assert_after_soak(what: &str, earlier: Instant, later: Instant) {
     let gap = later.saturating_duration_since(earlier);
+    eprintln!("{what}: {gap:.2?} (soak {SOAK:?})");
     assert!(
         later >= earlier && gap >= SOAK,
         "{what}: {gap:?} after, not the soak of {SOAK:?}"

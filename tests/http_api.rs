@@ -832,3 +832,72 @@ async fn the_cli_lists_shows_and_controls_runs() {
     assert_eq!(unknown.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&unknown.stderr).contains("404"));
 }
+
+/// Shell completions and the manual page come from the command line's own definition
+/// (every subcommand in them, `fleet` and `approve` included), need no configuration, and
+/// the shells accept what they are given.
+#[test]
+fn completions_and_the_manual_page_name_every_command() {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
+            .args(args)
+            // A configuration that would not load: these never read it.
+            .env("ROLLGATE__SERVER__LISTEN", "not an address")
+            .output()
+            .expect("rollgate");
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("utf-8")
+    };
+    let commands = [
+        "serve",
+        "check-config",
+        "plan",
+        "detect",
+        "runs",
+        "fleet",
+        "etcd-roll",
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    for (shell, marker) in [
+        ("bash", "complete -F _rollgate"),
+        ("zsh", "#compdef rollgate"),
+        ("fish", "complete -c rollgate"),
+    ] {
+        let script = run(&["completions", shell]);
+        assert!(script.contains(marker), "{shell}: {marker:?} missing");
+        for command in commands {
+            assert!(script.contains(command), "{shell}: no {command}");
+        }
+        assert!(script.contains("approve"), "{shell}: no runs approve");
+        let file = dir.path().join(format!("rollgate.{shell}"));
+        std::fs::write(&file, &script).unwrap();
+        if shell == "bash" {
+            // bash parses it without running it.
+            let checked = std::process::Command::new("bash")
+                .arg("-n")
+                .arg(&file)
+                .output()
+                .expect("bash");
+            assert!(
+                checked.status.success(),
+                "{}",
+                String::from_utf8_lossy(&checked.stderr)
+            );
+        }
+    }
+    // roff writes a hyphen as `\-`.
+    let man = run(&["man"]).replace("\\-", "-");
+    assert!(
+        man.starts_with(".ie") || man.starts_with(".TH"),
+        "{}",
+        &man[..man.len().min(200)]
+    );
+    assert!(man.contains(".TH rollgate 1"), "no title line");
+    for command in commands {
+        assert!(man.contains(command), "the manual page lacks {command}");
+    }
+}

@@ -69,6 +69,14 @@ pub enum Command {
         #[command(subcommand)]
         action: RunsAction,
     },
+    /// Print a shell completion script, e.g.
+    /// `rollgate completions bash > /etc/bash_completion.d/rollgate`.
+    Completions {
+        /// The shell: bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff), e.g. `rollgate man > /usr/share/man/man1/rollgate.1`.
+    Man,
     /// This cluster's place in a fleet wave, through the API (a token with `read`).
     Fleet {
         /// API base URL (default: from server.listen).
@@ -354,6 +362,25 @@ fn check_listener(settings: &Settings) -> anyhow::Result<(String, String)> {
 
 /// Runs the parsed command line.
 pub fn run(cli: Cli) -> ExitCode {
+    // Generated from the command line's own definition: no settings are read for them.
+    match &cli.command {
+        Command::Completions { shell } => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(*shell, &mut command, "rollgate", &mut std::io::stdout());
+            return ExitCode::SUCCESS;
+        }
+        Command::Man => {
+            let command = <Cli as clap::CommandFactory>::command();
+            return match clap_mangen::Man::new(command).render(&mut std::io::stdout()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("rollgate: cannot write the manual page: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        _ => {}
+    }
     let settings = match Settings::load(cli.config.as_deref()) {
         Ok(s) => s,
         Err(e) => {
@@ -467,6 +494,8 @@ pub fn run(cli: Cli) -> ExitCode {
             );
             ExitCode::SUCCESS
         }
+        // Answered before the settings are read.
+        Command::Completions { .. } | Command::Man => ExitCode::SUCCESS,
         Command::Serve => {
             init_logging(&settings);
             let result = block_on(true, crate::app::serve(settings));
