@@ -54,17 +54,10 @@ pub enum Command {
     Detect(DetectArgs),
     /// Look at and control runs through the API.
     Runs {
-        /// API base URL (default: from server.listen, https when server.tls_cert_file is
-        /// set).
-        #[arg(long)]
-        url: Option<String>,
-        /// API token file (default: server.token_file): a client with `read` looks, one
-        /// with `runs:control` also halts, resumes and aborts.
-        #[arg(long)]
-        token_file: Option<PathBuf>,
-        /// How to reach an HTTPS listener.
+        /// How to reach the API: a client with `read` looks, one with `runs:control` also
+        /// halts, resumes and aborts, one with `runs:approve` approves.
         #[command(flatten)]
-        tls: ApiTlsArgs,
+        api: ApiArgs,
         /// What to do.
         #[command(subcommand)]
         action: RunsAction,
@@ -79,19 +72,27 @@ pub enum Command {
     Man,
     /// This cluster's place in a fleet wave, through the API (a token with `read`).
     Fleet {
-        /// API base URL (default: from server.listen).
-        #[arg(long)]
-        url: Option<String>,
-        /// API token file (default: server.token_file).
-        #[arg(long)]
-        token_file: Option<PathBuf>,
-        /// How to reach an HTTPS listener.
+        /// How to reach the API.
         #[command(flatten)]
-        tls: ApiTlsArgs,
+        api: ApiArgs,
         /// What to do.
         #[command(subcommand)]
         action: FleetAction,
     },
+}
+
+/// How `rollgate runs` and `rollgate fleet` reach rollgate's API.
+#[derive(clap::Args, Debug, Default)]
+pub struct ApiArgs {
+    /// API base URL (default: from server.listen, https when server.tls_cert_file is set).
+    #[arg(long)]
+    pub url: Option<String>,
+    /// API token file (default: server.token_file).
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// How to reach an HTTPS listener.
+    #[command(flatten)]
+    pub tls: ApiTlsArgs,
 }
 
 /// TLS to rollgate's API for `rollgate runs`.
@@ -548,12 +549,10 @@ pub fn run(cli: Cli) -> ExitCode {
             }
         }
         Command::Fleet {
-            url,
-            token_file,
-            tls,
+            api,
             action: FleetAction::Status { json },
         } => {
-            let result = runs::Api::new(&settings, url, token_file, tls)
+            let result = runs::Api::new(&settings, api)
                 .and_then(|api| block_on(false, async move { fleet::status(&api, json).await }));
             match result {
                 Ok(code) => code,
@@ -563,13 +562,8 @@ pub fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
-        Command::Runs {
-            url,
-            token_file,
-            tls,
-            action,
-        } => {
-            let result = block_on(false, runs(&settings, url, token_file, tls, action));
+        Command::Runs { api, action } => {
+            let result = block_on(false, runs(&settings, api, action));
             match result {
                 Ok(code) => code,
                 Err(e) => {

@@ -1,12 +1,11 @@
 //! `rollgate runs …`: look at and control runs through the API.
 
 use anyhow::{Context as _, bail};
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use std::time::Duration;
 
-use super::{ApiTlsArgs, RunsAction};
+use super::{ApiArgs, ApiTlsArgs, RunsAction};
 use crate::adapters::http_client::HttpSource;
 use crate::config::Settings;
 
@@ -19,12 +18,12 @@ pub(super) struct Api {
 }
 
 impl Api {
-    pub(super) fn new(
-        settings: &Settings,
-        url: Option<String>,
-        token_file: Option<PathBuf>,
-        tls: ApiTlsArgs,
-    ) -> anyhow::Result<Self> {
+    pub(super) fn new(settings: &Settings, args: ApiArgs) -> anyhow::Result<Self> {
+        let ApiArgs {
+            url,
+            token_file,
+            tls,
+        } = args;
         let base = url.unwrap_or_else(|| {
             format!("{}://{}", settings.server.scheme(), settings.server.listen)
         });
@@ -87,12 +86,10 @@ async fn answer(resp: reqwest::Response) -> anyhow::Result<serde_json::Value> {
 /// `rollgate runs …` against the API at `url` (default: `server.listen`).
 pub(super) async fn runs(
     settings: &Settings,
-    url: Option<String>,
-    token_file: Option<PathBuf>,
-    tls: ApiTlsArgs,
+    args: ApiArgs,
     action: RunsAction,
 ) -> anyhow::Result<ExitCode> {
-    let api = Api::new(settings, url, token_file, tls)?;
+    let api = Api::new(settings, args)?;
     let (base, token, source) = (&api.base, &api.token, api.source());
     if let RunsAction::Watch { id } = &action {
         // The event stream stays open: only connecting is bounded.

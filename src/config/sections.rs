@@ -154,7 +154,8 @@ pub struct ServerSettings {
     /// file revokes it, within a second.
     pub tokens_dir: Option<PathBuf>,
     /// What each client in `tokens_dir` may do: `scopes.<client> = ["alerts:write"]`, from
-    /// `alerts:write`, `detections:write`, `etcd-rolls:write`, `runs:control` and `read`
+    /// `alerts:write`, `detections:write`, `etcd-rolls:write`, `reboots:write`,
+    /// `runs:control`, `runs:approve` and `read`
     /// (from the environment, one comma-separated string). A client without an entry may
     /// do nothing; `token_file`'s token (client `admin`) may do everything.
     #[serde(deserialize_with = "values::scope_map")]
