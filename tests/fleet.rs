@@ -383,6 +383,26 @@ async fn prod_waits_for_an_approval_after_the_soak_and_kill_9_upstream_keeps_qui
     assert_eq!(status, 409, "{body}");
 }
 
+/// The configuration of `prod`, downstream of a stand-in `dev` (soak 1 s), written in
+/// `dir`; with `token`, the file of the token it sends.
+fn downstream_of_stand_in(
+    dir: &std::path::Path,
+    upstream: &support::services::MiniServer,
+    token: Option<&std::path::Path>,
+) -> std::path::PathBuf {
+    let mut toml = format!(
+        "[fleet]\nname = \"prod\"\nsoak = \"1s\"\npoll_interval = \"300ms\"\n\
+         [[fleet.upstreams]]\nname = \"dev\"\nurl = \"http://127.0.0.1:{}\"\n",
+        upstream.port
+    );
+    if let Some(token) = token {
+        toml.push_str(&format!("token_file = \"{}\"\n", token.display()));
+    }
+    let config = dir.join("prod.toml");
+    std::fs::write(&config, toml).unwrap();
+    config
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_fleets_are_refused_and_an_upstream_answering_no_fleet_view_holds_the_upgrade() {
     // check-config and serve refuse every bad key at once, each named.
@@ -427,17 +447,7 @@ async fn bad_fleets_are_refused_and_an_upstream_answering_no_fleet_view_holds_th
     let token = dir.path().join("dev-token");
     std::fs::write(&token, "dev-read-token-0123456789\n").unwrap();
     let ground = Ground::start("1.34.2", 1).await;
-    let config = dir.path().join("prod.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[fleet]\nname = \"prod\"\nsoak = \"1s\"\npoll_interval = \"300ms\"\n\
-             [[fleet.upstreams]]\nname = \"dev\"\nurl = \"http://127.0.0.1:{}\"\ntoken_file = \"{}\"\n",
-            upstream.port,
-            token.display()
-        ),
-    )
-    .unwrap();
+    let config = downstream_of_stand_in(dir.path(), &upstream, Some(&token));
     let rg = ground
         .rollgate(&[("ROLLGATE_CONFIG", config.display().to_string())])
         .await;
@@ -491,16 +501,7 @@ async fn an_upgrade_waiting_for_its_upstreams_holds_no_lock_and_takes_it_after_a
     let upstream = support::services::MiniServer::start().await;
     *upstream.reply.lock().unwrap() = upstream_view("1.34.2");
     let dir = tempfile::tempdir().expect("dir");
-    let config = dir.path().join("prod.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[fleet]\nname = \"prod\"\nsoak = \"1s\"\npoll_interval = \"300ms\"\n\
-             [[fleet.upstreams]]\nname = \"dev\"\nurl = \"http://127.0.0.1:{}\"\n",
-            upstream.port
-        ),
-    )
-    .unwrap();
+    let config = downstream_of_stand_in(dir.path(), &upstream, None);
     let ground = Ground::start("1.34.2", 2).await;
     ground.node("w1").need_reboot();
     ground.node("w1").reboot_delay(4.0);

@@ -370,7 +370,7 @@ fn proceed(run: &mut Run, ctx: &Context, via_queue: bool) -> Next {
             run.transition(RunStatus::Queued, reason, ctx.now);
             return Next::Nothing;
         }
-        if via_queue && enters_the_cluster(run, first) {
+        if via_queue && first > 0 && first == run.steps_outside_the_cluster() {
             // It waited outside the cluster (a fleet wave's upstreams) and now needs the
             // cluster's lock, which is taken through the queue, where the worker sees the
             // other runs: queued, with a wake now.
@@ -404,16 +404,6 @@ fn proceed(run: &mut Run, ctx: &Context, via_queue: bool) -> Next {
         return run_step(run, first, ctx);
     }
     Next::all(ready.into_iter().map(|index| run_step(run, index, ctx)))
-}
-
-/// Whether step `index` is the first after the steps a run waits through outside the
-/// cluster.
-fn enters_the_cluster(run: &Run, index: usize) -> bool {
-    index > 0
-        && run.steps[..index]
-            .iter()
-            .all(|s| s.kind.outside_the_cluster())
-        && !run.steps[index].kind.outside_the_cluster()
 }
 
 /// How a run that leaves its wait outside the cluster says it now takes the cluster's lock.

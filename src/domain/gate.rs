@@ -85,6 +85,15 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// `open`, `closed` or `unknown`, as the API and the metrics name it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Open => "open",
+            Self::Closed { .. } => "closed",
+            Self::Unknown { .. } => "unknown",
+        }
+    }
+
     /// Only an open gate lets a risky step go ahead.
     pub fn is_open(&self) -> bool {
         matches!(self, Self::Open)

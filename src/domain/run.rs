@@ -447,28 +447,27 @@ impl Run {
         self
     }
 
-    /// Whether this run holds the cluster's one lock while it has not ended: every kind
-    /// does. Upgrades and reboots take nodes down; an etcd roll restarts members on those
-    /// nodes, and a node drained under a roll's restart can take a second member away
-    /// where the quorum allowed one.
-    /// A run that still waits outside the cluster (a fleet wave's upstreams) holds nothing
-    /// yet: a weekly reboot need not wait a soak of days for it.
+    /// Whether this run holds the cluster's one lock while it has not ended. Every kind
+    /// does: upgrades and reboots take nodes down; an etcd roll restarts members on those
+    /// nodes, and a node drained under a roll's restart can take a second member away where
+    /// the quorum allowed one. A run that still waits outside the cluster (a fleet wave's
+    /// upstreams) holds nothing yet: a weekly reboot need not wait a soak of days for it.
     pub fn holds_cluster(&self) -> bool {
-        matches!(
-            self.kind,
-            RunKind::K8sUpgrade | RunKind::NodeReboot | RunKind::EtcdRoll
-        ) && !self.outside_the_cluster()
+        !self.outside_the_cluster()
     }
 
-    /// Whether every step from the first to the cursor's waits outside the cluster, and the
-    /// one at the cursor is not done yet.
-    pub fn outside_the_cluster(&self) -> bool {
+    /// How many of the first steps wait outside the cluster, before the run needs its lock.
+    pub fn steps_outside_the_cluster(&self) -> usize {
         self.steps
-            .get(self.cursor)
-            .is_some_and(|step| step.kind.outside_the_cluster() && step.status != StepStatus::Done)
-            && self.steps[..self.cursor]
-                .iter()
-                .all(|s| s.kind.outside_the_cluster())
+            .iter()
+            .take_while(|s| s.kind.outside_the_cluster())
+            .count()
+    }
+
+    /// Whether the run is still at one of its first steps that wait outside the cluster.
+    pub fn outside_the_cluster(&self) -> bool {
+        self.cursor < self.steps_outside_the_cluster()
+            && self.steps[self.cursor].status != StepStatus::Done
     }
 
     /// The step in hand or held.

@@ -210,11 +210,7 @@ impl Gate {
             unreadable,
         };
         for name in ["open", "closed", "unknown"] {
-            let current = match &report.verdict {
-                Verdict::Open => "open",
-                Verdict::Closed { .. } => "closed",
-                Verdict::Unknown { .. } => "unknown",
-            };
+            let current = report.verdict.name();
             self.metrics
                 .gate_verdict
                 .with_label_values(&[name])

@@ -277,26 +277,36 @@ impl Fleet {
         loop {
             let report = changes.borrow_and_update().clone();
             if let Some(report) = report {
-                let closed = match &report.verdict {
-                    Verdict::Open => Some(false),
-                    Verdict::Closed { .. } => Some(true),
-                    Verdict::Unknown { .. } => None,
-                };
-                if let Some(closed) = closed
-                    && let Err(e) = self.store.record_gate(closed, report.evaluated_at).await
-                {
-                    tracing::warn!(error = %crate::error_chain(&e), "quiet_since cannot be kept");
-                }
+                self.record(&report).await;
             }
-            tokio::select! {
-                _ = stop.changed() => return,
-                changed = changes.changed() => if changed.is_err() { return },
-                _ = tick.tick() => {
-                    if self.has_upstreams() {
-                        self.ask_upstreams(None).await;
+            // Until the verdict changes, only the upstreams are asked (for the view and
+            // the metrics).
+            loop {
+                tokio::select! {
+                    _ = stop.changed() => return,
+                    changed = changes.changed() => match changed {
+                        Ok(()) => break,
+                        Err(_) => return,
+                    },
+                    _ = tick.tick() => {
+                        if self.has_upstreams() {
+                            self.ask_upstreams(None).await;
+                        }
                     }
                 }
             }
+        }
+    }
+
+    /// Records `report`'s verdict as the quiet time sees it.
+    async fn record(&self, report: &GateReport) {
+        let closed = match &report.verdict {
+            Verdict::Open => false,
+            Verdict::Closed { .. } => true,
+            Verdict::Unknown { .. } => return,
+        };
+        if let Err(e) = self.store.record_gate(closed, report.evaluated_at).await {
+            tracing::warn!(error = %crate::error_chain(&e), "quiet_since cannot be kept");
         }
     }
 }
@@ -313,27 +323,25 @@ fn cut(mut view: FleetView, depth: usize) -> FleetView {
 }
 
 fn gate_quiet(report: &GateReport, quiet_since: Option<DateTime<Utc>>) -> GateQuiet {
-    let (verdict, blockers) = match &report.verdict {
-        Verdict::Open => ("open", Vec::new()),
-        Verdict::Closed { blockers } => ("closed", blockers.clone()),
-        Verdict::Unknown { .. } => ("unknown", Vec::new()),
-    };
-    GateQuiet {
-        verdict: verdict.into(),
-        reasons: report.verdict.reasons(),
-        blockers: blockers
+    let blockers = match &report.verdict {
+        Verdict::Closed { blockers } => blockers
             .iter()
             .map(|b| FiringBlocker {
                 name: b.name.clone(),
                 since: b.since,
             })
             .collect(),
+        Verdict::Open | Verdict::Unknown { .. } => Vec::new(),
+    };
+    GateQuiet {
+        verdict: report.verdict.name().into(),
+        reasons: report.verdict.reasons(),
         // While a blocking alert fires nothing is quiet, whatever the store last kept.
-        quiet_since: if verdict == "closed" {
-            None
-        } else {
-            quiet_since
+        quiet_since: match report.verdict {
+            Verdict::Closed { .. } => None,
+            Verdict::Open | Verdict::Unknown { .. } => quiet_since,
         },
+        blockers,
     }
 }
 
