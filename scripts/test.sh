@@ -27,4 +27,8 @@ apt_install chromium chromium-driver procps
 apt_install faketime
 # kubectl for the kustomize build of deploy/ (Debian's kubernetes-client when none is here).
 command -v kubectl >/dev/null || apt_install kubernetes-client
+# mdBook (from crates.io, once per machine) builds the handbook; tests/docs.rs checks its
+# pages, links and anchors, and that the generated reference pages are current.
+command -v mdbook >/dev/null || cargo install --locked mdbook --version 0.5.4 --no-default-features
+mdbook build docs --dest-dir "${CARGO_TARGET_DIR:-$PWD/target}/book"
 cargo test --locked "$@"

@@ -12,6 +12,7 @@ pub mod jitter;
 pub mod metrics;
 pub mod ports;
 pub mod queue;
+pub mod reference;
 pub mod sqlite;
 pub mod store;
 pub mod worker;

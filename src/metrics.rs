@@ -393,9 +393,46 @@ impl Metrics {
     /// The name of every metric family rollgate exports, whether it has series yet or not
     /// (a labelled family shows in the exposition only once it has one).
     pub fn family_names(&self) -> Vec<String> {
-        use prometheus::core::Collector;
+        self.collectors()
+            .iter()
+            .flat_map(|c| c.desc())
+            .map(|d| d.fq_name.clone())
+            .collect()
+    }
+
+    /// Every metric family with its type, labels and help: the reference page.
+    pub fn catalogue(&self) -> Vec<MetricFamilyDoc> {
+        use prometheus::proto::MetricType;
+        let mut out = Vec::new();
+        for collector in self.collectors() {
+            let kinds: Vec<MetricType> = collector
+                .collect()
+                .iter()
+                .map(|f| f.get_field_type())
+                .collect();
+            for (i, desc) in collector.desc().into_iter().enumerate() {
+                let kind = match kinds.get(i) {
+                    Some(MetricType::COUNTER) => "counter",
+                    Some(MetricType::GAUGE) => "gauge",
+                    Some(MetricType::HISTOGRAM) => "histogram",
+                    Some(MetricType::SUMMARY) => "summary",
+                    _ => "untyped",
+                };
+                out.push(MetricFamilyDoc {
+                    name: desc.fq_name.clone(),
+                    kind,
+                    labels: desc.variable_labels.clone(),
+                    help: desc.help.clone(),
+                });
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    fn collectors(&self) -> [&dyn prometheus::core::Collector; 30] {
         let e = &self.etcd_roll;
-        let collectors: [&dyn Collector; 30] = [
+        [
             &self.http_requests,
             &self.http_duration,
             &self.events_queued,
@@ -426,12 +463,7 @@ impl Metrics {
             &e.transfers,
             &e.uncontrolled_changes,
             &e.longest_leaderless,
-        ];
-        collectors
-            .iter()
-            .flat_map(|c| c.desc())
-            .map(|d| d.fq_name.clone())
-            .collect()
+        ]
     }
 
     /// The text exposition of every metric.
@@ -441,6 +473,19 @@ impl Metrics {
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
         String::from_utf8(buf).unwrap_or_default()
     }
+}
+
+/// One metric family as the reference page lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricFamilyDoc {
+    /// The family's name.
+    pub name: String,
+    /// `counter`, `gauge` or `histogram`.
+    pub kind: &'static str,
+    /// Its labels.
+    pub labels: Vec<String>,
+    /// Its help text.
+    pub help: String,
 }
 
 impl Default for Metrics {

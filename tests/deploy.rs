@@ -1247,44 +1247,6 @@ fn every_mounted_secret_file_is_readable_by_its_container() {
 
 /// GitHub's anchor of a heading: lower case, punctuation but hyphens dropped, spaces to
 /// hyphens.
-fn anchor(heading: &str) -> String {
-    heading
-        .trim()
-        .to_lowercase()
-        .chars()
-        .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
-        .map(|c| if c == ' ' { '-' } else { c })
-        .collect()
-}
-
-#[test]
-fn every_runbook_link_in_the_rules_is_a_readme_heading() {
-    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
-    let anchors: BTreeSet<String> = readme
-        .lines()
-        .filter_map(|l| l.strip_prefix('#'))
-        .map(|l| anchor(l.trim_start_matches('#')))
-        .collect();
-    let mut links = 0;
-    for path in yaml_files(&root().join("rules"))
-        .into_iter()
-        .chain([root().join("deploy/base/prometheusrule.yaml")])
-    {
-        let text = std::fs::read_to_string(&path).unwrap();
-        for url in text.split_whitespace().filter(|w| w.contains("README.md#")) {
-            let (_, fragment) = url.split_once('#').unwrap();
-            let fragment = fragment.trim_end_matches(|c: char| !c.is_alphanumeric());
-            links += 1;
-            assert!(
-                anchors.contains(fragment),
-                "{}: {url} points at no README heading",
-                path.display()
-            );
-        }
-    }
-    assert!(links >= 10, "{links} runbook links");
-}
-
 /// Where a connection goes, as a NetworkPolicy sees it.
 #[derive(Debug, Clone)]
 enum Peer {

@@ -187,7 +187,7 @@ fn the_skew_is_quiet_through_a_healthy_upgrade_of_any_size_and_fires_when_left_b
             "exp_annotations": {
                 "summary": "Kubernetes components run 2 different versions",
                 "description": "kubelet and apiserver have reported more than one gitVersion for 30 minutes with no upgrade in flight. An upgrade was left half done: etcd rolls hold until an upgrade run (the daily detection starts one) brings every node to one version.",
-                "runbook": "https://github.com/rollgate/rollgate/blob/main/README.md#runbook-version-skew",
+                "runbook_url": "https://github.com/rollgate/rollgate/blob/main/docs/src/runbooks/k8s-version-skew.md#k8sversionskew",
             },
         }],
     }));

@@ -32,6 +32,18 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// What `rollgate config` prints, generated from the configuration's types; no settings
+/// are read.
+#[derive(Subcommand, Debug, Clone, Copy)]
+pub enum ConfigDoc {
+    /// The JSON Schema of a configuration file (draft 7), e.g. for an editor's TOML
+    /// language server.
+    Schema,
+    /// Every key with its type, default, bounds, environment variable and documentation
+    /// (Markdown).
+    Reference,
+}
+
 /// The commands.
 #[derive(Subcommand, Debug)]
 pub enum Command {
@@ -70,6 +82,18 @@ pub enum Command {
     },
     /// Print the manual page (roff), e.g. `rollgate man > /usr/share/man/man1/rollgate.1`.
     Man,
+    /// Describe the configuration: its JSON Schema (for editors) or its reference page.
+    Config {
+        /// What to print.
+        #[command(subcommand)]
+        what: ConfigDoc,
+    },
+    /// Write the handbook's generated reference pages (configuration, its schema, the
+    /// command line, the HTTP API, the metrics) into a directory, e.g. `docs/src/reference`.
+    Docs {
+        /// The directory to write into.
+        dir: PathBuf,
+    },
     /// This cluster's place in a fleet wave, through the API (a token with `read`).
     Fleet {
         /// How to reach the API.
@@ -370,6 +394,26 @@ pub fn run(cli: Cli) -> ExitCode {
             clap_complete::generate(*shell, &mut command, "rollgate", &mut std::io::stdout());
             return ExitCode::SUCCESS;
         }
+        Command::Config { what } => {
+            let text = match what {
+                ConfigDoc::Schema => crate::reference::schema_json(),
+                ConfigDoc::Reference => crate::config::schema::reference(),
+            };
+            // A pager quitting early is no error.
+            let _ = std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes());
+            return ExitCode::SUCCESS;
+        }
+        Command::Docs { dir } => {
+            for (name, text) in crate::reference::pages() {
+                let path = dir.join(name);
+                if let Err(e) = std::fs::write(&path, text) {
+                    eprintln!("rollgate: cannot write {}: {e}", path.display());
+                    return ExitCode::FAILURE;
+                }
+                println!("wrote {}", path.display());
+            }
+            return ExitCode::SUCCESS;
+        }
         Command::Man => {
             let command = <Cli as clap::CommandFactory>::command();
             return match clap_mangen::Man::new(command).render(&mut std::io::stdout()) {
@@ -496,7 +540,10 @@ pub fn run(cli: Cli) -> ExitCode {
             ExitCode::SUCCESS
         }
         // Answered before the settings are read.
-        Command::Completions { .. } | Command::Man => ExitCode::SUCCESS,
+        Command::Completions { .. }
+        | Command::Man
+        | Command::Config { .. }
+        | Command::Docs { .. } => ExitCode::SUCCESS,
         Command::Serve => {
             init_logging(&settings);
             let result = block_on(true, crate::app::serve(settings));

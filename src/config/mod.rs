@@ -3,6 +3,7 @@
 //! a bad value is reported and left at its default so that the rest of its section is
 //! still read, and `rollgate check-config` reports every bad value at once.
 
+pub mod schema;
 mod sections;
 pub(crate) mod values;
 
@@ -40,6 +41,9 @@ impl fmt::Display for ConfigError {
         Ok(())
     }
 }
+
+/// Where the queue, the store and the generated token live when `data_dir` is not set.
+pub const DEFAULT_DATA_DIR: &str = "./data";
 
 /// The environment variable prefix: `ROLLGATE__SERVER__LISTEN` sets `server.listen`.
 pub const ENV_PREFIX: &str = "ROLLGATE";
@@ -111,7 +115,7 @@ impl Settings {
     fn from_tree(mut root: Map<String, Value>) -> Result<Self, ConfigError> {
         let mut problems = Vec::new();
         let data_dir = match root.remove("data_dir") {
-            None => PathBuf::from("./data"),
+            None => PathBuf::from(DEFAULT_DATA_DIR),
             Some(v) => match v.into_string() {
                 Ok(s) if !s.is_empty() => PathBuf::from(s),
                 _ => {
@@ -119,7 +123,7 @@ impl Settings {
                         key: "data_dir".into(),
                         message: "must be a directory path".into(),
                     });
-                    PathBuf::from("./data")
+                    PathBuf::from(DEFAULT_DATA_DIR)
                 }
             },
         };
@@ -220,7 +224,7 @@ fn explain(message: &str) -> String {
     }
     if let Some((_, value)) = message.split_once("does not have variant constructor ") {
         return format!(
-            "{value:?} is not one of the values this key takes (see the configuration table in the README)"
+            "{value:?} is not one of the values this key takes (see `rollgate config reference`)"
         );
     }
     if message == "invalid socket address syntax" {

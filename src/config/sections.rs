@@ -2,7 +2,8 @@
 //! defaults, then checked by `check` for what a type cannot say (ranges, URLs, pairs of
 //! keys that go together). A key's doc comment is its documentation.
 
-use serde::Deserialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -16,7 +17,7 @@ pub use crate::workflows::fleet::config::FleetConfig;
 pub use crate::workflows::node_reboot::config::{AfterUpgrade, RebootConfig};
 
 /// Which queue backend carries events.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum QueueBackend {
     /// On-disk SQLite queue under `data_dir` (default).
@@ -26,7 +27,7 @@ pub enum QueueBackend {
 }
 
 /// Which database keeps runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum StoreBackend {
     /// `store.db` under `data_dir` (default): one replica.
@@ -36,7 +37,7 @@ pub enum StoreBackend {
 }
 
 /// The run store (section `store`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct StoreSettings {
     /// `sqlite` (default; `store.db` under `data_dir`) or `postgres`.
@@ -51,11 +52,13 @@ pub struct StoreSettings {
     /// Bound on one store operation, connecting included (default `5s`): past it the API
     /// answers 503 and the worker retries.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::schema::duration")]
     pub timeout: Duration,
     /// How long the active worker's lease lasts unless renewed (default `15s`, renewed
     /// every third of it): after a replica dies, another replica's worker takes over
     /// within about this long.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::schema::duration")]
     pub lease_ttl: Duration,
 }
 
@@ -110,7 +113,7 @@ impl StoreSettings {
 }
 
 /// Log output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     /// Human-readable lines.
@@ -120,7 +123,7 @@ pub enum LogFormat {
 }
 
 /// Where `rollgate detect` sends what it finds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum DetectSubmit {
     /// `POST /v1/detections` to `detect.rollgate_url`.
@@ -130,7 +133,7 @@ pub enum DetectSubmit {
 }
 
 /// HTTP server settings (section `server`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerSettings {
     /// Address to bind (default `127.0.0.1:8080`).
@@ -158,7 +161,11 @@ pub struct ServerSettings {
     /// `runs:control`, `runs:approve` and `read`
     /// (from the environment, one comma-separated string). A client without an entry may
     /// do nothing; `token_file`'s token (client `admin`) may do everything.
-    #[serde(deserialize_with = "values::scope_map")]
+    #[serde(
+        deserialize_with = "values::scope_map",
+        serialize_with = "crate::config::schema::scope_names"
+    )]
+    #[schemars(schema_with = "crate::config::schema::scope_map")]
     pub scopes: BTreeMap<String, BTreeSet<Scope>>,
     /// Certificate chain (PEM) to serve HTTPS with (default: none, plain HTTP); needs
     /// `tls_key_file`. Re-read when the file changes (cert-manager renews in place).
@@ -230,7 +237,7 @@ impl ServerSettings {
 }
 
 /// Queue settings (section `queue`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct QueueSettings {
     /// `embedded` (default) or `amqp`.
@@ -252,9 +259,11 @@ pub struct QueueSettings {
     pub delivery_limit: u32,
     /// Bound on one broker connect attempt (default `3s`).
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::schema::duration")]
     pub connect_timeout: Duration,
     /// How long an embedded delivery stays leased before redelivery (default `10m`).
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::schema::duration")]
     pub lease: Duration,
     /// With the embedded queue, the free space intake keeps under `data_dir`, in bytes
     /// (default 64 MiB; 0 keeps none): below it new events are refused (503 with
@@ -306,7 +315,7 @@ impl QueueSettings {
 }
 
 /// Worker settings (section `worker`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct WorkerSettings {
     /// Accept and queue events but process none (default false).
@@ -339,7 +348,7 @@ const QUERY_PENDING: &str = r#"ALERTS{alertstate=~"firing|pending",upgrade_gate=
 const QUERY_FIRING: &str = r#"ALERTS{alertstate="firing",upgrade_gate="true"}"#;
 
 /// Gate settings: when may a risky step go ahead (section `gate`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct GateSettings {
     /// Prometheus base URL. None (default): every gate is unknown, which holds runs
@@ -353,22 +362,30 @@ pub struct GateSettings {
     pub count_pending: bool,
     /// Alert names that never block, e.g. alerts rollgate's own drains cause.
     #[serde(deserialize_with = "string_list")]
+    #[schemars(schema_with = "crate::config::schema::string_list")]
     pub exclude_alerts: Vec<String>,
     /// Label matchers an Alertmanager alert must meet to block (default
     /// `upgrade_gate=true`).
-    #[serde(deserialize_with = "matcher_list")]
+    #[serde(
+        deserialize_with = "matcher_list",
+        serialize_with = "crate::config::schema::display_list"
+    )]
+    #[schemars(schema_with = "crate::config::schema::matcher_list")]
     pub board_matchers: Vec<Matcher>,
     /// How often a held step re-checks the gate (default `30s`).
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::schema::duration")]
     pub poll_interval: Duration,
     /// A gate closed this long halts the run (default `30m`).
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::schema::duration")]
     pub halt_after: Duration,
     /// PromQL for the pre-flight quiet period; any series means a gate alert fired within
     /// it (default: the last 24h).
     pub quiet_query: String,
     /// Connect and request timeout for Prometheus (default `5s`).
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::schema::duration")]
     pub timeout: Duration,
     /// Failed evaluations in a row before the verdict is unknown; meanwhile the last good
     /// answer stands (default 1: at once).
@@ -399,13 +416,16 @@ pub struct GateSettings {
     /// node. Gate alerts (`upgrade_gate="true"`) are kept out unless a matcher names that
     /// label. Needs `alertmanager_url` (default: none, no silence).
     #[serde(deserialize_with = "string_list")]
+    #[schemars(schema_with = "crate::config::schema::string_list")]
     pub self_silences: Vec<String>,
     /// How long a self-silence lasts unless extended; rollgate extends it every third of
     /// this while the node is in hand (default `10m`).
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::schema::duration")]
     pub self_silence_ttl: Duration,
     /// How long a self-silence outlives the node's uncordon (default `2m`).
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::schema::duration")]
     pub self_silence_tail: Duration,
 }
 
@@ -540,13 +560,14 @@ impl GateSettings {
 }
 
 /// Notification settings (section `notify`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct NotifySettings {
     /// File holding a Slack incoming-webhook URL; unset: the log only.
     pub slack_webhook_file: Option<PathBuf>,
     /// Bound on one Slack attempt (default `5s`).
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::schema::duration")]
     pub timeout: Duration,
     /// Further attempts after a failed one, with back-off (default 3).
     pub retries: u32,
@@ -571,7 +592,7 @@ impl NotifySettings {
 }
 
 /// Logging settings (section `log`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct LogSettings {
     /// `text` (default) or `json`.
@@ -605,7 +626,7 @@ impl LogSettings {
 
 /// The Kubernetes cluster rollgate upgrades (section `cluster`). Without `kubeconfig` or
 /// `in_cluster`, no cluster is configured: detections are refused, naming the keys to set.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClusterSettings {
     /// Kubeconfig file to use.
@@ -620,12 +641,17 @@ pub struct ClusterSettings {
     pub annotation_prefix: String,
     /// Workers in upgrade order; those not named follow by name.
     #[serde(deserialize_with = "string_list")]
+    #[schemars(schema_with = "crate::config::schema::string_list")]
     pub worker_order: Vec<String>,
     /// How many workers are drained and upgraded together, each batch behind one gate
     /// and followed by one soak: a count (`2`) or a percentage of the workers (`"25%"`,
     /// rounded down, at least 1). PodDisruptionBudgets still bound every eviction.
     /// Control planes always go one at a time.
-    #[serde(deserialize_with = "values::max_unavailable")]
+    #[serde(
+        deserialize_with = "values::max_unavailable",
+        serialize_with = "crate::config::schema::count_or_percent"
+    )]
+    #[schemars(schema_with = "crate::config::schema::max_unavailable")]
     pub max_unavailable: crate::workflows::k8s_upgrade::plan::MaxUnavailable,
     /// How many workers may fail their cycle (drain, node script or verify, after their
     /// attempts) and be left behind, cordoned and named, while the run goes on with the
@@ -633,37 +659,48 @@ pub struct ClusterSettings {
     /// default 0, the first failure halts. One failure more halts the run; a run with
     /// workers left behind holds at its end until they are fixed (resume retries exactly
     /// them) or it is aborted. Control planes have no budget.
-    #[serde(deserialize_with = "values::failure_budget")]
+    #[serde(
+        deserialize_with = "values::failure_budget",
+        serialize_with = "crate::config::schema::count_or_percent"
+    )]
+    #[schemars(schema_with = "crate::config::schema::failure_budget")]
     pub failure_budget: crate::workflows::k8s_upgrade::plan::FailureBudget,
     /// Pods that hold a node's drain while one runs on it (kured's blocking pods):
     /// `key=value`, `key!=value`, `key` or `!key`, any of which holds (default: none).
     #[serde(deserialize_with = "string_list")]
+    #[schemars(schema_with = "crate::config::schema::string_list")]
     pub blocking_pod_selectors: Vec<String>,
     /// How long a drain may take before the step fails; rollgate uncordons a node it
     /// cordoned and the run halts, naming the pods that would not leave.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::schema::duration")]
     pub drain_timeout: Duration,
     /// Pause between tries of an eviction that was refused (a PodDisruptionBudget, the
     /// server shedding load) or failed: jittered between half of it and all of it, never
     /// shorter than the server's `Retry-After`.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::schema::duration")]
     pub eviction_retry: Duration,
     /// Grace period for evicted pods, in seconds; each pod's own when unset.
     pub grace_period: Option<u32>,
     /// How long each upgraded worker soaks before the next.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::schema::duration")]
     pub soak: Duration,
     /// How long a node may take to report the target and Ready after its script.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::schema::duration")]
     pub verify_timeout: Duration,
     /// How long the control planes (nodes, static pods, etcd) may stay unhealthy before
     /// or after a control plane's upgrade before the run halts.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::schema::duration")]
     pub control_plane_health_timeout: Duration,
     /// Lowest ratio of Ready pods that post-flight accepts.
     pub pod_ready_ratio: f64,
     /// Bound on every API request.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::schema::duration")]
     pub request_timeout: Duration,
 }
 
@@ -714,9 +751,7 @@ impl ClusterSettings {
         }
         p.duration("drain_timeout", self.drain_timeout, 1000, 24 * 3_600_000);
         p.duration("eviction_retry", self.eviction_retry, 10, 300_000);
-        if let Some(grace) = self.grace_period {
-            p.range("grace_period", grace, 0, 86_400);
-        }
+        p.range_if_set("grace_period", self.grace_period, 0, 86_400);
         p.duration("soak", self.soak, 0, 24 * 3_600_000);
         p.duration("verify_timeout", self.verify_timeout, 1000, 3_600_000);
         p.duration(
@@ -736,7 +771,7 @@ impl ClusterSettings {
 }
 
 /// When rollgate may start work on a node (section `schedule`).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct ScheduleSettings {
     /// Maintenance windows, a union (default: none, always open). Each is a line
@@ -746,12 +781,16 @@ pub struct ScheduleSettings {
     /// the environment, lines separated by `;`. Outside them, the pre-flight gate, the
     /// snapshot, the gate before each node and each leadership move wait; a node in hand
     /// finishes.
-    #[serde(deserialize_with = "values::window_list")]
+    #[serde(
+        deserialize_with = "values::window_list",
+        serialize_with = "crate::config::schema::window_lines"
+    )]
+    #[schemars(schema_with = "crate::config::schema::window_list")]
     pub windows: crate::domain::schedule::Windows,
 }
 
 /// SSH to nodes (section `ssh`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct SshConfig {
     /// Login user.
@@ -764,13 +803,19 @@ pub struct SshConfig {
     pub known_hosts_file: Option<PathBuf>,
     /// Bound on connecting.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::schema::duration")]
     pub connect_timeout: Duration,
     /// Bound on one node-script run, enforced on the node.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::schema::duration")]
     pub command_timeout: Duration,
     /// `node=[user@]host[:port]` entries for nodes not reached at their InternalIP with
     /// the default user and port.
-    #[serde(deserialize_with = "host_list")]
+    #[serde(
+        deserialize_with = "host_list",
+        serialize_with = "crate::config::schema::host_entries"
+    )]
+    #[schemars(schema_with = "crate::config::schema::host_list")]
     pub hosts: HashMap<String, SshHost>,
 }
 
@@ -813,11 +858,12 @@ pub struct SshHost {
 /// The etcd cluster of the control plane (section `etcd`): the pre-upgrade snapshot, the
 /// health checks between control planes, and (stacked etcd) their order and the one
 /// leadership move.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct EtcdConfig {
     /// Client URLs of the members: every member's, so that each is asked at its own.
     #[serde(deserialize_with = "string_list")]
+    #[schemars(schema_with = "crate::config::schema::string_list")]
     pub endpoints: Vec<String>,
     /// PEM CA bundle, for TLS.
     pub ca_file: Option<PathBuf>,
@@ -827,6 +873,7 @@ pub struct EtcdConfig {
     pub key_file: Option<PathBuf>,
     /// Bound on connecting and on every request (default `10s`).
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::schema::duration")]
     pub timeout: Duration,
     /// Where snapshots are written (default `<data_dir>/snapshots`).
     pub snapshot_dir: PathBuf,
@@ -835,6 +882,7 @@ pub struct EtcdConfig {
     pub max_lag: u64,
     /// How long a leadership move may take to be confirmed by a majority (default `15s`).
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::schema::duration")]
     pub transfer_timeout: Duration,
 }
 
@@ -871,7 +919,7 @@ impl EtcdConfig {
 
 /// How `serve` reaches the etcd clusters it rolls (section `etcd_roll`). The members and
 /// the StatefulSet come with each request; the client certificates never do.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct EtcdRollConfig {
     /// PEM CA bundle, for `https://` members.
@@ -882,15 +930,18 @@ pub struct EtcdRollConfig {
     pub key_file: Option<PathBuf>,
     /// Bound on connecting and on every etcd request.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::schema::duration")]
     pub timeout: Duration,
     /// How long a leadership transfer may take to be confirmed by a majority.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::schema::duration")]
     pub transfer_timeout: Duration,
     /// StatefulSets `serve` rolls by itself, one roll per new revision of their template:
     /// `namespace/name`, or `namespace/name=http(s)://host:port` where the members answer
     /// (default: the StatefulSet's governing Service on port 2379). The roll's endpoints
     /// are the members' advertised client URLs (default: none watched).
     #[serde(deserialize_with = "string_list")]
+    #[schemars(schema_with = "crate::config::schema::string_list")]
     pub watch: Vec<String>,
 }
 
@@ -929,7 +980,7 @@ impl EtcdRollConfig {
 }
 
 /// `rollgate detect`, the daily CronJob (section `detect`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct DetectConfig {
     /// Base of the Kubernetes package repositories; `/v1.NN/deb/Release` and
@@ -958,6 +1009,7 @@ pub struct DetectConfig {
     pub stages: String,
     /// Bound on every HTTP request (default `10s`).
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::schema::duration")]
     pub timeout: Duration,
 }
 
@@ -1028,10 +1080,10 @@ impl DetectConfig {
 }
 
 /// Every setting, validated.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct Settings {
-    /// Where the embedded queue, the run store and the generated token live (default
-    /// `./data`).
+    /// Where the embedded queue, the run store and the generated token live.
     pub data_dir: PathBuf,
     /// The HTTP API.
     pub server: ServerSettings,
@@ -1102,10 +1154,25 @@ impl Settings {
         }
         self.gate.resolve();
         self.detect.resolve(&self.server);
+        self.check_sections(&mut |p| problems.extend(p.into_problems()));
+    }
+
+    /// The bounds each section's check holds its keys to, read off the checks of the
+    /// embedded defaults: what the reference and the schema print.
+    pub fn bounds() -> Vec<(String, super::schema::Bound)> {
+        let defaults =
+            Self::load_from(None, Some(HashMap::new())).expect("the embedded defaults are valid");
+        let mut bounds = Vec::new();
+        defaults.check_sections(&mut |p| bounds.extend(p.into_bounds()));
+        bounds
+    }
+
+    /// Checks every section, handing each section's findings to `each`.
+    fn check_sections(&self, each: &mut dyn FnMut(Problems)) {
         let mut check = |section: &'static str, f: &dyn Fn(&mut Problems)| {
             let mut p = Problems::new(section);
             f(&mut p);
-            problems.extend(p.into_problems());
+            each(p);
         };
         check("server", &|p| self.server.check(p));
         check("queue", &|p| self.queue.check(p));

@@ -171,31 +171,40 @@ fn keys_come_from_the_types() {
     );
 }
 
-/// The README's configuration table lists exactly the keys that exist.
+/// The schema (and so the reference page) describes exactly the keys serde reads, each
+/// with a description, and every bound a check holds a key to belongs to a key.
 #[test]
-fn the_readme_table_lists_every_key_and_no_other() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
-    let section = readme
-        .split("\n## Configuration\n")
-        .nth(1)
-        .expect("a Configuration section")
-        .split("\n## ")
-        .next()
-        .unwrap_or_default();
-    let mut documented = BTreeSet::new();
-    for row in section.lines().filter(|l| l.starts_with("| `")) {
-        let cell = row.split('|').nth(1).unwrap_or_default();
-        // A row may document several keys: `gate.basic_auth_user`, `gate.basic_auth_password_file`.
-        for key in cell.split('`').skip(1).step_by(2) {
-            documented.insert(key.to_owned());
+fn the_schema_describes_every_key_and_no_other() {
+    let schema = super::schema::schema();
+    let mut described = BTreeSet::new();
+    for (name, section) in schema["properties"].as_object().expect("sections") {
+        match section["properties"].as_object() {
+            None => {
+                described.insert(name.clone());
+            }
+            Some(keys) => {
+                for (key, property) in keys {
+                    let text = property["description"].as_str().unwrap_or_default();
+                    assert!(!text.trim().is_empty(), "{name}.{key} has no doc comment");
+                    described.insert(format!("{name}.{key}"));
+                }
+            }
         }
     }
     let existing: BTreeSet<String> = keys().into_iter().collect();
-    let undocumented: Vec<_> = existing.difference(&documented).collect();
-    let unknown: Vec<_> = documented.difference(&existing).collect();
-    assert!(
-        undocumented.is_empty() && unknown.is_empty(),
-        "README table out of step: undocumented {undocumented:?}; not a key {unknown:?}"
+    assert_eq!(
+        described, existing,
+        "the schema and the serde types disagree"
     );
+    for (key, _) in Settings::bounds() {
+        assert!(existing.contains(&key), "a bound on {key}, which is no key");
+    }
+    let bounded: BTreeSet<String> = Settings::bounds().into_iter().map(|(k, _)| k).collect();
+    for key in [
+        "gate.poll_interval",
+        "store.max_connections",
+        "cluster.grace_period",
+    ] {
+        assert!(bounded.contains(key), "{key} is bounded by its check");
+    }
 }

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::Problem;
+use super::schema::Bound;
 use super::sections::SshHost;
 use crate::domain::gate::Matcher;
 use crate::domain::schedule::{Window, WindowError, Windows};
@@ -251,6 +252,7 @@ pub fn parse_host_entry(entry: &str) -> Option<(String, SshHost)> {
 pub struct Problems {
     section: &'static str,
     found: Vec<Problem>,
+    bounds: Vec<(String, Bound)>,
 }
 
 impl Problems {
@@ -259,12 +261,22 @@ impl Problems {
         Self {
             section,
             found: Vec::new(),
+            bounds: Vec::new(),
         }
     }
 
     /// What was found.
     pub fn into_problems(self) -> Vec<Problem> {
         self.found
+    }
+
+    /// The bounds the checks held keys to, keyed `section.key`.
+    pub fn into_bounds(self) -> Vec<(String, Bound)> {
+        self.bounds
+    }
+
+    fn bound(&mut self, key: &str, bound: Bound) {
+        self.bounds.push((format!("{}.{key}", self.section), bound));
     }
 
     /// `key` is wrong: `message` says how.
@@ -280,6 +292,7 @@ impl Problems {
     where
         N: TryInto<u64> + Copy + fmt::Display,
     {
+        self.bound(key, Bound::Count { min, max });
         if !(min..=max).contains(&value.try_into().unwrap_or(u64::MAX)) {
             self.add(
                 key,
@@ -288,9 +301,21 @@ impl Problems {
         }
     }
 
+    /// `value` of `key`, when set, lies within `min..=max`.
+    pub fn range_if_set<N>(&mut self, key: &str, value: Option<N>, min: u64, max: u64)
+    where
+        N: TryInto<u64> + Copy + fmt::Display,
+    {
+        match value {
+            Some(value) => self.range(key, value, min, max),
+            None => self.bound(key, Bound::Count { min, max }),
+        }
+    }
+
     /// `value` of `key` lies within `min_ms..=max_ms` milliseconds.
     pub fn duration(&mut self, key: &str, value: Duration, min_ms: u64, max_ms: u64) {
         let (min, max) = (Duration::from_millis(min_ms), Duration::from_millis(max_ms));
+        self.bound(key, Bound::Duration { min, max });
         if value < min || value > max {
             self.add(
                 key,

@@ -159,6 +159,13 @@ impl Matcher {
     }
 }
 
+impl fmt::Display for Matcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let op = if self.equal { "=" } else { "!=" };
+        write!(f, "{}{op}{}", self.name, self.value)
+    }
+}
+
 /// What counts as blocking.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {

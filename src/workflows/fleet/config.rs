@@ -1,5 +1,6 @@
 //! The fleet's settings (section `fleet`): a key's doc comment is its documentation.
 
+use schemars::JsonSchema;
 use serde::Deserialize;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -7,7 +8,7 @@ use std::time::Duration;
 use crate::config::values::Problems;
 
 /// One cluster upstream of this one: its rollgate, asked before an upgrade goes ahead.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Upstream {
     /// The upstream cluster's name, as its own `fleet.name` says it.
@@ -26,7 +27,7 @@ pub struct Upstream {
 
 /// Fleet waves (section `fleet`): a version reaches this cluster only after every cluster
 /// upstream ran it and its gate stayed quiet for a soak.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct FleetConfig {
     /// This cluster's name in the fleet (default `default`), as downstream clusters name it.
@@ -38,9 +39,11 @@ pub struct FleetConfig {
     /// goes on here (default 24h). A blocking alert in the soak starts it again once it
     /// resolves.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::schema::duration")]
     pub soak: Duration,
     /// How long an upgrade waits for its upstreams before the run halts (default 30d).
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::schema::duration")]
     pub max_wait: Duration,
     /// Whether an upgrade whose upstreams are ready also waits for
     /// `POST /v1/runs/{id}/approve` (scope `runs:approve`; default false).
@@ -48,10 +51,12 @@ pub struct FleetConfig {
     /// How often a waiting upgrade, and `GET /v1/fleet`'s view, ask the upstreams
     /// (default 60s).
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::schema::duration")]
     pub poll_interval: Duration,
     /// How long one upstream may take to answer before it counts as unreachable
     /// (default 10s).
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::schema::duration")]
     pub timeout: Duration,
 }
 

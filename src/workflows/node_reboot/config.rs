@@ -1,14 +1,15 @@
 //! The reboot workflow's settings (section `reboot`): a key's doc comment is its
 //! documentation.
 
-use serde::Deserialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::config::values::{Problems, string_list};
 
 /// Whether an upgrade reboots a node its script left needing one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum AfterUpgrade {
     /// Never (default): a later reboot run takes the node, drained again.
@@ -20,7 +21,7 @@ pub enum AfterUpgrade {
 
 /// Node reboots (section `reboot`): what runs on a node to tell whether it needs a reboot
 /// and to reboot it. Operator settings only: no request ever carries a command.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct RebootConfig {
     /// The file whose presence means the node needs a reboot (kured's sentinel, default
@@ -35,6 +36,7 @@ pub struct RebootConfig {
     /// How long a node may take from the reboot command to being Ready with another boot
     /// id before the run halts naming it (default 15m).
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::schema::duration")]
     pub timeout: Duration,
     /// Whether control-plane nodes may be rebooted (default true: one at a time, first,
     /// between health checks, with one etcd leadership change when etcd is stacked).
@@ -43,10 +45,12 @@ pub struct RebootConfig {
     /// Labels set on a node before its reboot (`key=value`; kured's
     /// `--pre-reboot-node-labels`), e.g. to take it out of a load balancer.
     #[serde(deserialize_with = "string_list")]
+    #[schemars(schema_with = "crate::config::schema::string_list")]
     pub labels_before: Vec<String>,
     /// Labels set on a node once it is back (`key=value`; kured's
     /// `--post-reboot-node-labels`).
     #[serde(deserialize_with = "string_list")]
+    #[schemars(schema_with = "crate::config::schema::string_list")]
     pub labels_after: Vec<String>,
     /// `never` (default) or `if-required`: after an upgrade's node script, a node whose
     /// sentinel is set is rebooted inside the same drain, so it is drained once, not twice.
