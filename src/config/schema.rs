@@ -265,6 +265,7 @@ fn kind(schema: &Value) -> String {
 fn default_of(schema: &Value) -> String {
     match schema.get("default") {
         None | Some(Value::Null) => "unset".to_owned(),
+        Some(Value::String(s)) if s.is_empty() => "derived from other keys (below)".to_owned(),
         Some(value) => format!("`{}`", toml_value(value)),
     }
 }

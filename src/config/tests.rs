@@ -208,3 +208,42 @@ fn the_schema_describes_every_key_and_no_other() {
         assert!(bounded.contains(key), "{key} is bounded by its check");
     }
 }
+
+/// Where a doc comment names a key's default in words (`(default `5s`)`), it is the
+/// default the types give (defaults computed from other keys, `<data_dir>/…`, are
+/// written as such and left out).
+#[test]
+fn defaults_written_in_doc_comments_are_the_defaults() {
+    let schema = super::schema::schema();
+    let mut compared = 0;
+    for (name, section) in schema["properties"].as_object().expect("sections") {
+        for (key, property) in section["properties"].as_object().into_iter().flatten() {
+            let text = property["description"].as_str().unwrap_or_default();
+            let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+            let Some((_, rest)) = text.split_once("default `") else {
+                continue;
+            };
+            let written = rest.split('`').next().unwrap_or_default();
+            if written.contains('<') || keys().iter().any(|k| k == written) {
+                continue;
+            }
+            let text_of = |v: &serde_json::Value| match v {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            let actual = match &property["default"] {
+                serde_json::Value::Array(items) => {
+                    items.iter().map(text_of).collect::<Vec<_>>().join(", ")
+                }
+                other => text_of(other),
+            };
+            if actual.is_empty() {
+                // Derived from other keys when left empty; the comment says from what.
+                continue;
+            }
+            assert_eq!(written, actual, "{name}.{key}: the doc comment's default");
+            compared += 1;
+        }
+    }
+    assert!(compared >= 20, "only {compared} defaults compared");
+}
