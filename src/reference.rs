@@ -173,7 +173,7 @@ pub fn http_api() -> String {
                 "| [`{title}`](#{}) | {} | {} |",
                 anchor(&title),
                 scopes(op),
-                first_sentence(&summary.replace('\n', " "))
+                first_sentence(&summary.replace('\n', " ")).replace('|', "\\|")
             );
         }
     }

@@ -705,7 +705,9 @@ impl RunPage {
     }
 }
 
-/// `POST /v1/runs/{id}/halt|resume|abort`, optional body `{"reason": "…"}`.
+/// `POST /v1/runs/{id}/{action}`: halt, resume or abort a run (scope `runs:control`), or
+/// approve one that waits for an approval (scope `runs:approve`); optional body
+/// `{"reason": "…"}`.
 #[utoipa::path(post, path = "/v1/runs/{id}/{action}",
     params(("id" = String, Path), ("action" = String, Path, description = "halt, resume or abort; approve (scope runs:approve) for a run that waits for an approval")),
     responses((status = 202, body = ControlAccepted), (status = 404, body = super::error::ErrorBody),
