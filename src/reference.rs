@@ -7,7 +7,7 @@ use serde_json::Value;
 use std::fmt::Write as _;
 
 use crate::cli::Cli;
-use crate::config::schema;
+use crate::config::schema::{self, first_sentence};
 use crate::http::openapi::ApiDoc;
 use crate::metrics::Metrics;
 
@@ -217,14 +217,6 @@ pub fn http_api() -> String {
     out.truncate(out.trim_end().len());
     out.push('\n');
     out
-}
-
-/// Up to the first full stop, with it.
-fn first_sentence(text: &str) -> String {
-    match text.split_once(". ") {
-        Some((first, _)) => format!("{first}."),
-        None => text.to_owned(),
-    }
 }
 
 /// What a status code says when the document gives no description.

@@ -182,10 +182,11 @@ fn key_entry(out: &mut String, key: &str, property: &Value, bound: Option<&Bound
     if !text.is_empty() {
         let _ = writeln!(out, "{text}\n");
     }
-    for (value, text) in choices(property) {
+    let choices = choices(property);
+    for (value, text) in &choices {
         let _ = writeln!(out, "- `{value}`: {text}");
     }
-    if !choices(property).is_empty() {
+    if !choices.is_empty() {
         out.push('\n');
     }
     let table = property
@@ -205,9 +206,12 @@ fn description(schema: &Value) -> &str {
         .unwrap_or_default()
 }
 
-/// Up to the first full stop.
-fn first_sentence(text: &str) -> &str {
-    text.split_once(". ").map_or(text, |(first, _)| first)
+/// Up to the first full stop, with it.
+pub(crate) fn first_sentence(text: &str) -> String {
+    match text.split_once(". ") {
+        Some((first, _)) => format!("{first}."),
+        None => text.to_owned(),
+    }
 }
 
 /// The values of an enumerated key with what each means.
