@@ -653,15 +653,25 @@ async fn watch_gate(gate: Arc<Gate>, mut stop: tokio::sync::watch::Receiver<bool
         tokio::select! {
             _ = stop.changed() => return,
             _ = tick.tick() => {
-                let report = gate.evaluate().await;
-                tracing::debug!(verdict = ?report.verdict, "gate evaluated");
+                log_verdict(&gate.evaluate().await.verdict, "gate evaluated");
             }
             () = gate.board_change() => {
-                let report = gate.evaluate().await;
-                tracing::debug!(verdict = ?report.verdict, "gate evaluated after a board change");
+                log_verdict(&gate.evaluate().await.verdict, "gate evaluated after a board change");
             }
         }
     }
+}
+
+/// One line however many alerts block: the verdict, how many reasons, the first of them.
+fn log_verdict(verdict: &crate::domain::gate::Verdict, what: &str) {
+    let reasons = verdict.reasons();
+    let first = reasons.first().map(String::as_str).unwrap_or_default();
+    tracing::debug!(
+        verdict = verdict.name(),
+        reasons = reasons.len(),
+        first,
+        "{what}"
+    );
 }
 
 /// One `serve` per data directory: two would share the embedded queue and store.

@@ -281,3 +281,37 @@ async fn alert_notifications_waiting_together_are_committed_together_each_once()
     drop(rg);
     rabbit::cleanup(&names).await;
 }
+
+/// The worker races `next` against its timers (the outbox retry, being deposed), so a
+/// `next` may be dropped at any await, also between asking the broker to consume and
+/// hearing back. A consumer registered for a dropped `next` must not be left holding the
+/// queue: with a single active consumer the broker delivers to it, nobody reads it, and
+/// the worker waits for good (CI: consumption never resumed after a broker restart, when
+/// `basic.consume` answers slowly while quorum queues recover).
+#[tokio::test]
+async fn a_next_dropped_at_any_moment_leaves_no_consumer_holding_the_queue() {
+    let names = Names::unique();
+    let queue = AmqpQueue::connect(names.settings()).await.expect("connect");
+    // Dropped after 0 µs, 50 µs, …: somewhere in there falls the wait for consume-ok. The
+    // queue is empty meanwhile, so no round takes the message (each release would count
+    // against the delivery limit).
+    for round in 0..160u64 {
+        let patience = Duration::from_micros(round * 50);
+        let dropped = tokio::time::timeout(patience, queue.next()).await;
+        assert!(
+            dropped.is_err(),
+            "round {round}: a delivery from an empty queue"
+        );
+        queue.stop_consuming().await;
+    }
+    queue
+        .publish(wake_message("no-such-run", 0))
+        .await
+        .expect("publish");
+    let delivery = tokio::time::timeout(Duration::from_secs(15), queue.next())
+        .await
+        .expect("the message comes within 15 s: no orphaned consumer holds the queue")
+        .expect("delivery");
+    queue.ack(&delivery).await.expect("ack");
+    rabbit::cleanup(&names).await;
+}

@@ -76,6 +76,31 @@ struct Link {
     delay_queues: std::sync::Mutex<HashSet<String>>,
 }
 
+/// The worker's consumer, through its life.
+enum Consuming {
+    /// None: the next `next` starts one.
+    Idle,
+    /// Being started in a task of its own. The worker races `next` against its timers, so
+    /// a `next` may be dropped while the broker has yet to answer `basic.consume`; the
+    /// consumer it asked for must neither be lost nor left registered with nobody reading
+    /// it (with a single active consumer, the broker would deliver to that one alone). The
+    /// task keeps it; the next `next`, or `stop_consuming`, takes it over.
+    Starting {
+        /// The link it starts on.
+        generation: u64,
+        task: tokio::task::JoinHandle<Result<OpenConsumer, QueueError>>,
+    },
+    /// Consuming.
+    Open(Box<OpenConsumer>),
+}
+
+/// A consumer on its own channel of the link of `generation`.
+struct OpenConsumer {
+    generation: u64,
+    channel: Channel,
+    stream: Consumer,
+}
+
 /// One message for the publisher task, and where its outcome goes.
 struct Publication {
     exchange: String,
@@ -93,7 +118,7 @@ pub struct AmqpQueue {
     link: Mutex<Option<Arc<Link>>>,
     current: std::sync::RwLock<Option<Arc<Link>>>,
     last_failure: std::sync::Mutex<Option<Instant>>,
-    consumer: Mutex<Option<(u64, Channel, Consumer)>>,
+    consumer: Mutex<Consuming>,
     generation: std::sync::atomic::AtomicU64,
     /// The runtime `connect` ran on, where publisher tasks live (a reconnect may be
     /// started from an HTTP worker's thread).
@@ -151,7 +176,7 @@ impl AmqpQueue {
             link: Mutex::new(None),
             current: std::sync::RwLock::new(None),
             last_failure: std::sync::Mutex::new(None),
-            consumer: Mutex::new(None),
+            consumer: Mutex::new(Consuming::Idle),
             generation: std::sync::atomic::AtomicU64::new(0),
             runtime: tokio::runtime::Handle::current(),
         };
@@ -468,11 +493,11 @@ impl AmqpQueue {
         let mut consumer = self.consumer.lock().await;
         // A delivery of an earlier consumer fails on its closed channel without a word
         // about the current one, which is kept while it is open.
-        if consumer
-            .as_ref()
-            .is_some_and(|(_, channel, _)| timed_out || !channel.status().connected())
-            && let Some((generation, _, _)) = consumer.take()
+        if let Consuming::Open(open) = &*consumer
+            && (timed_out || !open.channel.status().connected())
         {
+            let generation = open.generation;
+            *consumer = Consuming::Idle;
             drop(consumer);
             self.forget(generation).await;
         }
@@ -560,43 +585,61 @@ impl Queue for AmqpQueue {
         let mut failures = 0u32;
         loop {
             let mut consumer = self.consumer.lock().await;
-            if consumer.is_none() {
+            if matches!(*consumer, Consuming::Idle) {
                 match self.link(true).await {
-                    Ok(link) => match start_consumer(&link, &self.settings).await {
-                        Ok((ch, c)) => {
-                            failures = 0;
-                            *consumer = Some((link.generation, ch, c));
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %crate::error_chain(&e), "cannot start the RabbitMQ consumer; retrying");
-                            self.forget(link.generation).await;
-                        }
-                    },
+                    Ok(link) => {
+                        let generation = link.generation;
+                        let start = start_consumer(link, self.settings.clone());
+                        let task = self.runtime.spawn(start);
+                        *consumer = Consuming::Starting { generation, task };
+                    }
                     Err(e) => {
                         tracing::warn!(error = %crate::error_chain(&e), failures, "RabbitMQ unreachable; retrying")
                     }
                 }
             }
-            let Some((generation, channel, stream)) = consumer.as_mut() else {
+            if let Consuming::Starting { generation, task } = &mut *consumer {
+                let generation = *generation;
+                // Awaiting the handle, not the start, is what a dropped `next` may cut short.
+                let started = task.await.unwrap_or_else(|e| {
+                    Err(unavailable(
+                        "consume",
+                        format!("the start task failed: {e}"),
+                    ))
+                });
+                match started {
+                    Ok(open) => {
+                        failures = 0;
+                        tracing::info!(generation = open.generation, queue = %self.settings.queue, "consuming from RabbitMQ");
+                        *consumer = Consuming::Open(Box::new(open));
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %crate::error_chain(&e), "cannot start the RabbitMQ consumer; retrying");
+                        *consumer = Consuming::Idle;
+                        self.forget(generation).await;
+                    }
+                }
+            }
+            let Consuming::Open(open) = &mut *consumer else {
                 drop(consumer);
                 failures = failures.saturating_add(1);
                 tokio::time::sleep(crate::jitter::pause(&RECONNECT, failures)).await;
                 continue;
             };
             tokio::select! {
-                next = stream.next() => match next {
+                next = open.stream.next() => match next {
                     Some(Ok(d)) => return Ok(delivery(d)),
                     Some(Err(e)) => {
                         tracing::warn!(error = %crate::error_chain(&e), "RabbitMQ consumer failed; reconnecting")
                     }
                     None => tracing::warn!("RabbitMQ consumer ended; reconnecting"),
                 },
-                () = closed(channel) => {
+                () = closed(&open.channel) => {
                     tracing::warn!("the RabbitMQ consumer's channel is no longer open; reconnecting")
                 }
             }
-            let generation = *generation;
-            *consumer = None;
+            let generation = open.generation;
+            *consumer = Consuming::Idle;
             drop(consumer);
             self.forget(generation).await;
         }
@@ -605,9 +648,10 @@ impl Queue for AmqpQueue {
     async fn ready(&self, max: usize) -> Vec<Delivery> {
         use futures_util::FutureExt;
         let mut consumer = self.consumer.lock().await;
-        let Some((_, _, stream)) = consumer.as_mut() else {
+        let Consuming::Open(open) = &mut *consumer else {
             return Vec::new();
         };
+        let stream = &mut open.stream;
         let mut ready = Vec::new();
         // What the broker pushed already (at most the prefetch); a failure is left for the
         // next `next`, which reconnects.
@@ -679,14 +723,24 @@ impl Queue for AmqpQueue {
     }
 
     async fn stop_consuming(&self) {
-        if let Some((_, channel, _)) = self.consumer.lock().await.take() {
-            // Closing the channel hands its unacked deliveries back to the queue.
-            if let Err(e) = channel
-                .close(200, "rollgate worker stepping down".into())
-                .await
-            {
-                tracing::warn!(error = %crate::error_chain(&e), "cannot close the consumer's channel; the broker requeues its deliveries when the connection goes");
-            }
+        let mut consumer = self.consumer.lock().await;
+        let open = match std::mem::replace(&mut *consumer, Consuming::Idle) {
+            Consuming::Idle => return,
+            // A start in flight is bounded; its consumer is closed like any other.
+            Consuming::Starting { task, .. } => match task.await {
+                Ok(Ok(open)) => Box::new(open),
+                _ => return,
+            },
+            Consuming::Open(open) => open,
+        };
+        drop(consumer);
+        // Closing the channel hands its unacked deliveries back to the queue.
+        if let Err(e) = open
+            .channel
+            .close(200, "rollgate worker stepping down".into())
+            .await
+        {
+            tracing::warn!(error = %crate::error_chain(&e), "cannot close the consumer's channel; the broker requeues its deliveries when the connection goes");
         }
     }
 }
@@ -787,25 +841,45 @@ fn delivery(d: lapin::message::Delivery) -> Delivery {
     }
 }
 
-async fn start_consumer(link: &Link, s: &QueueSettings) -> Result<(Channel, Consumer), QueueError> {
-    let ch = link
-        .connection
-        .create_channel()
+/// Opens a channel on `link` and consumes the events queue on it, each step bounded by
+/// `connect_timeout`. On failure the channel is closed: a `basic.consume` answered after
+/// its deadline would otherwise leave a consumer that nobody reads.
+async fn start_consumer(link: Arc<Link>, s: QueueSettings) -> Result<OpenConsumer, QueueError> {
+    let bound = s.connect_timeout;
+    let late = |what: &str| unavailable(what, format!("no answer within {bound:?}"));
+    let channel = tokio::time::timeout(bound, link.connection.create_channel())
         .await
+        .map_err(|_| late("channel"))?
         .map_err(|e| unavailable("channel", e))?;
-    ch.basic_qos(s.prefetch, BasicQosOptions::default())
-        .await
-        .map_err(|e| unavailable("qos", e))?;
-    let consumer = ch
-        .basic_consume(
-            s.queue.as_str().into(),
-            "rollgate-worker".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .map_err(|e| unavailable("consume", e))?;
-    Ok((ch, consumer))
+    let consume = async {
+        channel
+            .basic_qos(s.prefetch, BasicQosOptions::default())
+            .await
+            .map_err(|e| unavailable("qos", e))?;
+        channel
+            .basic_consume(
+                s.queue.as_str().into(),
+                "rollgate-worker".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| unavailable("consume", e))
+    };
+    let failure = match tokio::time::timeout(bound, consume).await {
+        Ok(Ok(stream)) => {
+            return Ok(OpenConsumer {
+                generation: link.generation,
+                channel,
+                stream,
+            });
+        }
+        Ok(Err(e)) => e,
+        Err(_) => late("consume"),
+    };
+    let close = channel.close(200, "rollgate consumer not started".into());
+    let _ = tokio::time::timeout(bound, close).await;
+    Err(failure)
 }
 
 #[cfg(test)]

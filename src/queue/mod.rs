@@ -71,7 +71,8 @@ pub trait Queue: Send + Sync {
     /// Stores `msg` durably; returns once it would survive a crash of rollgate (and of the
     /// broker, for AMQP).
     async fn publish(&self, msg: Outgoing) -> Result<(), QueueError>;
-    /// Waits for the next due message.
+    /// Waits for the next due message. Cancel-safe: the worker races it against its
+    /// timers, and a dropped `next` must lose no message and leave nothing holding one.
     async fn next(&self) -> Result<Delivery, QueueError>;
     /// Up to `max` messages already delivered and in hand, without waiting (none when the
     /// backend hands out one at a time): the worker commits alert notifications that
