@@ -663,7 +663,11 @@ async fn watch_gate(gate: Arc<Gate>, mut stop: tokio::sync::watch::Receiver<bool
 }
 
 /// One line however many alerts block: the verdict, how many reasons, the first of them.
+/// Nothing is formatted unless debug logging is on: this runs at every poll.
 fn log_verdict(verdict: &crate::domain::gate::Verdict, what: &str) {
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return;
+    }
     let reasons = verdict.reasons();
     let first = reasons.first().map(String::as_str).unwrap_or_default();
     tracing::debug!(
