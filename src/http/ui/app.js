@@ -249,8 +249,10 @@ function waitsForUpstreams(run) {
 }
 
 // The step that waits for an approval says so first in its outcome (the engine's rule).
+// At each poll it runs again with that outcome still on it: the button stays meanwhile,
+// rather than vanish from under a click several times a second.
 function awaitsApproval(run) {
-  return (run.steps || []).some((s) => s.status === 'waiting' && (s.outcome || '').startsWith('waits for approval'));
+  return (run.steps || []).some((s) => ['waiting', 'running'].includes(s.status) && (s.outcome || '').startsWith('waits for approval'));
 }
 
 async function loadFleet() {
