@@ -7,11 +7,14 @@ RUN apt-get update -q \
        protobuf-compiler libprotobuf-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY Cargo.toml Cargo.lock ./
+COPY Cargo.toml Cargo.lock build.rs ./
 COPY src src
 COPY scripts scripts
 COPY benches benches
 COPY tests tests
+# The commit `rollgate --version` names (.git is not copied):
+#   docker build --build-arg ROLLGATE_COMMIT=$(git rev-parse --short=12 HEAD) …
+ARG ROLLGATE_COMMIT=unknown
 RUN cargo build --release --locked --bin rollgate \
     && install -m 0755 target/release/rollgate /rollgate
 

@@ -10,7 +10,10 @@
 #   --containerd X.Y.Z                            upgrade containerd to X.Y.Z
 #   --apt-minor 1.NN                              point the Kubernetes apt repository at v1.NN
 #   --plan --release X.Y.Z                        kubeadm upgrade plan; report the package for X.Y.Z
-#   --check                                       prove the node answers and has the tools
+#   --check                                       prove the node answers, is apt-based,
+#                                                 has the tools, and (not as root) that
+#                                                 sudo lets it run what it needs
+#                                                 without a password (deploy/node/sudoers)
 #   --available                                   list the kubeadm packages apt offers (read-only)
 #
 # Safe to re-run: each part checks what is installed before it changes anything, and
@@ -20,7 +23,9 @@
 # losing the session never kills kubeadm half-way.
 # Environment (for unusual layouts): K8S_APT_SOURCE (default
 # /etc/apt/sources.list.d/kubernetes.list), CONTAINERD_PACKAGE (default containerd.io),
-# ROLLGATE_STATE_DIR (default /var/lib/rollgate), LOCK_WAIT (seconds, default 900).
+# ROLLGATE_STATE_DIR (default /var/lib/rollgate), LOCK_WAIT (seconds, default 900),
+# OS_RELEASE (default /etc/os-release).
+# Exit status: 0 done; 2 refused or failed; 3 this node's OS is not one the script serves.
 set -euo pipefail
 
 role="" release="" containerd="" apt_minor="" action="" kubeadm=""
@@ -28,6 +33,7 @@ K8S_APT_SOURCE=${K8S_APT_SOURCE:-/etc/apt/sources.list.d/kubernetes.list}
 CONTAINERD_PACKAGE=${CONTAINERD_PACKAGE:-containerd.io}
 ROLLGATE_STATE_DIR=${ROLLGATE_STATE_DIR:-/var/lib/rollgate}
 LOCK_WAIT=${LOCK_WAIT:-900}
+OS_RELEASE=${OS_RELEASE:-/etc/os-release}
 
 # Once the session is gone nobody reads the output: a failed write is not a failure.
 die() { echo "node-upgrade: $*" >&2 || true; exit 2; }
@@ -137,7 +143,9 @@ rewrite_repo() {
     log "apt repository already at v$apt_minor"
   else
     grep -qE '/v[0-9]+\.[0-9]+/deb' "$K8S_APT_SOURCE" || die "$K8S_APT_SOURCE has no /vX.Y/deb repository line"
-    $SUDO sed -i -E "s#/v[0-9]+\.[0-9]+/deb#/v$apt_minor/deb#g" "$K8S_APT_SOURCE"
+    # Edited as this user and written whole through tee: sudo needs a rule for
+    # `tee FILE` alone, not for a sed expression.
+    sed -E "s#/v[0-9]+\.[0-9]+/deb#/v$apt_minor/deb#g" "$K8S_APT_SOURCE" | $SUDO tee "$K8S_APT_SOURCE" >/dev/null
     log "apt repository now at v$apt_minor"
   fi
   $SUDO apt-get update -q
@@ -151,11 +159,52 @@ plan() {
   echo "rollgate: kubeadm-candidate $pkg"
 }
 
+# A value of the node's os-release file (empty when unset).
+os_field() {
+  # shellcheck disable=SC1090
+  (. "$OS_RELEASE" 2>/dev/null && printf '%s' "${!1:-}")
+}
+
+# Refuses (exit 3) a node whose OS is not apt-based, naming it and its package manager.
+supported_os() {
+  [ -r "$OS_RELEASE" ] || return 0
+  local family manager
+  family=" $(os_field ID) $(os_field ID_LIKE) "
+  case "$family" in
+    *" debian "*|*" ubuntu "*) return 0 ;;
+    *" rhel "*|*" fedora "*|*" centos "*) manager=dnf ;;
+    *" suse "*|*" opensuse "*|*" sles "*) manager=zypper ;;
+    *) manager="no apt" ;;
+  esac
+  echo "node-upgrade: runs $(os_field NAME) $(os_field VERSION_ID) ($manager): the kubeadm node script supports apt-based nodes (Debian, Ubuntu)" >&2 || true
+  exit 3
+}
+
+# Not as root: every privileged command the script and a reboot run must be allowed by
+# sudo without a password (deploy/node/sudoers); names each that is not.
+sudo_rules() {
+  [ -n "$SUDO" ] || return 0
+  local rule missing=()
+  for rule in "apt-get update -q" \
+      "apt-get install -y --allow-change-held-packages kubeadm=1.0.0-1.1" \
+      "apt-mark hold kubeadm" "apt-mark unhold kubeadm" \
+      "kubeadm upgrade node" "kubeadm upgrade apply -y v1.0.0" "kubeadm upgrade plan" \
+      "systemctl daemon-reload" "systemctl restart kubelet" "systemctl restart containerd" \
+      "systemctl reboot" "tee $K8S_APT_SOURCE" \
+      "install -d -m 0755 -o $(id -un) $ROLLGATE_STATE_DIR"; do
+    # shellcheck disable=SC2086
+    sudo -n -l $rule >/dev/null 2>&1 || missing+=("$rule")
+  done
+  [ "${#missing[@]}" -eq 0 ] || die "sudo does not let $(id -un) run these without a password: $(printf '%s; ' "${missing[@]}")add deploy/node/sudoers to /etc/sudoers.d"
+}
+
 check() {
+  supported_os
   local tool
   for tool in apt-get apt-cache apt-mark dpkg-query flock kubeadm systemctl timeout; do
     command -v "$tool" >/dev/null || die "$tool is missing on this node"
   done
+  sudo_rules
   log "ok: kubeadm $(installed kubeadm), kubelet $(installed kubelet)"
 }
 

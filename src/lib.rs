@@ -9,6 +9,7 @@ pub mod disk;
 pub mod domain;
 pub mod http;
 pub mod jitter;
+pub mod logging;
 pub mod metrics;
 pub mod ports;
 pub mod queue;

@@ -1,14 +1,55 @@
 //! Prometheus metrics, exposed at `/metrics`.
 
+use prometheus::core::Collector;
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
+use std::sync::{Arc, Mutex};
+
+/// The registry and every collector registered in it: the exposition gathers the one,
+/// the reference page and `family_names` read the other, so a family registered is a
+/// family documented, whether it has series yet or not.
+#[derive(Clone, Default)]
+struct Catalogued {
+    registry: Registry,
+    collectors: Arc<Mutex<Vec<Box<dyn Collector>>>>,
+}
+
+impl Catalogued {
+    /// Registers `collector` and keeps it for the catalogue.
+    fn add<C: Collector + Clone + 'static>(&self, collector: &C) {
+        self.registry
+            .register(Box::new(collector.clone()))
+            .expect("unique metric");
+        self.collectors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Box::new(collector.clone()));
+    }
+
+    /// The descriptions and current families of every collector, in registration order.
+    fn described(
+        &self,
+    ) -> Vec<(
+        Vec<prometheus::core::Desc>,
+        Vec<prometheus::proto::MetricFamily>,
+    )> {
+        self.collectors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|c| (c.desc().into_iter().cloned().collect(), c.collect()))
+            .collect()
+    }
+}
 
 /// Every metric rollgate exports.
 #[derive(Clone)]
 pub struct Metrics {
-    registry: Registry,
+    registry: Catalogued,
+    /// Log lines that could not be written (stderr full or closed), read at each scrape.
+    log_lines_dropped: IntCounter,
     /// HTTP requests by route pattern, method, status code and client.
     pub http_requests: IntCounterVec,
     /// HTTP request latency by route pattern.
@@ -96,12 +137,10 @@ pub struct EtcdRollMetrics {
 impl Metrics {
     /// Registers every metric in a fresh registry.
     pub fn new() -> Self {
-        let registry = Registry::new();
+        let registry = Catalogued::default();
         let counter = |name: &str, help: &str, labels: &[&str]| {
             let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-            registry
-                .register(Box::new(c.clone()))
-                .expect("unique metric");
+            registry.add(&c);
             c
         };
         let http_requests = counter(
@@ -145,9 +184,7 @@ impl Metrics {
             &["route"],
         )
         .expect("valid metric");
-        registry
-            .register(Box::new(http_duration.clone()))
-            .expect("unique metric");
+        registry.add(&http_duration);
         let step_duration = HistogramVec::new(
             HistogramOpts::new(
                 "rollgate_step_duration_seconds",
@@ -157,22 +194,16 @@ impl Metrics {
             &["kind", "step"],
         )
         .expect("valid metric");
-        registry
-            .register(Box::new(step_duration.clone()))
-            .expect("unique metric");
+        registry.add(&step_duration);
         let queue_depth = IntGauge::new("rollgate_queue_depth", "Messages waiting in the queue.")
             .expect("valid metric");
-        registry
-            .register(Box::new(queue_depth.clone()))
-            .expect("unique metric");
+        registry.add(&queue_depth);
         let dead_depth = IntGauge::new(
             "rollgate_dead_letter_depth",
             "Messages in the dead-letter queue.",
         )
         .expect("valid metric");
-        registry
-            .register(Box::new(dead_depth.clone()))
-            .expect("unique metric");
+        registry.add(&dead_depth);
         let gate_evaluations = counter(
             "rollgate_gate_evaluations_total",
             "Gate source reads by source and outcome.",
@@ -188,9 +219,7 @@ impl Metrics {
             &["verdict"],
         )
         .expect("valid metric");
-        registry
-            .register(Box::new(gate_verdict.clone()))
-            .expect("unique metric");
+        registry.add(&gate_verdict);
         let gate_blockers = IntGaugeVec::new(
             Opts::new(
                 "rollgate_gate_blockers",
@@ -199,27 +228,19 @@ impl Metrics {
             &["alertname", "source"],
         )
         .expect("valid metric");
-        registry
-            .register(Box::new(gate_blockers.clone()))
-            .expect("unique metric");
+        registry.add(&gate_blockers);
         let stalest_transition = prometheus::Gauge::new(
             "rollgate_stalest_run_transition_timestamp_seconds",
             "Oldest last-transition time among running and waiting runs; now when there are none.",
         )
         .expect("valid metric");
-        registry
-            .register(Box::new(stalest_transition.clone()))
-            .expect("unique metric");
+        registry.add(&stalest_transition);
         let runs = IntGaugeVec::new(Opts::new("rollgate_runs", "Runs by status."), &["status"])
             .expect("valid metric");
-        registry
-            .register(Box::new(runs.clone()))
-            .expect("unique metric");
+        registry.add(&runs);
         let gauge = |name: &str, help: &str| {
             let g = IntGauge::new(name, help).expect("valid metric");
-            registry
-                .register(Box::new(g.clone()))
-                .expect("unique metric");
+            registry.add(&g);
             g
         };
         let worker_active = gauge(
@@ -256,9 +277,7 @@ impl Metrics {
             &["node"],
         )
         .expect("valid metric");
-        registry
-            .register(Box::new(upgrade_node_in_hand.clone()))
-            .expect("unique metric");
+        registry.add(&upgrade_node_in_hand);
         let node_reboot_required = IntGaugeVec::new(
             Opts::new(
                 "rollgate_node_reboot_required",
@@ -267,15 +286,11 @@ impl Metrics {
             &["node"],
         )
         .expect("valid metric");
-        registry
-            .register(Box::new(node_reboot_required.clone()))
-            .expect("unique metric");
+        registry.add(&node_reboot_required);
         let per_upstream = |name: &str, help: &str| {
             let gauge =
                 IntGaugeVec::new(Opts::new(name, help), &["upstream"]).expect("valid metric");
-            registry
-                .register(Box::new(gauge.clone()))
-                .expect("unique metric");
+            registry.add(&gauge);
             gauge
         };
         let fleet_upstream_ready = per_upstream(
@@ -289,9 +304,7 @@ impl Metrics {
         let node_reboot_time = |name: &str, help: &str| {
             let gauge =
                 prometheus::GaugeVec::new(Opts::new(name, help), &["node"]).expect("valid metric");
-            registry
-                .register(Box::new(gauge.clone()))
-                .expect("unique metric");
+            registry.add(&gauge);
             gauge
         };
         let node_reboot_sent = node_reboot_time(
@@ -311,9 +324,7 @@ impl Metrics {
             &["step", "node"],
         )
         .expect("valid metric");
-        registry
-            .register(Box::new(node_step_duration.clone()))
-            .expect("unique metric");
+        registry.add(&node_step_duration);
         let etcd_roll = EtcdRollMetrics {
             rolls: counter(
                 "etcd_roll_completed_total",
@@ -349,13 +360,18 @@ impl Metrics {
                     &["target"],
                 )
                 .expect("valid metric");
-                registry
-                    .register(Box::new(g.clone()))
-                    .expect("unique metric");
+                registry.add(&g);
                 g
             },
         };
+        let log_lines_dropped = IntCounter::new(
+            "rollgate_log_lines_dropped_total",
+            "Log lines that could not be written (stderr full or closed) and were dropped.",
+        )
+        .expect("valid metric");
+        registry.add(&log_lines_dropped);
         Self {
+            log_lines_dropped,
             etcd_roll,
             worker_active,
             upgrade_in_flight,
@@ -393,10 +409,11 @@ impl Metrics {
     /// The name of every metric family rollgate exports, whether it has series yet or not
     /// (a labelled family shows in the exposition only once it has one).
     pub fn family_names(&self) -> Vec<String> {
-        self.collectors()
-            .iter()
-            .flat_map(|c| c.desc())
-            .map(|d| d.fq_name.clone())
+        self.registry
+            .described()
+            .into_iter()
+            .flat_map(|(descs, _)| descs)
+            .map(|d| d.fq_name)
             .collect()
     }
 
@@ -404,13 +421,9 @@ impl Metrics {
     pub fn catalogue(&self) -> Vec<MetricFamilyDoc> {
         use prometheus::proto::MetricType;
         let mut out = Vec::new();
-        for collector in self.collectors() {
-            let kinds: Vec<MetricType> = collector
-                .collect()
-                .iter()
-                .map(|f| f.get_field_type())
-                .collect();
-            for (i, desc) in collector.desc().into_iter().enumerate() {
+        for (descs, families) in self.registry.described() {
+            let kinds: Vec<MetricType> = families.iter().map(|f| f.get_field_type()).collect();
+            for (i, desc) in descs.into_iter().enumerate() {
                 let kind = match kinds.get(i) {
                     Some(MetricType::COUNTER) => "counter",
                     Some(MetricType::GAUGE) => "gauge",
@@ -419,10 +432,10 @@ impl Metrics {
                     _ => "untyped",
                 };
                 out.push(MetricFamilyDoc {
-                    name: desc.fq_name.clone(),
+                    name: desc.fq_name,
                     kind,
-                    labels: desc.variable_labels.clone(),
-                    help: desc.help.clone(),
+                    labels: desc.variable_labels,
+                    help: desc.help,
                 });
             }
         }
@@ -430,47 +443,14 @@ impl Metrics {
         out
     }
 
-    fn collectors(&self) -> [&dyn prometheus::core::Collector; 30] {
-        let e = &self.etcd_roll;
-        [
-            &self.http_requests,
-            &self.http_duration,
-            &self.events_queued,
-            &self.events_processed,
-            &self.events_duplicate,
-            &self.events_dead_lettered,
-            &self.queue_errors,
-            &self.queue_depth,
-            &self.dead_depth,
-            &self.runs,
-            &self.step_duration,
-            &self.stalest_transition,
-            &self.gate_verdict,
-            &self.gate_evaluations,
-            &self.gate_blockers,
-            &self.notifications,
-            &self.worker_active,
-            &self.upgrade_in_flight,
-            &self.upgrade_snapshot_taken,
-            &self.upgrade_stage,
-            &self.upgrade_node_in_hand,
-            &self.window_open,
-            &self.window_opening,
-            &self.node_step_duration,
-            &e.rolls,
-            &e.restarts,
-            &e.leadership_changes,
-            &e.transfers,
-            &e.uncontrolled_changes,
-            &e.longest_leaderless,
-        ]
-    }
-
     /// The text exposition of every metric.
     pub fn render(&self) -> String {
         let mut buf = Vec::new();
         // Encoding into a Vec cannot fail for the metric types used here.
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        let dropped = crate::logging::dropped_lines();
+        self.log_lines_dropped
+            .inc_by(dropped.saturating_sub(self.log_lines_dropped.get()));
+        let _ = TextEncoder::new().encode(&self.registry.registry.gather(), &mut buf);
         String::from_utf8(buf).unwrap_or_default()
     }
 }
@@ -503,6 +483,7 @@ mod tests {
         let m = Metrics::new();
         let names = m.family_names();
         let exposed: std::collections::BTreeSet<String> = m
+            .registry
             .registry
             .gather()
             .iter()

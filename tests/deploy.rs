@@ -625,7 +625,7 @@ fn every_secret_file_the_example_overlay_configures_is_in_its_secret() {
     );
     assert_eq!(
         settings.server.scopes["detect"],
-        BTreeSet::from([Scope::DetectionsWrite])
+        BTreeSet::from([Scope::DetectionsWrite, Scope::RebootsWrite])
     );
     assert_eq!(
         settings.detect.token_file,
@@ -800,6 +800,93 @@ fn kustomize(name: &str) -> (tempfile::TempDir, Vec<Value>) {
     std::fs::write(&built, &out.stdout).unwrap();
     let docs = documents(&built);
     (dir, docs)
+}
+
+/// The routes `rollgate detect` posts to with `args`: the upgrade it finds, and with
+/// `--reboots` the nodes whose sentinel is set.
+fn detect_routes(args: &[String]) -> Vec<&'static str> {
+    let mut routes = vec!["/v1/detections"];
+    if args.iter().any(|a| a == "--reboots") {
+        routes.push("/v1/reboots");
+    }
+    routes
+}
+
+/// As an adopter deploys each overlay: the CronJob's client (the token file its
+/// configuration names) holds every scope the routes its command posts to require, and no
+/// more; every container finds the site's configuration through ROLLGATE_CONFIG, so
+/// `kubectl exec … rollgate check-config` or `plan` reads what `serve` runs on.
+#[test]
+fn in_every_overlay_the_cronjob_may_do_what_its_command_asks_and_every_command_reads_the_site_config()
+ {
+    use rollgate::domain::scope::{Scope, required};
+    for overlay in ["example", "ha", "fleet-downstream"] {
+        let (dir, docs) = kustomize(overlay);
+        let built = dir.path().join("built.yaml");
+        let cm: ConfigMap = typed(
+            docs.iter()
+                .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "rollgate")
+                .expect("the rollgate ConfigMap"),
+            &built,
+        );
+        let settings = config_map_settings(&built, &cm);
+        let cron: CronJob = typed(
+            docs.iter()
+                .find(|d| d["kind"] == "CronJob")
+                .expect("the CronJob"),
+            &built,
+        );
+        let container = &job_pod(&cron).containers[0];
+        let args = container.args.clone().unwrap_or_default();
+        let needed: BTreeSet<Scope> = detect_routes(&args)
+            .into_iter()
+            .map(|route| required("POST", route).expect("a scope"))
+            .collect();
+        let dir_of_tokens = settings.server.tokens_dir.clone().expect("tokens_dir");
+        let client = settings
+            .detect
+            .token_file
+            .strip_prefix(&dir_of_tokens)
+            .unwrap_or_else(|_| panic!("{overlay}: detect's token is not a client's"))
+            .display()
+            .to_string();
+        assert_eq!(
+            settings.server.scopes.get(&client),
+            Some(&needed),
+            "{overlay}: client {client} runs {args:?}"
+        );
+
+        let sts: StatefulSet = typed(
+            docs.iter()
+                .find(|d| d["kind"] == "StatefulSet" && d["metadata"]["name"] == "rollgate")
+                .unwrap(),
+            &built,
+        );
+        let pod = sts.spec.unwrap().template.spec.unwrap();
+        for (what, c) in [("serve", &pod.containers[0]), ("detect", container)] {
+            let config = c
+                .env
+                .iter()
+                .flatten()
+                .find(|e| e.name == "ROLLGATE_CONFIG")
+                .and_then(|e| e.value.clone())
+                .unwrap_or_else(|| panic!("{overlay}: {what} has no ROLLGATE_CONFIG"));
+            assert_eq!(config, "/etc/rollgate/rollgate.toml", "{overlay}: {what}");
+            let mounted = c
+                .volume_mounts
+                .iter()
+                .flatten()
+                .any(|m| m.mount_path == "/etc/rollgate" && m.name == "config");
+            assert!(
+                mounted,
+                "{overlay}: {what} mounts the ConfigMap at /etc/rollgate"
+            );
+            assert!(
+                !c.args.iter().flatten().any(|a| a == "--config"),
+                "{overlay}: {what} names its config in ROLLGATE_CONFIG alone"
+            );
+        }
+    }
 }
 
 /// The fleet-downstream overlay builds into the example site whose configuration waits

@@ -329,10 +329,42 @@ fn every_example_configuration_passes_check_config_and_the_json_schema() {
         let file = dir.path().join(format!("{i}.toml"));
         std::fs::write(&file, toml).unwrap();
         if origin.contains("/deploy/") {
-            // The listener's files (tokens, TLS) are mounted in the pod only: the
-            // settings are checked as check-config checks them, before it reads those.
-            if let Err(e) = rollgate::config::Settings::load(Some(&file)) {
-                panic!("{origin}: {e}");
+            // As an operator checks a site's configuration away from the pod: the real
+            // binary, with the pod's files (tokens, TLS) absent and named as such; with
+            // --strict, as in the pod, their absence is an error naming them.
+            let check = |strict: bool| {
+                let mut command = Command::new(env!("CARGO_BIN_EXE_rollgate"));
+                command.arg("check-config");
+                if strict {
+                    command.arg("--strict");
+                }
+                command
+                    .env_clear()
+                    .env("ROLLGATE_CONFIG", &file)
+                    .output()
+                    .expect("rollgate runs")
+            };
+            let out = check(false);
+            let said = String::from_utf8_lossy(&out.stdout).into_owned();
+            assert!(
+                out.status.success(),
+                "{origin}: check-config: {said}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let s = rollgate::config::Settings::load(Some(&file)).unwrap();
+            if let Some(mounted) = s
+                .server
+                .tokens_dir
+                .as_ref()
+                .or(s.server.tls_cert_file.as_ref())
+            {
+                assert!(
+                    said.contains("not checked here: ")
+                        && said.contains(&mounted.display().to_string()),
+                    "{origin}: {said}"
+                );
+                let strict = check(true);
+                assert_eq!(strict.status.code(), Some(2), "{origin}: --strict");
             }
             continue;
         }

@@ -1312,3 +1312,62 @@ async fn a_wall_clock_stepped_back_out_of_the_window_starts_no_node_until_it_is_
         "the wake for the opening came late"
     );
 }
+
+/// Issue 40: `rollgate serve` with its output appended to a file on the disk that fills
+/// (as a VM's unit runs it), its data_dir on the same disk. Under alert load it answers
+/// 202, then 503 once the disk is short, and never stops: a log line that cannot be
+/// written is dropped and counted. Freed, the disk takes events again.
+#[tokio::test]
+async fn a_full_disk_under_the_log_drops_lines_and_never_stops_the_service() {
+    let disk = SmallDisk::mount(48);
+    let data = disk.join("data").display().to_string();
+    let mut rg = Rollgate::start_logging_in(
+        &disk.join("log"),
+        &[
+            ("ROLLGATE__DATA_DIR", data.as_str()),
+            ("ROLLGATE__QUEUE__MIN_FREE_BYTES", "4194304"),
+        ],
+    )
+    .await;
+    async fn post(rg: &Rollgate, i: usize) -> u16 {
+        rg.post("/v1/alerts", &support::webhook(&format!("load{i:012}")))
+            .await
+            .0
+    }
+    for i in 0..20 {
+        assert_eq!(post(&rg, i).await, 202);
+    }
+    disk.fill();
+    // The filler takes whole pages: the last page of the log file still has room. Fill
+    // it too, so that the next line written finds the disk full.
+    let mut log = std::fs::OpenOptions::new()
+        .append(true)
+        .open(disk.join("log/serve-1.log"))
+        .expect("the log");
+    while std::io::Write::write_all(&mut log, b"#").is_ok() {}
+    let mut answers = std::collections::BTreeMap::<u16, usize>::new();
+    for round in 0..50 {
+        let statuses =
+            futures_util::future::join_all((0..8).map(|k| post(&rg, 1000 + round * 8 + k))).await;
+        for status in statuses {
+            *answers.entry(status).or_default() += 1;
+        }
+    }
+    assert_eq!(
+        answers.keys().copied().collect::<Vec<_>>(),
+        [503],
+        "a full disk refuses every event and answers every request: {answers:?}"
+    );
+    assert_eq!(rg.exited(), None, "serve stopped:\n{}", rg.logs());
+    let (health, _) = rg.get("/healthz").await;
+    assert_eq!(health, 200);
+    let dropped = rg.metric("rollgate_log_lines_dropped_total").await;
+    assert!(dropped >= 1.0, "no log line was dropped: {dropped}");
+
+    disk.unfill();
+    support::eventually("an event taken again", Duration::from_secs(20), || async {
+        (post(&rg, 9999).await == 202).then_some(())
+    })
+    .await;
+    assert_eq!(rg.exited(), None);
+}

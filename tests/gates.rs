@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 use std::time::Duration;
 use support::cluster::IntakeCluster;
 use support::services::{Alertmanager, MiniServer, Prometheus};
-use support::{Rollgate, eventually, webhook};
+use support::{Rollgate, board, eventually, webhook};
 
 /// Metrics for the scrape target: a node that booted `ago` seconds ago.
 fn booted(ago: i64) -> String {
@@ -702,5 +702,175 @@ async fn every_view_of_the_gate_tells_one_evaluation_blockers_included() {
         rg.metric("rollgate_gate_verdict{verdict=\"unknown\"}")
             .await,
         1.0
+    );
+}
+
+/// `amtool alert add …` against the real Alertmanager.
+fn amtool(am: &Alertmanager, args: &[&str]) {
+    let out = std::process::Command::new("amtool")
+        .arg(format!("--alertmanager.url=http://127.0.0.1:{}", am.port))
+        .args(["alert", "add"])
+        .args(args)
+        .output()
+        .expect("amtool (prometheus-alertmanager)");
+    assert!(
+        out.status.success(),
+        "amtool {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// What Alertmanager sent for the alert labelled `trial`: (status, startsAt) of each
+/// notification, in the order sent.
+fn sent_for(capture: &MiniServer, trial: &str) -> Vec<(String, String, Value)> {
+    capture
+        .received()
+        .into_iter()
+        .flat_map(|body| {
+            body["alerts"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|a| a["labels"]["trial"] == trial)
+                .map(move |a| {
+                    let status = a["status"].as_str().unwrap_or_default().to_owned();
+                    let starts = a["startsAt"].as_str().unwrap_or_default().to_owned();
+                    (status, starts, body.clone())
+                })
+        })
+        .collect()
+}
+
+/// Issue 40, on the webhook-only board (no gate.alertmanager_url): a client fires an
+/// alert and resolves it with a whole-second `endsAt` and no `startsAt`, as amtool and
+/// scripts do. Alertmanager starts that resolution at its end, before the start it
+/// stamped on the firing, and sends it so; the gate opens all the same, every trial.
+/// Then a resolution of an older episode, delivered late after a new firing (a retried
+/// notification, Alertmanager's own body), leaves the gate closed.
+#[tokio::test]
+async fn a_whole_second_resolution_from_amtool_opens_the_gate_and_an_older_episodes_late_one_does_not()
+ {
+    let target = MiniServer::start().await;
+    target.set_metrics(&booted(86_400));
+    let prom = Prometheus::start(&target.address()).await;
+    let rg = start_rollgate(&prom, &[]).await;
+    let capture = MiniServer::start().await;
+    let config = format!(
+        "route:\n  receiver: rollgate\n  group_by: ['...']\n  group_wait: 0s\n  group_interval: 1s\n  repeat_interval: 1h\n\
+         receivers:\n  - name: rollgate\n    webhook_configs:\n      - url: {}/v1/alerts\n        send_resolved: true\n        http_config:\n          authorization:\n            type: Bearer\n            credentials_file: {}\n\
+         \x20     - url: http://{}/\n        send_resolved: true\n",
+        rg.base(),
+        rg.data_dir().join("api-token").display(),
+        capture.address()
+    );
+    let am = Alertmanager::with_config(&config, support::free_port()).await;
+    wait_verdict(&rg, "open").await;
+
+    for trial in 0..5 {
+        let label = format!("trial={trial}");
+        // Early in a second, so that the firing's stamp and the resolution's whole
+        // second are the same second, as when a script resolves at once.
+        let into = chrono::Utc::now().timestamp_subsec_millis();
+        if into > 100 {
+            tokio::time::sleep(Duration::from_millis(u64::from(1000 - into) + 5)).await;
+        }
+        amtool(&am, &["EtcdNoLeader", "upgrade_gate=true", &label]);
+        let end = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string();
+        wait_verdict(&rg, "closed").await;
+        amtool(
+            &am,
+            &[
+                "EtcdNoLeader",
+                "upgrade_gate=true",
+                &label,
+                &format!("--end={end}"),
+            ],
+        );
+        wait_verdict(&rg, "open").await;
+        // The case was the one that matters: Alertmanager sent a resolution starting
+        // before the firing it resolved.
+        let sent = sent_for(&capture, &trial.to_string());
+        let firing = sent
+            .iter()
+            .find(|(s, ..)| s == "firing")
+            .expect("the firing sent");
+        let resolved = sent
+            .iter()
+            .find(|(s, ..)| s == "resolved")
+            .expect("the resolution sent");
+        let at = |t: &str| chrono::DateTime::parse_from_rfc3339(t).unwrap();
+        assert!(
+            at(&resolved.1) < at(&firing.1),
+            "trial {trial}: resolution starts {} before the firing's {}",
+            resolved.1,
+            firing.1
+        );
+    }
+
+    // An older episode: fired a minute ago, resolved half a minute ago.
+    let label = "trial=older";
+    let ago = |s: i64| {
+        (chrono::Utc::now() - chrono::Duration::seconds(s))
+            .format("%Y-%m-%dT%H:%M:%SZ")
+            .to_string()
+    };
+    amtool(
+        &am,
+        &[
+            "EtcdNoLeader",
+            "upgrade_gate=true",
+            label,
+            &format!("--start={}", ago(60)),
+        ],
+    );
+    wait_verdict(&rg, "closed").await;
+    amtool(
+        &am,
+        &[
+            "EtcdNoLeader",
+            "upgrade_gate=true",
+            label,
+            &format!("--start={}", ago(60)),
+            &format!("--end={}", ago(30)),
+        ],
+    );
+    wait_verdict(&rg, "open").await;
+    let late = eventually(
+        "the older resolution sent",
+        Duration::from_secs(10),
+        || async {
+            sent_for(&capture, "older")
+                .into_iter()
+                .find(|(s, ..)| s == "resolved")
+                .map(|(.., body)| body)
+        },
+    )
+    .await;
+    // A new episode fires; then the older episode's resolution arrives again, late.
+    amtool(&am, &["EtcdNoLeader", "upgrade_gate=true", label]);
+    wait_verdict(&rg, "closed").await;
+    let (status, answer) = rg.post("/v1/alerts", &late).await;
+    assert_eq!(status, 202, "{answer}");
+    // A marker after it on the same queue: once the board has it, it has the late one.
+    rg.post("/v1/alerts", &webhook("feedfacefeedface")).await;
+    eventually(
+        "the marker on the board",
+        Duration::from_secs(10),
+        || async {
+            board(&rg)
+                .await
+                .contains_key("feedfacefeedface")
+                .then_some(())
+        },
+    )
+    .await;
+    let report = verdict(&rg).await;
+    assert_eq!(report["verdict"]["verdict"], "closed", "{report}");
+    assert!(
+        blocker_names(&report)
+            .iter()
+            .any(|(name, _)| name == "EtcdNoLeader"),
+        "{report}"
     );
 }

@@ -602,3 +602,93 @@ async fn bad_reboot_requests_are_refused_and_queue_nothing() {
     let (_, runs) = rg.get("/v1/runs").await;
     assert_eq!(runs, json!([]), "nothing queued");
 }
+
+/// On the AMQP backend (the ha overlay's), a reboot asked over HTTP and one published by
+/// another system with routing key `reboots` both reach the worker and run to the end: the
+/// events queue is bound to every event type's key.
+#[tokio::test]
+async fn reboots_over_rabbitmq_asked_by_http_and_by_a_publisher_run_end_to_end() {
+    let names = support::rabbit::Names::unique();
+    let ground = Ground::start("1.34.2", 3).await;
+    for name in ["w1", "w3"] {
+        ground.node(name).need_reboot();
+    }
+    let rg = reboot_rollgate(&ground, &names.env()).await;
+
+    let id = ask(&rg, json!({"nodes": ["w1"], "reason": "kernel"})).await;
+    rg.wait_status(&id, "succeeded", RUN_DEADLINE).await;
+
+    let event = serde_json::to_vec(&json!({
+        "specversion": "1.0", "id": "ext-reboot-1", "source": "test/publisher",
+        "type": "rollgate.reboot.v1", "time": chrono::Utc::now().to_rfc3339(),
+        "data": {"nodes": ["w3"], "reason": "published"}
+    }))
+    .unwrap();
+    support::rabbit::publish(&names.exchange, "reboots", &event, "ext-reboot-1").await;
+    let published = support::eventually(
+        "the published reboot makes a run",
+        Duration::from_secs(30),
+        || async {
+            let (_, runs) = rg.get("/v1/runs").await;
+            runs.as_array()?
+                .iter()
+                .find(|r| r["id"] != id.as_str() && r["kind"] == "node-reboot")
+                .and_then(|r| r["id"].as_str().map(str::to_owned))
+        },
+    )
+    .await;
+    rg.wait_status(&published, "succeeded", RUN_DEADLINE).await;
+
+    // The nodes' own logs: w1 and w3 took one reboot each, w2 none.
+    assert_rebooted_once(&ground, "w1");
+    assert_rebooted_once(&ground, "w3");
+    assert_eq!(ground.node("w2").reboots(), 0);
+    support::rabbit::cleanup(&names).await;
+}
+
+/// The default reboot command (`sudo -n systemctl reboot`) on a node whose sudo has no rule
+/// for rollgate's user: each attempt is a refusal, never "sent"; the run halts within the
+/// retry budget (well under reboot.timeout) naming the node and sudo's own words, and the
+/// node never took a reboot. With the rule in place, resume reboots it once.
+#[tokio::test]
+async fn a_reboot_command_the_node_refuses_halts_naming_it_within_the_retry_budget() {
+    let ground = Ground::start("1.34.2", 2).await;
+    ground.node("w1").need_reboot();
+    ground.node("w1").sudo_refuses();
+    let rg = reboot_rollgate(&ground, &[("ROLLGATE__REBOOT__TIMEOUT", "15m".into())]).await;
+    let started = std::time::Instant::now();
+    let id = ask(&rg, json!({"nodes": ["w1"]})).await;
+    let run = rg.wait_status(&id, "halted", RUN_DEADLINE).await;
+    let took = started.elapsed();
+    eprintln!("refused reboot: halted {took:?} after the request (reboot.timeout 15 min)");
+    let reason = run["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("reboot of w1 refused: sudo: a password is required (exit 1)"),
+        "{reason}"
+    );
+    assert!(reason.contains("gave up after 5 attempt(s)"), "{reason}");
+    assert!(
+        took < Duration::from_secs(120),
+        "halted after {took:?}; reboot.timeout is 15 min"
+    );
+    // The node's own log: five refused attempts, no reboot, the same boot.
+    let node = ground.node("w1");
+    let asked = node
+        .calls()
+        .iter()
+        .filter(|c| c.as_str() == "sudo -n systemctl reboot")
+        .count();
+    assert_eq!(asked, 5, "{:?}", node.calls());
+    assert_eq!(node.reboots(), 0);
+    assert_eq!(boot_id(&ground, "w1"), "boot-w1-1");
+
+    // The rule is added: resume sends the command again, and the node reboots once.
+    std::fs::remove_file(node.dir.path().join("state/sudo-refuses")).unwrap();
+    assert_eq!(rg.control(&id, "resume", "sudoers fixed").await, 202);
+    rg.wait_run(&id, "the resume to be taken", |run| {
+        run["status"] != "halted"
+    })
+    .await;
+    rg.wait_status(&id, "succeeded", RUN_DEADLINE).await;
+    assert_rebooted_once(&ground, "w1");
+}

@@ -289,3 +289,188 @@ async fn a_second_run_while_the_first_still_runs_waits_for_it_and_repeats_no_kub
         .count();
     assert_eq!(upgrades, 1, "{:?}", w1.calls());
 }
+
+/// `--check` as pre-flight runs it: an apt-based node answers ok; a node of another OS is
+/// refused with exit 3 in one line naming the OS and its package manager; a login that is
+/// not root needs a sudo rule for every privileged command the script and a reboot run,
+/// and each one missing is named.
+#[tokio::test]
+async fn check_names_an_unsupported_os_and_every_missing_sudo_rule() {
+    let api = FakeKube::start().await;
+    api.add_node("w1", false, "1.34.2", "1.7.20");
+    let w1 = node(&api, "w1", "1.34").await;
+    let state = w1.dir.path().join("state");
+    let (code, out) = w1.run(&["--check"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        !w1.calls().iter().any(|c| c.starts_with("sudo")),
+        "root needs no sudo: {:?}",
+        w1.calls()
+    );
+
+    std::fs::write(state.join("non-root"), "").unwrap();
+    let (code, out) = w1.run(&["--check"]);
+    assert_eq!(code, 0, "with deploy/node/sudoers: {out}");
+    for asked in [
+        "sudo -n -l systemctl reboot",
+        "sudo -n -l apt-get install -y --allow-change-held-packages kubeadm=1.0.0-1.1",
+        "sudo -n -l kubeadm upgrade node",
+    ] {
+        assert!(
+            w1.calls().iter().any(|c| c == asked),
+            "{asked}: {:?}",
+            w1.calls()
+        );
+    }
+
+    std::fs::write(state.join("sudo-refuses"), "").unwrap();
+    let (code, out) = w1.run(&["--check"]);
+    assert_eq!(code, 2, "{out}");
+    for rule in [
+        "sudo does not let rollgate run these without a password: apt-get update -q; ",
+        "; systemctl reboot; ",
+        "; kubeadm upgrade apply -y v1.0.0; ",
+        "add deploy/node/sudoers to /etc/sudoers.d",
+    ] {
+        assert!(out.contains(rule), "{rule}: {out}");
+    }
+
+    for (os, says) in [
+        (
+            support::nodes::ROCKY,
+            "node-upgrade: runs Rocky Linux 9.4 (dnf): the kubeadm node script supports apt-based nodes (Debian, Ubuntu)\n",
+        ),
+        (
+            "NAME=\"openSUSE Leap\"\nVERSION_ID=\"15.6\"\nID=\"opensuse-leap\"\nID_LIKE=\"suse opensuse\"\n",
+            "node-upgrade: runs openSUSE Leap 15.6 (zypper): the kubeadm node script supports apt-based nodes (Debian, Ubuntu)\n",
+        ),
+    ] {
+        std::fs::write(w1.dir.path().join("os-release"), os).unwrap();
+        let (code, out) = w1.run(&["--check"]);
+        assert_eq!((code, out.as_str()), (3, says));
+    }
+}
+
+/// `deploy/node/sudoers` as the real sudo reads it: visudo accepts it, and every command
+/// the node script's `--check` asks sudo about (taken from a run of the script, with the
+/// shipped paths) is allowed for `rollgate`, while commands beside them are not. sudo reads
+/// the file through a private mount namespace (unshare), so the machine's own sudoers and
+/// users are never touched.
+#[tokio::test]
+async fn the_shipped_sudoers_allows_what_the_node_script_asks_and_nothing_beside() {
+    let sudoers = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/node/sudoers");
+    let out = Command::new("visudo")
+        .arg("-cf")
+        .arg(&sudoers)
+        .output()
+        .expect("visudo (scripts/test.sh installs sudo)");
+    assert!(
+        out.status.success(),
+        "visudo: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // What the script asks, with the paths a node has.
+    let api = FakeKube::start().await;
+    api.add_node("w1", false, "1.34.2", "1.7.20");
+    let mut w1 = node(&api, "w1", "1.34").await;
+    std::fs::write(w1.dir.path().join("state/non-root"), "").unwrap();
+    for (key, value) in [
+        ("K8S_APT_SOURCE", "/etc/apt/sources.list.d/kubernetes.list"),
+        ("ROLLGATE_STATE_DIR", "/var/lib/rollgate"),
+    ] {
+        w1.env.retain(|(k, _)| k != key);
+        w1.env.push((key.into(), value.into()));
+    }
+    let (code, out) = w1.run(&["--check"]);
+    assert_eq!(code, 0, "{out}");
+    let asked: Vec<String> = w1
+        .calls()
+        .iter()
+        .filter_map(|c| c.strip_prefix("sudo -n -l ").map(str::to_owned))
+        .collect();
+    assert!(asked.len() >= 10, "{asked:?}");
+
+    let refused = [
+        "systemctl poweroff",
+        "systemctl restart sshd",
+        "apt-get install -y --allow-change-held-packages nginx=1.0",
+        "apt-get remove kubelet",
+        "apt-mark hold nginx",
+        "tee /etc/shadow",
+        "kubeadm reset -f",
+        "install -d -m 0755 -o rollgate /etc",
+        "bash",
+    ];
+    let root = tempfile::tempdir().unwrap();
+    let (passwd, rules) = (root.path().join("passwd"), root.path().join("sudoers"));
+    let mut users = std::fs::read_to_string("/etc/passwd").unwrap();
+    users.push_str("rollgate:x:64999:64999::/nonexistent:/usr/sbin/nologin\n");
+    std::fs::write(&passwd, users).unwrap();
+    std::fs::write(
+        &rules,
+        format!(
+            "Defaults secure_path=\"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\"\nroot ALL=(ALL:ALL) ALL\n{}",
+            std::fs::read_to_string(&sudoers).unwrap()
+        ),
+    )
+    .unwrap();
+    Command::new("chmod")
+        .arg("0440")
+        .arg(&rules)
+        .status()
+        .unwrap();
+    // sudo lists only commands that exist: this machine need not have kubeadm or
+    // systemctl, so the namespace sees stand-ins over /usr/bin (an overlay, read-only).
+    let tools = root.path().join("tools");
+    std::fs::create_dir(&tools).unwrap();
+    for tool in [
+        "apt-get",
+        "apt-mark",
+        "tee",
+        "install",
+        "kubeadm",
+        "systemctl",
+        "bash",
+    ] {
+        std::fs::write(tools.join(tool), "#!/bin/sh\n").unwrap();
+        Command::new("chmod")
+            .arg("+x")
+            .arg(tools.join(tool))
+            .status()
+            .unwrap();
+    }
+    // One line per probe: "<exit status> <command>".
+    let mut script = format!(
+        "mount -t overlay overlay -o lowerdir={}:/usr/bin /usr/bin && mount --bind {} /etc/passwd && mount --bind {} /etc/sudoers || exit 99\n",
+        tools.display(),
+        passwd.display(),
+        rules.display()
+    );
+    for probe in asked.iter().map(String::as_str).chain(refused) {
+        script.push_str(&format!(
+            "sudo -n -l -U rollgate {probe} >/dev/null 2>&1; echo \"$? {probe}\"\n"
+        ));
+    }
+    let out = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", &script])
+        .output()
+        .expect("unshare (util-linux)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines = String::from_utf8_lossy(&out.stdout).into_owned();
+    for line in lines.lines() {
+        let (status, probe) = line.split_once(' ').unwrap();
+        let want = if refused.contains(&probe) { "1" } else { "0" };
+        assert_eq!(status, want, "sudo -l -U rollgate {probe}\n{lines}");
+    }
+    assert_eq!(
+        lines.lines().count(),
+        asked.len() + refused.len(),
+        "{lines}"
+    );
+}

@@ -20,9 +20,17 @@ use etcd_roll::etcd_roll;
 use plan::{PlanRefused, plan};
 use runs::runs;
 
+/// What `rollgate --version` prints: the release and the commit it was built from.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("ROLLGATE_COMMIT"),
+    ")"
+);
+
 /// rollgate: gated, event-driven Kubernetes and etcd upgrades.
 #[derive(Parser, Debug)]
-#[command(name = "rollgate", version, about)]
+#[command(name = "rollgate", version = VERSION, about)]
 pub struct Cli {
     /// Configuration file (TOML); ROLLGATE__SECTION__KEY environment variables override it.
     #[arg(long, global = true, env = "ROLLGATE_CONFIG")]
@@ -49,15 +57,23 @@ pub enum ConfigDoc {
 pub enum Command {
     /// Run the HTTP API, the queue consumer and the scheduler.
     Serve,
-    /// Check the configuration and report every bad value (exit 2 when any).
-    CheckConfig,
+    /// Check the configuration and report every bad value (exit 2 when any). Files that
+    /// only the pod mounts (the API tokens, the TLS certificate) are read when they are
+    /// here and reported "not checked here" when they are not, so a site's configuration
+    /// can be checked on a workstation or in CI.
+    CheckConfig {
+        /// Also require those files to be here and valid, as inside the pod
+        /// (`kubectl exec … rollgate check-config --strict`).
+        #[arg(long)]
+        strict: bool,
+    },
     /// Roll an etcd cluster in the foreground (command driver): followers first, one
     /// leadership transfer, the old leader last; a progress line per step, a JSON report.
     EtcdRoll(EtcdRollArgs),
     /// Plan a Kubernetes upgrade against the cluster as it is now: print the steps, the
     /// gates and what each step will do. Reads the cluster; changes nothing.
     Plan(PlanArgs),
-    /// Detect the upgrade to make (what the weekly CronJob runs): the running version, the
+    /// Detect the upgrade to make (what the daily CronJob runs): the running version, the
     /// newest patch the control plane's apt repository offers, whether the next minor is
     /// released; push the result to the Pushgateway and ask rollgate for the upgrade.
     /// Exit 0: done (nothing to do, asked for, already in flight, or held by another
@@ -343,6 +359,25 @@ pub enum FleetAction {
 
 /// What the listener will serve, read as `serve` reads it: the API's clients with their
 /// scopes, and TLS. An error names the file that cannot be used (never a token).
+/// The files the listener reads at start: the API tokens and the TLS certificate. Inside
+/// the pod they are mounted Secrets; elsewhere they are usually absent. The default token
+/// file is left out: serve generates it at its first start.
+fn listener_files(settings: &Settings) -> Vec<PathBuf> {
+    let s = &settings.server;
+    let sources = crate::app::token_sources(settings);
+    let admin = sources.admin_file.filter(|_| !s.token_file_is_default);
+    [
+        admin,
+        sources.dir,
+        s.tls_cert_file.clone(),
+        s.tls_key_file.clone(),
+        s.client_ca_file.clone(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
 fn check_listener(settings: &Settings) -> anyhow::Result<(String, String)> {
     use crate::http::clients::Clients;
     let mut sources = crate::app::token_sources(settings);
@@ -434,12 +469,26 @@ pub fn run(cli: Cli) -> ExitCode {
         }
     };
     match cli.command {
-        Command::CheckConfig => {
+        Command::CheckConfig { strict } => {
             println!("configuration OK");
             println!("  listen      {}", settings.server.listen);
             println!("  data_dir    {}", settings.data_dir.display());
             println!("  token_file  {}", settings.server.token_file.display());
-            match check_listener(&settings) {
+            let absent = listener_files(&settings)
+                .into_iter()
+                .filter(|p| !p.exists())
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>();
+            let checked = if absent.is_empty() || strict {
+                check_listener(&settings)
+            } else {
+                let not_here = format!(
+                    "not checked here: {} (mounted in the pod; check-config --strict there)",
+                    absent.join(", ")
+                );
+                Ok((not_here.clone(), not_here))
+            };
+            match checked {
                 Ok((clients, tls)) => {
                     println!("  clients     {clients}");
                     println!("  tls         {tls}");
@@ -646,7 +695,8 @@ fn init_logging(settings: &Settings) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(crate::logging::LossyStderr)
+        .log_internal_errors(false)
         // Colour only for a person at a terminal, never in a log file or a pod's log.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     match settings.log.format {

@@ -41,20 +41,41 @@ impl Alert {
     }
 
     /// Whether this notification of an alert is newer than `stored`, the board's one of
-    /// the same fingerprint, by the alert's own times rather than by arrival: a later
-    /// start is a new firing; an earlier one is stale. For the same start, a resolution
-    /// is final (a firing again starts anew), and of two resolutions the later end wins;
-    /// two firings are a resend, the later one taken.
+    /// the same fingerprint, by the alert's own times as Alertmanager keeps them, rather
+    /// than by arrival (a retried or replicated notification may come late):
+    /// - a resolution ends the stored firing unless it surely ended before that firing
+    ///   began (then it is an older episode's, late). Alertmanager sets a resolution's
+    ///   start to its end when the client gave none, and a client's whole-second end
+    ///   (amtool, scripts) may lie up to a second before the firing's start that
+    ///   Alertmanager stamped on receipt: such a resolution ends it;
+    /// - a firing that began after the stored resolution's end is a new episode; one that
+    ///   began no later is the episode that resolution ended, resent;
+    /// - two firings: the later start (or a resend); two resolutions: the later end.
     pub fn supersedes(&self, stored: &Alert) -> bool {
         use AlertStatus::{Firing, Resolved};
-        match self.starts_at.cmp(&stored.starts_at) {
-            std::cmp::Ordering::Greater => true,
-            std::cmp::Ordering::Less => false,
-            std::cmp::Ordering::Equal => match (stored.status, self.status) {
-                (Resolved, Firing) => false,
-                (Firing, Resolved) | (Firing, Firing) => true,
-                (Resolved, Resolved) => self.ends_at >= stored.ends_at,
-            },
+        match (stored.status, self.status) {
+            (Firing, Firing) => self.starts_at >= stored.starts_at,
+            (Firing, Resolved) => self.latest_end() > stored.starts_at,
+            (Resolved, Firing) => self.starts_at > stored.ended(),
+            (Resolved, Resolved) => {
+                (self.ended(), self.starts_at) >= (stored.ended(), stored.starts_at)
+            }
+        }
+    }
+
+    /// When the alert ended, as sent (its start when no end was sent).
+    fn ended(&self) -> DateTime<Utc> {
+        self.ends_at.unwrap_or(self.starts_at)
+    }
+
+    /// The latest instant the sent end may stand for: a whole-second end was cut down to
+    /// the second by its client, so the true end may lie up to a second later.
+    fn latest_end(&self) -> DateTime<Utc> {
+        let end = self.ended();
+        if end.timestamp_subsec_nanos() == 0 {
+            end + chrono::Duration::seconds(1) - chrono::Duration::nanoseconds(1)
+        } else {
+            end
         }
     }
 }
@@ -444,6 +465,8 @@ mod tests {
             (alert(Resolved, 0, Some(5)), alert(Firing, 9, None), true),
             // An old firing of an earlier instance, late.
             (alert(Firing, 9, None), alert(Resolved, 0, Some(5)), false),
+            // Alertmanager's merge kept the earliest start: the same episode resolved.
+            (alert(Firing, 3, None), alert(Resolved, 1, Some(5)), true),
         ];
         for (stored, incoming, wins) in cases {
             assert_eq!(
@@ -459,5 +482,71 @@ mod tests {
         let (resolved, firing) = (alert(Resolved, 0, Some(5)), alert(Firing, 0, None));
         let kept = newest_by_fingerprint([&resolved, &firing]);
         assert_eq!(kept, [&resolved]);
+    }
+
+    /// amtool and scripts resolve with a whole-second `endsAt` and no `startsAt`;
+    /// Alertmanager then starts the resolution at its end, which can lie before the
+    /// sub-second start it stamped on the firing.
+    #[test]
+    fn a_whole_second_resolution_within_the_second_before_the_firing_ends_it() {
+        let at = |s: &str| {
+            DateTime::parse_from_rfc3339(&format!("2026-12-02T10:00:{s}Z"))
+                .unwrap()
+                .with_timezone(&Utc)
+        };
+        let alert = |status, start: &str, end: Option<&str>| Alert {
+            fingerprint: "f1".into(),
+            status,
+            labels: BTreeMap::from([("alertname".into(), "EtcdNoLeader".into())]),
+            annotations: BTreeMap::new(),
+            starts_at: at(start),
+            ends_at: end.map(at),
+        };
+        use AlertStatus::{Firing, Resolved};
+        // (stored, incoming, incoming wins)
+        let cases = [
+            // The firing stamped at .7 s, resolved "at 10:00:00" (really later).
+            (
+                alert(Firing, "00.700", None),
+                alert(Resolved, "00", Some("00")),
+                true,
+            ),
+            // An end with sub-seconds is exact: it ended before this firing began.
+            (
+                alert(Firing, "00.700", None),
+                alert(Resolved, "00.300", Some("00.300")),
+                false,
+            ),
+            // A whole-second end a second or more before the start: an older episode's.
+            (
+                alert(Firing, "01.000", None),
+                alert(Resolved, "00", Some("00")),
+                false,
+            ),
+            (
+                alert(Firing, "01.500", None),
+                alert(Resolved, "00", Some("00")),
+                false,
+            ),
+            // After the resolution, the firing of the same episode resent: stale.
+            (
+                alert(Resolved, "00", Some("05")),
+                alert(Firing, "00.700", None),
+                false,
+            ),
+            // A firing that began after the stated end: a new episode (fail closed).
+            (
+                alert(Resolved, "00", Some("00")),
+                alert(Firing, "00.700", None),
+                true,
+            ),
+        ];
+        for (stored, incoming, wins) in cases {
+            assert_eq!(
+                incoming.supersedes(&stored),
+                wins,
+                "{incoming:?} after {stored:?}"
+            );
+        }
     }
 }

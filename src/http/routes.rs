@@ -132,6 +132,11 @@ async fn read_json(
     serde_json::from_slice(&body).map_err(ApiError::bad_json)
 }
 
+/// Refused events are logged once per interval: under load they come thousands a second.
+static REFUSALS_LOGGED: crate::logging::Throttle =
+    crate::logging::Throttle::new(std::time::Duration::from_secs(10));
+
+/// Queues `data` as one event: 202 material, or an error and nothing queued.
 pub(crate) async fn enqueue(
     state: &AppState,
     req: &HttpRequest,
@@ -145,7 +150,9 @@ pub(crate) async fn enqueue(
             .queue_errors
             .with_label_values(&["low_disk"])
             .inc();
-        tracing::warn!(error = %low, "refusing an event: the disk under data_dir is short");
+        if let Some(held) = REFUSALS_LOGGED.admit(std::time::Instant::now()) {
+            tracing::warn!(error = %low, more = held, "refusing events: the disk under data_dir is short (one line per 10 s; `more` were refused since the last)");
+        }
         return Err(ApiError::unavailable(format!(
             "the event was not queued: {low}; nothing was accepted, retry later"
         )));
@@ -166,7 +173,9 @@ pub(crate) async fn enqueue(
                 .queue_errors
                 .with_label_values(&["publish"])
                 .inc();
-            tracing::warn!(error = %crate::error_chain(&e), "cannot queue an event");
+            if let Some(held) = REFUSALS_LOGGED.admit(std::time::Instant::now()) {
+                tracing::warn!(error = %crate::error_chain(&e), more = held, "cannot queue events (one line per 10 s; `more` were refused since the last)");
+            }
             Err(ApiError::unavailable(format!(
                 "the event was not queued ({e}); nothing was accepted, retry later"
             )))

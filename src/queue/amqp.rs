@@ -34,6 +34,7 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 use super::{Delivery, Handle, Outgoing, Queue, QueueError};
 use crate::config::QueueSettings;
 use crate::domain::backoff::Backoff;
+use crate::domain::event::EventType;
 
 /// Added to every delay before it becomes a queue's TTL: RabbitMQ may expire a message a
 /// few milliseconds before its TTL, and a wake must never come early.
@@ -41,8 +42,11 @@ const TTL_SLACK: Duration = Duration::from_millis(50);
 /// The pause between attempts to reach the broker again.
 const RECONNECT: Backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
 
-/// The routing keys bound to the events queue.
-pub const ROUTING_KEYS: [&str; 5] = ["alerts", "detections", "etcd-rolls", "control", "wake"];
+/// The routing keys bound to the events queue: one per event type, read off the types
+/// themselves, so a new type cannot be published with a key nothing is bound to.
+pub fn routing_keys() -> impl Iterator<Item = &'static str> {
+    EventType::ALL.into_iter().map(EventType::routing_key)
+}
 /// Header carrying the reason a message was dead-lettered.
 pub const REASON_HEADER: &str = "x-rollgate-reason";
 /// Header carrying the earliest delivery time (ms since the epoch) of a delayed message.
@@ -295,7 +299,7 @@ impl AmqpQueue {
         ch.queue_declare(s.queue.as_str().into(), durable_queue, args)
             .await
             .map_err(err)?;
-        for key in ROUTING_KEYS {
+        for key in routing_keys() {
             ch.queue_bind(
                 s.queue.as_str().into(),
                 s.exchange.as_str().into(),

@@ -97,6 +97,8 @@ pub struct Rollgate {
     /// `http`, or `https` for a TLS listener.
     pub scheme: &'static str,
     starts: u32,
+    /// Where serve's output goes (`serve-N.log`): its temp dir unless a test says.
+    log_dir: Option<PathBuf>,
 }
 
 impl Rollgate {
@@ -128,9 +130,30 @@ impl Rollgate {
         scheme: &'static str,
         http: reqwest::Client,
     ) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let mut rg = Self {
-            dir,
+        let mut rg = Self::unstarted(port, env, scheme, http, None);
+        rg.spawn().await;
+        rg
+    }
+
+    /// Starts `rollgate serve` with its output appended to `serve-N.log` under `dir`, as a
+    /// VM's unit appends it to a file (`>> /var/log/rollgate.log 2>&1`).
+    pub async fn start_logging_in(dir: &std::path::Path, env: &[(&str, &str)]) -> Self {
+        std::fs::create_dir_all(dir).expect("log dir");
+        let http = Self::client_builder().build().expect("client");
+        let mut rg = Self::unstarted(free_port(), env, "http", http, Some(dir.to_owned()));
+        rg.spawn().await;
+        rg
+    }
+
+    fn unstarted(
+        port: u16,
+        env: &[(&str, &str)],
+        scheme: &'static str,
+        http: reqwest::Client,
+        log_dir: Option<PathBuf>,
+    ) -> Self {
+        Self {
+            dir: tempfile::tempdir().expect("temp dir"),
             port,
             env: env
                 .iter()
@@ -141,9 +164,15 @@ impl Rollgate {
             http,
             scheme,
             starts: 0,
-        };
-        rg.spawn().await;
-        rg
+            log_dir,
+        }
+    }
+
+    /// How the process ended, if it has.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
     }
 
     /// The data dir: `data` in its temp dir, unless the test set `ROLLGATE__DATA_DIR`.
@@ -159,7 +188,10 @@ impl Rollgate {
     }
 
     fn log_path(&self) -> PathBuf {
-        self.dir.path().join(format!("serve-{}.log", self.starts))
+        self.log_dir
+            .as_deref()
+            .unwrap_or(self.dir.path())
+            .join(format!("serve-{}.log", self.starts))
     }
 
     /// Sets (or replaces) an environment variable for the next start.
@@ -174,7 +206,11 @@ impl Rollgate {
 
     async fn spawn(&mut self) {
         self.starts += 1;
-        let log = std::fs::File::create(self.log_path()).expect("log file");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .expect("log file");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_rollgate"));
         cmd.arg("serve")
             .current_dir(self.dir.path())
@@ -227,7 +263,11 @@ impl Rollgate {
     pub fn logs(&self) -> String {
         (1..=self.starts)
             .map(|i| {
-                let p = self.dir.path().join(format!("serve-{i}.log"));
+                let p = self
+                    .log_dir
+                    .as_deref()
+                    .unwrap_or(self.dir.path())
+                    .join(format!("serve-{i}.log"));
                 format!(
                     "--- start {i} ---\n{}",
                     std::fs::read_to_string(p).unwrap_or_default()

@@ -164,6 +164,35 @@ esac
     ),
 ];
 
+/// sudo as a node whose sudoers has `deploy/node/sudoers` runs it, or, with
+/// `$STUB_STATE/sudo-refuses`, as one without the rule: `-n` never asks for a password,
+/// so it refuses with sudo's own words. `-l CMD` lists whether CMD is allowed. The real
+/// sudo would reset PATH (secure_path) and reach the machine's own tools: never here.
+const SUDO: &str = r#"#!/bin/bash
+echo "sudo $*" >> "$STUB_LOG"
+[ "$1" = -n ] && shift
+list=""
+if [ "$1" = -l ]; then list=1; shift; fi
+if [ -f "$STUB_STATE/sudo-refuses" ]; then echo "sudo: a password is required" >&2; exit 1; fi
+if [ -n "$list" ]; then echo "/usr/bin/$*"; exit 0; fi
+exec "$@"
+"#;
+
+/// id as it answers for a login that is not root, with `$STUB_STATE/non-root` (the node
+/// script then runs its privileged commands through sudo); else the real one.
+const ID: &str = r#"#!/bin/bash
+if [ -f "$STUB_STATE/non-root" ]; then
+  case "$1" in -u) echo 1000; exit 0 ;; -un) echo rollgate; exit 0 ;; esac
+fi
+exec /usr/bin/id "$@"
+"#;
+
+/// The /etc/os-release a fake node has unless a test gives it another.
+const UBUNTU: &str = "NAME=\"Ubuntu\"\nVERSION_ID=\"24.04\"\nID=ubuntu\nID_LIKE=debian\nPRETTY_NAME=\"Ubuntu 24.04.1 LTS\"\n";
+
+/// Rocky Linux's /etc/os-release, as its 9.4 release writes it.
+pub const ROCKY: &str = "NAME=\"Rocky Linux\"\nVERSION=\"9.4 (Blue Onyx)\"\nID=\"rocky\"\nID_LIKE=\"rhel centos fedora\"\nVERSION_ID=\"9.4\"\nPRETTY_NAME=\"Rocky Linux 9.4 (Blue Onyx)\"\n";
+
 /// The client side: one key pair and one known_hosts file for every node.
 pub struct SshClient {
     pub dir: tempfile::TempDir,
@@ -203,7 +232,7 @@ pub fn node_files(d: &Path, name: &str, api: &FakeKube, minor: &str) -> Vec<(Str
     let state = d.join("state");
     std::fs::create_dir_all(&bin).expect("bin");
     std::fs::create_dir_all(&state).expect("state");
-    for (tool, text) in STUBS {
+    for (tool, text) in STUBS.iter().chain(&[("sudo", SUDO), ("id", ID)]) {
         let path = bin.join(tool);
         std::fs::write(&path, text).expect("stub");
         Command::new("chmod")
@@ -234,6 +263,7 @@ pub fn node_files(d: &Path, name: &str, api: &FakeKube, minor: &str) -> Vec<(Str
     )
     .expect("apt source");
     std::fs::write(d.join("calls.log"), "").expect("log");
+    std::fs::write(d.join("os-release"), UBUNTU).expect("os-release");
     let d = d.display();
     [
         ("PATH", format!("{d}/bin:/usr/bin:/bin")),
@@ -244,6 +274,7 @@ pub fn node_files(d: &Path, name: &str, api: &FakeKube, minor: &str) -> Vec<(Str
         ("FAKE_TOKEN", api.token.clone()),
         ("K8S_APT_SOURCE", format!("{d}/kubernetes.list")),
         ("ROLLGATE_STATE_DIR", format!("{d}/state/rollgate")),
+        ("OS_RELEASE", format!("{d}/os-release")),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
@@ -459,6 +490,21 @@ impl FakeNode {
     /// Whether the node is down, rebooting.
     pub fn is_down(&self) -> bool {
         self.dir.path().join("state/down").exists()
+    }
+
+    /// This node's /etc/os-release reads `text` from now on.
+    pub fn runs_os(&self, text: &str) {
+        std::fs::write(self.dir.path().join("os-release"), text).expect("os-release");
+    }
+
+    /// From now on sudo on this node refuses: the login has no rule (deploy/node/sudoers).
+    pub fn sudo_refuses(&self) {
+        std::fs::write(self.dir.path().join("state/sudo-refuses"), "").expect("marker");
+    }
+
+    /// From now on the login is not root: the node script goes through sudo.
+    pub fn login_not_root(&self) {
+        std::fs::write(self.dir.path().join("state/non-root"), "").expect("marker");
     }
 
     /// Makes this node never come back from a reboot.

@@ -36,6 +36,8 @@ pub const NODE_SCRIPT: &str = include_str!("../../../scripts/node-upgrade.sh");
 
 /// Lines of script output kept in the run history.
 const TAIL_LINES: usize = 6;
+/// The node script's exit status for a node whose OS it does not serve.
+const UNSUPPORTED_OS: i32 = 3;
 
 /// Upgrade settings the steps need.
 #[derive(Debug, Clone)]
@@ -227,6 +229,14 @@ impl UpgradeSteps {
         for (name, result) in futures_util::future::join_all(checks).await {
             match result {
                 Ok(out) if out.status == Some(0) => answered.push(name),
+                // An OS the script does not serve: no retry makes it one.
+                Ok(out) if out.status == Some(UNSUPPORTED_OS) => {
+                    let said = out.stderr.lines().last().unwrap_or_default();
+                    return StepOutcome::failed(format!(
+                        "{name} {}",
+                        said.trim_start_matches("node-upgrade: ")
+                    ));
+                }
                 Ok(out) => {
                     return StepOutcome::retry(format!(
                         "node check on {name} failed: {}",

@@ -148,11 +148,7 @@ impl NodeReboots {
                     mark.boot_id, boot.boot_id
                 ));
             }
-            let not_sent = step
-                .outcome
-                .as_deref()
-                .is_some_and(|o| o.starts_with(NOT_SENT));
-            if !not_sent {
+            if !step.outcome.as_deref().is_some_and(may_send_again) {
                 return StepOutcome::done(format!(
                     "the reboot command was sent to {node} at {} (before a restart): not sent again; waiting for it to come back",
                     mark.at.format("%H:%M:%S")
@@ -183,6 +179,24 @@ impl NodeReboots {
             .run_script(&target, &format!("{}\n", self.settings.command), &[])
             .await
         {
+            // ssh's own 255 is a session cut short, which a node going down causes.
+            Ok(out) if matches!(out.status, Some(code) if code != 0 && code != 255) => {
+                match self.boots.boot(node).await {
+                    Ok(now) if now.boot_id != boot.boot_id => format!(
+                        "exited with {:?}, and the node has another boot id already",
+                        out.status
+                    ),
+                    // It said no and the node kept its boot: nothing was rebooted, and
+                    // the redo (the one retry policy) sends the command again.
+                    _ => {
+                        return StepOutcome::retry(refused(
+                            node,
+                            &out.tail(2),
+                            out.status.unwrap_or_default(),
+                        ));
+                    }
+                }
+            }
             Ok(out) => format!("exited with {:?}", out.status),
             Err(e @ ExecError::HostKey { .. }) => return StepOutcome::failed(error_chain(&e)),
             // No session: nothing was sent.
@@ -314,3 +328,58 @@ impl NodeReboots {
 /// How a reboot step's outcome starts when the command surely was not sent: the redo may
 /// send it.
 const NOT_SENT: &str = "reboot command not sent: ";
+
+/// The outcome of a reboot command the node refused (a non-zero exit, the boot id kept),
+/// e.g. `reboot of w3 refused: sudo: a password is required (exit 1)`.
+fn refused(node: &str, said: &str, code: i32) -> String {
+    let said = if said.trim().is_empty() {
+        "no output"
+    } else {
+        said.trim()
+    };
+    format!("reboot of {node} refused: {said} (exit {code})")
+}
+
+/// Whether a reboot step whose last outcome was `outcome` surely rebooted nothing, so
+/// that its redo may send the command: nothing was sent, or the node refused it.
+fn may_send_again(outcome: &str) -> bool {
+    outcome.starts_with(NOT_SENT)
+        || (outcome.starts_with("reboot of ") && outcome.contains(" refused: "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_command_not_sent_or_refused_is_sent_again() {
+        let cases = [
+            (format!("{NOT_SENT}ssh to w1: cannot connect"), true),
+            (refused("w3", "sudo: a password is required", 1), true),
+            (refused("w3", "", 1), true),
+            (
+                "reboot command sent to w3 (boot id b1): exited with Some(0)".into(),
+                false,
+            ),
+            (
+                "reboot command sent to w3 (boot id b1): the session ended (eof)".into(),
+                false,
+            ),
+            (
+                "waiting for w3: it is down (same boot id, not Ready)".into(),
+                false,
+            ),
+        ];
+        for (outcome, want) in cases {
+            assert_eq!(may_send_again(&outcome), want, "{outcome}");
+        }
+        assert_eq!(
+            refused("w3", "Interactive authentication required.", 1),
+            "reboot of w3 refused: Interactive authentication required. (exit 1)"
+        );
+        assert_eq!(
+            refused("w3", " ", 4),
+            "reboot of w3 refused: no output (exit 4)"
+        );
+    }
+}

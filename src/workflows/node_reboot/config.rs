@@ -30,8 +30,11 @@ pub struct RebootConfig {
     /// A command run on the node instead of looking for the file: exit 0 means it needs a
     /// reboot, exit 1 that it does not; anything else is an error (default: none).
     pub sentinel_command: Option<String>,
-    /// The command that reboots the node, over SSH (default `systemctl reboot`); the
-    /// connection dropping as the node goes down is expected.
+    /// The command that reboots the node, over SSH (default `sudo -n systemctl reboot`:
+    /// the SSH user is not root, and `deploy/node/sudoers` allows it exactly this). The
+    /// connection dropping as the node goes down is expected; a non-zero exit while the
+    /// node keeps its boot id is a refusal, retried and then halted on, naming the node
+    /// and what the command said.
     pub command: String,
     /// How long a node may take from the reboot command to being Ready with another boot
     /// id before the run halts naming it (default 15m).
@@ -62,7 +65,7 @@ impl Default for RebootConfig {
         Self {
             sentinel_file: PathBuf::from("/var/run/reboot-required"),
             sentinel_command: None,
-            command: "systemctl reboot".into(),
+            command: "sudo -n systemctl reboot".into(),
             timeout: Duration::from_secs(15 * 60),
             control_planes: true,
             labels_before: Vec::new(),
