@@ -145,19 +145,20 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         kube
     };
     let silences = alertmanager_api.map(|a| a as Arc<dyn Silences>);
-    let (cluster, etcd) =
+    let (cluster, etcd, node_reboots) =
         match build_upgrade_steps(&settings, kube, silences, events, metrics.clone()).await? {
             Some((steps, reboots, cluster)) => {
                 let etcd = steps.control_planes.etcd.clone();
+                let node_reboots = reboots.reboots.clone();
                 executors.k8s_upgrade = Some(steps);
                 executors.node_reboot = Some(reboots);
-                (Some(cluster), etcd)
+                (Some(cluster), etcd, Some(node_reboots))
             }
             None => {
                 if let Some(why) = &upgrades_unavailable {
                     warn!("{why}: detections are refused (422 over HTTP, dead-lettered over AMQP)");
                 }
-                (None, None)
+                (None, None, None)
             }
         };
     let fleet = Arc::new(
@@ -187,6 +188,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         etcd_rolls,
         windows: settings.schedule.windows.clone(),
         reboot_plan: reboot_plan_settings(&settings),
+        node_reboots,
         reserve: (settings.queue.backend == QueueBackend::Embedded)
             .then(|| crate::disk::Reserve::new(&settings.data_dir, settings.queue.min_free_bytes)),
         writes: writes.clone(),
@@ -449,6 +451,7 @@ pub async fn build_upgrade_steps(
             verify_timeout: c.verify_timeout,
             pod_ready_ratio: c.pod_ready_ratio,
             snapshot_dir: settings.etcd.snapshot_dir.clone(),
+            snapshot_keep: settings.etcd.snapshot_keep as usize,
         },
         metrics,
         cycle: cycle.clone(),

@@ -67,7 +67,7 @@ pub fn free_bytes(dir: &Path) -> std::io::Result<u64> {
 }
 
 /// `bytes` for a person: `512 B`, `3.1 MiB`, `2.0 GiB`.
-fn human(bytes: u64) -> String {
+pub fn human(bytes: u64) -> String {
     const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
     if bytes < 1024 {
         return format!("{bytes} B");

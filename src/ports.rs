@@ -692,6 +692,7 @@ pub trait Submitter: Send + Sync {
 /// Where detection metrics are pushed.
 #[async_trait::async_trait]
 pub trait MetricsPush: Send + Sync {
-    /// Replaces the job's metrics with `text` (Prometheus exposition format).
-    async fn push(&self, text: String) -> Result<(), Failure>;
+    /// Replaces the metrics of the job's group `group` (label pairs after the job; none:
+    /// the job's own group) with `text` (Prometheus exposition format).
+    async fn push(&self, group: &[(&str, &str)], text: String) -> Result<(), Failure>;
 }

@@ -395,7 +395,8 @@ fn every_manifest_is_its_typed_object_and_the_workloads_are_locked_down() {
     assert_eq!(cron.time_zone.as_deref(), Some("Etc/UTC"));
     assert_eq!(cron.concurrency_policy.as_deref(), Some("Forbid"));
     let args = job_pod(&m.cronjobs[0]).containers[0].args.clone().unwrap();
-    assert_eq!(args[..2], ["detect", "--reboots"]);
+    // Sentinels daily, the upgrade check weekly (the reference pipeline's cadence).
+    assert_eq!(args, ["detect", "--reboots", "--upgrades-on", "sun"]);
 }
 
 fn api_use() -> BTreeSet<(String, String, String)> {

@@ -1371,3 +1371,86 @@ async fn a_full_disk_under_the_log_drops_lines_and_never_stops_the_service() {
     .await;
     assert_eq!(rg.exited(), None);
 }
+
+/// Issue 40: pre-upgrade snapshots do not pile up. Seven runs (pre-flight and snapshot
+/// only) leave the newest five (`etcd.snapshot_keep`), the ones the last five runs name,
+/// and a file rollgate did not write stays. Then the disk fills: the next run halts at its
+/// snapshot naming the directory and what is free, before any node is touched.
+#[tokio::test]
+async fn seven_snapshots_leave_five_and_a_snapshot_dir_without_room_halts_before_any_node() {
+    let ground = Ground::start("1.34.2", 2).await;
+    let disk = SmallDisk::mount(4);
+    let dir = disk.join("snapshots");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("manual-backup.db"), b"the operator's").unwrap();
+    let rg = ground
+        .rollgate(&[
+            ("ROLLGATE__ETCD__SNAPSHOT_DIR", dir.display().to_string()),
+            ("ROLLGATE__ETCD__SNAPSHOT_KEEP", "5".into()),
+            ("ROLLGATE__WORKER__MAX_ATTEMPTS", "2".into()),
+        ])
+        .await;
+    let mut taken = Vec::new();
+    for _ in 0..7 {
+        // Snapshot names carry the second they were taken in.
+        let after = chrono::Utc::now().timestamp();
+        eventually("the next second", Duration::from_secs(2), || async {
+            (chrono::Utc::now().timestamp() > after).then_some(())
+        })
+        .await;
+        let (status, body) = rg
+            .post(
+                "/v1/detections",
+                &json!({"target_version": "1.34.5", "kind": "patch", "stages": "preflight,snapshot"}),
+            )
+            .await;
+        assert_eq!(status, 202, "{body}");
+        let id = body["run_id"].as_str().unwrap().to_owned();
+        let run = rg
+            .wait_status(&id, "succeeded", Duration::from_secs(120))
+            .await;
+        let outcome =
+            find_step(&run, "snapshot/etcd-snapshot").expect("the snapshot step")["outcome"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+        let path = outcome
+            .strip_prefix("snapshot ")
+            .and_then(|o| o.split_once(' '))
+            .map(|(p, _)| p.to_owned())
+            .unwrap_or_else(|| panic!("{outcome}"));
+        taken.push(path);
+    }
+    let mut left: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path().display().to_string())
+        .collect();
+    left.sort();
+    let mut want: Vec<String> = taken[2..].to_vec();
+    want.push(dir.join("manual-backup.db").display().to_string());
+    want.sort();
+    assert_eq!(left, want, "taken: {taken:?}");
+    ground.assert_nothing_installed();
+
+    disk.fill();
+    let id = rg.detect("1.34.5", "patch").await;
+    let run = rg
+        .wait_status(&id, "halted", Duration::from_secs(120))
+        .await;
+    let reason = run["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains(&format!("{} has ", dir.display()))
+            && reason.contains(" free; the last snapshot took "),
+        "{reason}"
+    );
+    assert_eq!(
+        find_step(&run, "snapshot/etcd-snapshot").unwrap()["attempts"],
+        1,
+        "refused at once, not retried"
+    );
+    assert!(ground.api.changes().iter().all(|c| !matches!(
+        c,
+        support::kube::Change::Cordon(_) | support::kube::Change::Evicted { .. }
+    )));
+    ground.assert_nothing_installed();
+}

@@ -487,9 +487,21 @@ fn detect_reboots(
     repo: &support::services::RepoServer,
     push: &support::services::Pushgateway,
 ) -> (i32, Value) {
+    detect_with(ground, rg, repo, push, &[])
+}
+
+/// `rollgate detect --reboots ARGS` against `ground`, asking `rg`; (exit code, report).
+fn detect_with(
+    ground: &Ground,
+    rg: &Rollgate,
+    repo: &support::services::RepoServer,
+    push: &support::services::Pushgateway,
+    args: &[&str],
+) -> (i32, Value) {
     let data = tempfile::tempdir().expect("temp dir");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
         .args(["detect", "--reboots"])
+        .args(args)
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .envs(ground.env())
@@ -537,7 +549,7 @@ async fn detect_reads_every_sentinel_pushes_the_metric_and_asks_for_the_reboots(
         .iter()
         .map(|(n, v)| {
             format!(
-                "rollgate_node_reboot_required{{instance=\"\",job=\"k8s_version_check\",node=\"{n}\"}} {v}"
+                "rollgate_node_reboot_required{{check=\"reboots\",instance=\"\",job=\"k8s_version_check\",node=\"{n}\"}} {v}"
             )
         })
         .collect();
@@ -565,6 +577,50 @@ async fn detect_reads_every_sentinel_pushes_the_metric_and_asks_for_the_reboots(
     assert_eq!(code, 0, "{report}");
     assert_eq!(report["reboots"]["required"], json!([]));
     assert_eq!(report["reboots"]["submitted"], Value::Null);
+
+    // The shipped CronJob's cadence: daily for the sentinels, the upgrade on its day. On
+    // another day the sentinels are read and pushed, the upgrade check is not made, and
+    // its metrics in the Pushgateway (its own group) stay as the last check left them.
+    let checked = push.samples("k8s_version_check_last_run_timestamp").await;
+    assert_eq!(checked.len(), 1, "{checked:?}");
+    ground.node("w2").need_reboot();
+    let not_today = {
+        use chrono::Datelike;
+        chrono::Utc::now()
+            .weekday()
+            .succ()
+            .to_string()
+            .to_lowercase()
+    };
+    let (code, report) = detect_with(&ground, &rg, &repo, &push, &["--upgrades-on", &not_today]);
+    assert_eq!(code, 0, "{report}");
+    assert!(
+        report["upgrade_skipped"]
+            .as_str()
+            .is_some_and(|w| w.contains(&format!("upgrades are checked on {not_today}"))),
+        "{report}"
+    );
+    assert_eq!(
+        report["decision"],
+        Value::Null,
+        "no upgrade check: {report}"
+    );
+    assert_eq!(report["reboots"]["required"], json!(["w2"]));
+    assert_eq!(
+        push.samples("k8s_version_check_last_run_timestamp").await,
+        checked
+    );
+    assert!(
+        push.samples("rollgate_node_reboot_required")
+            .await
+            .iter()
+            .any(|s| s.contains("node=\"w2\"") && s.ends_with(" 1")),
+        "the sentinels of today are pushed"
+    );
+    let id = report["reboots"]["submitted"]["run_id"]
+        .as_str()
+        .expect("run id");
+    rg.wait_status(id, "succeeded", RUN_DEADLINE).await;
 }
 
 #[tokio::test]
@@ -691,4 +747,89 @@ async fn a_reboot_command_the_node_refuses_halts_naming_it_within_the_retry_budg
     .await;
     rg.wait_status(&id, "succeeded", RUN_DEADLINE).await;
     assert_rebooted_once(&ground, "w1");
+}
+
+/// Issue 40: `"dry_run": true` answers which nodes a run would reboot, in which batches
+/// and order, and what would hold it, and touches nothing: no run, no cordon, no reboot,
+/// by the API server's and the nodes' own logs. The real run asked afterwards reboots
+/// the nodes in the order the dry run gave.
+#[tokio::test]
+async fn a_reboot_dry_run_names_the_batches_and_what_holds_them_and_touches_nothing() {
+    let ground = Ground::start("1.34.2", 6).await;
+    for name in ["w1", "w2", "w4", "w6"] {
+        ground.node(name).need_reboot();
+    }
+    let rg = reboot_rollgate(
+        &ground,
+        &[("ROLLGATE__CLUSTER__MAX_UNAVAILABLE", "2".into())],
+    )
+    .await;
+    let (status, answer) = rg.post("/v1/reboots", &json!({"dry_run": true})).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["dry_run"], true);
+    let batches: Vec<Vec<String>> = serde_json::from_value(answer["batches"].clone()).unwrap();
+    assert_eq!(batches.len(), 2, "{answer}");
+    assert!(batches.iter().all(|b| b.len() == 2), "{answer}");
+    let mut named: Vec<String> = batches.concat();
+    named.sort();
+    assert_eq!(named, ["w1", "w2", "w4", "w6"]);
+    assert_eq!(answer["holds"], json!([]), "nothing holds it: {answer}");
+
+    // Named nodes whose sentinel is clear are left out, named.
+    let (status, answer) = rg
+        .post(
+            "/v1/reboots",
+            &json!({"dry_run": true, "nodes": ["w1", "w3"]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["batches"], json!([["w1"]]));
+    assert_eq!(answer["left_out"], json!(["w3 (its sentinel is not set)"]));
+
+    // A blocking alert: the dry run names it as a hold.
+    let mut blocker = support::webhook("d1e2a3d4b5e6e7f8");
+    blocker["alerts"][0]["labels"]["alertname"] = json!("EtcdNoLeader");
+    let (status, _) = rg.post("/v1/alerts", &blocker).await;
+    assert_eq!(status, 202);
+    let answer = support::eventually(
+        "the dry run held by the gate",
+        Duration::from_secs(10),
+        || async {
+            let (_, answer) = rg.post("/v1/reboots", &json!({"dry_run": true})).await;
+            answer["holds"]
+                .as_array()
+                .is_some_and(|h| {
+                    h.iter()
+                        .any(|h| h.as_str().is_some_and(|h| h.starts_with("gate closed: ")))
+                })
+                .then_some(answer)
+        },
+    )
+    .await;
+    assert!(
+        answer["holds"].to_string().contains("EtcdNoLeader"),
+        "{answer}"
+    );
+
+    // Nothing was touched.
+    let (_, runs) = rg.get("/v1/runs").await;
+    assert_eq!(runs, json!([]), "a dry run queues nothing");
+    assert!(ground.api.changes().iter().all(|c| !matches!(
+        c,
+        support::kube::Change::Cordon(_) | support::kube::Change::Evicted { .. }
+    )));
+    for node in &ground.nodes {
+        assert_eq!(node.reboots(), 0, "{}", node.name);
+    }
+
+    // The real run goes as the dry run said.
+    let mut resolved = blocker.clone();
+    resolved["status"] = json!("resolved");
+    resolved["alerts"][0]["status"] = json!("resolved");
+    resolved["alerts"][0]["endsAt"] = json!(chrono::Utc::now().to_rfc3339());
+    let (status, _) = rg.post("/v1/alerts", &resolved).await;
+    assert_eq!(status, 202);
+    let id = ask(&rg, json!({})).await;
+    let run = rg.wait_status(&id, "succeeded", RUN_DEADLINE).await;
+    assert_eq!(labels(&run, "reboot"), batches.concat());
 }

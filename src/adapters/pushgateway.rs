@@ -1,4 +1,5 @@
-//! Prometheus Pushgateway: `PUT /metrics/job/<job>` replaces the job's group.
+//! Prometheus Pushgateway: `PUT /metrics/job/<job>[/<label>/<value>…]` replaces that
+//! group, and only that one.
 
 use std::time::Duration;
 
@@ -27,23 +28,25 @@ impl Pushgateway {
 
 #[async_trait::async_trait]
 impl MetricsPush for Pushgateway {
-    async fn push(&self, text: String) -> Result<(), Failure> {
+    async fn push(&self, group: &[(&str, &str)], text: String) -> Result<(), Failure> {
+        let url: String = group.iter().fold(self.url.clone(), |url, (label, value)| {
+            format!("{url}/{label}/{value}")
+        });
         let response = self
             .http
-            .put(&self.url)
+            .put(&url)
             .header(reqwest::header::CONTENT_TYPE, "text/plain; version=0.0.4")
             .body(text)
             .send()
             .await
-            .map_err(|e| Failure::caused(format!("pushgateway {}", self.url), e.without_url()))?;
+            .map_err(|e| Failure::caused(format!("pushgateway {url}"), e.without_url()))?;
         if response.status().is_success() {
             Ok(())
         } else {
             let status = response.status();
             let body = response.text().await.unwrap_or_default();
             Err(Failure::new(format!(
-                "pushgateway {}: HTTP {status}: {}",
-                self.url,
+                "pushgateway {url}: HTTP {status}: {}",
                 body.chars().take(300).collect::<String>()
             )))
         }

@@ -62,9 +62,11 @@ pub(super) async fn detect(settings: &Settings, args: DetectArgs) -> anyhow::Res
         sentinel_script: settings.reboot.sentinel_script(),
         control_planes: settings.reboot.control_planes,
     });
+    let upgrades = crate::workflows::detect::Upgrades::on(&args.upgrades_on, chrono::Utc::now());
     let (report, error) = crate::workflows::detect::detect(
         &sources,
         &stages,
+        upgrades,
         reboots.as_ref(),
         push.as_ref().map(|p| p as &dyn crate::ports::MetricsPush),
         submitter.as_deref(),

@@ -77,8 +77,9 @@ pub enum Command {
     /// newest patch the control plane's apt repository offers, whether the next minor is
     /// released; push the result to the Pushgateway and ask rollgate for the upgrade.
     /// Exit 0: done (nothing to do, asked for, already in flight, or held by another
-    /// upgrade); 2: configuration; 3: the facts could not be read, nothing pushed or asked
-    /// for; 4: rollgate did not take the request; 5: the metrics were not pushed.
+    /// upgrade); 2: configuration; 3: some facts could not be read (that part pushed and
+    /// asked nothing; with --reboots the other part was acted on); 4: rollgate did not take
+    /// a request; 5: the metrics were not pushed.
     Detect(DetectArgs),
     /// Look at and control runs through the API.
     Runs {
@@ -160,6 +161,17 @@ pub struct DetectArgs {
     /// the reboots of the nodes whose sentinel is set.
     #[arg(long)]
     pub reboots: bool,
+    /// Check for an upgrade only on these days (UTC; e.g. `sun` or `sat,sun`), so that a
+    /// daily run reads the sentinels every day and the upgrade weekly. Default: every run.
+    #[arg(long, value_delimiter = ',', value_parser = parse_weekday)]
+    pub upgrades_on: Vec<chrono::Weekday>,
+}
+
+/// A day of the week as `--upgrades-on` takes it: `mon` … `sun`, or the whole name.
+fn parse_weekday(text: &str) -> Result<chrono::Weekday, String> {
+    text.trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a day of the week (mon, tue, … sun)"))
 }
 
 /// `plan` options.

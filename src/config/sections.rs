@@ -877,6 +877,11 @@ pub struct EtcdConfig {
     pub timeout: Duration,
     /// Where snapshots are written (default `<data_dir>/snapshots`).
     pub snapshot_dir: PathBuf,
+    /// How many pre-upgrade snapshots stay in `snapshot_dir` (default 5): once a new one
+    /// is verified, rollgate's oldest beyond this are removed (files it did not write are
+    /// never touched). Before a snapshot is taken, about twice the last one's size must be
+    /// free there, or the run halts naming the directory, before any node is touched.
+    pub snapshot_keep: u32,
     /// How far a member may trail the leader's raft index before a control plane is
     /// touched (default 1000 entries).
     pub max_lag: u64,
@@ -895,6 +900,7 @@ impl Default for EtcdConfig {
             key_file: None,
             timeout: Duration::from_secs(10),
             snapshot_dir: PathBuf::new(),
+            snapshot_keep: 5,
             max_lag: 1000,
             transfer_timeout: Duration::from_secs(15),
         }
@@ -914,6 +920,7 @@ impl EtcdConfig {
         p.tls_files(&self.ca_file, &self.cert_file, &self.key_file);
         p.duration("timeout", self.timeout, 100, 300_000);
         p.duration("transfer_timeout", self.transfer_timeout, 100, 600_000);
+        p.range("snapshot_keep", self.snapshot_keep, 1, 1000);
     }
 }
 

@@ -935,10 +935,20 @@ impl CloudEvent {
                 run_id: event.runid.clone(),
                 request: EtcdRollRequest::from_json(&event.data).map_err(data_error)?,
             },
-            EventType::Reboot => EventData::Reboot {
-                run_id: event.runid.clone(),
-                request: RebootRequest::from_json(&event.data).map_err(data_error)?,
-            },
+            EventType::Reboot => {
+                let request = RebootRequest::from_json(&event.data).map_err(data_error)?;
+                if request.dry_run {
+                    // A published request has nobody to answer: it never runs as asked.
+                    return Err(single(
+                        data_error,
+                        "dry_run: a dry run is answered by POST /v1/reboots; a published reboot request is never one".into(),
+                    ));
+                }
+                EventData::Reboot {
+                    run_id: event.runid.clone(),
+                    request,
+                }
+            }
             EventType::Control => EventData::Control(
                 serde_json::from_value(event.data.clone())
                     .map_err(|e| single(data_error, e.to_string()))?,
@@ -1211,6 +1221,15 @@ mod tests {
         );
         let refused = CloudEvent::decode(long.as_bytes()).expect_err("refused");
         assert!(refused.to_string().contains("source"), "{refused}");
+        // A published reboot request has nobody to answer a dry run: refused, not run.
+        let dry = br#"{"specversion":"1.0","id":"1","source":"s","type":"rollgate.reboot.v1","data":{"nodes":["w1"],"dry_run":true}}"#;
+        let refused = CloudEvent::decode(dry).expect_err("refused");
+        assert!(
+            refused.to_string().contains("POST /v1/reboots"),
+            "{refused}"
+        );
+        let real = br#"{"specversion":"1.0","id":"1","source":"s","type":"rollgate.reboot.v1","data":{"nodes":["w1"],"dry_run":false}}"#;
+        assert!(CloudEvent::decode(real).is_ok());
     }
 
     #[test]

@@ -52,6 +52,8 @@ pub struct AppState {
     pub windows: crate::domain::schedule::Windows,
     /// How reboot requests are checked against the cluster.
     pub reboot_plan: crate::workflows::node_reboot::RebootPlanSettings,
+    /// The reboots' sentinels and drains, for a reboot request's dry run (with a cluster).
+    pub node_reboots: Option<crate::workflows::node_reboot::NodeReboots>,
     /// The free space intake keeps under `data_dir` (with the embedded queue).
     pub reserve: Option<crate::disk::Reserve>,
     /// Whether the worker can write the store now, and why not.

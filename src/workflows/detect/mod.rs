@@ -210,6 +210,9 @@ pub struct Detected {
     /// Versions, decision, push and upgrade request.
     #[serde(flatten)]
     pub upgrade: Option<Report>,
+    /// Why the upgrade check did not run today, when it did not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upgrade_skipped: Option<String>,
     /// Sentinels and reboot request.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reboots: Option<RebootReport>,
@@ -223,6 +226,7 @@ pub struct Detected {
 pub async fn detect(
     sources: &Sources,
     stages: &StageSelection,
+    upgrades: Upgrades,
     reboots: Option<&RebootCheck>,
     push: Option<&dyn MetricsPush>,
     submit: Option<&dyn Submitter>,
@@ -240,36 +244,42 @@ pub async fn detect(
         }
         reboot_part = Some((required, unreadable));
     }
-    let upgrade_part = match findings(sources, &facts).await {
-        Ok(f) => {
-            let decision = plan::decide(&f);
-            Some((f, decision))
-        }
-        Err(e) => {
-            read_error = Some(e);
-            None
-        }
+    let upgrade_part = match &upgrades {
+        Upgrades::NotToday(_) => None,
+        Upgrades::Check => match findings(sources, &facts).await {
+            Ok(f) => {
+                let decision = plan::decide(&f);
+                Some((f, decision))
+            }
+            Err(e) => {
+                read_error = Some(e);
+                None
+            }
+        },
     };
     if upgrade_part.is_none() && reboot_part.is_none() {
         return (None, read_error);
     }
+    // Each part replaces its own group, so that a day that checks only the sentinels
+    // leaves the upgrade check's metrics (and its last-run time) as they were.
     let mut push_error = None;
-    let pushed = match (push, &upgrade_part) {
-        (Some(push), Some((_, decision))) => {
-            let mut text = plan::pushgateway_text(decision, Utc::now().timestamp());
-            if let Some((required, _)) = &reboot_part {
-                text.push_str(&plan::reboot_text(required));
-            }
-            match push.push(text).await {
-                Ok(()) => true,
-                Err(e) => {
-                    push_error = Some(DetectError::Push(e));
-                    false
-                }
+    let mut pushed = false;
+    if let Some(push) = push {
+        let mut parts = Vec::new();
+        if let Some((_, decision)) = &upgrade_part {
+            let text = plan::pushgateway_text(decision, Utc::now().timestamp());
+            parts.push((UPGRADE_GROUP, text, true));
+        }
+        if let Some((required, _)) = &reboot_part {
+            parts.push((REBOOT_GROUP, plan::reboot_text(required), false));
+        }
+        for (group, text, upgrade) in parts {
+            match push.push(group, text).await {
+                Ok(()) => pushed |= upgrade,
+                Err(e) => push_error = Some(DetectError::Push(e)),
             }
         }
-        _ => false,
-    };
+    }
     let mut submit_error = None;
     let mut submitted = None;
     if let (Some((_, Decision::Upgrade { kind, target, .. })), Some(submit)) =
@@ -296,6 +306,7 @@ pub async fn detect(
                 let request = RebootRequest {
                     nodes: needing.clone(),
                     reason: Some("rollgate detect: the reboot sentinel is set".into()),
+                    dry_run: false,
                 };
                 match submit.submit_reboots(&request).await {
                     Ok(s) => reboot_submitted = Some(s),
@@ -316,14 +327,83 @@ pub async fn detect(
         pushed,
         submitted,
     });
+    let upgrade_skipped = match upgrades {
+        Upgrades::NotToday(why) => Some(why),
+        Upgrades::Check => None,
+    };
     // Not taken is worse than not read, which is worse than not pushed.
     let error = submit_error.or(read_error).or(push_error);
-    (Some(Detected { upgrade, reboots }), error)
+    (
+        Some(Detected {
+            upgrade,
+            upgrade_skipped,
+            reboots,
+        }),
+        error,
+    )
+}
+
+/// The Pushgateway group of the upgrade check: the job's own.
+const UPGRADE_GROUP: &[(&str, &str)] = &[];
+/// The Pushgateway group of the sentinels: `…/job/<job>/check/reboots`.
+const REBOOT_GROUP: &[(&str, &str)] = &[("check", "reboots")];
+
+/// Whether this detection checks for an upgrade.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Upgrades {
+    /// It does.
+    Check,
+    /// Not today (the upgrade check runs on other days): why, for the report.
+    NotToday(String),
+}
+
+impl Upgrades {
+    /// With `days` (none: every day), whether `now` is a day to check for upgrades.
+    pub fn on(days: &[chrono::Weekday], now: chrono::DateTime<Utc>) -> Self {
+        use chrono::Datelike;
+        let today = now.weekday();
+        if days.is_empty() || days.contains(&today) {
+            return Self::Check;
+        }
+        let days: Vec<String> = days.iter().map(|d| d.to_string().to_lowercase()).collect();
+        Self::NotToday(format!(
+            "upgrades are checked on {} (--upgrades-on); today is {} (UTC)",
+            days.join(", "),
+            today.to_string().to_lowercase()
+        ))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn upgrades_are_checked_on_the_days_given_every_day_without() {
+        use chrono::{TimeZone, Weekday};
+        // 2026-12-06 is a Sunday.
+        let sunday = Utc.with_ymd_and_hms(2026, 12, 6, 6, 0, 0).unwrap();
+        let wednesday = Utc.with_ymd_and_hms(2026, 12, 9, 6, 0, 0).unwrap();
+        let cases = [
+            (vec![], wednesday, true),
+            (vec![Weekday::Sun], sunday, true),
+            (vec![Weekday::Sun], wednesday, false),
+            (vec![Weekday::Mon, Weekday::Wed], wednesday, true),
+        ];
+        for (days, now, check) in cases {
+            assert_eq!(
+                Upgrades::on(&days, now) == Upgrades::Check,
+                check,
+                "{days:?} {now}"
+            );
+        }
+        assert_eq!(
+            Upgrades::on(&[Weekday::Sun], wednesday),
+            Upgrades::NotToday(
+                "upgrades are checked on sun (--upgrades-on); today is wed (UTC)".into()
+            )
+        );
+    }
 
     #[test]
     fn exit_codes_tell_what_went_wrong() {

@@ -5,6 +5,7 @@
 
 mod control_planes;
 pub mod plan;
+pub mod snapshots;
 pub mod step;
 
 pub use crate::workflows::control_plane_cycle::{METRICS_TARGET, read_etcd};
@@ -50,6 +51,8 @@ pub struct UpgradeSettings {
     pub pod_ready_ratio: f64,
     /// Where snapshots go.
     pub snapshot_dir: PathBuf,
+    /// How many of rollgate's snapshots stay there.
+    pub snapshot_keep: usize,
 }
 
 /// The ports the steps drive.
@@ -283,8 +286,11 @@ impl UpgradeSteps {
                 "etcd.endpoints is not set: rollgate cannot take the pre-upgrade snapshot",
             );
         };
-        let name = format!("k8s-upgrade-pre-{target}-{}.db", Utc::now().timestamp());
-        let path = self.settings.snapshot_dir.join(name);
+        let dir = &self.settings.snapshot_dir;
+        if let Err(outcome) = self.room_for_a_snapshot(dir) {
+            return outcome;
+        }
+        let path = dir.join(snapshots::name(target, Utc::now().timestamp()));
         let info = match snapshots.save(&path).await {
             Ok(info) => info,
             Err(e) => {
@@ -302,9 +308,63 @@ impl UpgradeSteps {
         }
         self.metrics.upgrade_snapshot_taken.set(1);
         StepOutcome::done(format!(
-            "snapshot {} ({} bytes, sha256 {})",
-            info.path, info.bytes, info.sha256
+            "snapshot {} ({} bytes, sha256 {}){}",
+            info.path,
+            info.bytes,
+            info.sha256,
+            self.prune_snapshots(dir)
         ))
+    }
+
+    /// Refuses, before anything is written, a snapshot dir without room for about twice
+    /// the last snapshot: a failed step halts the run with no node touched.
+    fn room_for_a_snapshot(&self, dir: &std::path::Path) -> Result<(), StepOutcome> {
+        let names = snapshots::names_in(dir)
+            .map_err(|e| StepOutcome::retry(format!("cannot list {}: {e}", dir.display())))?;
+        let last = snapshots::newest_first(names)
+            .first()
+            .and_then(|n| std::fs::metadata(dir.join(n)).ok())
+            .map(|m| m.len());
+        let Some(last_bytes) = last else {
+            return Ok(());
+        };
+        let free = crate::disk::free_bytes(dir).unwrap_or(0);
+        snapshots::room(free, last).map_err(|wanted| {
+            StepOutcome::failed(format!(
+                "{} has {} free; the last snapshot took {}, and the next needs about {}: free space there or lower etcd.snapshot_keep",
+                dir.display(),
+                crate::disk::human(free),
+                crate::disk::human(last_bytes),
+                crate::disk::human(wanted)
+            ))
+        })
+    }
+
+    /// Removes rollgate's snapshots beyond the newest `etcd.snapshot_keep`, once the new
+    /// one is verified; says what it removed, for the step's outcome.
+    fn prune_snapshots(&self, dir: &std::path::Path) -> String {
+        let Ok(names) = snapshots::names_in(dir) else {
+            return String::new();
+        };
+        let mut removed = Vec::new();
+        for name in snapshots::beyond(names, self.settings.snapshot_keep) {
+            match std::fs::remove_file(dir.join(&name)) {
+                Ok(()) => removed.push(name),
+                Err(e) => {
+                    tracing::warn!(file = %dir.join(&name).display(), error = %e, "cannot prune an old snapshot")
+                }
+            }
+        }
+        if removed.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; pruned {} older snapshot(s) beyond etcd.snapshot_keep ({}): {}",
+                removed.len(),
+                self.settings.snapshot_keep,
+                removed.join(", ")
+            )
+        }
     }
 
     async fn containerd(&self, node: &str) -> StepOutcome {

@@ -134,6 +134,16 @@ impl NodeCycle {
         ))
     }
 
+    /// What would hold the drain of `node` if it began now (a dry run's look).
+    pub async fn holds_now(&self, node: &str) -> Result<Vec<String>, ClusterError> {
+        let facts = self.nodes.drain_facts(node).await?;
+        Ok(drain_holds::holds(
+            &facts.pods,
+            &facts.budgets,
+            &self.settings.blocking_pods,
+        ))
+    }
+
     /// What holds the drain of `node` and of the batch's drains after it that have not
     /// started, each named with its node: a batch is not begun that cannot be finished.
     async fn batch_holds(

@@ -16,6 +16,7 @@ use crate::http::routes::{
 /// `POST /v1/reboots`: reboot the nodes named, or every node whose sentinel is set.
 #[utoipa::path(post, path = "/v1/reboots", request_body = crate::workflows::node_reboot::request::RebootBody,
     responses((status = 202, body = DetectionAccepted, description = "a new run"),
+        (status = 200, body = crate::workflows::node_reboot::dry_run::RebootDryRun, description = "with `dry_run`: what a run would do now; nothing queued"),
         (status = 200, body = DetectionAccepted, description = "merged into the reboot run that waits for the cluster"),
         (status = 422, body = crate::http::error::ErrorBody), (status = 503, body = crate::http::error::ErrorBody)),
     security(("bearer" = ["reboots:write"])))]
@@ -44,6 +45,9 @@ pub async fn post_reboots(
     })?;
     crate::workflows::node_reboot::check_request(&request, &facts, &state.reboot_plan)
         .map_err(|e| ApiError::invalid(e.to_string()))?;
+    if request.dry_run {
+        return dry_run(&state, &request, &facts).await;
+    }
     let waiting = state
         .store
         .not_ended()
@@ -76,4 +80,51 @@ pub async fn post_reboots(
         request,
     };
     take_run_request(&state, run, event, async { Ok(()) }).await
+}
+
+/// The answer to a dry run: the plan as it would be made now, and what would hold it (the
+/// gate, the windows, another run holding the cluster, a node's drain). Nothing is queued.
+async fn dry_run(
+    state: &State,
+    request: &super::RebootRequest,
+    facts: &crate::workflows::k8s_upgrade::plan::ClusterFacts,
+) -> Result<HttpResponse, ApiError> {
+    let Some(reboots) = &state.node_reboots else {
+        return Err(ApiError::invalid(
+            "node reboots are not available here: no cluster is configured",
+        ));
+    };
+    let mut answer = reboots
+        .dry_run(request, facts, &state.reboot_plan)
+        .await
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
+    let mut holds = Vec::new();
+    let verdict = state.gate.evaluate().await.verdict_for(RunKind::NodeReboot);
+    holds.extend(verdict.reasons().into_iter().map(|r| match verdict {
+        crate::domain::gate::Verdict::Closed { .. } => format!("gate closed: {r}"),
+        _ => r,
+    }));
+    if let crate::domain::schedule::Now::Closed { opens } = state.windows.at(Utc::now()) {
+        holds.push(format!(
+            "outside the maintenance windows: the next opens at {}",
+            opens.format("%Y-%m-%d %H:%M:%S UTC")
+        ));
+    }
+    let holder = state
+        .store
+        .not_ended()
+        .await
+        .map_err(store_down)?
+        .into_iter()
+        .find(|r| r.holds_cluster() && r.status != RunStatus::Queued);
+    if let Some(holder) = holder {
+        holds.push(format!(
+            "run {} ({}) holds the cluster: the reboots would wait for it",
+            holder.id,
+            holder.kind.name()
+        ));
+    }
+    holds.append(&mut answer.holds);
+    answer.holds = holds;
+    Ok(HttpResponse::Ok().json(answer))
 }

@@ -19,6 +19,21 @@ pub enum AfterUpgrade {
     IfRequired,
 }
 
+/// How a node tells that it needs a reboot, by the OS it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum SentinelPreset {
+    /// `sentinel_file` exists (default; Debian and Ubuntu: `/var/run/reboot-required`,
+    /// kured's sentinel).
+    File,
+    /// RHEL, Rocky, Alma, Fedora: `needs-restarting -r` (dnf-utils) exits 1 when a
+    /// reboot is needed, 0 when not.
+    NeedsRestarting,
+    /// SUSE, openSUSE: `zypper needs-rebooting` exits 102 when a reboot is needed, 0 when
+    /// not.
+    Zypper,
+}
+
 /// Node reboots (section `reboot`): what runs on a node to tell whether it needs a reboot
 /// and to reboot it. Operator settings only: no request ever carries a command.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
@@ -30,6 +45,10 @@ pub struct RebootConfig {
     /// A command run on the node instead of looking for the file: exit 0 means it needs a
     /// reboot, exit 1 that it does not; anything else is an error (default: none).
     pub sentinel_command: Option<String>,
+    /// `file` (default: `sentinel_file`), `needs-restarting` (RHEL family) or `zypper`
+    /// (SUSE): how the node's OS says it needs a reboot; their own exit codes are read as
+    /// theirs. Not with `sentinel_command`.
+    pub sentinel_preset: SentinelPreset,
     /// The command that reboots the node, over SSH (default `sudo -n systemctl reboot`:
     /// the SSH user is not root, and `deploy/node/sudoers` allows it exactly this). The
     /// connection dropping as the node goes down is expected; a non-zero exit while the
@@ -65,6 +84,7 @@ impl Default for RebootConfig {
         Self {
             sentinel_file: PathBuf::from("/var/run/reboot-required"),
             sentinel_command: None,
+            sentinel_preset: SentinelPreset::File,
             command: "sudo -n systemctl reboot".into(),
             timeout: Duration::from_secs(15 * 60),
             control_planes: true,
@@ -78,9 +98,20 @@ impl Default for RebootConfig {
 impl RebootConfig {
     /// The script that tells whether a node needs a reboot: exit 0 yes, 1 no.
     pub fn sentinel_script(&self) -> String {
-        match &self.sentinel_command {
-            Some(command) => format!("{command}\n"),
-            None => format!("test -e '{}'\n", self.sentinel_file.display()),
+        // Each preset's own answer, turned into this one's: 0 needs a reboot, 1 not, else
+        // an error.
+        let preset = |command: &str, needed: u8, not_needed: u8| {
+            format!(
+                "{command} >/dev/null 2>&1\ncase $? in {needed}) exit 0 ;; {not_needed}) exit 1 ;; *) exit 2 ;; esac\n"
+            )
+        };
+        match (&self.sentinel_command, self.sentinel_preset) {
+            (Some(command), _) => format!("{command}\n"),
+            (None, SentinelPreset::File) => format!("test -e '{}'\n", self.sentinel_file.display()),
+            (None, SentinelPreset::NeedsRestarting) => preset("needs-restarting -r", 1, 0),
+            (None, SentinelPreset::Zypper) => {
+                preset("zypper --non-interactive needs-rebooting", 102, 0)
+            }
         }
     }
 
@@ -117,6 +148,12 @@ impl RebootConfig {
                 "must not be empty (leave it out to use sentinel_file)",
             );
         }
+        if self.sentinel_command.is_some() && self.sentinel_preset != SentinelPreset::File {
+            p.add(
+                "sentinel_preset",
+                "is set beside sentinel_command: say how a node tells it needs a reboot once",
+            );
+        }
         if self.command.trim().is_empty() {
             p.add("command", "must not be empty");
         }
@@ -141,5 +178,68 @@ impl RebootConfig {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each preset's script, run by bash with the OS's tool standing in as a script that
+    /// exits as the real one does: 0 needs a reboot, 1 not, 2 the tool failed.
+    #[test]
+    fn each_presets_answer_is_read_as_its_tool_gives_it() {
+        let cases = [
+            (SentinelPreset::NeedsRestarting, "needs-restarting", 1, 0),
+            (SentinelPreset::NeedsRestarting, "needs-restarting", 0, 1),
+            (SentinelPreset::NeedsRestarting, "needs-restarting", 127, 2),
+            (SentinelPreset::Zypper, "zypper", 102, 0),
+            (SentinelPreset::Zypper, "zypper", 0, 1),
+            (SentinelPreset::Zypper, "zypper", 104, 2),
+        ];
+        for (preset, tool, exits, want) in cases {
+            let bin = tempfile::tempdir().unwrap();
+            let path = bin.path().join(tool);
+            std::fs::write(&path, format!("#!/bin/sh\nexit {exits}\n")).unwrap();
+            std::process::Command::new("chmod")
+                .arg("+x")
+                .arg(&path)
+                .status()
+                .unwrap();
+            let config = RebootConfig {
+                sentinel_preset: preset,
+                ..RebootConfig::default()
+            };
+            let status = std::process::Command::new("bash")
+                .arg("-c")
+                .arg(config.sentinel_script())
+                .env("PATH", format!("{}:/usr/bin:/bin", bin.path().display()))
+                .status()
+                .unwrap();
+            assert_eq!(
+                status.code(),
+                Some(want),
+                "{preset:?}, {tool} exits {exits}"
+            );
+        }
+        let file = RebootConfig::default().sentinel_script();
+        assert_eq!(file, "test -e '/var/run/reboot-required'\n");
+    }
+
+    #[test]
+    fn a_preset_beside_a_command_is_refused() {
+        let config = RebootConfig {
+            sentinel_preset: SentinelPreset::Zypper,
+            sentinel_command: Some("true".into()),
+            ..RebootConfig::default()
+        };
+        let mut p = Problems::new("reboot");
+        config.check(&mut p);
+        let found = p.into_problems();
+        assert_eq!(found.len(), 1);
+        assert!(
+            format!("{:?}", found[0]).contains("sentinel_preset"),
+            "{found:?}"
+        );
     }
 }

@@ -6,6 +6,7 @@
 mod action;
 pub mod api;
 pub mod config;
+pub mod dry_run;
 pub mod plan;
 pub mod request;
 pub mod step;

@@ -313,6 +313,7 @@ mod tests {
         RebootRequest {
             nodes: nodes.iter().map(|n| (*n).to_owned()).collect(),
             reason: None,
+            dry_run: false,
         }
     }
 

@@ -17,6 +17,9 @@ pub struct RebootRequest {
     /// Why, in words; kept in the run's history.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Only say what a run would do now; queue nothing, touch nothing.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
 }
 
 /// The body of `POST /v1/reboots` (and the `data` of a `rollgate.reboot.v1` event), as
@@ -32,6 +35,10 @@ pub struct RebootBody {
     /// Why, up to 500 characters, no control characters.
     #[schema(required = false, value_type = String)]
     pub reason: Option<String>,
+    /// `true`: answer which nodes a run would reboot now, in which batches and order,
+    /// and what would hold it; nothing is queued or touched (HTTP only).
+    #[schema(required = false, value_type = bool)]
+    pub dry_run: Option<bool>,
 }
 
 impl RebootRequest {
@@ -76,7 +83,11 @@ impl RebootRequest {
                 ),
             );
         }
-        errors.into_result(Self { nodes, reason })
+        errors.into_result(Self {
+            nodes,
+            reason,
+            dry_run: read.dry_run.unwrap_or(false),
+        })
     }
 
     /// The request as the JSON the API takes.
@@ -99,7 +110,11 @@ impl RebootRequest {
             (Some(a), Some(b)) if a != b => Some(format!("{a}; {b}")),
             (a, b) => a.clone().or_else(|| b.clone()),
         };
-        RebootRequest { nodes, reason }
+        RebootRequest {
+            nodes,
+            reason,
+            dry_run: false,
+        }
     }
 }
 
@@ -159,6 +174,7 @@ mod tests {
         let r = |nodes: &[&str], reason: Option<&str>| RebootRequest {
             nodes: nodes.iter().map(|n| (*n).to_owned()).collect(),
             reason: reason.map(str::to_owned),
+            dry_run: false,
         };
         let cases = [
             (
