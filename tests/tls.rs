@@ -287,3 +287,95 @@ fn check_config_names_a_key_that_does_not_fit_its_certificate() {
         "{err}"
     );
 }
+
+/// `rollgate runs … list` from a workstation, as the operator page says.
+fn cli_list(base: &str, token: &Path, ca: &Path, extra: &[&str]) -> std::process::Output {
+    let data = tempfile::tempdir().expect("tempdir");
+    std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
+        .args(["runs", "--url", base, "--token-file"])
+        .arg(token)
+        .arg("--ca-file")
+        .arg(ca)
+        .args(extra)
+        .arg("list")
+        .env_clear()
+        .env("ROLLGATE__DATA_DIR", data.path())
+        .output()
+        .expect("rollgate runs")
+}
+
+/// Issue 40, from a workstation: `kubectl port-forward` ends the connection on the
+/// workstation's loopback. The shipped certificate (the example overlay's, its names read
+/// from the file) names localhost and 127.0.0.1, so the CLI reaches the listener at
+/// https://127.0.0.1 and https://localhost. A certificate made out to the in-cluster
+/// service alone is refused at 127.0.0.1 unless the CLI is told the name to check
+/// (--tls-server-name).
+#[tokio::test]
+async fn from_a_workstation_the_cli_reaches_the_listener_through_loopback() {
+    let shipped: serde_json::Value = {
+        let text = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/overlays/example/certificate.yaml"),
+        )
+        .unwrap();
+        serde_norway::from_str(&text).unwrap()
+    };
+    let names = |key: &str| -> Vec<String> {
+        shipped["spec"][key]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let (dns, ips) = (names("dnsNames"), names("ipAddresses"));
+    assert!(dns.contains(&"localhost".to_owned()) && ips.contains(&"127.0.0.1".to_owned()));
+    let ips: Vec<std::net::IpAddr> = ips.iter().map(|ip| ip.parse().unwrap()).collect();
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = TestCa::new("site CA");
+    let ca_file = ca.write(dir.path(), "ca.crt");
+    let files = ca
+        .server_exactly("rollgate", &dns, &ips)
+        .write(dir.path(), "tls");
+    let env = tls_env(&files, None);
+    let port = free_port();
+    let rg = Rollgate::start_with(port, &borrowed(&env), "https", https_client(&ca, None)).await;
+    let token = rg.data_dir().join("api-token");
+    let loopback = format!("https://127.0.0.1:{port}");
+    for base in [loopback.clone(), format!("https://localhost:{port}")] {
+        let out = cli_list(&base, &token, &ca_file, &[]);
+        assert!(
+            out.status.success(),
+            "{base}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    // The certificate is replaced in place by one for the service alone.
+    let service = vec!["rollgate.rollgate.svc".to_owned()];
+    ca.server_exactly("rollgate", &service, &[])
+        .write_to(&files);
+    let refused = eventually(
+        "the service's certificate served",
+        Duration::from_secs(20),
+        || async {
+            let out = cli_list(&loopback, &token, &ca_file, &[]);
+            (!out.status.success()).then(|| String::from_utf8_lossy(&out.stderr).into_owned())
+        },
+    )
+    .await;
+    assert!(refused.contains("cannot reach rollgate"), "{refused}");
+    let out = cli_list(
+        &loopback,
+        &token,
+        &ca_file,
+        &["--tls-server-name", "rollgate.rollgate.svc"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

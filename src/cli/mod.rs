@@ -148,6 +148,11 @@ pub struct ApiTlsArgs {
     /// Private key (PEM) of --cert-file.
     #[arg(long, requires = "cert_file")]
     pub key_file: Option<PathBuf>,
+    /// The name the listener's certificate is checked against, when --url reaches it by
+    /// another (`kubectl port-forward` to https://127.0.0.1:8443 of a certificate made out
+    /// to rollgate.rollgate.svc): the connection goes to --url's address, TLS names this.
+    #[arg(long)]
+    pub tls_server_name: Option<String>,
 }
 
 /// `detect` options.

@@ -15,6 +15,8 @@ pub(super) struct Api {
     pub base: reqwest::Url,
     pub token: String,
     pub source_tls: ApiTlsArgs,
+    /// With --tls-server-name: the name `base` carries, and the address it is reached at.
+    resolve: Option<(String, std::net::SocketAddr)>,
 }
 
 impl Api {
@@ -27,17 +29,47 @@ impl Api {
         let base = url.unwrap_or_else(|| {
             format!("{}://{}", settings.server.scheme(), settings.server.listen)
         });
-        let base = reqwest::Url::parse(&base).with_context(|| format!("--url {base:?}"))?;
+        let mut base = reqwest::Url::parse(&base).with_context(|| format!("--url {base:?}"))?;
+        let resolve = match &tls.tls_server_name {
+            None => None,
+            Some(name) => {
+                let addr = base
+                    .socket_addrs(|| None)
+                    .with_context(|| format!("--url {base}: no address"))?
+                    .into_iter()
+                    .next()
+                    .with_context(|| format!("--url {base}: no address"))?;
+                base.set_host(Some(name))
+                    .with_context(|| format!("--tls-server-name {name:?} is not a host name"))?;
+                Some((name.clone(), addr))
+            }
+        };
         let token =
             crate::app::read_token(token_file.as_ref().unwrap_or(&settings.server.token_file))?;
         Ok(Self {
             base,
             token,
             source_tls: tls,
+            resolve,
         })
     }
 
-    pub(super) fn source(&self) -> HttpSource<'_> {
+    /// A client builder that reaches `base`'s address, and with --tls-server-name checks
+    /// the certificate against that name.
+    pub(super) fn builder(&self) -> anyhow::Result<reqwest::ClientBuilder> {
+        let builder = self.source().builder()?;
+        Ok(match &self.resolve {
+            Some((name, addr)) => builder.resolve(name, *addr),
+            None => builder,
+        })
+    }
+
+    /// The client for one request at a time, each bounded.
+    pub(super) fn client(&self) -> anyhow::Result<reqwest::Client> {
+        Ok(self.builder()?.timeout(Duration::from_secs(10)).build()?)
+    }
+
+    fn source(&self) -> HttpSource<'_> {
         HttpSource {
             section: "--",
             timeout: Duration::from_secs(10),
@@ -55,7 +87,7 @@ impl Api {
 
     /// GETs `segments` under the base URL; the JSON answer, or the API's message.
     pub(super) async fn get(&self, segments: &[&str]) -> anyhow::Result<serde_json::Value> {
-        let client = self.source().client()?;
+        let client = self.client()?;
         let url = api_url(&self.base, segments)?;
         let resp = client
             .get(url)
@@ -90,13 +122,13 @@ pub(super) async fn runs(
     action: RunsAction,
 ) -> anyhow::Result<ExitCode> {
     let api = Api::new(settings, args)?;
-    let (base, token, source) = (&api.base, &api.token, api.source());
+    let (base, token) = (&api.base, &api.token);
     if let RunsAction::Watch { id } = &action {
         // The event stream stays open: only connecting is bounded.
-        let client = source.builder()?.build()?;
+        let client = api.builder()?.build()?;
         return super::watch::watch(&client, base, token, id).await;
     }
-    let client = source.client()?;
+    let client = api.client()?;
     let (method, target, body) = runs_request(base, &action)?;
     let mut req = client.request(method, target).bearer_auth(token);
     if let Some(body) = body {

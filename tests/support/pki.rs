@@ -64,6 +64,23 @@ impl TestCa {
         self.issue(params)
     }
 
+    /// A server certificate for exactly `dns_names` and `ips` (no loopback unless named),
+    /// as a site's issuer makes one from a Certificate's `dnsNames` and `ipAddresses`.
+    pub fn server_exactly(
+        &self,
+        name: &str,
+        dns_names: &[String],
+        ips: &[std::net::IpAddr],
+    ) -> Issued {
+        let mut params = CertificateParams::new(dns_names.to_vec()).expect("server params");
+        params
+            .subject_alt_names
+            .extend(ips.iter().map(|ip| SanType::IpAddress(*ip)));
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        self.issue(params)
+    }
+
     /// A client certificate with common name `name`.
     pub fn client(&self, name: &str) -> Issued {
         let mut params = CertificateParams::new(Vec::<String>::new()).expect("client params");
