@@ -513,3 +513,40 @@ async fn wait_for_login(browser: &Browser) {
         })
         .await;
 }
+
+/// Issue 40: with no run open, the home page says what closes the gate and for how long:
+/// a gate panel naming each blocker with its age, and the header's verdict naming them.
+#[tokio::test]
+async fn the_home_page_names_what_closes_the_gate_and_since_when() {
+    let rg = support::Rollgate::start(&[]).await;
+    let mut alert = support::webhook("a1b2c3d4e5f60718");
+    alert["alerts"][0]["labels"]["alertname"] = serde_json::json!("EtcdNoLeader");
+    alert["alerts"][0]["startsAt"] =
+        serde_json::json!((chrono::Utc::now() - chrono::Duration::minutes(12)).to_rfc3339());
+    let (status, body) = rg.post("/v1/alerts", &alert).await;
+    assert_eq!(status, 202, "{body}");
+
+    let browser = Browser::start(1280, 900).await;
+    browser.goto(&rg.base()).await;
+    wait_for_login(&browser).await;
+    browser.type_into("#token", &rg.token).await;
+    browser.click("#login").await;
+    browser
+        .wait_text("main h1", "the runs list", LIVE, |t| t == "Runs")
+        .await;
+    browser
+        .wait_text("#gate-verdict", "the gate closed", LIVE, |t| t == "closed")
+        .await;
+    let blockers = browser
+        .wait_text("#blockers", "the blocker named", LIVE, |t| {
+            t.contains("EtcdNoLeader")
+        })
+        .await;
+    assert!(blockers.contains("12m ago"), "{blockers}");
+    let summary = browser
+        .wait_text("#gate-summary", "the header's verdict", LIVE, |t| {
+            t.contains("closed")
+        })
+        .await;
+    assert_eq!(summary, "gate closed: EtcdNoLeader (12m)");
+}

@@ -124,8 +124,10 @@ function renderRuns() {
     el('thead', {}, el('tr', {}, el('th', {}, 'run'), el('th', { class: 'hide-narrow' }, 'kind'), el('th', {}, 'target'),
       el('th', {}, 'status'), el('th', {}, 'progress'), el('th', { class: 'hide-narrow' }, 'updated'))),
     el('tbody', {}, rows)));
-  show(el('h1', {}, 'Runs'), rows.length ? table : el('p', { class: 'muted' }, 'No runs yet.'));
+  show(el('h1', {}, 'Runs'), rows.length ? table : el('p', { class: 'muted' }, 'No runs yet.'),
+    el('h2', {}, 'Gate'), el('div', { id: 'gate', class: 'panel' }));
   fillBars(document.getElementById('main'));
+  renderGatePanel();
 }
 
 async function loadRuns() {
@@ -208,16 +210,39 @@ function batchedNodes(nodes, groups) {
   }));
 }
 
+// How long ago `iso` was, for a person: 45s, 12m, 3h 5m, 2d 4h.
+function age(iso) {
+  const secs = Math.max(0, Math.round((Date.now() - Date.parse(iso)) / 1000));
+  if (!Number.isFinite(secs)) return '';
+  if (secs < 60) return secs + 's';
+  const mins = Math.floor(secs / 60);
+  if (mins < 60) return mins + 'm';
+  const hours = Math.floor(mins / 60);
+  if (hours < 48) return hours + 'h' + (mins % 60 ? ' ' + (mins % 60) + 'm' : '');
+  return Math.floor(hours / 24) + 'd' + (hours % 24 ? ' ' + (hours % 24) + 'h' : '');
+}
+
+// A blocker in a few words: its name and, when known, how long it has held.
+function blockerBrief(b) {
+  return b.name + (b.since ? ' (' + age(b.since) + ')' : '');
+}
+
 function renderGatePanel() {
   const gate = view.gate;
   const summary = document.getElementById('gate-summary');
-  if (summary) summary.textContent = gate ? 'gate ' + gate.verdict.verdict : '';
+  if (summary) {
+    // The verdict never shows without why: the blockers, or what could not be read.
+    const v = gate && gate.verdict;
+    const why = !v ? '' : (v.blockers || []).length ? ': ' + v.blockers.map(blockerBrief).join(', ')
+      : v.reason ? ': ' + v.reason : '';
+    summary.textContent = v ? 'gate ' + v.verdict + why : '';
+  }
   const panel = document.getElementById('gate');
   if (!panel) return;
   if (!gate) { panel.replaceChildren(el('p', { class: 'muted' }, 'The gate has not been asked yet.')); return; }
   const v = gate.verdict;
   const items = (v.blockers || []).map((b) => el('li', { class: 'blocker' },
-    el('strong', { class: 'blocker-name' }, b.name), ' (' + b.source + (b.since ? ', since ' + time(b.since) : '') + ') ',
+    el('strong', { class: 'blocker-name' }, b.name), ' (' + b.source + (b.since ? ', since ' + time(b.since) + ', ' + age(b.since) + ' ago' : '') + ') ',
     el('span', { class: 'labels' }, Object.entries(b.labels || {}).map(([k, val]) => k + '=' + val).join(', '))));
   panel.replaceChildren(...present([
     el('p', {}, 'Gate now: ', el('span', { id: 'gate-verdict', class: 'status verdict-' + v.verdict }, v.verdict),
