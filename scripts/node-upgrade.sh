@@ -213,7 +213,7 @@ available() { apt-cache madison kubeadm; }
 
 case "$action" in
   "") lock_node; upgrade_node ;;
-  available) available ;;
+  available) supported_os; available ;;
   containerd) lock_node; upgrade_containerd ;;
   apt-minor) lock_node; rewrite_repo ;;
   plan) plan ;;

@@ -21,7 +21,7 @@ use support::{Rollgate, eventually};
 /// a package repository and a Pushgateway.
 struct Site {
     api: FakeKube,
-    _cp: FakeNode,
+    cp: FakeNode,
     client: SshClient,
     cp_host: String,
     repo: RepoServer,
@@ -44,7 +44,7 @@ impl Site {
         api.write_kubeconfig(&dir.path().join("kubeconfig"));
         Self {
             api,
-            _cp: cp,
+            cp,
             client,
             cp_host,
             repo: RepoServer::start().await,
@@ -318,6 +318,19 @@ async fn failures_have_their_exit_codes_and_ask_for_nothing() {
     assert_eq!(code, 4, "{stderr}");
     assert!(stderr.contains("HTTP 401"), "{stderr}");
     assert_eq!(report["pushed"], true);
+    assert!(runs(&rg).await.is_empty());
+
+    // A control plane that is not apt-based: one line naming it and its OS, nothing asked.
+    site.cp.runs_os(support::nodes::ROCKY);
+    let (code, report, stderr) = site.detect(&[], &Site::to(&rg));
+    assert_eq!(code, 3, "{stderr}");
+    assert!(report.is_null(), "{report}");
+    assert!(
+        stderr.contains(
+            "cp runs Rocky Linux 9.4 (dnf): the kubeadm node script supports apt-based nodes (Debian, Ubuntu)"
+        ),
+        "{stderr}"
+    );
     assert!(runs(&rg).await.is_empty());
 
     // No cluster configured: a configuration error.

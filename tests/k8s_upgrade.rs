@@ -1253,3 +1253,30 @@ async fn the_event_stream_loses_no_transition_across_a_restart_and_runs_watch_fo
         "{text}"
     );
 }
+
+/// Issue 40: a worker that is not apt-based (Rocky) fails the `ssh-reachable` pre-flight
+/// at once, in one line naming it and its OS; no node is touched.
+#[tokio::test]
+async fn a_node_that_is_not_apt_based_fails_the_preflight_naming_its_os() {
+    let ground = Ground::start("1.34.2", 3).await;
+    ground.node("w3").runs_os(support::nodes::ROCKY);
+    let rg = ground.rollgate(&[]).await;
+    let id = rg.detect("1.34.5", "patch").await;
+    let run = rg
+        .wait_status(&id, "halted", Duration::from_secs(120))
+        .await;
+    let reason = run["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains(
+            "w3 runs Rocky Linux 9.4 (dnf): the kubeadm node script supports apt-based nodes (Debian, Ubuntu)"
+        ),
+        "{reason}"
+    );
+    let check = support::find_step(&run, "preflight/ssh-reachable").expect("the check");
+    assert_eq!(check["attempts"], 1, "no retry makes it apt-based: {check}");
+    assert!(ground.api.changes().iter().all(|c| !matches!(
+        c,
+        support::kube::Change::Cordon(_) | support::kube::Change::Evicted { .. }
+    )));
+    ground.assert_nothing_installed();
+}

@@ -52,6 +52,14 @@ pub enum DetectError {
         #[source]
         error: Failure,
     },
+    /// The control plane runs an OS the node script does not serve.
+    #[error("{node} {says}")]
+    UnsupportedOs {
+        /// The control-plane node.
+        node: String,
+        /// What the node script said of it: its OS, its package manager, what it serves.
+        says: String,
+    },
     /// The package repository could not be read.
     #[error(transparent)]
     Repo(#[from] RepoError),
@@ -74,6 +82,7 @@ impl DetectError {
             Self::Cluster(_)
             | Self::Running(_)
             | Self::Ssh { .. }
+            | Self::UnsupportedOs { .. }
             | Self::Repo(_)
             | Self::Sentinels(_) => 3,
             Self::Submit(_) => 4,
@@ -170,6 +179,13 @@ pub async fn findings(sources: &Sources, facts: &ClusterFacts) -> Result<Finding
         .run_script(&target, NODE_SCRIPT, &["--available".to_owned()])
         .await
         .map_err(|e| ssh_error(Failure::caused("the node script did not run", e)))?;
+    if out.status == Some(crate::workflows::k8s_upgrade::UNSUPPORTED_OS) {
+        let said = out.stderr.lines().last().unwrap_or_default();
+        return Err(DetectError::UnsupportedOs {
+            node: plane.name.clone(),
+            says: said.trim_start_matches("node-upgrade: ").to_owned(),
+        });
+    }
     if out.status != Some(0) {
         return Err(ssh_error(Failure::new(format!(
             "the node script exited with {:?}: {}",

@@ -38,7 +38,7 @@ pub const NODE_SCRIPT: &str = include_str!("../../../scripts/node-upgrade.sh");
 /// Lines of script output kept in the run history.
 const TAIL_LINES: usize = 6;
 /// The node script's exit status for a node whose OS it does not serve.
-const UNSUPPORTED_OS: i32 = 3;
+pub const UNSUPPORTED_OS: i32 = 3;
 
 /// Upgrade settings the steps need.
 #[derive(Debug, Clone)]
