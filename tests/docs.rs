@@ -390,19 +390,37 @@ fn every_example_configuration_passes_check_config_and_the_json_schema() {
 fn the_schema_refuses_what_check_config_refuses() {
     let schema: Value = serde_json::from_str(&rollgate::reference::schema_json()).unwrap();
     let validator = jsonschema::draft7::new(&schema).unwrap();
+    // (what, the file, the key check-config must name)
     let cases = [
-        ("unknown section", r#"[sever]"#),
-        ("unknown key", "[gate]\npoll_intervall = \"5s\""),
-        ("a duration without a unit", "[gate]\npoll_interval = 10"),
-        ("a count out of bounds", "[store]\nmax_connections = 0"),
+        ("unknown section", r#"[sever]"#, "sever:"),
+        (
+            "unknown key",
+            "[gate]\npoll_intervall = \"5s\"",
+            "gate.poll_intervall:",
+        ),
+        (
+            "a duration without a unit",
+            "[gate]\npoll_interval = 10",
+            "gate.poll_interval:",
+        ),
+        (
+            "a count out of bounds",
+            "[store]\nmax_connections = 0",
+            "store.max_connections:",
+        ),
         (
             "an unknown scope",
             "[server.scopes]\nam = [\"alerts:read\"]",
+            "server.scopes: client am: unknown scope \"alerts:read\"",
         ),
-        ("a backend that is not one", "[queue]\nbackend = \"kafka\""),
+        (
+            "a backend that is not one",
+            "[queue]\nbackend = \"kafka\"",
+            "queue.backend: \"kafka\"",
+        ),
     ];
     let dir = tempfile::tempdir().unwrap();
-    for (what, toml) in cases {
+    for (what, toml, names) in cases {
         let instance: Value = toml::from_str(toml).unwrap();
         assert!(!validator.is_valid(&instance), "the schema takes {what}");
         let file = dir.path().join("bad.toml");
@@ -414,6 +432,8 @@ fn the_schema_refuses_what_check_config_refuses() {
             .output()
             .unwrap();
         assert_eq!(out.status.code(), Some(2), "check-config takes {what}");
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(said.contains(names), "{what}: {said}");
     }
     let defaults: Value = toml::from_str("").unwrap();
     assert!(

@@ -432,9 +432,26 @@ async fn kubectl_drains_under_a_percentage_budget_waiting_out_429s_and_grace_per
         stderr.contains("Cannot evict pod as it would violate the pod's disruption budget"),
         "two of four pods wait for the budget: {stderr}"
     );
+    // The slow pod's grace period was waited out, by the API server's own log: kubectl
+    // went on asking for the pod for at least its 2 s grace after the eviction was taken
+    // (kubectl's 5 s pause after a 429 says nothing of that: it is another pod's).
+    let log = fake.requests();
+    let pod_path = format!("/api/v1/namespaces/default/pods/{slow}");
+    let evicted = log
+        .iter()
+        .find(|r| r.method == "POST" && r.path == format!("{pod_path}/eviction"))
+        .expect("the slow pod's eviction")
+        .at;
+    let last_look = log
+        .iter()
+        .filter(|r| r.method == "GET" && r.path.split('?').next() == Some(pod_path.as_str()))
+        .map(|r| r.at)
+        .max()
+        .expect("kubectl waits for the pod to go");
     assert!(
-        took >= Duration::from_secs(2),
-        "the slow pod's grace period is waited out: {took:?}"
+        last_look.duration_since(evicted) >= Duration::from_secs(2),
+        "kubectl stopped asking {:?} after the eviction: the grace period was not waited out (drain took {took:?})",
+        last_look.duration_since(evicted)
     );
     let left: Vec<String> = fake
         .pods_on("w1")

@@ -319,7 +319,9 @@ impl Ground {
         }
     }
 
-    /// Asserts that no node was drained twice: each cordoned at most once, and nothing
+    /// Asserts that every node was drained once around its work and none twice: a node
+    /// whose own log shows a `kubeadm upgrade apply|node` or a reboot was cordoned exactly
+    /// once (by the API server's log), each node cordoned at most once, and nothing
     /// cordoned or evicted on a node after its uncordon.
     pub fn assert_drained_once(&self) {
         let changes = self.api.changes();
@@ -346,6 +348,19 @@ impl Ground {
             cordons.values().all(|n| *n == 1),
             "cordons per node: {cordons:?}"
         );
+        for node in &self.nodes {
+            let upgraded = node.calls().iter().any(|c| {
+                c.starts_with("kubeadm upgrade apply") || c.starts_with("kubeadm upgrade node")
+            });
+            if upgraded || node.reboots() > 0 {
+                assert_eq!(
+                    cordons.get(&node.name),
+                    Some(&1),
+                    "{} was upgraded or rebooted (its own log) without one drain: {changes:?}",
+                    node.name
+                );
+            }
+        }
     }
 
     /// Asserts that no node had a package installed.
