@@ -136,6 +136,20 @@ async fn three_stacked_control_planes_reboot_with_one_leadership_change_the_lead
     );
     let order = nodes_of(&run, "reboot-control-plane", "reboot");
     assert_eq!(order.len(), 3, "{order:?}");
+    // The order by the nodes' own clocks (each logs when it took its reboot command).
+    let mut booted: Vec<(f64, &str)> = ["cp-1", "cp-2", "cp-3"]
+        .into_iter()
+        .map(|cp| {
+            let times = ground.node(cp).reboot_times();
+            assert_eq!(times.len(), 1, "{cp}: {times:?}");
+            (times[0], cp)
+        })
+        .collect();
+    booted.sort_by(|a, b| a.0.total_cmp(&b.0));
+    assert_eq!(
+        booted[2].1, "cp-2",
+        "the old leader's node last: {booted:?}"
+    );
     assert_eq!(order.last().map(String::as_str), Some("cp-2"), "{order:?}");
     let moved = nodes_of(&run, "reboot-control-plane", "move-leader");
     assert_eq!(moved.len(), 1, "{moved:?}");
@@ -418,6 +432,33 @@ async fn an_etcd_roll_and_a_reboot_wait_for_each_other_to_release_the_cluster() 
     assert_eq!(sts.restarted(), ["etcd-2", "etcd-1", "etcd-0"]);
     assert_rebooted_once(&ground, "w1");
     assert_eq!(ground.node("w2").reboots(), 0);
+
+    // The same order by the API server's own record, not rollgate's: every write of a
+    // roll (its partition, the pods it had replaced) comes before w1's drain (the second
+    // roll finds every member at the target: it writes nothing).
+    let changes = ground.api.changes();
+    let at = |want: &support::kube::Change| changes.iter().position(|c| c == want);
+    let cordon = at(&support::kube::Change::Cordon("w1".into())).expect("w1 cordoned");
+    let rollout: Vec<usize> = changes
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| {
+            matches!(
+                c,
+                support::kube::Change::Partition { .. } | support::kube::Change::Replaced(_)
+            )
+        })
+        .map(|(i, _)| i)
+        .collect();
+    let replaced = changes
+        .iter()
+        .filter(|c| matches!(c, support::kube::Change::Replaced(_)))
+        .count();
+    assert_eq!(replaced, 3, "{changes:?}");
+    assert!(
+        rollout.iter().all(|i| *i < cordon),
+        "a roll wrote during or after w1's drain: {changes:?}"
+    );
 }
 
 #[tokio::test]

@@ -512,6 +512,15 @@ impl FakeNode {
         std::fs::write(self.dir.path().join("state/never-back"), "").expect("marker");
     }
 
+    /// When this node took each reboot command, by its own clock (seconds since the epoch).
+    pub fn reboot_times(&self) -> Vec<f64> {
+        std::fs::read_to_string(self.dir.path().join("state/reboots"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.strip_prefix("reboot ")?.parse().ok())
+            .collect()
+    }
+
     /// Each reboot command this node took, by its own clock.
     pub fn reboots(&self) -> usize {
         std::fs::read_to_string(self.dir.path().join("state/reboots"))

@@ -17,9 +17,25 @@ pub type Key = (&'static str, String, String);
 pub enum Change {
     Cordon(String),
     Uncordon(String),
-    Evicted { node: String, pod: String },
-    Refused { node: String, pod: String },
-    KubeletVersion { node: String, version: String },
+    /// A StatefulSet's partition written (`namespace/name`, the new value).
+    Partition {
+        set: String,
+        to: u64,
+    },
+    /// A pod replaced by its StatefulSet's controller onto another revision.
+    Replaced(String),
+    Evicted {
+        node: String,
+        pod: String,
+    },
+    Refused {
+        node: String,
+        pod: String,
+    },
+    KubeletVersion {
+        node: String,
+        version: String,
+    },
 }
 
 /// One change in the watch history.
@@ -346,6 +362,10 @@ impl State {
 
     /// What the fake records about a node write.
     fn observe(&mut self, resource: &str, before: Option<&Value>, after: &Value) {
+        if resource == "statefulsets" || resource == "pods" {
+            self.observe_rollout(resource, before, after);
+            return;
+        }
         if resource != "nodes" {
             return;
         }
@@ -372,6 +392,32 @@ impl State {
                     version: kubelet.as_str().unwrap_or("").to_owned(),
                 },
             ));
+        }
+    }
+
+    /// A StatefulSet's partition moving, and a pod moving to another revision: the
+    /// API server's own record of a rollout, beside its record of cordons.
+    fn observe_rollout(&mut self, resource: &str, before: Option<&Value>, after: &Value) {
+        let Some(before) = before else { return };
+        let now = Instant::now();
+        let (ns, name) = ns_name(after);
+        if resource == "statefulsets" {
+            let partition =
+                |s: &Value| s["spec"]["updateStrategy"]["rollingUpdate"]["partition"].as_u64();
+            if let (Some(to), true) = (partition(after), partition(after) != partition(before)) {
+                self.changes.push((
+                    now,
+                    Change::Partition {
+                        set: format!("{ns}/{name}"),
+                        to,
+                    },
+                ));
+            }
+        } else {
+            let revision = |p: &Value| p["metadata"]["labels"]["controller-revision-hash"].clone();
+            if !revision(before).is_null() && revision(after) != revision(before) {
+                self.changes.push((now, Change::Replaced(name)));
+            }
         }
     }
 
