@@ -648,7 +648,12 @@ pub async fn follow_run_events(
 
 /// A cheap xorshift seeded by the process id, for random moments that differ each run.
 pub fn xorshift() -> impl FnMut() -> u64 {
-    let mut seed = std::process::id() as u64 | 1;
+    xorshift_from(std::process::id() as u64)
+}
+
+/// [`xorshift`] from `seed` (never 0), to replay a run's draws.
+pub fn xorshift_from(seed: u64) -> impl FnMut() -> u64 {
+    let mut seed = seed | 1;
     move || {
         seed ^= seed << 13;
         seed ^= seed >> 7;
