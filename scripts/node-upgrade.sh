@@ -143,9 +143,11 @@ rewrite_repo() {
     log "apt repository already at v$apt_minor"
   else
     grep -qE '/v[0-9]+\.[0-9]+/deb' "$K8S_APT_SOURCE" || die "$K8S_APT_SOURCE has no /vX.Y/deb repository line"
-    # Edited as this user and written whole through tee: sudo needs a rule for
-    # `tee FILE` alone, not for a sed expression.
-    sed -E "s#/v[0-9]+\.[0-9]+/deb#/v$apt_minor/deb#g" "$K8S_APT_SOURCE" | $SUDO tee "$K8S_APT_SOURCE" >/dev/null
+    # Edited as this user, read whole before tee truncates the file, and written through
+    # tee: sudo needs a rule for `tee FILE` alone, not for a sed expression.
+    local rewritten
+    rewritten=$(sed -E "s#/v[0-9]+\.[0-9]+/deb#/v$apt_minor/deb#g" "$K8S_APT_SOURCE")
+    printf '%s\n' "$rewritten" | $SUDO tee "$K8S_APT_SOURCE" >/dev/null
     log "apt repository now at v$apt_minor"
   fi
   $SUDO apt-get update -q

@@ -441,3 +441,47 @@ fn the_schema_refuses_what_check_config_refuses() {
         "an empty file is the embedded defaults"
     );
 }
+
+/// Issue 40, releases: `rollgate --version` names the version and the commit it was built
+/// from (the checkout's own, by git), and `CHANGELOG.md` is in Keep a Changelog's form
+/// with an Unreleased part above the crate's version.
+#[test]
+fn the_version_names_its_commit_and_the_changelog_its_releases() {
+    let out = Command::new(env!("CARGO_BIN_EXE_rollgate"))
+        .arg("--version")
+        .env_clear()
+        .output()
+        .expect("rollgate runs");
+    assert!(out.status.success());
+    let said = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let head = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(root())
+        .output()
+        .expect("git");
+    let head = String::from_utf8_lossy(&head.stdout).trim().to_owned();
+    assert_eq!(head.len(), 12, "no git checkout here: {head:?}");
+    assert_eq!(
+        said,
+        format!("rollgate {} (commit {head})", env!("CARGO_PKG_VERSION"))
+    );
+
+    let changelog = read(&root().join("CHANGELOG.md"));
+    let releases: Vec<&str> = changelog
+        .lines()
+        .filter_map(|l| l.strip_prefix("## ["))
+        .map(|l| l.split(']').next().unwrap_or_default())
+        .collect();
+    assert_eq!(releases.first(), Some(&"Unreleased"), "{releases:?}");
+    assert!(
+        releases.contains(&env!("CARGO_PKG_VERSION")),
+        "the crate's version {} has no entry: {releases:?}",
+        env!("CARGO_PKG_VERSION")
+    );
+    for release in &releases {
+        assert!(
+            changelog.contains(&format!("[{release}]: ")),
+            "{release} has no link line"
+        );
+    }
+}

@@ -189,6 +189,24 @@ async fn a_minor_upgrade_needs_the_repository_of_the_new_minor() {
     assert!(out.contains("already at v1.35"), "{out}");
     let (code, out) = w1.run(&["--role", "worker", "--release", "1.35.0"]);
     assert_eq!(code, 0, "{out}");
+
+    // The file is read whole before it is written back (a pipe into `tee FILE` from a
+    // reader of FILE may find it already truncated): the rest of the line survives every
+    // rewrite.
+    let path = w1.dir.path().join("kubernetes.list");
+    for round in 0..30 {
+        let minor = if round % 2 == 0 { "1.34" } else { "1.35" };
+        let (code, out) = w1.run(&["--apt-minor", minor]);
+        assert_eq!(code, 0, "round {round}: {out}");
+        let source = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(
+            source,
+            format!(
+                "deb [signed-by=/etc/apt/keyrings/kubernetes.gpg] https://pkgs.k8s.io/core:/stable:/v{minor}/deb/ /\n"
+            ),
+            "round {round}"
+        );
+    }
 }
 
 #[tokio::test]
