@@ -186,8 +186,9 @@ impl NodeReboots {
                         "exited with {:?}, and the node has another boot id already",
                         out.status
                     ),
-                    // It said no and the node kept its boot: nothing was rebooted, and
-                    // the redo (the one retry policy) sends the command again.
+                    // It said no, and the node kept its boot (or cannot be asked now:
+                    // its own exit status decides): nothing was rebooted, and the redo
+                    // (the one retry policy) sends the command again.
                     _ => {
                         return StepOutcome::retry(refused(
                             node,
