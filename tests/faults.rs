@@ -885,10 +885,7 @@ async fn an_etcd_snapshot_that_cannot_be_written_fails_the_preflight_and_touches
     let reason = run["reason"].as_str().unwrap_or_default();
     assert!(reason.contains("snapshot"), "{reason}");
     // Nothing was touched: no cordon, no eviction, no package; no partial file left.
-    assert!(ground.api.changes().iter().all(|c| !matches!(
-        c,
-        support::kube::Change::Cordon(_) | support::kube::Change::Evicted { .. }
-    )));
+    ground.assert_nothing_drained();
     ground.assert_nothing_installed();
     let left: Vec<_> = std::fs::read_dir(disk.join("snapshots"))
         .map(|d| d.filter_map(Result::ok).map(|e| e.file_name()).collect())
@@ -1448,9 +1445,6 @@ async fn seven_snapshots_leave_five_and_a_snapshot_dir_without_room_halts_before
         1,
         "refused at once, not retried"
     );
-    assert!(ground.api.changes().iter().all(|c| !matches!(
-        c,
-        support::kube::Change::Cordon(_) | support::kube::Change::Evicted { .. }
-    )));
+    ground.assert_nothing_drained();
     ground.assert_nothing_installed();
 }

@@ -855,10 +855,7 @@ async fn a_reboot_dry_run_names_the_batches_and_what_holds_them_and_touches_noth
     // Nothing was touched.
     let (_, runs) = rg.get("/v1/runs").await;
     assert_eq!(runs, json!([]), "a dry run queues nothing");
-    assert!(ground.api.changes().iter().all(|c| !matches!(
-        c,
-        support::kube::Change::Cordon(_) | support::kube::Change::Evicted { .. }
-    )));
+    ground.assert_nothing_drained();
     for node in &ground.nodes {
         assert_eq!(node.reboots(), 0, "{}", node.name);
     }

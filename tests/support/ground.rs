@@ -363,6 +363,17 @@ impl Ground {
         }
     }
 
+    /// Asserts that no node was cordoned and no pod evicted, by the API server's log.
+    pub fn assert_nothing_drained(&self) {
+        let changes = self.api.changes();
+        assert!(
+            changes
+                .iter()
+                .all(|c| !matches!(c, Change::Cordon(_) | Change::Evicted { .. })),
+            "a node was drained: {changes:?}"
+        );
+    }
+
     /// Asserts that no node had a package installed.
     pub fn assert_nothing_installed(&self) {
         for node in &self.nodes {
