@@ -252,6 +252,14 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             stop_rx.clone(),
         ));
     }
+    let kured_lock = match (&watch_kube, settings.cluster.kured_daemonset()) {
+        (Some(kube), Some((namespace, name))) => Some(Arc::new(kube.kured_lock(
+            namespace,
+            name,
+            &settings.cluster.kured_lock_annotation,
+        ))),
+        _ => None,
+    };
     spawn_roll_watches(&settings, watch_kube, state.clone(), &stop_rx);
     let mut worker_task = if settings.worker.paused {
         warn!("worker.paused is true: events are queued but not processed");
@@ -264,12 +272,15 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             failure_budget: settings.cluster.failure_budget,
             asks_upstreams: fleet.has_upstreams(),
         };
-        let worker = Worker::new(queue, store, metrics, executors, policy, notifier)
+        let mut worker = Worker::new(queue, store, metrics, executors, policy, notifier)
             .telling(gate.clone())
             .refusing_detections(upgrades_unavailable)
             .within(settings.schedule.windows.clone())
             .led_by(leading)
             .reporting_writes_to(writes);
+        if let Some(lock) = kured_lock {
+            worker = worker.honouring(lock, settings.gate.poll_interval);
+        }
         Some(tokio::spawn(worker.run(stop_rx)))
     };
 

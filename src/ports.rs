@@ -251,6 +251,17 @@ pub trait InFlightMarks: Send + Sync {
     async fn set_in_flight(&self, marks: Option<&InFlight>) -> Result<(), ClusterError>;
 }
 
+/// A lock another tool keeps on the cluster (kured's reboot lock), which rollgate honours
+/// before it takes the cluster and holds while it has it.
+#[async_trait::async_trait]
+pub trait ForeignLock: Send + Sync {
+    /// Takes the lock for rollgate: `None` once rollgate holds it (or there is no such
+    /// tool here), or who holds it instead, in words.
+    async fn take(&self) -> Result<Option<String>, ClusterError>;
+    /// Lets go of rollgate's part of the lock, if it holds one.
+    async fn release(&self) -> Result<(), ClusterError>;
+}
+
 /// The in-flight marks of a run.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct InFlight {

@@ -21,7 +21,7 @@ use crate::domain::event::{
 use crate::domain::run::{FailurePolicy, Run, RunKind, RunStatus, Step};
 use crate::domain::schedule::Windows;
 use crate::metrics::Metrics;
-use crate::ports::{Executors, Notice, Notifier};
+use crate::ports::{Executors, ForeignLock, Notice, Notifier};
 use crate::queue::{Delivery, Outgoing, Queue, QueueError};
 use crate::store::{AlertEvent, Commit, Committed, Store, StoreError};
 use crate::workflows::k8s_upgrade::plan::FailureBudget;
@@ -56,6 +56,9 @@ pub struct Worker {
     pub leading: Option<watch::Receiver<bool>>,
     /// The gate, told when a commit changed the alert board.
     pub gate: Option<Arc<crate::workflows::gate::Gate>>,
+    /// kured's reboot lock, honoured before a run takes the cluster and held while one
+    /// has it; how often a run waiting for it asks again.
+    foreign_lock: Option<(Arc<dyn ForeignLock>, Duration)>,
     /// One lock per run: whatever reads, advances and commits a run (an event, a step's
     /// outcome) holds it, so that the steps of a run driven beside the queue never lose
     /// an update.
@@ -67,11 +70,15 @@ pub struct Worker {
 /// The reason a run waiting for the cluster's lock gives, up to the holder it names.
 pub const WAITS_FOR_CLUSTER: &str = "waits for run ";
 
-/// Whether `run` is queued behind the cluster's lock, or queued to take it (it waited
-/// outside the cluster until now).
+/// The reason a run waiting for kured's reboot lock gives, up to kured's holders.
+pub const WAITS_FOR_KURED: &str = "waits for kured: ";
+
+/// Whether `run` is queued behind the cluster's lock (or kured's), or queued to take it
+/// (it waited outside the cluster until now).
 fn waits_for_cluster(run: &Run) -> bool {
     run.status == RunStatus::Queued
         && (run.reason.starts_with(WAITS_FOR_CLUSTER)
+            || run.reason.starts_with(WAITS_FOR_KURED)
             || run
                 .reason
                 .starts_with(crate::domain::engine::TAKES_THE_CLUSTER))
@@ -169,6 +176,7 @@ impl Worker {
             windows: Windows::default(),
             leading: None,
             gate: None,
+            foreign_lock: None,
             run_locks: Default::default(),
             drives: Default::default(),
         }
@@ -211,7 +219,68 @@ impl Worker {
             notices.extend(notices_since(run, told));
             return Ok(Vec::new());
         }
+        if run.holds_cluster()
+            && let Some((lock, recheck)) = &self.foreign_lock
+        {
+            let holder = match lock.take().await {
+                Ok(holder) => holder,
+                // Fail closed: a lock that cannot be read may be held.
+                Err(e) => Some(format!(
+                    "its lock cannot be read, so it counts as held: {}",
+                    crate::error_chain(&e)
+                )),
+            };
+            if let Some(holder) = holder {
+                let reason = format!("{WAITS_FOR_KURED}{holder}");
+                if run.reason != reason {
+                    info!(run_id = %run.id, %holder, "waiting for kured's reboot lock");
+                    let told = run.history.len();
+                    run.transition(RunStatus::Queued, reason, Utc::now());
+                    notices.extend(notices_since(run, told));
+                }
+                let again = Utc::now()
+                    + chrono::Duration::from_std(*recheck).unwrap_or(chrono::Duration::seconds(30));
+                commit
+                    .outbox
+                    .push(wake_message(run, run.epoch, Some(again)));
+                return Ok(Vec::new());
+            }
+        }
         Ok(self.apply(run, Input::Start, commit, notices).0)
+    }
+
+    /// Lets go of kured's lock unless a run has the cluster (one started and not ended; a
+    /// halted run keeps it). Called when a run that had the cluster ends, and at start (a
+    /// crash between the two may have left the lock held).
+    async fn release_foreign_lock_if_idle(&self) {
+        let Some((lock, _)) = &self.foreign_lock else {
+            return;
+        };
+        let busy = match self.store.not_ended().await {
+            Ok(runs) => runs
+                .iter()
+                .any(|r| r.holds_cluster() && r.status != RunStatus::Queued),
+            Err(e) => {
+                warn!(error = %crate::error_chain(&e), "cannot tell whether a run has the cluster; kured's lock stays held");
+                return;
+            }
+        };
+        if busy {
+            return;
+        }
+        match lock.release().await {
+            Ok(()) => info!("kured's reboot lock released (no run has the cluster)"),
+            Err(e) => {
+                warn!(error = %crate::error_chain(&e), "cannot release kured's reboot lock; trying again when the next run ends or rollgate starts");
+            }
+        }
+    }
+
+    /// The same worker, honouring and holding `lock` (kured's), asking again every
+    /// `recheck` while it is held.
+    pub fn honouring(mut self, lock: Arc<dyn ForeignLock>, recheck: Duration) -> Self {
+        self.foreign_lock = Some((lock, recheck));
+        self
     }
 
     /// A wake for the oldest run waiting for the cluster, when `ended` releases it.
@@ -323,6 +392,7 @@ impl Worker {
             if let Err(e) = self.recover().await {
                 warn!(error = %crate::error_chain(&e), "recovery after start failed; unfinished runs resume on their next event");
             }
+            self.release_foreign_lock_if_idle().await;
             loop {
                 let delivery = tokio::select! {
                     _ = shutdown.changed() => break 'elected,
@@ -501,6 +571,10 @@ impl Worker {
                 && crate::workflows::k8s_upgrade::marked_in_flight(r)
         });
         let board_changed = !commit.alerts.is_empty() || !commit.alert_events.is_empty();
+        let cluster_released = commit
+            .runs
+            .iter()
+            .any(|r| r.status.is_terminal() && r.holds_cluster());
         if let Some(wake) = self.wake_next_holder(&commit.runs).await? {
             commit.outbox.push(wake);
         }
@@ -523,6 +597,9 @@ impl Worker {
         }
         if has_outbox {
             self.outbox_pending.store(true, Ordering::Release);
+        }
+        if cluster_released {
+            self.release_foreign_lock_if_idle().await;
         }
         if upgrade_ended {
             // However the run in flight ended (succeeded, failed, aborted), it no longer is;

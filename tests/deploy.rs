@@ -22,7 +22,9 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 use support::kube::FakeKube;
-use support::manifests::{assert_granted, cluster_role, documents, grants, root};
+use support::manifests::{
+    assert_granted, cluster_role, documents, example_secret_generators, grants, kustomize, root,
+};
 
 fn yaml_files(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
@@ -410,8 +412,8 @@ fn api_use() -> BTreeSet<(String, String, String)> {
 async fn the_cluster_role_grants_every_api_use_of_the_adapters_and_nothing_more() {
     use rollgate::adapters::kube::{Kube, KubeSettings, Source};
     use rollgate::ports::{
-        ClusterEvent, ClusterRead, DrainOptions, EventRecorder, InFlight, InFlightMarks, NodeDrain,
-        Regarding, StatefulSets,
+        ClusterEvent, ClusterRead, DrainOptions, EventRecorder, ForeignLock, InFlight,
+        InFlightMarks, NodeDrain, Regarding, StatefulSets,
     };
     let api = FakeKube::start().await;
     api.add_namespace("k8s-upgrade");
@@ -462,6 +464,10 @@ async fn the_cluster_role_grants_every_api_use_of_the_adapters_and_nothing_more(
     .await
     .unwrap();
     kube.set_in_flight(None).await.unwrap();
+    let kured = kube.kured_lock("kube-system", "kured", "weave.works/kured-node-lock");
+    api.add_kured(None);
+    assert_eq!(kured.take().await.unwrap(), None);
+    kured.release().await.unwrap();
     for regarding in [
         Regarding::Node("w1".into()),
         Regarding::Namespace("k8s-upgrade".into()),
@@ -723,84 +729,12 @@ fn the_image_builds_in_two_stages_and_runs_as_a_non_root_user() {
     assert!(user.starts_with("65532"));
 }
 
-/// Copies `from` into `to`, directories included.
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let path = entry.unwrap().path();
-        let target = to.join(path.file_name().unwrap());
-        if path.is_dir() {
-            copy_tree(&path, &target);
-        } else {
-            std::fs::copy(&path, &target).unwrap();
-        }
-    }
-}
-
-/// The example overlay's secret generators (rollgate-secrets, rollgate-clients).
-fn example_secret_generators() -> Vec<Value> {
-    let overlay = root().join("deploy/overlays/example");
-    documents(&overlay.join("kustomization.yaml"))[0]["secretGenerator"]
-        .as_array()
-        .unwrap()
-        .clone()
-}
-
 /// The example overlay's generator of rollgate-secrets.
 fn example_secret_generator() -> Value {
     example_secret_generators()
         .into_iter()
         .find(|g| g["name"] == "rollgate-secrets")
         .expect("rollgate-secrets")
-}
-
-/// `kubectl kustomize deploy/overlays/NAME` in a copy of deploy/ with the secret files
-/// the example overlay expects: the temp dir (holding `built.yaml`) and the objects.
-fn kustomize(name: &str) -> (tempfile::TempDir, Vec<Value>) {
-    let version = Command::new("kubectl")
-        .args(["version", "--client"])
-        .output()
-        .expect("kubectl (scripts/test.sh installs it: Debian's kubernetes-client)");
-    assert!(version.status.success());
-    let dir = tempfile::tempdir().unwrap();
-    let deploy = dir.path().join("deploy");
-    copy_tree(&root().join("deploy"), &deploy);
-    let example = deploy.join("overlays/example");
-    for generator in example_secret_generators() {
-        for file in generator["files"].as_array().unwrap() {
-            let (key, path) = file.as_str().unwrap().split_once('=').unwrap();
-            let path = example.join(path);
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(path, format!("test {key}\n")).unwrap();
-        }
-    }
-    // The overlay's own Secrets' files, when it makes any beside the example's.
-    let overlay = deploy.join("overlays").join(name);
-    if name != "example" {
-        let own = documents(&overlay.join("kustomization.yaml"))[0]["secretGenerator"].clone();
-        for generator in own.as_array().into_iter().flatten() {
-            for file in generator["files"].as_array().unwrap() {
-                let (key, path) = file.as_str().unwrap().split_once('=').unwrap();
-                let path = overlay.join(path);
-                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-                std::fs::write(path, format!("test {key}\n")).unwrap();
-            }
-        }
-    }
-    let out = Command::new("kubectl")
-        .arg("kustomize")
-        .arg(&overlay)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "kubectl kustomize: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let built = dir.path().join("built.yaml");
-    std::fs::write(&built, &out.stdout).unwrap();
-    let docs = documents(&built);
-    (dir, docs)
 }
 
 /// The routes `rollgate detect` posts to with `args`: the upgrade it finds, and with

@@ -871,3 +871,114 @@ async fn a_reboot_dry_run_names_the_batches_and_what_holds_them_and_touches_noth
     let run = rg.wait_status(&id, "succeeded", RUN_DEADLINE).await;
     assert_eq!(labels(&run, "reboot"), batches.concat());
 }
+
+/// kured's lock value as kured's daemonsetlock writes it: one holder.
+fn kured_single(node: &str, created: chrono::DateTime<chrono::Utc>, ttl: Duration) -> String {
+    json!({
+        "nodeID": node,
+        "metadata": {"unschedulable": false},
+        "created": created.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
+        "TTL": ttl.as_nanos() as u64,
+    })
+    .to_string()
+}
+
+/// Waits until `node` is cordoned (the API server's state); kured's lock annotation then.
+async fn kured_lock_while_cordoned(ground: &Ground, node: &str) -> Value {
+    support::eventually(
+        &format!("{node} cordoned"),
+        Duration::from_secs(60),
+        || async { (ground.api.node(node)["spec"]["unschedulable"] == true).then_some(()) },
+    )
+    .await;
+    let text = ground.api.kured_lock().expect("kured's lock is held");
+    serde_json::from_str(&text).expect("kured's lock is JSON")
+}
+
+/// kured's lock (an annotation of its DaemonSet, in kured's own format): while a kured
+/// node holds it, a reboot run does not start and names kured's node, asking again until
+/// kured lets go; then rollgate takes the lock, written as kured writes it (so a kured
+/// still running waits), for as long as it has the cluster, and lets go at the end. An
+/// expired lock holds nothing, and with several owners rollgate takes every place.
+#[tokio::test]
+async fn kured_lock_is_honoured_while_kured_holds_it_and_held_while_rollgate_works() {
+    let ground = Ground::start("1.34.2", 2).await;
+    let now = chrono::Utc::now();
+    let theirs = kured_single("w2", now - chrono::Duration::seconds(10), Duration::ZERO);
+    ground.api.add_kured(Some(&theirs));
+    for node in ["w1", "w2"] {
+        ground.node(node).need_reboot();
+        ground.node(node).reboot_delay(1.5);
+    }
+    let rg = reboot_rollgate(&ground, &[]).await;
+    let id = ask(&rg, json!({"nodes": ["w1"]})).await;
+    let run = rg
+        .wait_run(&id, "the run to wait for kured", |r| {
+            r["reason"].as_str().is_some_and(|t| {
+                t.starts_with("waits for kured: kured holds its reboot lock for w2")
+            })
+        })
+        .await;
+    assert_eq!(run["status"], "queued", "{run}");
+    // It asks again (gate.poll_interval), and still waits: the API server's own count.
+    let reads = |g: &Ground| g.api.calls().get("get daemonset").copied().unwrap_or(0);
+    let first = reads(&ground);
+    support::eventually(
+        "three more reads of kured's lock",
+        Duration::from_secs(30),
+        || async { (reads(&ground) >= first + 3).then_some(()) },
+    )
+    .await;
+    assert_eq!(rg.run(&id).await["status"], "queued");
+    ground.assert_nothing_drained();
+    assert_eq!(ground.api.kured_lock().as_deref(), Some(theirs.as_str()));
+
+    // kured lets go: the run starts, and holds kured's lock while it works.
+    ground.api.set_kured_lock(None);
+    let held = kured_lock_while_cordoned(&ground, "w1").await;
+    assert_eq!(held["nodeID"], "rollgate", "{held}");
+    assert_eq!(held["TTL"], 0, "{held}");
+    let created: chrono::DateTime<chrono::Utc> = held["created"]
+        .as_str()
+        .expect("created")
+        .parse()
+        .expect("RFC 3339, as Go's time.Time reads it");
+    assert!(
+        (chrono::Utc::now() - created).num_seconds().abs() < 60,
+        "{held}"
+    );
+    rg.wait_status(&id, "succeeded", RUN_DEADLINE).await;
+    support::eventually("kured's lock released", Duration::from_secs(10), || async {
+        ground.api.kured_lock().is_none().then_some(())
+    })
+    .await;
+    assert_rebooted_once(&ground, "w1");
+
+    // Several owners (kured's --concurrency 2), the one holder's TTL run out: rollgate
+    // takes both places, and leaves the list empty.
+    let expired = json!({"maxOwners": 2, "locks": [serde_json::from_str::<Value>(
+        &kured_single("w2", now - chrono::Duration::hours(2), Duration::from_secs(3600)),
+    ).unwrap()]});
+    ground.api.set_kured_lock(Some(&expired.to_string()));
+    let id = ask(&rg, json!({"nodes": ["w2"]})).await;
+    let held = kured_lock_while_cordoned(&ground, "w2").await;
+    let owners: Vec<&str> = held["locks"]
+        .as_array()
+        .expect("locks")
+        .iter()
+        .filter_map(|l| l["nodeID"].as_str())
+        .collect();
+    assert_eq!(owners, ["rollgate", "rollgate/2"], "{held}");
+    assert_eq!(held["maxOwners"], 2);
+    rg.wait_status(&id, "succeeded", RUN_DEADLINE).await;
+    support::eventually(
+        "rollgate's places released",
+        Duration::from_secs(10),
+        || async {
+            let lock: Value = serde_json::from_str(&ground.api.kured_lock()?).ok()?;
+            (lock == json!({"maxOwners": 2, "locks": []})).then_some(())
+        },
+    )
+    .await;
+    assert_rebooted_once(&ground, "w2");
+}

@@ -5,7 +5,7 @@
 //! against.
 
 use futures_util::future::join_all;
-use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{
@@ -24,8 +24,8 @@ use crate::domain::backoff::Backoff;
 use crate::domain::version::Version;
 use crate::ports::{
     ClusterError, ClusterEvent, ClusterRead, Cordon, DrainError, DrainFacts, DrainOptions,
-    DrainReport, EventRecorder, InFlight, InFlightMarks, NodeBoot, NodeBoots, NodeDrain, PodRef,
-    PodState, RebootMark, Regarding, StatefulSetState, StatefulSets,
+    DrainReport, EventRecorder, ForeignLock, InFlight, InFlightMarks, NodeBoot, NodeBoots,
+    NodeDrain, PodRef, PodState, RebootMark, Regarding, StatefulSetState, StatefulSets,
 };
 use crate::workflows::control_plane_cycle::plan::StaticPod;
 use crate::workflows::k8s_upgrade::plan::{ClusterFacts, NodeFacts, Role};
@@ -43,6 +43,8 @@ pub const API_USE: &[(&str, &str, &str)] = &[
     ("apps", "statefulsets", "patch"),
     ("apps", "statefulsets", "watch"),
     ("", "namespaces", "patch"),
+    ("apps", "daemonsets", "get"),
+    ("apps", "daemonsets", "patch"),
     ("policy", "poddisruptionbudgets", "list"),
     ("events.k8s.io", "events", "create"),
 ];
@@ -833,6 +835,135 @@ impl InFlightMarks for Kube {
             .await
             .map(drop)
             .map_err(|e| api_error(&format!("annotate namespace {ns}"), e))
+    }
+}
+
+/// kured's reboot lock: an annotation on kured's DaemonSet (see
+/// [`crate::domain::kured_lock`]), read and written with the DaemonSet's resourceVersion
+/// as a precondition, as kured's own update is.
+pub struct KuredLock {
+    client: Client,
+    namespace: String,
+    name: String,
+    annotation: String,
+}
+
+impl Kube {
+    /// kured's lock on DaemonSet `namespace/name`, kept in `annotation`.
+    pub fn kured_lock(&self, namespace: &str, name: &str, annotation: &str) -> KuredLock {
+        KuredLock {
+            client: self.client.clone(),
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            annotation: annotation.to_owned(),
+        }
+    }
+}
+
+/// What to do with the DaemonSet's annotation: write a value, or remove it.
+enum LockChange {
+    Write(String),
+    Remove,
+}
+
+impl KuredLock {
+    fn api(&self) -> Api<DaemonSet> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    fn what(&self) -> String {
+        format!(
+            "kured's lock ({} on daemonset {}/{})",
+            self.annotation, self.namespace, self.name
+        )
+    }
+
+    /// Reads the lock and applies what `decide` makes of it, again on a conflict; `Ok(None)`
+    /// when the DaemonSet is absent (no kured here).
+    async fn change<T>(
+        &self,
+        decide: impl Fn(Option<&str>) -> Result<(Option<LockChange>, T), ClusterError>,
+    ) -> Result<Option<T>, ClusterError> {
+        let api = self.api();
+        for _ in 0..CONFLICT_RETRIES {
+            let ds = match api.get(&self.name).await {
+                Ok(ds) => ds,
+                Err(e) if status_code(&e) == Some(404) => return Ok(None),
+                Err(e) => return Err(api_error(&format!("read {}", self.what()), e)),
+            };
+            let value = ds
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(&self.annotation))
+                .map(String::as_str);
+            let (change, answer) = decide(value)?;
+            let value = match change {
+                None => return Ok(Some(answer)),
+                Some(LockChange::Write(v)) => json!(v),
+                Some(LockChange::Remove) => Value::Null,
+            };
+            let patch = json!({"metadata": {
+                "annotations": {self.annotation.clone(): value},
+                "resourceVersion": ds.metadata.resource_version,
+            }});
+            match api
+                .patch(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => return Ok(Some(answer)),
+                Err(e) if status_code(&e) == Some(409) => continue,
+                Err(e) => return Err(api_error(&format!("write {}", self.what()), e)),
+            }
+        }
+        Err(ClusterError::new(format!(
+            "write {}: still conflicting after {CONFLICT_RETRIES} tries",
+            self.what()
+        )))
+    }
+}
+
+#[async_trait::async_trait]
+impl ForeignLock for KuredLock {
+    async fn take(&self) -> Result<Option<String>, ClusterError> {
+        use crate::domain::kured_lock::{Take, describe, take};
+        let now = chrono::Utc::now();
+        let holders = self
+            .change(|value| {
+                let taken = take(value, now)
+                    .map_err(|e| ClusterError::new(format!("{}: {e}", self.what())))?;
+                Ok(match taken {
+                    Take::Held => (None, None),
+                    Take::Write(v) => (Some(LockChange::Write(v)), None),
+                    Take::Theirs(holders) => (None, Some(describe(&holders))),
+                })
+            })
+            .await?;
+        match holders {
+            // No kured DaemonSet here: nothing to honour.
+            None => Ok(None),
+            Some(None) => {
+                info!(daemonset = %format!("{}/{}", self.namespace, self.name), "holding kured's reboot lock");
+                Ok(None)
+            }
+            Some(theirs) => Ok(theirs),
+        }
+    }
+
+    async fn release(&self) -> Result<(), ClusterError> {
+        use crate::domain::kured_lock::{Release, release};
+        self.change(|value| {
+            let change = match release(value)
+                .map_err(|e| ClusterError::new(format!("{}: {e}", self.what())))?
+            {
+                Release::Nothing => None,
+                Release::Remove => Some(LockChange::Remove),
+                Release::Write(v) => Some(LockChange::Write(v)),
+            };
+            Ok((change, ()))
+        })
+        .await
+        .map(drop)
     }
 }
 

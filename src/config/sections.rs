@@ -670,6 +670,14 @@ pub struct ClusterSettings {
     #[serde(deserialize_with = "string_list")]
     #[schemars(schema_with = "crate::config::schema::string_list")]
     pub blocking_pod_selectors: Vec<String>,
+    /// kured's DaemonSet, `namespace/name` (default `kube-system/kured`), whose reboot lock
+    /// rollgate honours and holds: while kured holds it, no run that takes the cluster
+    /// starts (it waits, naming kured's node); while rollgate has the cluster, it holds
+    /// kured's lock too, written as kured writes it, so a kured still running waits. No
+    /// such DaemonSet: nothing to honour. Empty: kured's lock is not read.
+    pub kured_daemonset: String,
+    /// The annotation kured keeps its lock in (kured's `--lock-annotation`).
+    pub kured_lock_annotation: String,
     /// How long a drain may take before the step fails; rollgate uncordons a node it
     /// cordoned and the run halts, naming the pods that would not leave.
     #[serde(with = "humantime_serde")]
@@ -716,6 +724,8 @@ impl Default for ClusterSettings {
             max_unavailable: Default::default(),
             failure_budget: Default::default(),
             blocking_pod_selectors: Vec::new(),
+            kured_daemonset: "kube-system/kured".into(),
+            kured_lock_annotation: "weave.works/kured-node-lock".into(),
             drain_timeout: Duration::from_secs(600),
             eviction_retry: Duration::from_secs(5),
             grace_period: None,
@@ -729,6 +739,12 @@ impl Default for ClusterSettings {
 }
 
 impl ClusterSettings {
+    /// kured's DaemonSet as (namespace, name), when one is named.
+    pub fn kured_daemonset(&self) -> Option<(&str, &str)> {
+        let (ns, name) = self.kured_daemonset.split_once('/')?;
+        (values::is_dns_name(ns) && values::is_dns_name(name)).then_some((ns, name))
+    }
+
     fn check(&self, p: &mut Problems) {
         p.path("kubeconfig", self.kubeconfig.as_ref());
         if self.kubeconfig.is_some() && self.in_cluster {
@@ -743,6 +759,18 @@ impl ClusterSettings {
             if let Err(e) = crate::workflows::node_cycle::holds::Requirement::parse(raw) {
                 p.add("blocking_pod_selectors", e);
             }
+        }
+        if !self.kured_daemonset.is_empty() && self.kured_daemonset().is_none() {
+            p.add(
+                "kured_daemonset",
+                format!(
+                    "{:?} is not namespace/name (kube-system/kured), nor empty",
+                    self.kured_daemonset
+                ),
+            );
+        }
+        if self.kured_lock_annotation.is_empty() {
+            p.add("kured_lock_annotation", "must not be empty");
         }
         for name in &self.worker_order {
             if !values::is_dns_name(name) {

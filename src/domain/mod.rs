@@ -6,6 +6,7 @@ pub mod budget;
 pub mod engine;
 pub mod event;
 pub mod gate;
+pub mod kured_lock;
 pub mod run;
 pub mod schedule;
 pub mod scope;

@@ -30,6 +30,14 @@ impl GroundEtcd {
         }
     }
 
+    /// The external member's certificates, when it serves TLS.
+    pub fn tls(&self) -> Option<&etcd::Certs> {
+        match self {
+            Self::External(c) => c.tls.as_ref(),
+            Self::Stacked(_) => None,
+        }
+    }
+
     /// The stacked members; panics on the external ground.
     pub fn stacked(&self) -> &StackedEtcd {
         match self {
@@ -45,6 +53,16 @@ pub fn quiet_metrics() -> String {
         "node_boot_time_seconds{{node=\"w1\"}} {}\n",
         chrono::Utc::now().timestamp() - 86_400
     )
+}
+
+/// How the ground's etcd runs.
+enum Etcd {
+    /// One external member, plain HTTP.
+    Plain,
+    /// One external member, TLS with client certificates.
+    Tls,
+    /// One member per control plane.
+    Stacked,
 }
 
 pub struct Ground {
@@ -65,22 +83,24 @@ impl Ground {
     /// A control plane `cp` with an external etcd member, and workers `w1..=workers`, all
     /// at `kubelet`.
     pub async fn start(kubelet: &str, workers: usize) -> Self {
-        Self::build(kubelet, &["cp".to_owned()], workers, false).await
+        Self::build(kubelet, &["cp".to_owned()], workers, Etcd::Plain).await
+    }
+
+    /// As [`Ground::start`], its etcd member serving clients over TLS with client
+    /// certificates, as a kubeadm control plane's etcd does.
+    pub async fn start_etcd_tls(kubelet: &str, workers: usize) -> Self {
+        Self::build(kubelet, &["cp".to_owned()], workers, Etcd::Tls).await
     }
 
     /// Control planes `cp-1..=control_planes`, each with its stacked etcd member, and
     /// workers `w1..=workers`, all at `kubelet`.
     pub async fn start_ha(kubelet: &str, control_planes: usize, workers: usize) -> Self {
         let names: Vec<String> = (1..=control_planes).map(|i| format!("cp-{i}")).collect();
-        Self::build(kubelet, &names, workers, true).await
+        Self::build(kubelet, &names, workers, Etcd::Stacked).await
     }
 
-    async fn build(
-        kubelet: &str,
-        control_planes: &[String],
-        workers: usize,
-        stacked: bool,
-    ) -> Self {
+    async fn build(kubelet: &str, control_planes: &[String], workers: usize, etcd: Etcd) -> Self {
+        let stacked = matches!(etcd, Etcd::Stacked);
         let api = FakeKube::start().await;
         api.add_namespace("k8s-upgrade");
         for cp in control_planes {
@@ -96,10 +116,10 @@ impl Ground {
             .map(|(m, _)| m)
             .unwrap_or(kubelet)
             .to_owned();
-        let etcd = if stacked {
-            GroundEtcd::Stacked(StackedEtcd::start(control_planes).await)
-        } else {
-            GroundEtcd::External(etcd::Cluster::start(1).await)
+        let etcd = match etcd {
+            Etcd::Stacked => GroundEtcd::Stacked(StackedEtcd::start(control_planes).await),
+            Etcd::Plain => GroundEtcd::External(etcd::Cluster::start(1).await),
+            Etcd::Tls => GroundEtcd::External(etcd::Cluster::start_tls(1).await),
         };
         let client = SshClient::new();
         let mut nodes = Vec::new();

@@ -5,6 +5,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use super::kube::Access;
 
@@ -71,4 +72,76 @@ pub fn assert_granted(role: &ClusterRole, used: &BTreeSet<Access>) {
             );
         }
     }
+}
+
+/// Copies `from` into `to`, directories included.
+pub fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        let target = to.join(path.file_name().unwrap());
+        if path.is_dir() {
+            copy_tree(&path, &target);
+        } else {
+            std::fs::copy(&path, &target).unwrap();
+        }
+    }
+}
+
+/// The example overlay's secret generators (rollgate-secrets, rollgate-clients).
+pub fn example_secret_generators() -> Vec<Value> {
+    let overlay = root().join("deploy/overlays/example");
+    documents(&overlay.join("kustomization.yaml"))[0]["secretGenerator"]
+        .as_array()
+        .expect("secret generators")
+        .clone()
+}
+
+/// `kubectl kustomize deploy/overlays/NAME` in a copy of deploy/ with the secret files
+/// the example overlay expects: the temp dir (holding `built.yaml`) and the objects.
+pub fn kustomize(name: &str) -> (tempfile::TempDir, Vec<Value>) {
+    let version = Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .expect("kubectl (scripts/test.sh installs it: Debian's kubernetes-client)");
+    assert!(version.status.success());
+    let dir = tempfile::tempdir().unwrap();
+    let deploy = dir.path().join("deploy");
+    copy_tree(&root().join("deploy"), &deploy);
+    let example = deploy.join("overlays/example");
+    for generator in example_secret_generators() {
+        for file in generator["files"].as_array().unwrap() {
+            let (key, path) = file.as_str().unwrap().split_once('=').unwrap();
+            let path = example.join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, format!("test {key}\n")).unwrap();
+        }
+    }
+    // The overlay's own Secrets' files, when it makes any beside the example's.
+    let overlay = deploy.join("overlays").join(name);
+    if name != "example" {
+        let own = documents(&overlay.join("kustomization.yaml"))[0]["secretGenerator"].clone();
+        for generator in own.as_array().into_iter().flatten() {
+            for file in generator["files"].as_array().unwrap() {
+                let (key, path) = file.as_str().unwrap().split_once('=').unwrap();
+                let path = overlay.join(path);
+                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                std::fs::write(path, format!("test {key}\n")).unwrap();
+            }
+        }
+    }
+    let out = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(&overlay)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl kustomize: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let built = dir.path().join("built.yaml");
+    std::fs::write(&built, &out.stdout).unwrap();
+    let docs = documents(&built);
+    (dir, docs)
 }

@@ -19,6 +19,7 @@ pub mod rehearsal;
 pub mod replicas;
 pub mod scripted;
 pub mod services;
+pub mod shipped;
 pub mod stacked;
 pub mod webdriver;
 pub mod witness;

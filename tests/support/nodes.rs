@@ -502,6 +502,11 @@ impl FakeNode {
         std::fs::write(self.dir.path().join("state/sudo-refuses"), "").expect("marker");
     }
 
+    /// From now on sudo on this node allows the reboot again (the rule installed).
+    pub fn sudo_allows(&self) {
+        let _ = std::fs::remove_file(self.dir.path().join("state/sudo-refuses"));
+    }
+
     /// From now on the login is not root: the node script goes through sudo.
     pub fn login_not_root(&self) {
         std::fs::write(self.dir.path().join("state/non-root"), "").expect("marker");

@@ -480,7 +480,7 @@ async fn start_prometheus(
 
 /// The shipped Alertmanager example (`deploy/examples/alertmanager-receiver.yaml`), its
 /// receiver pointed at `webhook` with `token_file`, its timings scaled.
-fn alertmanager_config(webhook: &str, token_file: &Path, ca_file: &Path) -> String {
+pub fn alertmanager_config(webhook: &str, token_file: &Path, ca_file: &Path) -> String {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("deploy/examples/alertmanager-receiver.yaml");
     let text = std::fs::read_to_string(path).expect("example");

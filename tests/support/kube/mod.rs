@@ -49,6 +49,9 @@ pub struct Access {
     pub name: Option<String>,
 }
 
+/// The annotation kured keeps its reboot lock in.
+pub const KURED_LOCK: &str = "weave.works/kured-node-lock";
+
 /// The running fake API server.
 #[derive(Clone)]
 pub struct FakeKube {
@@ -410,6 +413,56 @@ impl FakeKube {
             .get("pods", namespace, name)
             .cloned()
             .unwrap_or(Value::Null)
+    }
+
+    /// kured's DaemonSet `kube-system/kured`, its lock annotation holding `lock` (none:
+    /// free), as kured leaves it.
+    pub fn add_kured(&self, lock: Option<&str>) {
+        let mut annotations = serde_json::Map::new();
+        if let Some(lock) = lock {
+            annotations.insert(KURED_LOCK.into(), json!(lock));
+        }
+        self.lock().put(
+            "daemonsets",
+            json!({
+                "metadata": {"name": "kured", "namespace": "kube-system", "uid": "ds-kured",
+                             "annotations": annotations},
+                "spec": {"selector": {"matchLabels": {"name": "kured"}},
+                         "template": {"metadata": {"labels": {"name": "kured"}},
+                                      "spec": {"containers": [{"name": "kured", "image": "kured"}]}}},
+                "status": {},
+            }),
+        );
+    }
+
+    /// kured's lock annotation now, as kured would read it (none: free).
+    pub fn kured_lock(&self) -> Option<String> {
+        self.lock()
+            .get("daemonsets", "kube-system", "kured")
+            .and_then(|ds| {
+                ds["metadata"]["annotations"][KURED_LOCK]
+                    .as_str()
+                    .map(str::to_owned)
+            })
+    }
+
+    /// Sets kured's lock annotation (none: removes it), as a kured pod takes or releases
+    /// its lock: an update at a new resourceVersion.
+    pub fn set_kured_lock(&self, lock: Option<&str>) {
+        let mut s = self.lock();
+        let mut ds = s
+            .get("daemonsets", "kube-system", "kured")
+            .cloned()
+            .expect("kured's DaemonSet");
+        match lock {
+            Some(lock) => ds["metadata"]["annotations"][KURED_LOCK] = json!(lock),
+            None => {
+                if let Some(a) = ds["metadata"]["annotations"].as_object_mut() {
+                    a.remove(KURED_LOCK);
+                }
+            }
+        }
+        s.put("daemonsets", ds);
     }
 
     /// A running pod `app-N` of a Job on `node`: evicted, it is not made again.
