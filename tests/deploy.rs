@@ -420,6 +420,7 @@ async fn the_cluster_role_grants_every_api_use_of_the_adapters_and_nothing_more(
     api.add_node("cp", true, "1.34.2", "1.7.20");
     api.add_node("w1", false, "1.34.2", "1.7.20");
     api.add_pods("w1", "web", 2, false);
+    api.set_pdb("web", "web", 0);
     api.add_statefulset("etcd", 3, 3, "rev-1", "rev-2");
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");

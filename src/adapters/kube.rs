@@ -29,7 +29,7 @@ use crate::ports::{
 };
 use crate::workflows::control_plane_cycle::plan::StaticPod;
 use crate::workflows::k8s_upgrade::plan::{ClusterFacts, NodeFacts, Role};
-use crate::workflows::node_cycle::holds::{BudgetFacts, PodFacts};
+use crate::workflows::node_cycle::holds::{BudgetFacts, PodFacts, eviction_may_go};
 
 /// Every (API group, resource, verb) this adapter uses.
 pub const API_USE: &[(&str, &str, &str)] = &[
@@ -46,6 +46,7 @@ pub const API_USE: &[(&str, &str, &str)] = &[
     ("apps", "daemonsets", "get"),
     ("apps", "daemonsets", "patch"),
     ("policy", "poddisruptionbudgets", "list"),
+    ("policy", "poddisruptionbudgets", "get"),
     ("events.k8s.io", "events", "create"),
 ];
 
@@ -216,6 +217,10 @@ fn budget_facts(pdb: PodDisruptionBudget) -> BudgetFacts {
         disruptions_allowed: status.disruptions_allowed,
         current_healthy: status.current_healthy,
         expected_pods: status.expected_pods,
+        desired_healthy: status.desired_healthy,
+        generation: pdb.metadata.generation.unwrap_or_default(),
+        observed_generation: status.observed_generation.unwrap_or_default(),
+        resource_version: pdb.metadata.resource_version.unwrap_or_default(),
     }
 }
 
@@ -495,7 +500,10 @@ impl Kube {
     }
 
     /// Evicts `pods` of `node` and waits until they are gone, by `deadline`. In parallel,
-    /// as kubectl drain does: one pod blocked by its budget does not hold the others.
+    /// as kubectl drain does: one pod blocked by its budget does not hold the others. The
+    /// pods a PodDisruptionBudget covers go one at a time, each once rollgate's own read of
+    /// the budget lets it ([`eviction_may_go`]): the budget is kept even by a server that
+    /// would admit the eviction.
     async fn evict_all(
         &self,
         node: &str,
@@ -504,11 +512,34 @@ impl Kube {
         deadline: Instant,
         refusals: &std::sync::atomic::AtomicUsize,
     ) -> Result<(), DrainError> {
-        let results = join_all(
-            pods.iter()
-                .map(|pod| self.evict(pod, options, deadline, refusals)),
+        let budgets = self.budgets().await?;
+        let mut free = Vec::new();
+        let mut under: BTreeMap<(String, String), Vec<&Pod>> = BTreeMap::new();
+        for pod in pods {
+            let (ns, _, _) = pod_key(pod);
+            let labels = pod.metadata.labels.clone().unwrap_or_default();
+            match budgets
+                .iter()
+                .find(|b| b.namespace == ns && b.selector.matches(&labels))
+            {
+                Some(b) => under
+                    .entry((b.namespace.clone(), b.name.clone()))
+                    .or_default()
+                    .push(pod),
+                None => free.push(*pod),
+            }
+        }
+        let (free, budgeted) = futures_util::future::join(
+            join_all(
+                free.iter()
+                    .map(|pod| self.evict(pod, options, deadline, refusals)),
+            ),
+            join_all(under.iter().map(|((ns, name), pods)| {
+                self.evict_under_budget(ns, name, pods, options, deadline, refusals)
+            })),
         )
         .await;
+        let results = free.into_iter().chain(budgeted);
         let blocked: Vec<String> = results.into_iter().filter_map(Result::err).collect();
         if !blocked.is_empty() {
             return Err(DrainError::Blocked {
@@ -525,6 +556,71 @@ impl Kube {
                 secs: options.timeout.as_secs(),
                 pods: left.join(", "),
             });
+        }
+        Ok(())
+    }
+
+    /// Every PodDisruptionBudget of the cluster, as its status says now.
+    async fn budgets(&self) -> Result<Vec<BudgetFacts>, ClusterError> {
+        fold_pages(
+            &Api::<PodDisruptionBudget>::all(self.client.clone()),
+            &ListParams::default(),
+            "list poddisruptionbudgets",
+            Vec::new,
+            |budgets, pdb| {
+                budgets.push(budget_facts(pdb));
+                Ok(())
+            },
+        )
+        .await
+    }
+
+    /// Evicts `pods`, all covered by budget `namespace/name`, one at a time: each once a
+    /// fresh read of the budget lets it go, by `deadline`.
+    async fn evict_under_budget(
+        &self,
+        namespace: &str,
+        name: &str,
+        pods: &[&Pod],
+        options: &DrainOptions,
+        deadline: Instant,
+        refusals: &std::sync::atomic::AtomicUsize,
+    ) -> Result<(), String> {
+        let api: Api<PodDisruptionBudget> = Api::namespaced(self.client.clone(), namespace);
+        let mut evicted_at: Option<String> = None;
+        for pod in pods {
+            loop {
+                let why = match api.get(name).await {
+                    Ok(pdb) => {
+                        let budget = budget_facts(pdb);
+                        match eviction_may_go(&budget, pod_ready(pod), evicted_at.as_deref()) {
+                            Ok(()) => {
+                                evicted_at = Some(budget.resource_version);
+                                break;
+                            }
+                            Err(why) => why,
+                        }
+                    }
+                    // The budget is gone: nothing left to keep.
+                    Err(e) if status_code(&e) == Some(404) => {
+                        evicted_at = None;
+                        break;
+                    }
+                    Err(e) => api_error(&format!("get poddisruptionbudget {namespace}/{name}"), e)
+                        .to_string(),
+                };
+                refusals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let (ns, pod_name, _) = pod_key(pod);
+                let pause = crate::jitter::pause(
+                    &Backoff::new(options.retry_every, options.retry_every),
+                    1,
+                );
+                if Instant::now() + pause > deadline {
+                    return Err(format!("{ns}/{pod_name}: {why}"));
+                }
+                tokio::time::sleep(pause).await;
+            }
+            self.evict(pod, options, deadline, refusals).await?;
         }
         Ok(())
     }
@@ -726,17 +822,7 @@ impl NodeDrain for Kube {
                 evictable: stays(pod).is_none(),
             })
             .collect();
-        let budgets = fold_pages(
-            &Api::<PodDisruptionBudget>::all(self.client.clone()),
-            &ListParams::default(),
-            "list poddisruptionbudgets",
-            Vec::new,
-            |budgets, pdb| {
-                budgets.push(budget_facts(pdb));
-                Ok(())
-            },
-        )
-        .await?;
+        let budgets = self.budgets().await?;
         Ok(DrainFacts { pods, budgets })
     }
 

@@ -135,6 +135,50 @@ pub struct BudgetFacts {
     pub current_healthy: i32,
     /// `status.expectedPods`.
     pub expected_pods: i32,
+    /// `status.desiredHealthy`.
+    pub desired_healthy: i32,
+    /// `metadata.generation`, and the generation `status` was computed for.
+    pub generation: i64,
+    /// `status.observedGeneration`.
+    pub observed_generation: i64,
+    /// `metadata.resourceVersion`: changes whenever the status is written.
+    pub resource_version: String,
+}
+
+/// Whether rollgate itself lets one more eviction under `budget` go now, as read just
+/// before it: the API server's own check, kept by rollgate too, so that a server (or an
+/// admission path) that admits every eviction still never takes a budget below its floor.
+/// The status must be current: computed for the budget's generation, and written since
+/// rollgate's last eviction under it (`evicted_at`, the resourceVersion it read before
+/// that eviction), so that one eviction is never counted twice as allowed. Then a
+/// disruption must be allowed, or the pod must be not Ready while the budget is met (the
+/// API's `IfHealthyBudget` policy for unhealthy pods). `Err`: why it waits.
+pub fn eviction_may_go(
+    budget: &BudgetFacts,
+    pod_ready: bool,
+    evicted_at: Option<&str>,
+) -> Result<(), String> {
+    let name = format!("PodDisruptionBudget {}/{}", budget.namespace, budget.name);
+    if budget.observed_generation < budget.generation {
+        return Err(format!(
+            "{name}: its status is not yet computed for its spec"
+        ));
+    }
+    if evicted_at == Some(budget.resource_version.as_str()) {
+        return Err(format!(
+            "{name}: its status does not yet count rollgate's last eviction under it"
+        ));
+    }
+    let unhealthy_goes = !pod_ready
+        && budget.desired_healthy > 0
+        && budget.current_healthy >= budget.desired_healthy;
+    if budget.disruptions_allowed > 0 || unhealthy_goes {
+        return Ok(());
+    }
+    Err(format!(
+        "{name} allows no disruption now ({} of {} desired pods healthy)",
+        budget.current_healthy, budget.desired_healthy
+    ))
 }
 
 /// Why the drain of a node must wait, one line each; empty: it may go ahead.
@@ -203,6 +247,10 @@ mod tests {
                 requirements: vec![Requirement::parse(&format!("app={app}")).unwrap()],
             },
             disruptions_allowed: allowed,
+            desired_healthy: healthy - allowed,
+            generation: 1,
+            observed_generation: 1,
+            resource_version: "1".into(),
             current_healthy: healthy,
             expected_pods: expected,
         }
@@ -303,6 +351,80 @@ mod tests {
             for (line, part) in got.iter().zip(want) {
                 assert!(line.contains(part), "{name}: {line}");
             }
+        }
+    }
+
+    #[test]
+    fn an_eviction_goes_only_under_a_current_budget_that_allows_it() {
+        let at = |allowed, healthy, rv: &str, observed| BudgetFacts {
+            resource_version: rv.into(),
+            observed_generation: observed,
+            ..budget("web", allowed, healthy, 4)
+        };
+        type Case<'a> = (&'a str, BudgetFacts, bool, Option<&'a str>, Result<(), &'a str>);
+        let cases: Vec<Case> = vec![
+            ("allows one", at(1, 4, "7", 1), true, None, Ok(())),
+            (
+                "allows none",
+                at(0, 3, "7", 1),
+                true,
+                None,
+                Err(
+                    "PodDisruptionBudget db/web-pdb allows no disruption now (3 of 3 desired pods healthy)",
+                ),
+            ),
+            (
+                "allows one, but its status predates rollgate's last eviction",
+                at(1, 4, "7", 1),
+                true,
+                Some("7"),
+                Err(
+                    "PodDisruptionBudget db/web-pdb: its status does not yet count rollgate's last eviction under it",
+                ),
+            ),
+            (
+                "written since the last eviction",
+                at(1, 4, "8", 1),
+                true,
+                Some("7"),
+                Ok(()),
+            ),
+            (
+                "status for an older spec",
+                BudgetFacts {
+                    generation: 2,
+                    ..at(1, 4, "7", 1)
+                },
+                true,
+                None,
+                Err("PodDisruptionBudget db/web-pdb: its status is not yet computed for its spec"),
+            ),
+            (
+                "an unready pod of a met budget goes",
+                at(0, 3, "7", 1),
+                false,
+                None,
+                Ok(()),
+            ),
+            (
+                "an unready pod of a budget below its floor waits",
+                BudgetFacts {
+                    desired_healthy: 4,
+                    ..at(0, 3, "7", 1)
+                },
+                false,
+                None,
+                Err(
+                    "PodDisruptionBudget db/web-pdb allows no disruption now (3 of 4 desired pods healthy)",
+                ),
+            ),
+        ];
+        for (what, budget, ready, evicted_at, want) in cases {
+            assert_eq!(
+                eviction_may_go(&budget, ready, evicted_at),
+                want.map_err(str::to_owned),
+                "{what}"
+            );
         }
     }
 }

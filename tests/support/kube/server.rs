@@ -861,7 +861,7 @@ fn evict(s: &mut State, ns: &str, name: &str, body: &[u8]) -> HttpResponse {
     if terminating {
         return success();
     }
-    let budgets: Vec<Value> = if ignores_budgets {
+    let budgets: Vec<Value> = if ignores_budgets || s.admit_every_eviction {
         Vec::new()
     } else {
         s.all("poddisruptionbudgets")

@@ -102,6 +102,10 @@ pub struct State {
     pub ready_after: Duration,
     /// How long the disruption controller takes to bring a budget's status up to date.
     pub pdb_lag: Duration,
+    /// The eviction subresource admits every eviction, budgets or not (and writes no
+    /// budget's status): only the disruption controller's recount, after `pdb_lag`,
+    /// tells a client what a budget allows.
+    pub admit_every_eviction: bool,
     /// Per budget, since when its status has been out of date.
     pdb_stale_since: BTreeMap<(String, String), Instant>,
     pub(super) serial: u64,
@@ -192,6 +196,7 @@ impl State {
             terminate_after: Duration::from_millis(100),
             ready_after: Duration::from_millis(100),
             pdb_lag: Duration::ZERO,
+            admit_every_eviction: false,
             pdb_stale_since: BTreeMap::new(),
             serial: 0,
             booted_at: chrono::Utc::now().timestamp() - 86_400,
