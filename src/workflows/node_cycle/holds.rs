@@ -361,7 +361,13 @@ mod tests {
             observed_generation: observed,
             ..budget("web", allowed, healthy, 4)
         };
-        type Case<'a> = (&'a str, BudgetFacts, bool, Option<&'a str>, Result<(), &'a str>);
+        type Case<'a> = (
+            &'a str,
+            BudgetFacts,
+            bool,
+            Option<&'a str>,
+            Result<(), &'a str>,
+        );
         let cases: Vec<Case> = vec![
             ("allows one", at(1, 4, "7", 1), true, None, Ok(())),
             (
