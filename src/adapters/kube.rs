@@ -16,6 +16,7 @@ use kube::{Client, Config};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{info, warn};
@@ -88,7 +89,16 @@ pub struct KubeSettings {
 pub struct Kube {
     client: Client,
     settings: KubeSettings,
+    /// Per PodDisruptionBudget, held across each check and eviction under it by every
+    /// drain of this process (a batch drains several nodes at once), with the
+    /// resourceVersion read before the last eviction under it.
+    budget_holds: Arc<std::sync::Mutex<BudgetHolds>>,
 }
+
+/// The hold of each budget: (namespace, name) → the resourceVersion before rollgate's last
+/// eviction under it.
+type BudgetHolds =
+    std::collections::HashMap<(String, String), Arc<tokio::sync::Mutex<Option<String>>>>;
 
 fn api_error(what: &str, e: kube::Error) -> ClusterError {
     match e {
@@ -390,7 +400,11 @@ impl Kube {
         config.write_timeout = Some(settings.request_timeout);
         let client = Client::try_from(config)
             .map_err(|e| ClusterError::caused("cannot build the client", e))?;
-        Ok(Self { client, settings })
+        Ok(Self {
+            client,
+            settings,
+            budget_holds: Arc::default(),
+        })
     }
 
     fn nodes(&self) -> Api<Node> {
@@ -587,15 +601,23 @@ impl Kube {
         refusals: &std::sync::atomic::AtomicUsize,
     ) -> Result<(), String> {
         let api: Api<PodDisruptionBudget> = Api::namespaced(self.client.clone(), namespace);
-        let mut evicted_at: Option<String> = None;
+        let hold = self
+            .budget_holds
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry((namespace.to_owned(), name.to_owned()))
+            .or_default()
+            .clone();
         for pod in pods {
+            // Another drain's check and eviction under this budget go first, whole.
+            let mut evicted_at = hold.lock().await;
             loop {
                 let why = match api.get(name).await {
                     Ok(pdb) => {
                         let budget = budget_facts(pdb);
                         match eviction_may_go(&budget, pod_ready(pod), evicted_at.as_deref()) {
                             Ok(()) => {
-                                evicted_at = Some(budget.resource_version);
+                                *evicted_at = Some(budget.resource_version);
                                 break;
                             }
                             Err(why) => why,
@@ -603,7 +625,7 @@ impl Kube {
                     }
                     // The budget is gone: nothing left to keep.
                     Err(e) if status_code(&e) == Some(404) => {
-                        evicted_at = None;
+                        *evicted_at = None;
                         break;
                     }
                     Err(e) => api_error(&format!("get poddisruptionbudget {namespace}/{name}"), e)
@@ -618,7 +640,10 @@ impl Kube {
                 if Instant::now() + pause > deadline {
                     return Err(format!("{ns}/{pod_name}: {why}"));
                 }
+                // Others' drains may go meanwhile; their evictions move the status on.
+                drop(evicted_at);
                 tokio::time::sleep(pause).await;
+                evicted_at = hold.lock().await;
             }
             self.evict(pod, options, deadline, refusals).await?;
         }
