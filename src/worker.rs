@@ -84,6 +84,12 @@ fn waits_for_cluster(run: &Run) -> bool {
                 .starts_with(crate::domain::engine::TAKES_THE_CLUSTER))
 }
 
+/// Whether one of `runs` held the cluster and has ended, releasing it.
+fn releases_cluster(runs: &[Run]) -> bool {
+    runs.iter()
+        .any(|r| r.status.is_terminal() && r.holds_cluster())
+}
+
 /// Limits the engine applies to every run.
 #[derive(Debug, Clone, Copy)]
 pub struct WorkerPolicy {
@@ -285,10 +291,7 @@ impl Worker {
 
     /// A wake for the oldest run waiting for the cluster, when `ended` releases it.
     async fn wake_next_holder(&self, ended: &[Run]) -> Result<Option<Outgoing>, StoreError> {
-        let released = ended
-            .iter()
-            .any(|r| r.status.is_terminal() && r.holds_cluster());
-        if !released {
+        if !releases_cluster(ended) {
             return Ok(None);
         }
         let waiting = self.store.not_ended().await?;
@@ -571,10 +574,7 @@ impl Worker {
                 && crate::workflows::k8s_upgrade::marked_in_flight(r)
         });
         let board_changed = !commit.alerts.is_empty() || !commit.alert_events.is_empty();
-        let cluster_released = commit
-            .runs
-            .iter()
-            .any(|r| r.status.is_terminal() && r.holds_cluster());
+        let cluster_released = releases_cluster(&commit.runs);
         if let Some(wake) = self.wake_next_holder(&commit.runs).await? {
             commit.outbox.push(wake);
         }

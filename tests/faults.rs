@@ -1122,7 +1122,7 @@ impl SteppedClock {
 
     /// The environment that runs rollgate on this clock.
     fn env(&self) -> Vec<(&'static str, String)> {
-        let lib = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+        let lib = support::FAKETIME_LIB;
         assert!(
             std::path::Path::new(lib).exists(),
             "{lib} is missing: apt-get install faketime"

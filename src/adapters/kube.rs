@@ -305,7 +305,12 @@ fn eviction_pause(e: &kube::Error, every: Duration) -> Duration {
         kube::Error::Api(status) => status.details.as_ref().map_or(0, |d| d.retry_after_seconds),
         _ => 0,
     };
-    crate::jitter::pause(&Backoff::new(every, every), 1).max(Duration::from_secs(asked.into()))
+    retry_pause(every).max(Duration::from_secs(asked.into()))
+}
+
+/// A pause of between half of `every` and all of it, jittered.
+fn retry_pause(every: Duration) -> Duration {
+    crate::jitter::pause(&Backoff::new(every, every), 1)
 }
 
 /// The PodDisruptionBudget named by a 429's causes or message, if any.
@@ -633,10 +638,7 @@ impl Kube {
                 };
                 refusals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let (ns, pod_name, _) = pod_key(pod);
-                let pause = crate::jitter::pause(
-                    &Backoff::new(options.retry_every, options.retry_every),
-                    1,
-                );
+                let pause = retry_pause(options.retry_every);
                 if Instant::now() + pause > deadline {
                     return Err(format!("{ns}/{pod_name}: {why}"));
                 }

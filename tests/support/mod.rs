@@ -31,6 +31,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+/// libfaketime, which scripts/test.sh installs: steps a process's wall clock.
+pub const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+
 /// rollgate's kube adapter for the cluster of `kubeconfig` (namespace `default`, the
 /// `rollgate.io` annotations, 10 s per request).
 pub async fn rollgate_kube(kubeconfig: &std::path::Path) -> rollgate::adapters::kube::Kube {

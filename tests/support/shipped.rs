@@ -82,14 +82,6 @@ impl Rendered {
         strings(&self.detect_container()["args"])
     }
 
-    /// The CronJob's schedule, as rendered.
-    pub fn cronjob_schedule(&self) -> String {
-        self.object("CronJob", "rollgate-detect")["spec"]["schedule"]
-            .as_str()
-            .expect("schedule")
-            .to_owned()
-    }
-
     /// The clients the rollgate-clients Secret holds a token for.
     pub fn clients(&self) -> Vec<String> {
         self.object("Secret", "rollgate-clients")["data"]
@@ -143,7 +135,6 @@ pub struct Site {
     pub desk: PathBuf,
     /// The ground's names of the site's workers, by the site's names.
     pub names: Vec<(String, String)>,
-    pub ca: TestCa,
     /// The broker's names (the ha overlay), removed at the end.
     pub amqp: Option<rabbit::Names>,
     _postgres: Option<Postgres>,
@@ -256,31 +247,16 @@ impl Site {
             dir,
             desk,
             names,
-            ca,
             amqp,
             _postgres: postgres,
         }
-    }
-
-    /// The site's rollgate.toml as it runs on the ground.
-    pub fn config_path(&self) -> PathBuf {
-        self.dir.path().join("etc/rollgate.toml")
-    }
-
-    /// The ground's name of the site's node `site_name`.
-    pub fn node_name(&self, site_name: &str) -> &str {
-        self.names
-            .iter()
-            .find(|(s, _)| s == site_name)
-            .map(|(_, g)| g.as_str())
-            .unwrap_or_else(|| panic!("{site_name} is not one of the site's workers"))
     }
 
     /// `kubectl -n rollgate exec rollgate-0 -- rollgate ARGS`: the binary with the
     /// StatefulSet container's environment.
     pub fn exec(&self, args: &[String]) -> Output {
         let env = container_env(self.rendered.serve_container(), self.dir.path());
-        rollgate_command(args, &env, None)
+        rollgate_command(args, &env)
     }
 
     /// The detection CronJob's container as rendered (its arguments and environment),
@@ -288,14 +264,14 @@ impl Site {
     pub fn run_cronjob(&self, at: Option<chrono::DateTime<chrono::Utc>>) -> Output {
         let mut env = container_env(self.rendered.detect_container(), self.dir.path());
         if let Some(at) = at {
-            env.push(("LD_PRELOAD".into(), FAKETIME_LIB.into()));
+            env.push(("LD_PRELOAD".into(), super::FAKETIME_LIB.into()));
             env.push((
                 "FAKETIME".into(),
                 at.format("@%Y-%m-%d %H:%M:%S").to_string(),
             ));
             env.push(("TZ".into(), "UTC".into()));
         }
-        rollgate_command(&self.rendered.cronjob_args(), &env, None)
+        rollgate_command(&self.rendered.cronjob_args(), &env)
     }
 
     /// Ends what the site made outside its processes (the broker's names).
@@ -306,19 +282,15 @@ impl Site {
     }
 }
 
-/// libfaketime, which scripts/test.sh installs.
-pub const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
-
-fn rollgate_command(args: &[String], env: &[(String, String)], cwd: Option<&Path>) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rollgate"));
-    cmd.args(args)
+/// The rollgate binary with `args`, and `env` alone besides PATH.
+fn rollgate_command(args: &[String], env: &[(String, String)]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rollgate"))
+        .args(args)
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .envs(env.iter().map(|(k, v)| (k, v)));
-    if let Some(cwd) = cwd {
-        cmd.current_dir(cwd);
-    }
-    cmd.output().expect("rollgate runs")
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .expect("rollgate runs")
 }
 
 /// `path` under the pod's mounts, as the site keeps it.
