@@ -91,7 +91,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             prometheus,
             store.clone(),
             metrics.clone(),
-            settings.gate.clone(),
+            (&settings.gate).into(),
         )
         .asking(alertmanager),
     );
@@ -161,6 +161,18 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
                 (None, None, None)
             }
         };
+    let mut peers: Vec<Arc<dyn crate::ports::FleetPeer>> = Vec::new();
+    for (i, upstream) in settings.fleet.upstreams.iter().enumerate() {
+        let peer = crate::adapters::fleet_peer::HttpFleetPeer::new(
+            &format!("fleet.upstreams[{i}]."),
+            &upstream.url,
+            upstream.token_file.as_ref(),
+            upstream.ca_file.as_ref(),
+            settings.fleet.timeout,
+        )
+        .context("cannot ask the fleet's upstreams")?;
+        peers.push(Arc::new(peer));
+    }
     let fleet = Arc::new(
         Fleet::new(
             settings.fleet.clone(),
@@ -168,6 +180,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             gate.clone(),
             cluster.clone(),
             metrics.clone(),
+            peers,
         )
         .context("cannot ask the fleet's upstreams")?,
     );

@@ -102,7 +102,7 @@ mod tests {
 
     #[test]
     fn a_step_is_over_its_limit_from_its_first_start() {
-        let mut step = Step::new(crate::domain::step::EtcdRollStep::Ready {
+        let mut step = Step::new(crate::domain::step_kind::EtcdRollStep::Ready {
             member: "etcd-1".into(),
         });
         assert!(!over(&step, Duration::from_secs(1)));

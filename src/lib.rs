@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod ports;
 pub mod queue;
 pub mod reference;
+pub mod setting;
 pub mod sqlite;
 pub mod store;
 pub mod worker;

@@ -8,14 +8,13 @@ use std::time::Duration;
 
 use crate::domain::engine::StepOutcome;
 use crate::domain::event::DetectionRequest;
+use crate::domain::facts::{ClusterFacts, EtcdAlarm, Minor, NodeFacts, StaticPod};
 use crate::domain::gate::PromReading;
+use crate::domain::pods::{BudgetFacts, PodFacts};
+use crate::domain::reboot_request::RebootRequest;
 use crate::domain::run::{Run, RunStatus, Step};
-use crate::domain::step::{StepKind, UpgradeStep};
+use crate::domain::step_kind::{StepKind, UpgradeStep};
 use crate::domain::version::Version;
-use crate::workflows::control_plane_cycle::plan::{EtcdAlarm, StaticPod};
-use crate::workflows::detect::plan::Minor;
-use crate::workflows::k8s_upgrade::plan::ClusterFacts;
-use crate::workflows::node_reboot::RebootRequest;
 
 /// Carries out one kind of step. A step must be idempotent: after a crash it is executed
 /// again from the start.
@@ -239,9 +238,9 @@ pub struct RebootMark {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DrainFacts {
     /// The pods on the node.
-    pub pods: Vec<crate::workflows::node_cycle::holds::PodFacts>,
+    pub pods: Vec<PodFacts>,
     /// Every PodDisruptionBudget of the cluster.
-    pub budgets: Vec<crate::workflows::node_cycle::holds::BudgetFacts>,
+    pub budgets: Vec<BudgetFacts>,
 }
 
 /// Keeps the in-flight annotations on the upgrade namespace.
@@ -424,8 +423,8 @@ pub struct NodeTarget {
     pub address: Option<String>,
 }
 
-impl From<&crate::workflows::k8s_upgrade::plan::NodeFacts> for NodeTarget {
-    fn from(node: &crate::workflows::k8s_upgrade::plan::NodeFacts) -> Self {
+impl From<&NodeFacts> for NodeTarget {
+    fn from(node: &NodeFacts) -> Self {
         Self {
             name: node.name.clone(),
             address: node.address.clone(),
@@ -706,4 +705,13 @@ pub trait MetricsPush: Send + Sync {
     /// Replaces the metrics of the job's group `group` (label pairs after the job; none:
     /// the job's own group) with `text` (Prometheus exposition format).
     async fn push(&self, group: &[(&str, &str)], text: String) -> Result<(), Failure>;
+}
+
+/// Another rollgate's API, asked for its view of the fleet (`GET /v1/fleet`): how a fleet
+/// wave learns where its upstream clusters stand.
+#[async_trait::async_trait]
+pub trait FleetPeer: Send + Sync {
+    /// The peer's answer as JSON, or why there is none (unreachable, a non-2xx status, not
+    /// JSON).
+    async fn fleet_view(&self) -> Result<serde_json::Value, String>;
 }

@@ -6,17 +6,17 @@
 use serde_json::Value;
 use std::fmt::Write as _;
 
-use crate::cli::Cli;
 use crate::config::schema::{self, first_sentence};
 use crate::http::openapi::ApiDoc;
 use crate::metrics::Metrics;
 
-/// Every generated page: its file name under `docs/src/reference/` and its text.
-pub fn pages() -> Vec<(&'static str, String)> {
+/// Every generated page: its file name under `docs/src/reference/` and its text. `cli`
+/// is the command line's clap definition (`Cli::command()`).
+pub fn pages(cli: clap::Command) -> Vec<(&'static str, String)> {
     vec![
         ("configuration.md", schema::reference()),
         ("configuration.schema.json", schema_json()),
-        ("cli.md", cli()),
+        ("cli.md", cli_page(cli)),
         ("http-api.md", http_api()),
         ("metrics.md", metrics()),
     ]
@@ -36,9 +36,8 @@ fn generated(title: &str, command: &str, source: &str) -> String {
 }
 
 /// Every command with its usage, its options and what each does.
-pub fn cli() -> String {
+pub fn cli_page(mut root: clap::Command) -> String {
     let mut out = generated("Command line", "rollgate docs", "the CLI's clap definition");
-    let mut root = <Cli as clap::CommandFactory>::command();
     root.build();
     out.push_str("Every command takes `--config FILE` (or `ROLLGATE_CONFIG`); see the [configuration](configuration.md).\n\n");
     command_entry(&mut out, &mut root, "rollgate");

@@ -37,7 +37,9 @@ fn files(dir: &Path, suffix: &str) -> Vec<PathBuf> {
 
 #[test]
 fn the_reference_pages_are_what_the_code_generates() {
-    for (name, generated) in rollgate::reference::pages() {
+    for (name, generated) in
+        rollgate::reference::pages(<rollgate::cli::Cli as clap::CommandFactory>::command())
+    {
         let path = book().join("reference").join(name);
         let committed = std::fs::read_to_string(&path).unwrap_or_default();
         if committed != generated {

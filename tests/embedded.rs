@@ -211,7 +211,7 @@ async fn a_step_in_hand_at_a_crash_is_run_again_at_start() {
     use rollgate::domain::engine::{Context, Input, advance};
     use rollgate::domain::event::Stage;
     use rollgate::domain::run::{Run, RunKind, RunStatus, Step};
-    use rollgate::domain::step::UpgradeStep;
+    use rollgate::domain::step_kind::UpgradeStep;
     let dir = tempfile::tempdir().unwrap();
     let queue: Arc<dyn Queue> =
         Arc::new(EmbeddedQueue::open(&dir.path().join("queue.db"), LEASE, 10).unwrap());

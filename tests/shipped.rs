@@ -511,7 +511,9 @@ async fn on_call_journey(site: &Site, desk: &mut Desk<'_>) {
         }
         ran_commands.insert(command.clone());
     }
-    site.rg.wait_status(&id, "succeeded", RUN_DEADLINE).await;
+    site.rg
+        .wait_status_leaving(&id, "halted", "succeeded", RUN_DEADLINE)
+        .await;
     assert_eq!(reboots(site).get("w4"), Some(&1));
 
     ground.node("w2").need_reboot();
@@ -532,7 +534,9 @@ async fn on_call_journey(site: &Site, desk: &mut Desk<'_>) {
         }
         ran_commands.insert(command.clone());
     }
-    site.rg.wait_status(&refused, "aborted", RUN_DEADLINE).await;
+    site.rg
+        .wait_status_leaving(&refused, "halted", "aborted", RUN_DEADLINE)
+        .await;
     assert!(!reboots(site).contains_key("w2"));
     // Abort undoes nothing (the runbook): w2 stays cordoned for the on-call to uncordon.
     assert_eq!(

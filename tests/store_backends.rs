@@ -585,7 +585,7 @@ async fn the_board_keeps_the_newest_notification_by_the_alerts_own_times() {
 fn planned(id: &str, workers: usize) -> Run {
     use rollgate::domain::event::Stage;
     use rollgate::domain::run::Step;
-    use rollgate::domain::step::UpgradeStep;
+    use rollgate::domain::step_kind::UpgradeStep;
     let mut steps = vec![
         Step::new(UpgradeStep::Plan),
         Step::new(UpgradeStep::NodesReady),

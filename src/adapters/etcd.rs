@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 
+use crate::domain::facts::EtcdAlarm;
+use crate::domain::facts::agreed_leader;
 use crate::ports::{EtcdConnect, EtcdMembers};
 pub use crate::ports::{EtcdError, MemberInfo, MemberStatus};
-use crate::workflows::control_plane_cycle::plan::EtcdAlarm;
-use crate::workflows::etcd_roll::plan::agreed_leader;
 
 /// TLS to etcd.
 #[derive(Debug, Clone)]

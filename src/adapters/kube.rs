@@ -22,15 +22,15 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::domain::backoff::Backoff;
+use crate::domain::facts::StaticPod;
+use crate::domain::facts::{ClusterFacts, NodeFacts, Role};
+use crate::domain::pods::{BudgetFacts, PodFacts, eviction_may_go};
 use crate::domain::version::Version;
 use crate::ports::{
     ClusterError, ClusterEvent, ClusterRead, Cordon, DrainError, DrainFacts, DrainOptions,
     DrainReport, EventRecorder, ForeignLock, InFlight, InFlightMarks, NodeBoot, NodeBoots,
     NodeDrain, PodRef, PodState, RebootMark, Regarding, StatefulSetState, StatefulSets,
 };
-use crate::workflows::control_plane_cycle::plan::StaticPod;
-use crate::workflows::k8s_upgrade::plan::{ClusterFacts, NodeFacts, Role};
-use crate::workflows::node_cycle::holds::{BudgetFacts, PodFacts, eviction_may_go};
 
 /// Every (API group, resource, verb) this adapter uses.
 pub const API_USE: &[(&str, &str, &str)] = &[
@@ -189,7 +189,7 @@ fn cordon_state(node: &Node, mark: &str) -> (bool, Option<String>) {
 
 /// A budget as the drain holds read it: its selector as requirements, its status.
 fn budget_facts(pdb: PodDisruptionBudget) -> BudgetFacts {
-    use crate::workflows::node_cycle::holds::{Operator, Requirement, Selector};
+    use crate::domain::pods::{Operator, Requirement, Selector};
     let selector = pdb
         .spec
         .as_ref()

@@ -2,6 +2,7 @@
 
 pub mod alertmanager;
 pub mod etcd;
+pub mod fleet_peer;
 pub mod http_client;
 pub mod kube;
 pub mod notify;

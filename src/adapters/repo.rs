@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use crate::domain::version::Version;
+use crate::domain::facts::Minor;
+use crate::domain::version::{Version, debian_release};
 use crate::ports::{Failure, PackageRepository, RepoError};
-use crate::workflows::detect::plan::{Minor, packages_releases};
 
 /// Largest `Packages` index read (a minor's index is a few hundred KB).
 const MAX_INDEX_BYTES: usize = 32 << 20;
@@ -89,5 +89,42 @@ impl PackageRepository for PackageRepo {
             return Err(repo_refused(&url, "the index is larger than 32 MiB"));
         }
         Ok(packages_releases(&String::from_utf8_lossy(&body)))
+    }
+}
+
+/// The kubeadm releases in an apt `Packages` index (stanzas of `Package:` and `Version:`).
+pub fn packages_releases(index: &str) -> Vec<Version> {
+    let mut out = Vec::new();
+    for stanza in index.split("\n\n") {
+        let field = |name: &str| {
+            stanza
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(str::trim)
+        };
+        if field("Package:") == Some("kubeadm")
+            && let Some(v) = field("Version:").and_then(debian_release)
+        {
+            out.push(v);
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_packages_index_gives_kubeadm_releases_without_pre_releases() {
+        let index = "Package: kubeadm\nVersion: 1.35.0~rc.1-1.1\nArchitecture: amd64\n\n\
+                     Package: kubectl\nVersion: 1.35.2-1.1\n\n\
+                     Package: kubeadm\nVersion: 1.35.1-1.1\n\n\
+                     Package: kubeadm\nArchitecture: arm64\nVersion: 1.35.0-1.1\n";
+        let v = |s: &str| Version::parse(s).expect("a version");
+        assert_eq!(packages_releases(index), vec![v("1.35.0"), v("1.35.1")]);
+        assert!(packages_releases("Package: kubeadm\nVersion: 1.35.0~rc.0-1.1\n").is_empty());
     }
 }

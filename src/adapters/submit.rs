@@ -5,9 +5,9 @@ use chrono::Utc;
 use std::sync::Arc;
 
 use crate::domain::event::{CloudEvent, DetectionRequest, EventData};
+use crate::domain::reboot_request::RebootRequest;
 use crate::ports::{Failure, Submitted, Submitter};
 use crate::queue::{Outgoing, Queue};
-use crate::workflows::node_reboot::RebootRequest;
 
 /// `POST /v1/detections`, `POST /v1/reboots`.
 pub struct HttpSubmitter {

@@ -35,7 +35,7 @@ pub(super) async fn etcd_roll(config: &Settings, args: EtcdRollArgs) -> anyhow::
                     prometheus,
                     store,
                     crate::metrics::Metrics::new(),
-                    config.gate.clone(),
+                    (&config.gate).into(),
                 )
                 .asking(alertmanager),
             ),

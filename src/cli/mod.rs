@@ -456,7 +456,7 @@ pub fn run(cli: Cli) -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Command::Docs { dir } => {
-            for (name, text) in crate::reference::pages() {
+            for (name, text) in crate::reference::pages(<Cli as clap::CommandFactory>::command()) {
                 let path = dir.join(name);
                 if let Err(e) = std::fs::write(&path, text) {
                     eprintln!("rollgate: cannot write {}: {e}", path.display());
@@ -720,6 +720,16 @@ fn init_logging(settings: &Settings) {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),
     }
+}
+
+/// `base` with the path `segments` appended, each encoded as one segment.
+pub(crate) fn api_url(base: &reqwest::Url, segments: &[&str]) -> anyhow::Result<reqwest::Url> {
+    let mut url = base.clone();
+    url.path_segments_mut()
+        .map_err(|()| anyhow::anyhow!("--url {base} cannot carry a path"))?
+        .pop_if_empty()
+        .extend(segments);
+    Ok(url)
 }
 
 #[cfg(test)]

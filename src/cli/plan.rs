@@ -13,7 +13,7 @@ pub(super) struct PlanRefused(String);
 /// `rollgate plan`: the plan for `args` against the cluster now, as text.
 pub(super) async fn plan(settings: &Settings, args: PlanArgs) -> anyhow::Result<String> {
     use crate::domain::event::{DetectionRequest, StageSelection, UpgradeKind};
-    use crate::domain::step::StepKind;
+    use crate::domain::step_kind::StepKind;
     use crate::domain::version::Version;
     use crate::ports::ClusterRead;
     use crate::workflows::k8s_upgrade::plan::{self as plan, Role};

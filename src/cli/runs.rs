@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use std::time::Duration;
 
-use super::{ApiArgs, ApiTlsArgs, RunsAction};
+use super::{ApiArgs, ApiTlsArgs, RunsAction, api_url};
 use crate::adapters::http_client::HttpSource;
 use crate::config::Settings;
 
@@ -144,16 +144,6 @@ pub(super) async fn runs(
         _ => println!("{}", serde_json::to_string_pretty(&value)?),
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// `base` with the path `segments` appended, each encoded as one segment.
-pub(super) fn api_url(base: &reqwest::Url, segments: &[&str]) -> anyhow::Result<reqwest::Url> {
-    let mut url = base.clone();
-    url.path_segments_mut()
-        .map_err(|()| anyhow::anyhow!("--url {base} cannot carry a path"))?
-        .pop_if_empty()
-        .extend(segments);
-    Ok(url)
 }
 
 /// The method, URL and body of `action`: every id and value encoded into the URL.

@@ -145,7 +145,7 @@ pub(super) async fn watch(
     token: &str,
     id: &str,
 ) -> anyhow::Result<ExitCode> {
-    let run_url = super::runs::api_url(base, &["v1", "runs", id])?;
+    let run_url = super::api_url(base, &["v1", "runs", id])?;
     let fetch = || async {
         let resp = client
             .get(run_url.clone())
@@ -173,7 +173,7 @@ pub(super) async fn watch(
     let mut reader = FrameReader::default();
     let mut lost_since: Option<Instant> = None;
     loop {
-        let mut url = super::runs::api_url(base, &["v1", "events"])?;
+        let mut url = super::api_url(base, &["v1", "events"])?;
         url.query_pairs_mut().append_pair("run", id);
         let connected = client
             .get(url)

@@ -19,14 +19,7 @@ use serde::de::DeserializeOwned;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-/// One bad setting.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
-    /// The key, e.g. `server.listen`.
-    pub key: String,
-    /// What is wrong and what would be right.
-    pub message: String,
-}
+pub use crate::setting::Problem;
 
 /// Everything wrong with the settings.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

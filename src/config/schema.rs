@@ -10,49 +10,14 @@ use serde::ser::SerializeSeq;
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::{self, Write as _};
-use std::time::Duration;
 
-use super::sections::SshHost;
+use super::values::SshHost;
 use super::{DEFAULT_DATA_DIR, ENV_PREFIX, Settings};
 use crate::domain::schedule::Windows;
 use crate::domain::scope::Scope;
 
-/// A bound that a section's `check` holds one key to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Bound {
-    /// A whole number from `min` to `max`.
-    Count {
-        /// Smallest value accepted.
-        min: u64,
-        /// Largest value accepted.
-        max: u64,
-    },
-    /// A duration from `min` to `max`.
-    Duration {
-        /// Shortest value accepted.
-        min: Duration,
-        /// Longest value accepted.
-        max: Duration,
-    },
-}
-
-impl fmt::Display for Bound {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Bound::Count { min, max } => write!(f, "{min} to {max}"),
-            Bound::Duration { min, max } => write!(
-                f,
-                "{} to {}",
-                humantime::format_duration(*min),
-                humantime::format_duration(*max)
-            ),
-        }
-    }
-}
-
-/// The schema keyword naming a value's kind in words, for the reference page (editors
-/// ignore keywords they do not know).
-const KIND: &str = "x-rollgate-kind";
+pub use crate::setting::Bound;
+pub use crate::setting::schemas::{KIND, duration, string_list};
 
 /// The JSON Schema (draft 7) of a configuration file, with each key's doc comment as its
 /// description, its default, and its bounds.
@@ -292,26 +257,6 @@ fn toml_value(value: &Value) -> String {
 }
 
 // The schemas of the values that a custom deserializer reads (named in `schema_with`).
-
-/// A duration in humantime's words: `500ms`, `30s`, `5m`, `1h 30m`, `7d`.
-pub fn duration(_: &mut SchemaGenerator) -> Schema {
-    json_schema!({
-        "type": "string",
-        "pattern": "^\\s*([0-9]+\\s*[a-zA-Zµ]+\\s*)+$",
-        KIND: "duration",
-    })
-}
-
-/// A list of strings, or one comma-separated string.
-pub fn string_list(_: &mut SchemaGenerator) -> Schema {
-    json_schema!({
-        "anyOf": [
-            {"type": "array", "items": {"type": "string"}},
-            {"type": "string"},
-        ],
-        KIND: "list of strings (or one comma-separated string)",
-    })
-}
 
 /// Label matchers, `name=value` or `name!=value`.
 pub fn matcher_list(_: &mut SchemaGenerator) -> Schema {

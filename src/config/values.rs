@@ -5,42 +5,12 @@
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use std::collections::HashMap;
 use std::fmt;
-use std::path::PathBuf;
-use std::time::Duration;
 
-use super::Problem;
-use super::schema::Bound;
-use super::sections::SshHost;
+use crate::domain::budget::{FailureBudget, MaxUnavailable};
 use crate::domain::gate::Matcher;
 use crate::domain::schedule::{Window, WindowError, Windows};
 use crate::domain::scope::Scope;
-use crate::workflows::k8s_upgrade::plan::{FailureBudget, MaxUnavailable};
-
-/// A TOML array of strings, or one comma-separated string (as the environment gives it).
-pub fn string_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
-    struct List;
-    impl<'de> Visitor<'de> for List {
-        type Value = Vec<String>;
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("a list of strings or a comma-separated string")
-        }
-        fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
-            Ok(s.split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(str::to_owned)
-                .collect())
-        }
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-            let mut out = Vec::new();
-            while let Some(item) = seq.next_element::<String>()? {
-                out.push(item);
-            }
-            Ok(out)
-        }
-    }
-    d.deserialize_any(List)
-}
+pub use crate::setting::{Problems, string_list};
 
 /// `server.scopes`: per client, a list of scope names (or one comma-separated string, as
 /// the environment gives it).
@@ -248,137 +218,15 @@ pub fn parse_host_entry(entry: &str) -> Option<(String, SshHost)> {
     })
 }
 
-/// The problems of one section, keyed `section.key`.
-pub struct Problems {
-    section: &'static str,
-    found: Vec<Problem>,
-    bounds: Vec<(String, Bound)>,
-}
-
-impl Problems {
-    /// No problems yet in `section`.
-    pub fn new(section: &'static str) -> Self {
-        Self {
-            section,
-            found: Vec::new(),
-            bounds: Vec::new(),
-        }
-    }
-
-    /// What was found.
-    pub fn into_problems(self) -> Vec<Problem> {
-        self.found
-    }
-
-    /// The bounds the checks held keys to, keyed `section.key`.
-    pub fn into_bounds(self) -> Vec<(String, Bound)> {
-        self.bounds
-    }
-
-    fn bound(&mut self, key: &str, bound: Bound) {
-        self.bounds.push((format!("{}.{key}", self.section), bound));
-    }
-
-    /// `key` is wrong: `message` says how.
-    pub fn add(&mut self, key: &str, message: impl Into<String>) {
-        self.found.push(Problem {
-            key: format!("{}.{key}", self.section),
-            message: message.into(),
-        });
-    }
-
-    /// `value` of `key` lies within `min..=max`.
-    pub fn range<N>(&mut self, key: &str, value: N, min: u64, max: u64)
-    where
-        N: TryInto<u64> + Copy + fmt::Display,
-    {
-        self.bound(key, Bound::Count { min, max });
-        if !(min..=max).contains(&value.try_into().unwrap_or(u64::MAX)) {
-            self.add(
-                key,
-                format!("{value} must be a whole number from {min} to {max}"),
-            );
-        }
-    }
-
-    /// `value` of `key`, when set, lies within `min..=max`.
-    pub fn range_if_set<N>(&mut self, key: &str, value: Option<N>, min: u64, max: u64)
-    where
-        N: TryInto<u64> + Copy + fmt::Display,
-    {
-        match value {
-            Some(value) => self.range(key, value, min, max),
-            None => self.bound(key, Bound::Count { min, max }),
-        }
-    }
-
-    /// `value` of `key` lies within `min_ms..=max_ms` milliseconds.
-    pub fn duration(&mut self, key: &str, value: Duration, min_ms: u64, max_ms: u64) {
-        let (min, max) = (Duration::from_millis(min_ms), Duration::from_millis(max_ms));
-        self.bound(key, Bound::Duration { min, max });
-        if value < min || value > max {
-            self.add(
-                key,
-                format!(
-                    "{} must be a duration like 500ms, 30s, 5m or 1h, from {} to {}",
-                    humantime::format_duration(value),
-                    humantime::format_duration(min),
-                    humantime::format_duration(max)
-                ),
-            );
-        }
-    }
-
-    /// A name for a queue, exchange, namespace or user: 1-255 of letters, digits, `._-:`.
-    pub fn name(&mut self, key: &str, value: &str) {
-        let ok = !value.is_empty()
-            && value.len() <= 255
-            && value
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"._-:".contains(&b));
-        if !ok {
-            self.add(
-                key,
-                format!("{value:?} must be 1-255 of letters, digits and . _ - :"),
-            );
-        }
-    }
-
-    /// A file path that is set is not empty.
-    pub fn path(&mut self, key: &str, value: Option<&PathBuf>) {
-        if value.is_some_and(|p| p.as_os_str().is_empty()) {
-            self.add(key, "must not be empty");
-        }
-    }
-
-    /// An http(s) URL.
-    pub fn http_url(&mut self, key: &str, value: &str) {
-        let ok = reqwest::Url::parse(value).is_ok_and(|u| matches!(u.scheme(), "http" | "https"));
-        if !ok {
-            self.add(key, format!("{value:?} is not an http(s) URL"));
-        }
-    }
-
-    /// CA, client certificate and key of this section: a certificate needs its key.
-    pub fn tls_files(
-        &mut self,
-        ca: &Option<PathBuf>,
-        cert: &Option<PathBuf>,
-        key: &Option<PathBuf>,
-    ) {
-        self.path("ca_file", ca.as_ref());
-        self.path("cert_file", cert.as_ref());
-        self.path("key_file", key.as_ref());
-        if cert.is_some() != key.is_some() {
-            self.add(
-                "cert_file",
-                format!(
-                    "a client certificate needs both {0}.cert_file and {0}.key_file",
-                    self.section
-                ),
-            );
-        }
-    }
+/// Where one node is reached over SSH.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SshHost {
+    /// Login user, when not `ssh.user`.
+    pub user: Option<String>,
+    /// Host name or address.
+    pub host: String,
+    /// Port, when not `ssh.port`.
+    pub port: Option<u16>,
 }
 
 #[cfg(test)]

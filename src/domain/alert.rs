@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
 
-use super::event::{FieldErrors, read_body};
+use super::input::{FieldErrors, read_body};
 
 /// Whether an alert is firing or resolved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]

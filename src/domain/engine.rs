@@ -950,7 +950,7 @@ mod tests {
     use super::*;
     use crate::domain::event::Stage;
     use crate::domain::run::{FailurePolicy, RunKind};
-    use crate::domain::step::UpgradeStep;
+    use crate::domain::step_kind::UpgradeStep;
     use chrono::TimeZone;
 
     fn t(secs: i64) -> DateTime<Utc> {

@@ -12,7 +12,7 @@ use chrono::{DateTime, Datelike, Duration, NaiveDate, NaiveTime, TimeZone, Utc, 
 use chrono_tz::Tz;
 use std::fmt;
 
-use super::step::StepKind;
+use super::step_kind::StepKind;
 
 /// Why a window cannot be read. Each message says what a good one looks like.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -327,7 +327,7 @@ impl Windows {
 mod tests {
     use super::*;
     use crate::domain::event::Stage;
-    use crate::domain::step::{ControlPlanePart, EtcdRollStep, RebootStep, UpgradeStep};
+    use crate::domain::step_kind::{ControlPlanePart, EtcdRollStep, RebootStep, UpgradeStep};
 
     fn at(text: &str) -> DateTime<Utc> {
         DateTime::parse_from_rfc3339(text)

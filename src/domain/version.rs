@@ -96,6 +96,15 @@ impl<'de> Deserialize<'de> for Version {
     }
 }
 
+/// The release of a Debian package version like `1.34.5-1.1`; `None` for pre-releases
+/// (`1.35.0~rc.1-1.1`) and anything else.
+pub fn debian_release(package_version: &str) -> Option<Version> {
+    let upstream = package_version
+        .split_once('-')
+        .map_or(package_version, |(u, _)| u);
+    Version::parse(upstream).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

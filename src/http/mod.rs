@@ -5,6 +5,7 @@ pub mod clients;
 pub mod error;
 pub mod events;
 pub mod openapi;
+pub mod reboots;
 pub mod routes;
 pub mod tls;
 pub mod ui;
@@ -112,10 +113,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                 .route("/alerts", web::get().to(routes::get_alerts))
                 .route("/detections", web::post().to(routes::post_detections))
                 .route("/etcd-rolls", web::post().to(routes::post_etcd_rolls))
-                .route(
-                    "/reboots",
-                    web::post().to(crate::workflows::node_reboot::api::post_reboots),
-                )
+                .route("/reboots", web::post().to(reboots::post_reboots))
                 .route("/gates", web::get().to(routes::get_gates))
                 .route("/fleet", web::get().to(routes::get_fleet))
                 .route("/events", web::get().to(events::stream))

@@ -16,7 +16,7 @@ use utoipa::{Modify, OpenApi};
         super::routes::get_fleet,
         super::routes::post_detections,
         super::routes::post_etcd_rolls,
-        crate::workflows::node_reboot::api::post_reboots,
+        crate::http::reboots::post_reboots,
         super::routes::list_runs,
         super::routes::get_run,
         super::routes::control_run,

@@ -31,8 +31,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{Mutex, mpsc, oneshot};
 
+use super::settings::QueueSettings;
 use super::{Delivery, Handle, Outgoing, Queue, QueueError};
-use crate::config::QueueSettings;
 use crate::domain::backoff::Backoff;
 use crate::domain::event::EventType;
 

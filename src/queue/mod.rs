@@ -4,6 +4,7 @@
 
 pub mod amqp;
 pub mod embedded;
+pub mod settings;
 
 use chrono::{DateTime, Utc};
 

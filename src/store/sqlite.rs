@@ -950,7 +950,7 @@ mod tests {
         assert_eq!(run.memory.etcd_start_term, Some(17));
         assert_eq!(
             run.steps[1].kind,
-            crate::domain::step::EtcdRollStep::Next.into()
+            crate::domain::step_kind::EtcdRollStep::Next.into()
         );
         let fresh = store.get_run("fresh").await.unwrap().unwrap();
         assert_eq!(fresh.memory.etcd_start_term, None);

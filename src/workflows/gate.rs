@@ -6,7 +6,6 @@ use serde::Serialize;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::config::GateSettings;
 use crate::domain::alert::AlertStatus;
 use crate::domain::engine::StepOutcome;
 use crate::domain::gate::{self, AmReading, Policy, PromReading, PromSeries, Verdict};
@@ -59,13 +58,33 @@ struct PromMemory {
     last_good: Option<Vec<PromSeries>>,
 }
 
+/// What the gate decides by: the part of the `gate` settings it reads (the configuration
+/// gives it; the sources' addresses and credentials go to their adapters).
+#[derive(Debug, Clone)]
+pub struct GateRules {
+    /// PromQL whose series are blocking alerts.
+    pub query: String,
+    /// Alerts still pending block too.
+    pub count_pending: bool,
+    /// Alert names that never block.
+    pub exclude_alerts: Vec<String>,
+    /// Which alerts on the webhook board block.
+    pub board_matchers: Vec<crate::domain::gate::Matcher>,
+    /// How often a held step re-checks the gate.
+    pub poll_interval: Duration,
+    /// PromQL for the pre-flight quiet period.
+    pub quiet_query: String,
+    /// Failed evaluations in a row before the verdict is unknown.
+    pub failures_before_unknown: u32,
+}
+
 /// The gate.
 pub struct Gate {
     prometheus: Option<Arc<dyn MetricsSource>>,
     alertmanager: Option<Arc<dyn AlertSource>>,
     store: Store,
     metrics: Metrics,
-    settings: GateSettings,
+    settings: GateRules,
     policy: Policy,
     memory: Mutex<PromMemory>,
     last: Mutex<Option<GateReport>>,
@@ -80,7 +99,7 @@ impl Gate {
         prometheus: Option<Arc<dyn MetricsSource>>,
         store: Store,
         metrics: Metrics,
-        settings: GateSettings,
+        settings: GateRules,
     ) -> Self {
         let policy = Policy {
             board_matchers: settings.board_matchers.clone(),

@@ -389,6 +389,25 @@ impl Rollgate {
         run
     }
 
+    /// After a control that the worker applies later (resume, abort): waits until run `id`
+    /// has left status `leaving`, then until it has status `want`.
+    pub async fn wait_status_leaving(
+        &self,
+        id: &str,
+        leaving: &str,
+        want: &str,
+        deadline: Duration,
+    ) -> Value {
+        self.wait_run_until(
+            id,
+            &format!("the run to leave {leaving}"),
+            deadline,
+            |run| run["status"] != leaving,
+        )
+        .await;
+        self.wait_status(id, want, deadline).await
+    }
+
     /// Waits (up to `deadline`) until run `id` has status `want`; fails at once if it
     /// ends in another status.
     pub async fn wait_status(&self, id: &str, want: &str, deadline: Duration) -> Value {

@@ -11,11 +11,12 @@
 
 use std::fmt;
 
+pub use crate::domain::facts::{EtcdAlarm, EtcdFacts, EtcdMemberFacts, StaticPod};
+use crate::domain::facts::{NodeFacts, Role};
 use crate::domain::version::Version;
 use crate::workflows::etcd_roll::plan::{
     self as etcd_roll, Action, ClusterView, Member, Order, Refusal,
 };
-use crate::workflows::k8s_upgrade::plan::{NodeFacts, Role};
 
 /// Where the cluster's etcd runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,65 +37,6 @@ impl fmt::Display for EtcdLayout {
             Self::External => "external",
             Self::Unseen => "not configured",
         })
-    }
-}
-
-/// One etcd member as rollgate reads it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EtcdMemberFacts {
-    /// Member id.
-    pub id: u64,
-    /// Member name (the node's name when stacked).
-    pub name: String,
-    /// It answered a status request.
-    pub answering: bool,
-    /// Its raft applied index (0 when it does not answer).
-    pub raft_index: u64,
-    /// Its raft term (0 when it does not answer).
-    pub raft_term: u64,
-}
-
-/// An alarm raised on a member (`NOSPACE`, `CORRUPT`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EtcdAlarm {
-    /// The member that raised it.
-    pub member: u64,
-    /// The alarm's name.
-    pub alarm: String,
-}
-
-/// What etcd says about itself.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct EtcdFacts {
-    /// The member list.
-    pub members: Vec<EtcdMemberFacts>,
-    /// The leader a majority follows.
-    pub leader: Option<u64>,
-    /// Alarms raised.
-    pub alarms: Vec<EtcdAlarm>,
-}
-
-impl EtcdFacts {
-    /// The name of member `id`, or its id in hex.
-    pub fn name_of(&self, id: u64) -> String {
-        self.members
-            .iter()
-            .find(|m| m.id == id)
-            .map_or_else(|| format!("{id:x}"), |m| m.name.clone())
-    }
-
-    /// The highest raft term any member reports.
-    pub fn term(&self) -> u64 {
-        self.members
-            .iter()
-            .map(|m| m.raft_term)
-            .max()
-            .unwrap_or_default()
-    }
-
-    /// The leader's name, if there is one.
-    pub fn leader_name(&self) -> Option<String> {
-        self.leader.map(|id| self.name_of(id))
     }
 }
 
@@ -395,19 +337,6 @@ pub const COMPONENTS: [&str; 3] = [
     "kube-controller-manager",
     "kube-scheduler",
 ];
-
-/// A control-plane static pod (its mirror pod) as the API shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StaticPod {
-    /// The node it runs on.
-    pub node: String,
-    /// Its `component` label: `kube-apiserver`, ..., `etcd`.
-    pub component: String,
-    /// Its Ready condition is True.
-    pub ready: bool,
-    /// The version its image tag names, when the tag is `vX.Y.Z`.
-    pub version: Option<Version>,
-}
 
 /// One thing that makes the control planes unsafe to touch.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,11 +3,11 @@
 //! release, the one upgrade to ask for (or none).
 
 use serde::Serialize;
-use std::fmt;
 
 use crate::domain::event::UpgradeKind;
-use crate::domain::version::Version;
-use crate::workflows::k8s_upgrade::plan::{ClusterFacts, Role};
+use crate::domain::facts::{ClusterFacts, Role};
+pub use crate::domain::facts::{Minor, minor_of, next_minor};
+use crate::domain::version::{Version, debian_release};
 
 /// What detection found out.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -194,37 +194,6 @@ pub fn reboot_text(required: &std::collections::BTreeMap<String, bool>) -> Strin
     text
 }
 
-/// `MAJOR.MINOR` of a version, for repository paths and messages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Minor {
-    /// Major.
-    pub major: u32,
-    /// Minor.
-    pub minor: u32,
-}
-
-impl fmt::Display for Minor {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "v{}.{}", self.major, self.minor)
-    }
-}
-
-/// The minor `v` belongs to.
-pub fn minor_of(v: Version) -> Minor {
-    Minor {
-        major: v.major,
-        minor: v.minor,
-    }
-}
-
-/// The minor after `v`'s.
-pub fn next_minor(v: Version) -> Minor {
-    Minor {
-        major: v.major,
-        minor: v.minor + 1,
-    }
-}
-
 /// The releases of `minor` in `apt-cache madison kubeadm` output (`kubeadm | 1.34.5-1.1 |
 /// https://…/v1.34/deb Packages`); pre-releases and other minors are left out.
 pub fn madison_releases(stdout: &str, minor: Minor) -> Vec<Version> {
@@ -233,43 +202,13 @@ pub fn madison_releases(stdout: &str, minor: Minor) -> Vec<Version> {
         .filter_map(|line| {
             let mut cols = line.split('|').map(str::trim);
             (cols.next()? == "kubeadm").then_some(())?;
-            release_of(cols.next()?)
+            debian_release(cols.next()?)
         })
         .filter(|v| minor_of(*v) == minor)
         .collect();
     out.sort();
     out.dedup();
     out
-}
-
-/// The kubeadm releases in an apt `Packages` index (stanzas of `Package:` and `Version:`).
-pub fn packages_releases(index: &str) -> Vec<Version> {
-    let mut out = Vec::new();
-    for stanza in index.split("\n\n") {
-        let field = |name: &str| {
-            stanza
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .map(str::trim)
-        };
-        if field("Package:") == Some("kubeadm")
-            && let Some(v) = field("Version:").and_then(release_of)
-        {
-            out.push(v);
-        }
-    }
-    out.sort();
-    out.dedup();
-    out
-}
-
-/// The release of a Debian package version like `1.34.5-1.1`; `None` for pre-releases
-/// (`1.35.0~rc.1-1.1`) and anything else.
-fn release_of(package_version: &str) -> Option<Version> {
-    let upstream = package_version
-        .split_once('-')
-        .map_or(package_version, |(u, _)| u);
-    Version::parse(upstream).ok()
 }
 
 #[cfg(test)]
@@ -381,16 +320,6 @@ mod tests {
         let got = madison_releases(out, minor_of(v("1.34.0")));
         assert_eq!(got, vec![v("1.34.2"), v("1.34.5"), v("1.34.10")]);
         assert!(madison_releases("", minor_of(v("1.34.0"))).is_empty());
-    }
-
-    #[test]
-    fn a_packages_index_gives_kubeadm_releases_without_pre_releases() {
-        let index = "Package: kubeadm\nVersion: 1.35.0~rc.1-1.1\nArchitecture: amd64\n\n\
-                     Package: kubectl\nVersion: 1.35.2-1.1\n\n\
-                     Package: kubeadm\nVersion: 1.35.1-1.1\n\n\
-                     Package: kubeadm\nArchitecture: arm64\nVersion: 1.35.0-1.1\n";
-        assert_eq!(packages_releases(index), vec![v("1.35.0"), v("1.35.1")]);
-        assert!(packages_releases("Package: kubeadm\nVersion: 1.35.0~rc.0-1.1\n").is_empty());
     }
 
     #[test]

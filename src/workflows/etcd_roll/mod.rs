@@ -7,7 +7,7 @@
 
 pub mod plan;
 pub mod roll_watch;
-pub mod step;
+pub use crate::domain::etcd_roll_step as step;
 pub mod steps;
 pub mod watch;
 

@@ -12,9 +12,10 @@
 use std::fmt;
 
 use crate::domain::event::EtcdRollRequest;
+pub use crate::domain::facts::agreed_leader;
 use crate::domain::run::{FailurePolicy, Run, RunKind};
 use crate::domain::run::{Step, StepStatus};
-use crate::domain::step::{EtcdRollStep, StepKind};
+use crate::domain::step_kind::{EtcdRollStep, StepKind};
 use chrono::{DateTime, Utc};
 
 /// One etcd member as the roll sees it.
@@ -199,19 +200,6 @@ pub fn next_action(view: &ClusterView, order: Order, max_lag: u64) -> Result<Act
         to: target.id,
         name: target.name.clone(),
     })
-}
-
-/// The leader a strict majority of `members` follows, given the leader each answering
-/// member follows (0: none).
-pub fn agreed_leader(followed: impl IntoIterator<Item = u64>, members: usize) -> Option<u64> {
-    let mut votes: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
-    for leader in followed.into_iter().filter(|l| *l != 0) {
-        *votes.entry(leader).or_default() += 1;
-    }
-    votes
-        .into_iter()
-        .find(|(_, n)| *n > members / 2)
-        .map(|(id, _)| id)
 }
 
 /// Why a roll's `endpoints` cannot be matched to the members, given each member's name and

@@ -15,7 +15,7 @@ use tracing::{info, warn};
 use crate::domain::engine::StepOutcome;
 use crate::domain::event::EtcdRollRequest;
 use crate::domain::run::{Learned, Run, Step};
-use crate::domain::step::{EtcdRollStep, StepKind};
+use crate::domain::step_kind::{EtcdRollStep, StepKind};
 use crate::metrics::Metrics;
 use crate::ports::{EtcdConnect, EtcdError, EtcdMembers, StatefulSets, StepExecutor};
 use crate::workflows::etcd_roll::plan::{

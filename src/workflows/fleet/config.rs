@@ -5,7 +5,7 @@ use serde::Deserialize;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::config::values::Problems;
+use crate::setting::Problems;
 
 /// One cluster upstream of this one: its rollgate, asked before an upgrade goes ahead.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize, JsonSchema)]
@@ -39,11 +39,11 @@ pub struct FleetConfig {
     /// goes on here (default 24h). A blocking alert in the soak starts it again once it
     /// resolves.
     #[serde(with = "humantime_serde")]
-    #[schemars(schema_with = "crate::config::schema::duration")]
+    #[schemars(schema_with = "crate::setting::schemas::duration")]
     pub soak: Duration,
     /// How long an upgrade waits for its upstreams before the run halts (default 30d).
     #[serde(with = "humantime_serde")]
-    #[schemars(schema_with = "crate::config::schema::duration")]
+    #[schemars(schema_with = "crate::setting::schemas::duration")]
     pub max_wait: Duration,
     /// Whether an upgrade whose upstreams are ready also waits for
     /// `POST /v1/runs/{id}/approve` (scope `runs:approve`; default false).
@@ -51,12 +51,12 @@ pub struct FleetConfig {
     /// How often a waiting upgrade, and `GET /v1/fleet`'s view, ask the upstreams
     /// (default 60s).
     #[serde(with = "humantime_serde")]
-    #[schemars(schema_with = "crate::config::schema::duration")]
+    #[schemars(schema_with = "crate::setting::schemas::duration")]
     pub poll_interval: Duration,
     /// How long one upstream may take to answer before it counts as unreachable
     /// (default 10s).
     #[serde(with = "humantime_serde")]
-    #[schemars(schema_with = "crate::config::schema::duration")]
+    #[schemars(schema_with = "crate::setting::schemas::duration")]
     pub timeout: Duration,
 }
 

@@ -10,13 +10,12 @@ use chrono::{DateTime, Utc};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use crate::adapters::http_client::HttpSource;
 use crate::domain::engine::{AWAITS_APPROVAL, StepOutcome};
 use crate::domain::gate::Verdict;
 use crate::domain::run::Run;
 use crate::domain::version::Version;
 use crate::metrics::Metrics;
-use crate::ports::{ClusterRead, StepExecutor};
+use crate::ports::{ClusterRead, FleetPeer, StepExecutor};
 use crate::store::Store;
 use crate::workflows::gate::{Gate, GateReport};
 
@@ -32,10 +31,10 @@ const MAX_DEPTH: usize = 8;
 #[error("{0}")]
 pub struct FleetError(String);
 
-/// One upstream and the client that asks it.
+/// One upstream and the peer that asks it.
 struct Asked {
     upstream: Upstream,
-    client: reqwest::Client,
+    peer: Arc<dyn FleetPeer>,
 }
 
 /// This rollgate's part in the fleet.
@@ -51,34 +50,30 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    /// The fleet of `config`: a client per upstream (its token and CA read from their
-    /// files now, so that a missing file stops `serve` naming the key).
+    /// The fleet of `config`, whose upstreams are asked through `peers`, one per entry of
+    /// `config.upstreams`, in the same order.
     pub fn new(
         config: FleetConfig,
         store: Store,
         gate: Arc<Gate>,
         cluster: Option<Arc<dyn ClusterRead>>,
         metrics: Metrics,
+        peers: Vec<Arc<dyn FleetPeer>>,
     ) -> Result<Self, FleetError> {
-        let mut upstreams = Vec::new();
-        for (i, upstream) in config.upstreams.iter().enumerate() {
-            let section = format!("fleet.upstreams[{i}].");
-            let client = HttpSource {
-                section: &section,
-                timeout: config.timeout,
-                bearer_token_file: upstream.token_file.as_ref(),
-                basic_auth_user: None,
-                basic_auth_password_file: None,
-                ca_file: upstream.ca_file.as_ref(),
-                identity: None,
-            }
-            .client()
-            .map_err(|e| FleetError(e.to_string()))?;
-            upstreams.push(Asked {
-                upstream: upstream.clone(),
-                client,
-            });
+        if peers.len() != config.upstreams.len() {
+            return Err(FleetError(format!(
+                "{} upstreams and {} peers to ask them",
+                config.upstreams.len(),
+                peers.len()
+            )));
         }
+        let upstreams = config
+            .upstreams
+            .iter()
+            .cloned()
+            .zip(peers)
+            .map(|(upstream, peer)| Asked { upstream, peer })
+            .collect();
         Ok(Self {
             config,
             store,
@@ -244,19 +239,8 @@ impl Fleet {
     }
 
     async fn ask(&self, asked: &Asked) -> Result<FleetView, String> {
-        let url = format!("{}/v1/fleet", asked.upstream.url.trim_end_matches('/'));
-        let response = asked
-            .client
-            .get(&url)
-            .send()
-            .await
-            .map_err(|e| crate::error_chain(&e))?;
-        let status = response.status();
-        if !status.is_success() {
-            return Err(format!("answered {status}"));
-        }
-        let body = response.bytes().await.map_err(|e| crate::error_chain(&e))?;
-        let view: FleetView = serde_json::from_slice(&body)
+        let answer = asked.peer.fleet_view().await?;
+        let view: FleetView = serde_json::from_value(answer)
             .map_err(|e| format!("its answer is not a fleet view: {e}"))?;
         if view.name != asked.upstream.name {
             return Err(format!(

@@ -6,7 +6,7 @@ use super::UpgradeSteps;
 use crate::domain::engine::StepOutcome;
 use crate::domain::event::Stage;
 use crate::domain::run::{Run, Step, StepStatus};
-use crate::domain::step::{StepKind, UpgradeStep};
+use crate::domain::step_kind::{StepKind, UpgradeStep};
 use crate::domain::version::Version;
 use crate::workflows::control_plane_cycle::plan::{self as cps, NextControlPlane};
 use crate::workflows::k8s_upgrade::plan::{NodeFacts, control_plane_steps};

@@ -6,7 +6,7 @@
 mod control_planes;
 pub mod plan;
 pub mod snapshots;
-pub mod step;
+pub use crate::domain::upgrade_step as step;
 
 pub use crate::workflows::control_plane_cycle::{METRICS_TARGET, read_etcd};
 
@@ -19,7 +19,7 @@ use tracing::info;
 use crate::domain::engine::StepOutcome;
 use crate::domain::event::{DetectionRequest, Stage, UpgradeKind};
 use crate::domain::run::{Run, Step};
-use crate::domain::step::{StepKind, UpgradeStep};
+use crate::domain::step_kind::{StepKind, UpgradeStep};
 use crate::domain::version::Version;
 use crate::error_chain;
 use crate::metrics::Metrics;

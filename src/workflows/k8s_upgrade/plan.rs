@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use crate::domain::event::{DetectionRequest, Stage, StageSelection, UpgradeKind};
 use crate::domain::run::Step;
 use crate::domain::run::{FailurePolicy, Run, RunKind};
-use crate::domain::step::UpgradeStep;
+use crate::domain::step_kind::UpgradeStep;
 use crate::domain::version::Version;
 use crate::workflows::control_plane_cycle::plan::{
     self as cps, ControlPlaneAction, EtcdFacts, EtcdLayout, Kubeadm, LayoutError,
@@ -15,61 +15,7 @@ use crate::workflows::control_plane_cycle::plan::{
 use crate::workflows::node_cycle::plan::{self as node_cycle, Part};
 use chrono::{DateTime, Utc};
 
-/// What a node is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// Runs the control plane (label `node-role.kubernetes.io/control-plane`).
-    ControlPlane,
-    /// Runs workloads.
-    Worker,
-}
-
-/// What the cluster says about one node.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeFacts {
-    /// Node name.
-    pub name: String,
-    /// Control plane or worker.
-    pub role: Role,
-    /// The kubelet version it reports.
-    pub kubelet: Version,
-    /// The containerd version it reports, when its runtime is containerd.
-    pub containerd: Option<Version>,
-    /// Its Ready condition is True.
-    pub ready: bool,
-    /// Its InternalIP, if it reports one.
-    pub address: Option<String>,
-}
-
-/// What the cluster says about itself.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct ClusterFacts {
-    /// Every node.
-    pub nodes: Vec<NodeFacts>,
-}
-
-impl ClusterFacts {
-    /// The node called `name`.
-    pub fn node(&self, name: &str) -> Option<&NodeFacts> {
-        self.nodes.iter().find(|n| n.name == name)
-    }
-    /// Nodes not Ready, by name.
-    pub fn not_ready(&self) -> Vec<&str> {
-        self.nodes
-            .iter()
-            .filter(|n| !n.ready)
-            .map(|n| n.name.as_str())
-            .collect()
-    }
-    /// Nodes whose kubelet is not at `target`, with what they run.
-    pub fn behind(&self, target: Version) -> Vec<String> {
-        self.nodes
-            .iter()
-            .filter(|n| n.kubelet != target)
-            .map(|n| format!("{} runs {}", n.name, n.kubelet))
-            .collect()
-    }
-}
+pub use crate::domain::facts::{ClusterFacts, NodeFacts, Role};
 
 pub use crate::domain::budget::{FailureBudget, MaxUnavailable};
 
@@ -697,7 +643,7 @@ pub fn new_run(
 mod tests {
     use super::*;
     use crate::domain::run::StepStatus;
-    use crate::domain::step::StepKind;
+    use crate::domain::step_kind::StepKind;
     use crate::workflows::node_cycle::plan::drains_ahead;
 
     fn v(s: &str) -> Version {

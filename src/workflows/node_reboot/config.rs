@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::config::values::{Problems, string_list};
+use crate::setting::{Problems, string_list};
 
 /// Whether an upgrade reboots a node its script left needing one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
@@ -58,7 +58,7 @@ pub struct RebootConfig {
     /// How long a node may take from the reboot command to being Ready with another boot
     /// id before the run halts naming it (default 15m).
     #[serde(with = "humantime_serde")]
-    #[schemars(schema_with = "crate::config::schema::duration")]
+    #[schemars(schema_with = "crate::setting::schemas::duration")]
     pub timeout: Duration,
     /// Whether control-plane nodes may be rebooted (default true: one at a time, first,
     /// between health checks, with one etcd leadership change when etcd is stacked).
@@ -67,12 +67,12 @@ pub struct RebootConfig {
     /// Labels set on a node before its reboot (`key=value`; kured's
     /// `--pre-reboot-node-labels`), e.g. to take it out of a load balancer.
     #[serde(deserialize_with = "string_list")]
-    #[schemars(schema_with = "crate::config::schema::string_list")]
+    #[schemars(schema_with = "crate::setting::schemas::string_list")]
     pub labels_before: Vec<String>,
     /// Labels set on a node once it is back (`key=value`; kured's
     /// `--post-reboot-node-labels`).
     #[serde(deserialize_with = "string_list")]
-    #[schemars(schema_with = "crate::config::schema::string_list")]
+    #[schemars(schema_with = "crate::setting::schemas::string_list")]
     pub labels_after: Vec<String>,
     /// `never` (default) or `if-required`: after an upgrade's node script, a node whose
     /// sentinel is set is rebooted inside the same drain, so it is drained once, not twice.

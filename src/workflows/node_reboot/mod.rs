@@ -4,12 +4,11 @@
 //! `workflows::node_cycle::plan` (planning) and `workflows::node_cycle` (acting).
 
 mod action;
-pub mod api;
 pub mod config;
 pub mod dry_run;
 pub mod plan;
-pub mod request;
-pub mod step;
+pub use crate::domain::reboot_request as request;
+pub use crate::domain::reboot_step as step;
 mod steps;
 
 pub use action::{NodeReboots, RebootAction, SentinelError, sentinel};

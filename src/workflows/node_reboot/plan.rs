@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use crate::domain::run::Step;
 use crate::domain::run::{FailurePolicy, Run, RunKind};
-use crate::domain::step::{ControlPlanePart, RebootStep};
+use crate::domain::step_kind::{ControlPlanePart, RebootStep};
 use crate::workflows::control_plane_cycle::plan::NextControlPlane;
 use crate::workflows::k8s_upgrade::plan::{self as k8s_upgrade, ClusterFacts, PlanSettings, Role};
 use crate::workflows::node_cycle::plan::{self as node_cycle, CycleSteps, Part};

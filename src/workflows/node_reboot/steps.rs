@@ -11,7 +11,7 @@ use super::action::NodeReboots;
 use super::plan::{self, RebootPlanSettings};
 use crate::domain::engine::StepOutcome;
 use crate::domain::run::{Run, Step, StepStatus};
-use crate::domain::step::{ControlPlanePart, RebootStep, StepKind};
+use crate::domain::step_kind::{ControlPlanePart, RebootStep, StepKind};
 use crate::error_chain;
 use crate::metrics::Metrics;
 use crate::ports::{ClusterRead, Cordon, NodeTarget, StepExecutor};

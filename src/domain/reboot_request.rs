@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::domain::event::{FieldErrors, read_body};
+use super::input::{FieldErrors, read_body};
 
 /// A validated request to reboot nodes (`POST /v1/reboots`): the nodes named, or every
 /// node whose sentinel is set when none is named. What runs on the nodes (the reboot

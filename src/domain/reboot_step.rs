@@ -1,6 +1,6 @@
 //! The steps of a node-reboot run, as data.
 
-use crate::domain::step::{StepError, StepRole, WorkflowStep};
+use super::step::{StepError, StepRole, WorkflowStep};
 
 /// The stage name of every step of a node-reboot run.
 pub const REBOOT: &str = "reboot";

@@ -1,6 +1,6 @@
 //! The steps of an etcd roll, as data.
 
-use crate::domain::step::{StepError, StepRole, WorkflowStep};
+use super::step::{StepError, StepRole, WorkflowStep};
 
 /// The stage name of every step of an etcd roll.
 pub const ETCD_ROLL: &str = "etcd-roll";

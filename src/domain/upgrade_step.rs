@@ -1,7 +1,7 @@
 //! The steps of a Kubernetes version upgrade, as data.
 
-use crate::domain::event::Stage;
-use crate::domain::step::{ACCEPT, FINISH, PLAN, StepError, StepRole, WorkflowStep};
+use super::event::Stage;
+use super::step::{ACCEPT, FINISH, PLAN, StepError, StepRole, WorkflowStep};
 
 /// A step of a Kubernetes version upgrade.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

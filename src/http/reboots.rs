@@ -5,13 +5,13 @@
 use actix_web::{HttpRequest, HttpResponse, web};
 use chrono::Utc;
 
-use super::RebootRequest;
-use crate::domain::event::EventData;
-use crate::domain::run::{RunKind, RunStatus};
-use crate::http::error::ApiError;
-use crate::http::routes::{
+use super::error::ApiError;
+use super::routes::{
     DetectionAccepted, State, caller, enqueue, read_request, store_down, take_run_request,
 };
+use crate::domain::event::EventData;
+use crate::domain::run::{RunKind, RunStatus};
+use crate::workflows::node_reboot::RebootRequest;
 
 /// `POST /v1/reboots`: reboot the nodes named, or every node whose sentinel is set.
 #[utoipa::path(post, path = "/v1/reboots", request_body = crate::workflows::node_reboot::request::RebootBody,
@@ -86,7 +86,7 @@ pub async fn post_reboots(
 /// gate, the windows, another run holding the cluster, a node's drain). Nothing is queued.
 async fn dry_run(
     state: &State,
-    request: &super::RebootRequest,
+    request: &RebootRequest,
     facts: &crate::workflows::k8s_upgrade::plan::ClusterFacts,
 ) -> Result<HttpResponse, ApiError> {
     let Some(reboots) = &state.node_reboots else {
