@@ -245,7 +245,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     info!(listen = %settings.server.listen, tls = settings.server.tls_cert_file.is_some(), mutual_tls = settings.server.client_ca_file.is_some(), backend = queue.backend(), store = store.backend(), replica = store.replica(), data_dir = %settings.data_dir.display(), "rollgate serving");
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(watch_gate(gate.clone(), stop_rx.clone()));
+    tokio::spawn(gate.clone().keep_current(stop_rx.clone()));
     tokio::spawn(fleet.clone().keep_quiet_since(stop_rx.clone()));
     tokio::spawn(clients.watch(stop_rx.clone()));
     if let Some(tls) = tls {
@@ -671,38 +671,6 @@ impl RollStarter for IntakeStarter {
             .await
             .map_err(|e| e.to_string())
     }
-}
-
-async fn watch_gate(gate: Arc<Gate>, mut stop: tokio::sync::watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(gate.poll_interval());
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = stop.changed() => return,
-            _ = tick.tick() => {
-                log_verdict(&gate.evaluate().await.verdict, "gate evaluated");
-            }
-            () = gate.board_change() => {
-                log_verdict(&gate.evaluate().await.verdict, "gate evaluated after a board change");
-            }
-        }
-    }
-}
-
-/// One line however many alerts block: the verdict, how many reasons, the first of them.
-/// Nothing is formatted unless debug logging is on: this runs at every poll.
-fn log_verdict(verdict: &crate::domain::gate::Verdict, what: &str) {
-    if !tracing::enabled!(tracing::Level::DEBUG) {
-        return;
-    }
-    let reasons = verdict.reasons();
-    let first = reasons.first().map(String::as_str).unwrap_or_default();
-    tracing::debug!(
-        verdict = verdict.name(),
-        reasons = reasons.len(),
-        first,
-        "{what}"
-    );
 }
 
 /// One `serve` per data directory: two would share the embedded queue and store.

@@ -715,11 +715,7 @@ impl Worker {
             .filter(|run| run.status == RunStatus::Waiting && run.blocked_since.is_some())
             .flat_map(|run| {
                 run.steps_in_hand()
-                    .filter(|s| {
-                        s.outcome
-                            .as_deref()
-                            .is_some_and(|o| o.starts_with(engine::GATE_CLOSED))
-                    })
+                    .filter(|s| s.is_held(crate::domain::run::Held::Gate))
                     .map(|s| wake_message(run, s.epoch, None))
                     .collect::<Vec<_>>()
             })
@@ -1019,12 +1015,9 @@ impl Worker {
         notices: &mut Vec<Notice>,
     ) -> Result<Vec<(usize, u64)>, Transient> {
         if run_id.is_none() {
-            let waiting = self
-                .store
-                .not_ended()
-                .await?
-                .into_iter()
-                .find(|r| r.kind == RunKind::NodeReboot && r.status == RunStatus::Queued);
+            let waiting = crate::workflows::node_reboot::plan::waiting_for_the_cluster(
+                self.store.not_ended().await?,
+            );
             if let Some(mut run) = waiting {
                 let run_lock = self.run_lock(&run.id);
                 let _held = run_lock.lock().await;

@@ -859,3 +859,66 @@ async fn quiet_since_starts_at_the_first_open_gate_and_a_blocking_alert_restarts
         Some(at(70))
     );
 }
+
+#[tokio::test]
+async fn a_version_4_database_keeps_its_runs_held_by_a_gate_or_an_approval_held() {
+    use rollgate::domain::engine::{self, AWAITS_APPROVAL};
+    use rollgate::domain::event::ControlAction;
+    use rollgate::domain::run::{Held, StepStatus};
+    let url = server().database().await;
+    let waiting = |id: &str, outcome: &str| {
+        let mut run = planned(id, 3);
+        run.target = Some(format!("1.34.{}", id.len()));
+        run.transition(RunStatus::Running, "step (attempt 1)", Utc::now());
+        run.transition(RunStatus::Waiting, outcome, Utc::now());
+        run.in_hand = vec![1];
+        let step = run.step_mut(1);
+        step.status = StepStatus::Waiting;
+        step.attempts = 1;
+        step.outcome = Some(outcome.to_owned());
+        run
+    };
+    // One Kubernetes upgrade may have started: the gated run is a reboot.
+    let mut gated = waiting("gated", "gate closed: NodeDown on w1");
+    gated.kind = RunKind::NodeReboot;
+    let approval = waiting(
+        "approval",
+        &format!("{AWAITS_APPROVAL}: upstreams ready (staging)"),
+    );
+    // Written as version 4 wrote them: no `held` in any step.
+    {
+        let store = replica(&url).await;
+        store
+            .commit(Commit {
+                runs: vec![gated.clone(), approval.clone()],
+                ..Commit::default()
+            })
+            .await
+            .unwrap();
+    }
+    let client = Postgres::client_of(&url).await;
+    let holds: i64 = client
+        .query_one(
+            "SELECT COUNT(*) FROM run_steps WHERE doc::JSONB ? 'held'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(holds, 0, "the runs were built without a hold");
+    client
+        .execute("UPDATE rollgate_schema SET version = 4", &[])
+        .await
+        .unwrap();
+    let store = replica(&url).await;
+    let gated = store.get_run("gated").await.unwrap().unwrap();
+    assert!(gated.steps[1].is_held(Held::Gate), "{:?}", gated.steps[1]);
+    assert!(engine::check_control(&gated, ControlAction::Approve).is_err());
+    let approval = store.get_run("approval").await.unwrap().unwrap();
+    assert!(
+        approval.steps[1].is_held(Held::Approval),
+        "{:?}",
+        approval.steps[1]
+    );
+    assert!(engine::check_control(&approval, ControlAction::Approve).is_ok());
+}

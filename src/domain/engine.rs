@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use super::backoff::Backoff;
 use super::budget::FailureBudget;
 use super::event::ControlAction;
-use super::run::{Learned, Run, RunStatus, Step, StepStatus};
+use super::run::{Held, Learned, Run, RunStatus, Step, StepStatus};
 
 /// What the engine needs to know about the world besides the run.
 #[derive(Clone, Copy)]
@@ -83,6 +83,14 @@ pub enum StepOutcome {
     Announced {
         /// What happened.
         note: String,
+    },
+    /// Waits for an operator's approval (`POST /v1/runs/{id}/approve`); meanwhile come back
+    /// to the step at `until`.
+    AwaitApproval {
+        /// When to run the step again.
+        until: DateTime<Utc>,
+        /// What is to be approved, in words; recorded in the run's history.
+        reason: String,
     },
     /// Held by a closed (or unknown) gate: check again at `retry_at`, and halt the run once
     /// the gate has been closed for `halt_after`.
@@ -258,25 +266,20 @@ pub fn advance(run: &mut Run, input: Input, ctx: &Context) -> Result<Next, NotAl
     }
 }
 
-/// How a step waiting for an operator's approval starts its outcome: only such a run may be
-/// approved (`POST /v1/runs/{id}/approve`).
+/// How the outcome of a step waiting for an operator's approval reads.
 pub const AWAITS_APPROVAL: &str = "waits for approval";
 
-/// The step in hand that waits for an approval, if one does.
+/// The step in hand that waits for an approval, if one does: only such a run may be
+/// approved.
 fn awaiting_approval(run: &Run) -> Option<usize> {
-    run.in_hand.iter().copied().find(|&i| {
-        run.steps.get(i).is_some_and(|s| {
-            s.status == StepStatus::Waiting
-                && s.outcome
-                    .as_deref()
-                    .is_some_and(|o| o.starts_with(AWAITS_APPROVAL))
-        })
-    })
+    run.in_hand
+        .iter()
+        .copied()
+        .find(|&i| run.steps.get(i).is_some_and(|s| s.is_held(Held::Approval)))
 }
 
-/// The gate's blockers as a held step's outcome starts them: how the worker finds the
-/// steps a board change may release.
-pub const GATE_CLOSED: &str = "gate closed: ";
+/// How the outcome of a step held by a closed gate reads: its blockers follow.
+const GATE_CLOSED: &str = "gate closed: ";
 
 fn start(run: &mut Run, ctx: &Context) -> Next {
     proceed(run, ctx, false)
@@ -454,6 +457,7 @@ fn run_step(run: &mut Run, index: usize, ctx: &Context) -> Next {
     step.epoch = epoch;
     step.wake_at = None;
     step.status = StepStatus::Running;
+    step.held = None;
     step.attempts += 1;
     step.started_at.get_or_insert(ctx.now);
     let reason = format!("step {} (attempt {})", step.label(), step.attempts);
@@ -745,12 +749,7 @@ fn step_done(run: &mut Run, index: usize, note: String, ctx: &Context) -> Next {
     step.status = StepStatus::Done;
     step.ended_at = Some(ctx.now);
     step.outcome = Some(note);
-    let still_held = run.steps_in_hand().any(|s| {
-        s.status == StepStatus::Waiting
-            && s.outcome
-                .as_deref()
-                .is_some_and(|o| o.starts_with(GATE_CLOSED))
-    });
+    let still_held = run.steps_in_hand().any(|s| s.is_held(Held::Gate));
     if !still_held {
         run.blockers.clear();
         if let Some(since) = run.blocked_since.take() {
@@ -780,6 +779,7 @@ fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context)
     run.current_step = Some(index);
     let max_attempts = ctx.max_attempts.max(1);
     let step = run.step_mut(index);
+    step.held = None;
     let label = step.label();
     match outcome {
         StepOutcome::Done { note, learned } => {
@@ -823,17 +823,9 @@ fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context)
             run.touch_all_steps();
             step_done(run, index, note, ctx)
         }
-        StepOutcome::Wait { until, reason } => {
-            step.status = StepStatus::Waiting;
-            step.outcome = Some(reason.clone());
-            // A wait is not a closed gate (a maintenance window closed): the clock of
-            // halt_after starts again when the gate is next asked.
-            run.blockers.clear();
-            run.blocked_since = None;
-            if run.halt_requested {
-                return halt_after_step(run, index, format!("at step {label}: {reason}"), ctx);
-            }
-            schedule_wake(run, index, until, format!("step {label}: {reason}"), ctx)
+        StepOutcome::Wait { until, reason } => step_waits(run, index, until, reason, None, ctx),
+        StepOutcome::AwaitApproval { until, reason } => {
+            step_waits(run, index, until, reason, Some(Held::Approval), ctx)
         }
         StepOutcome::Retry { error } if step.attempts < max_attempts => {
             step.status = StepStatus::Waiting;
@@ -851,6 +843,7 @@ fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context)
         }
         StepOutcome::Blocked { reasons, retry_at } => {
             step.status = StepStatus::Waiting;
+            step.held = Some(Held::Gate);
             let summary = reasons.join("; ");
             step.outcome = Some(format!("{GATE_CLOSED}{summary}"));
             let since = *run.blocked_since.get_or_insert(ctx.now);
@@ -903,6 +896,31 @@ fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context)
             }
         }
     }
+}
+
+/// Step `index` waits until `until` for `reason`, held by `held` if anything holds it but
+/// its own clock.
+fn step_waits(
+    run: &mut Run,
+    index: usize,
+    until: DateTime<Utc>,
+    reason: String,
+    held: Option<Held>,
+    ctx: &Context,
+) -> Next {
+    let step = run.step_mut(index);
+    let label = step.label();
+    step.status = StepStatus::Waiting;
+    step.outcome = Some(reason.clone());
+    step.held = held;
+    // A wait is not a closed gate (a maintenance window closed): the clock of halt_after
+    // starts again when the gate is next asked.
+    run.blockers.clear();
+    run.blocked_since = None;
+    if run.halt_requested {
+        return halt_after_step(run, index, format!("at step {label}: {reason}"), ctx);
+    }
+    schedule_wake(run, index, until, format!("step {label}: {reason}"), ctx)
 }
 
 /// A worker's cycle gave up at step `index`: within the failure budget it is left behind,
@@ -1160,15 +1178,31 @@ mod tests {
             "cannot approve a run that is waiting (it does not wait for an approval)"
         );
         assert_eq!(run.approved_by, None);
+        // Words are not a state: a plain wait that reads like an approval is not one.
         advance(&mut run, Input::Wake { epoch: 2 }, &ctx(4)).unwrap();
-        let approval = StepOutcome::Wait {
+        let lookalike = StepOutcome::Wait {
+            until: t(60),
+            reason: format!("{AWAITS_APPROVAL}: in words only"),
+        };
+        advance(
+            &mut run,
+            Input::StepFinished {
+                epoch: 3,
+                outcome: lookalike,
+            },
+            &ctx(4),
+        )
+        .unwrap();
+        assert!(advance(&mut run, approve("ops"), &ctx(4)).is_err());
+        advance(&mut run, Input::Wake { epoch: 4 }, &ctx(4)).unwrap();
+        let approval = StepOutcome::AwaitApproval {
             until: t(90),
             reason: format!("{AWAITS_APPROVAL}: upstreams ready (staging)"),
         };
         let next = advance(
             &mut run,
             Input::StepFinished {
-                epoch: 3,
+                epoch: 5,
                 outcome: approval,
             },
             &ctx(5),
@@ -1178,13 +1212,13 @@ mod tests {
             next,
             Next::WakeAt {
                 at: t(90),
-                epoch: 4
+                epoch: 6
             }
         );
         // Approved: the step runs again now, not at its next poll, and the approver is
         // credited.
         let next = advance(&mut run, approve("approver"), &ctx(6)).unwrap();
-        assert_eq!(next, Next::RunStep { index: 0, epoch: 5 });
+        assert_eq!(next, Next::RunStep { index: 0, epoch: 7 });
         assert_eq!(run.approved_by.as_deref(), Some("approver"));
         assert!(
             run.history
@@ -1197,14 +1231,14 @@ mod tests {
         let next = advance(
             &mut run,
             Input::StepFinished {
-                epoch: 5,
+                epoch: 7,
                 outcome: announced,
             },
             &ctx(7),
         )
         .unwrap();
         // Past its upstreams the run takes the cluster's lock through the queue.
-        assert_eq!(next, Next::WakeAt { at: t(7), epoch: 6 });
+        assert_eq!(next, Next::WakeAt { at: t(7), epoch: 8 });
         assert_eq!(run.status, RunStatus::Queued);
         assert!(
             run.history

@@ -105,6 +105,18 @@ pub enum StepStatus {
     Failed,
 }
 
+/// What holds a waiting step, when something other than its own clock does: the engine
+/// and the worker match it, the outcome's words are for people.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Held {
+    /// A closed (or unknown) gate: a board change wakes it, and past `gate.halt_after` the
+    /// run halts.
+    Gate,
+    /// An operator's approval (`POST /v1/runs/{id}/approve`).
+    Approval,
+}
+
 /// One idempotent step of a run's plan.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Step {
@@ -121,6 +133,9 @@ pub struct Step {
     pub ended_at: Option<DateTime<Utc>>,
     /// The last outcome, in words.
     pub outcome: Option<String>,
+    /// What holds it while it waits: a closed gate or an approval (none: its own clock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<Held>,
     /// The epoch it was last started or scheduled with: its outcome and its wake carry it.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub epoch: u64,
@@ -143,6 +158,7 @@ impl Step {
             started_at: None,
             ended_at: None,
             outcome: None,
+            held: None,
             epoch: 0,
             wake_at: None,
         }
@@ -150,6 +166,11 @@ impl Step {
     /// `stage/name@node`, leaving out what is empty or repeated.
     pub fn label(&self) -> String {
         self.kind.label()
+    }
+
+    /// Whether it waits, held by `what`.
+    pub fn is_held(&self, what: Held) -> bool {
+        self.status == StepStatus::Waiting && self.held == Some(what)
     }
 }
 

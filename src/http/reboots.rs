@@ -48,13 +48,9 @@ pub async fn post_reboots(
     if request.dry_run {
         return dry_run(&state, &request, &facts).await;
     }
-    let waiting = state
-        .store
-        .not_ended()
-        .await
-        .map_err(store_down)?
-        .into_iter()
-        .find(|r| r.kind == RunKind::NodeReboot && r.status == RunStatus::Queued);
+    let waiting = crate::workflows::node_reboot::plan::waiting_for_the_cluster(
+        state.store.not_ended().await.map_err(store_down)?,
+    );
     if let Some(waiting) = waiting {
         // The worker merges it into the waiting run, which has not planned yet.
         let data = EventData::Reboot {

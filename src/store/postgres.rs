@@ -100,7 +100,19 @@ pub const MIGRATIONS: &[&[&str]] = &[
     &[LEASES, IN_FLIGHT_INDEXES],
     &[STEPS_APART],
     &[MARKS],
+    &[HELD_STEPS],
 ];
+
+/// Version 5: what holds a waiting step is a field (`held`: `gate` or `approval`), no
+/// longer read from the first words of its outcome; the steps stored waiting get it from
+/// those words, once, here.
+const HELD_STEPS: &str = r#"
+    UPDATE run_steps SET doc = (doc::JSONB || '{"held": "gate"}'::JSONB)::TEXT
+        WHERE doc::JSONB ->> 'status' = 'waiting'
+        AND starts_with(doc::JSONB ->> 'outcome', 'gate closed: ');
+    UPDATE run_steps SET doc = (doc::JSONB || '{"held": "approval"}'::JSONB)::TEXT
+        WHERE doc::JSONB ->> 'status' = 'waiting'
+        AND starts_with(doc::JSONB ->> 'outcome', 'waits for approval');"#;
 
 /// Version 4: named times kept across restarts and failovers (the gate's `quiet_since`);
 /// a NULL time is a mark set to nothing (the gate is closed).

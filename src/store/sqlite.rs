@@ -27,6 +27,7 @@ const MIGRATIONS: &[Migration] = &[
     one_in_flight,
     steps_apart,
     marks,
+    held_steps,
 ];
 
 /// Version 1: runs, processed events, the outbox and the alert board.
@@ -145,6 +146,24 @@ fn marks(tx: &Transaction<'_>) -> Result<(), MigrationError> {
     tx.execute_batch("CREATE TABLE marks (name TEXT PRIMARY KEY, at INTEGER);")?;
     Ok(())
 }
+
+/// Version 9: what holds a waiting step is a field (`held`: `gate` or `approval`), no
+/// longer read from the first words of its outcome. The steps stored waiting get it from
+/// those words, once, here, so that a run held when rollgate was upgraded is still woken
+/// by a board change, and still approvable.
+fn held_steps(tx: &Transaction<'_>) -> Result<(), MigrationError> {
+    tx.execute_batch(HELD_STEPS)?;
+    Ok(())
+}
+
+/// The statements of version 9.
+const HELD_STEPS: &str = "
+    UPDATE run_steps SET doc = json_set(doc, '$.held', 'gate')
+        WHERE json_extract(doc, '$.status') = 'waiting'
+        AND substr(json_extract(doc, '$.outcome'), 1, 13) = 'gate closed: ';
+    UPDATE run_steps SET doc = json_set(doc, '$.held', 'approval')
+        WHERE json_extract(doc, '$.status') = 'waiting'
+        AND substr(json_extract(doc, '$.outcome'), 1, 18) = 'waits for approval';";
 
 /// Version 5: how far each notification sink (Slack) has delivered the log of
 /// transitions. Slack starts from the end of the log as it is: the transitions it was told
@@ -1179,5 +1198,78 @@ mod tests {
             )
             .unwrap();
         assert_eq!(events, 3, "each transition logged once");
+    }
+
+    #[tokio::test]
+    async fn a_version_8_run_held_by_its_gate_or_an_approval_is_still_held_after_the_upgrade() {
+        use crate::domain::engine::{self, AWAITS_APPROVAL};
+        use crate::domain::event::ControlAction;
+        use crate::domain::run::Held;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db");
+        // One of each kind: one Kubernetes upgrade may have started.
+        let waiting = |kind: RunKind, outcome: &str| {
+            let mut run = run_of(kind, full_plan());
+            run.steps[0].status = StepStatus::Done;
+            run.transition(RunStatus::Running, "step gate", Utc::now());
+            run.transition(RunStatus::Waiting, outcome, Utc::now());
+            run.current_step = Some(1);
+            run.in_hand = vec![1];
+            let step = run.step_mut(1);
+            step.status = StepStatus::Waiting;
+            step.attempts = 1;
+            step.outcome = Some(outcome.to_owned());
+            run
+        };
+        let gated = waiting(RunKind::NodeReboot, "gate closed: NodeDown on w1");
+        let approval = waiting(
+            RunKind::K8sUpgrade,
+            &format!("{AWAITS_APPROVAL}: upstreams ready (staging)"),
+        );
+        let other = waiting(RunKind::EtcdRoll, "outside the maintenance windows");
+        // Written as version 8 wrote them: no `held` in any step.
+        {
+            let store = Store::open(&path).unwrap();
+            store
+                .commit(Commit {
+                    runs: vec![gated.clone(), approval.clone(), other.clone()],
+                    ..Commit::default()
+                })
+                .await
+                .unwrap();
+        }
+        {
+            let conn = Connection::open(&path).unwrap();
+            let held: i64 = conn
+                .query_row(
+                    "SELECT COUNT(*) FROM run_steps WHERE json_extract(doc, '$.held') IS NOT NULL",
+                    [],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            assert_eq!(held, 0, "the runs were built without a hold");
+            conn.pragma_update(None, "user_version", 8).unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        let back = |id: String| {
+            let store = &store;
+            async move { store.get_run(&id).await.unwrap().unwrap() }
+        };
+        let gated = back(gated.id).await;
+        assert!(gated.steps[1].is_held(Held::Gate), "{:?}", gated.steps[1]);
+        assert!(engine::check_control(&gated, ControlAction::Approve).is_err());
+        let approval = back(approval.id).await;
+        assert!(
+            approval.steps[1].is_held(Held::Approval),
+            "{:?}",
+            approval.steps[1]
+        );
+        assert!(engine::check_control(&approval, ControlAction::Approve).is_ok());
+        let other = back(other.id).await;
+        assert_eq!(other.steps[1].held, None, "a window's wait holds nothing");
+        assert_eq!(
+            sqlite::version(&Connection::open(&path).unwrap()).unwrap(),
+            MIGRATIONS.len() as u32
+        );
     }
 }

@@ -269,9 +269,23 @@ impl Gate {
         self.board.notify_one();
     }
 
-    /// Resolves when the board has changed since the last evaluation asked.
-    pub async fn board_change(&self) {
-        self.board.notified().await;
+    /// Evaluates the gate at every poll interval and at once after each board change, until
+    /// `stop`: so that `GET /v1/gates`, the `rollgate_gate_verdict` metric and the verdict's
+    /// subscribers stay current even when no run waits at a gate.
+    pub async fn keep_current(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(self.poll_interval());
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.changed() => return,
+                _ = tick.tick() => {
+                    log_verdict(&self.evaluate().await.verdict, "gate evaluated");
+                }
+                () = self.board.notified() => {
+                    log_verdict(&self.evaluate().await.verdict, "gate evaluated after a board change");
+                }
+            }
+        }
     }
 
     /// The Alertmanager side: its own list when it is configured, the board of webhooks
@@ -359,4 +373,20 @@ impl StepExecutor for QuietPeriodStep {
             verdict => self.0.held(&verdict),
         }
     }
+}
+
+/// One line however many alerts block: the verdict, how many reasons, the first of them.
+/// Nothing is formatted unless debug logging is on: this runs at every poll.
+fn log_verdict(verdict: &Verdict, what: &str) {
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return;
+    }
+    let reasons = verdict.reasons();
+    let first = reasons.first().map(String::as_str).unwrap_or_default();
+    tracing::debug!(
+        verdict = verdict.name(),
+        reasons = reasons.len(),
+        first,
+        "{what}"
+    );
 }

@@ -364,7 +364,7 @@ impl StepExecutor for UpstreamsStep {
                 Some(by) => StepOutcome::Announced {
                     note: format!("{promoted}; approved by {by}"),
                 },
-                None => StepOutcome::Wait {
+                None => StepOutcome::AwaitApproval {
                     until: next,
                     reason: format!(
                         "{AWAITS_APPROVAL}: upstreams ready ({}); POST /v1/runs/{}/approve with scope runs:approve",

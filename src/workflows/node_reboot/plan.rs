@@ -245,6 +245,14 @@ pub fn new_run(
     .failing(on_failure)
 }
 
+/// The reboot run that waits for the cluster among `runs`, if one does: a new request is
+/// merged into it rather than made a run of its own.
+pub fn waiting_for_the_cluster(runs: impl IntoIterator<Item = Run>) -> Option<Run> {
+    runs.into_iter().find(|r| {
+        r.kind == RunKind::NodeReboot && r.status == crate::domain::run::RunStatus::Queued
+    })
+}
+
 /// Merges `request` (from `source`) into `run`, a reboot run that waits for the cluster
 /// and has not planned yet: its nodes join (none named: every node that needs it), the
 /// history says so. The nodes taken in, in words; `None` when `run` cannot take it (no
