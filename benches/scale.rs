@@ -1,5 +1,5 @@
-//! Scale, measured (issue 28). `BENCH_PARTS` picks parts (default all:
-//! `transitions,plan,batches,etcd_roll`).
+//! Scale, measured (issues 28 and 41). `BENCH_PARTS` picks parts (default all:
+//! `transitions,outcomes,plan,memory,batches,etcd_roll`).
 //!
 //! - **transitions**: the cost of one run transition (the engine deciding it, the store
 //!   committing it) for a patch upgrade of 1 control plane + 10, 100 and 1,000 workers,
@@ -8,6 +8,11 @@
 //!   PostgreSQL: the WAL it generates, from `pg_current_wal_lsn`). Each size runs
 //!   `BENCH_TRANSITIONS` (default 200) transitions of the same run, each step done at once.
 //!   A run's creation (every step written once, once per run) is not counted.
+//! - **outcomes**: the worker's own path for each step outcome, as `serve` runs it (the
+//!   read of the run under its lock, the engine, the commit, the hand-off to the executor,
+//!   wakes through the embedded queue), on a real store of each backend: a patch upgrade of
+//!   1 control plane + 10, 100 and 1,000 workers driven from its queued event to its end
+//!   with every step done at once. CPU of this process per outcome, and for the whole run.
 //! - **plan**: `rollgate plan`'s own work for 1 + 5,000 nodes read from the fake API
 //!   server (listing the nodes and planning), timed in this process.
 //! - **peak_rss_mb**: this process's peak resident set (the fake API server with its
@@ -30,6 +35,7 @@
 //!
 //! With `BENCH_JSON=FILE` the figures are also written there as JSON
 //! (`transitions.<backend>.cpu_ms.<workers>`, `transitions.<backend>.bytes.<workers>`,
+//! `outcome.<backend>.cpu_ms.<workers>`, `whole_run.<backend>.cpu_ms.<workers>`,
 //! `plan.ms.5000`, `peak_rss_mb`, `batches.efficiency.<k>`, `etcd_roll.wall_ratio`).
 //!
 //! Run: `cargo bench --bench scale` (PostgreSQL's server binaries, as for the tests).
@@ -44,14 +50,21 @@ mod etcd_load;
 
 use chrono::Utc;
 use rollgate::adapters::kube::Kube;
+use rollgate::adapters::notify::LogNotifier;
 use rollgate::domain::engine::{Context, Input, Next, StepOutcome, advance};
+use rollgate::domain::event::{CloudEvent, EventData, EventType, ROLLGATE_SOURCE};
 use rollgate::domain::event::{DetectionRequest, StageSelection, UpgradeKind};
-use rollgate::domain::run::{FailurePolicy, Run};
+use rollgate::domain::run::{FailurePolicy, Run, RunStatus};
 use rollgate::domain::version::Version;
-use rollgate::ports::{ClusterRead, NodeDrain};
+use rollgate::metrics::Metrics;
+use rollgate::ports::{ClusterRead, Executors, NodeDrain, StepExecutor};
+use rollgate::queue::embedded::EmbeddedQueue;
+use rollgate::queue::{Outgoing, Queue};
 use rollgate::store::{Commit, Store};
+use rollgate::worker::{Worker, WorkerPolicy};
 use rollgate::workflows::k8s_upgrade::plan::{self as k8s_upgrade, MaxUnavailable, PlanSettings};
 use serde_json::{Value, json};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::kube::FakeKube;
 
@@ -245,11 +258,14 @@ async fn main() {
         return;
     }
     let parts = std::env::var("BENCH_PARTS")
-        .unwrap_or_else(|_| "transitions,plan,memory,batches,etcd_roll".into());
+        .unwrap_or_else(|_| "transitions,outcomes,plan,memory,batches,etcd_roll".into());
     let parts: Vec<&str> = parts.split(',').map(str::trim).collect();
-    let mut results = json!({"transitions": {}, "plan": {"ms": {}}, "batches": {"efficiency": {}}, "etcd_roll": {}});
+    let mut results = json!({"transitions": {}, "outcome": {}, "whole_run": {}, "plan": {"ms": {}}, "batches": {"efficiency": {}}, "etcd_roll": {}});
     if parts.contains(&"transitions") {
         transitions_part(&mut results).await;
+    }
+    if parts.contains(&"outcomes") {
+        outcomes_part(&mut results).await;
     }
     if parts.contains(&"plan") {
         plan_part(&mut results).await;
@@ -326,6 +342,158 @@ async fn transitions_part(results: &mut Value) {
             ratio(&bytes_at)
         );
         results["transitions"][backend] = json!({"cpu_ms": cpu_at, "bytes": bytes_at});
+    }
+}
+
+/// The executor of every step in the `outcomes` part: done at once, so that what is
+/// measured is rollgate's own work for each outcome.
+struct AtOnce;
+
+#[async_trait::async_trait]
+impl StepExecutor for AtOnce {
+    async fn execute(&self, _run: &Run, _index: usize) -> StepOutcome {
+        StepOutcome::done("done")
+    }
+}
+
+/// The CPU of this process while `serve`'s worker drives `run` (written to `store` as the
+/// intake writes it, its event queued on an embedded queue in `dir`) from start to its end,
+/// every step done at once; and how many step outcomes it took in.
+async fn whole_run(store: Store, dir: &std::path::Path, run: Run) -> (Duration, usize) {
+    let queue: Arc<dyn Queue> = Arc::new(
+        EmbeddedQueue::open(&dir.join("queue.db"), Duration::from_secs(600), 10).expect("queue"),
+    );
+    let every: Option<Arc<dyn StepExecutor>> = Some(Arc::new(AtOnce));
+    let executors = Executors {
+        gate: every.clone(),
+        quiet_period: every.clone(),
+        upstreams: every.clone(),
+        k8s_upgrade: every.clone(),
+        etcd_roll: every.clone(),
+        node_reboot: every,
+    };
+    let policy = WorkerPolicy {
+        max_attempts: 3,
+        halt_after: Duration::from_secs(1800),
+        on_failure: FailurePolicy::default(),
+        failure_budget: Default::default(),
+        asks_upstreams: false,
+    };
+    let id = run.id.clone();
+    let steps = run.steps.len();
+    store
+        .commit(Commit {
+            runs: vec![run],
+            ..Commit::default()
+        })
+        .await
+        .expect("the run written as the intake writes it");
+    let event = CloudEvent::new(
+        &EventData::Detection {
+            run_id: Some(id.clone()),
+            request: request(),
+        },
+        ROLLGATE_SOURCE,
+        Utc::now(),
+    );
+    queue
+        .publish(Outgoing::event(&event, EventType::Detection))
+        .await
+        .expect("queued");
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let started = cpu();
+    // As `serve` does: the worker acts while this replica holds the store's lease.
+    let leading = rollgate::workflows::leader::campaign(
+        store.clone(),
+        Duration::from_secs(15),
+        Metrics::new(),
+        stopped.clone(),
+    );
+    let worker = Worker::new(
+        queue,
+        store.clone(),
+        Metrics::new(),
+        executors,
+        policy,
+        Arc::new(LogNotifier),
+    )
+    .led_by(leading);
+    let serving = tokio::spawn(worker.run(stopped));
+    let deadline = Instant::now() + Duration::from_secs(3600);
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(
+            Instant::now() < deadline,
+            "the run has not ended within an hour"
+        );
+        let ended = store
+            .list_summaries(None, 1)
+            .await
+            .expect("summaries")
+            .first()
+            .is_some_and(|s| s.status.is_terminal());
+        if ended {
+            break;
+        }
+    }
+    let took = cpu() - started;
+    let _ = stop.send(true);
+    let _ = serving.await;
+    let run = store.get_run(&id).await.expect("read").expect("the run");
+    assert_eq!(run.status, RunStatus::Succeeded, "{}", run.reason);
+    assert!(run.steps.len() >= steps);
+    let outcomes = run.steps.iter().map(|s| s.attempts as usize).sum();
+    (took, outcomes)
+}
+
+/// The worker's own path for each step outcome, as `serve` runs it: the read of the run,
+/// the engine, the commit, the hand-off to the executor, through the queue for wakes.
+async fn outcomes_part(results: &mut Value) {
+    println!();
+    println!(
+        "compares: CPU per step outcome through the worker's own path (read, advance, commit, hand-off) for 1 control plane + 10, 100 and 1,000 workers, on SQLite and PostgreSQL; targets: 1,000 workers within 1.5x of 10 per outcome, a whole run at 1,000 within 12x of 100"
+    );
+    println!(
+        "{:<10} {:>8} {:>9} {:>15} {:>13}",
+        "backend", "workers", "outcomes", "cpu ms/outcome", "whole run s"
+    );
+    let pg = support::postgres::Postgres::start();
+    for backend in ["sqlite", "postgres"] {
+        let mut per_outcome = serde_json::Map::new();
+        let mut whole = serde_json::Map::new();
+        for workers in SIZES {
+            let (_fake, kube, dir) = cluster(workers).await;
+            let run = planned_run(&kube).await;
+            let store = match backend {
+                "sqlite" => Store::open(&dir.path().join("store.db")).expect("store"),
+                _ => Store::connect(&rollgate::store::postgres::PgSettings {
+                    url: pg.database().await,
+                    password: None,
+                    max_connections: 4,
+                    timeout: Duration::from_secs(10),
+                })
+                .await
+                .expect("postgres store"),
+            };
+            let (took, outcomes) = whole_run(store, dir.path(), run).await;
+            let ms = took.as_secs_f64() * 1e3 / outcomes.max(1) as f64;
+            println!(
+                "{backend:<10} {workers:>8} {outcomes:>9} {ms:>15.3} {:>13.1}",
+                took.as_secs_f64()
+            );
+            per_outcome.insert(workers.to_string(), json!(ms));
+            whole.insert(workers.to_string(), json!(took.as_secs_f64() * 1e3));
+        }
+        let ratio = |m: &serde_json::Map<String, Value>, a: &str, b: &str| {
+            m[a].as_f64().unwrap_or(0.0) / m[b].as_f64().unwrap_or(f64::NAN)
+        };
+        println!(
+            "{backend}: per outcome 1,000 / 10 workers: {:.1}x; whole run 1,000 / 100 workers: {:.1}x",
+            ratio(&per_outcome, "1000", "10"),
+            ratio(&whole, "1000", "100")
+        );
+        results["outcome"][backend] = json!({"cpu_ms": per_outcome});
+        results["whole_run"][backend] = json!({"cpu_ms": whole});
     }
 }
 

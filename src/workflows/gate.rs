@@ -90,7 +90,18 @@ pub struct Gate {
     last: Mutex<Option<GateReport>>,
     changes: tokio::sync::watch::Sender<Option<GateReport>>,
     board: tokio::sync::Notify,
+    /// Bumped at every board change: an evaluation begun before it is stale.
+    board_generation: std::sync::atomic::AtomicU64,
+    /// One evaluation at a time; those who ask meanwhile take its answer.
+    evaluating: tokio::sync::Mutex<()>,
+    /// The last evaluation: the board generation and the instant it began with.
+    shared: Mutex<Option<(u64, std::time::Instant, GateReport)>>,
 }
+
+/// How long an evaluation answers for everyone who asks after it, while the board has not
+/// changed since it began: the view's evaluation after a board change and the held steps
+/// that change wakes share one reading of Prometheus and Alertmanager.
+const SHARED_FOR: Duration = Duration::from_secs(1);
 
 impl Gate {
     /// A gate over `prometheus` (if configured) and the board in `store`; with
@@ -118,6 +129,9 @@ impl Gate {
             last: Mutex::new(None),
             changes: tokio::sync::watch::Sender::new(None),
             board: tokio::sync::Notify::new(),
+            board_generation: std::sync::atomic::AtomicU64::new(0),
+            evaluating: tokio::sync::Mutex::new(()),
+            shared: Mutex::new(None),
         }
     }
 
@@ -174,10 +188,34 @@ impl Gate {
         }
     }
 
-    /// Evaluates both sources now. Every view of the gate shows this evaluation: it is
-    /// what `GET /v1/gates` answers, what the event stream (and so the status page) and the
-    /// metrics are told, and what a `gate` step decides from ([`GateReport::verdict_for`]).
+    /// Evaluates both sources, once for all who ask together: an evaluation begun less
+    /// than a second ago, after the board's last change, is the answer (one runs at a time;
+    /// who asks meanwhile waits for it). Every view of the gate shows this evaluation: it
+    /// is what `GET /v1/gates` answers, what the event stream (and so the status page) and
+    /// the metrics are told, and what a `gate` step decides from
+    /// ([`GateReport::verdict_for`]).
     pub async fn evaluate(&self) -> GateReport {
+        let _one = self.evaluating.lock().await;
+        let generation = self
+            .board_generation
+            .load(std::sync::atomic::Ordering::Acquire);
+        if let Ok(shared) = self.shared.lock()
+            && let Some((seen, began, report)) = shared.as_ref()
+            && *seen == generation
+            && began.elapsed() < SHARED_FOR
+        {
+            return report.clone();
+        }
+        let began = std::time::Instant::now();
+        let report = self.evaluate_now().await;
+        if let Ok(mut shared) = self.shared.lock() {
+            *shared = Some((generation, began, report.clone()));
+        }
+        report
+    }
+
+    /// Reads the sources and decides, now.
+    async fn evaluate_now(&self) -> GateReport {
         let now = Utc::now();
         let prom = self.read_prometheus(&self.settings.query, true).await;
         let (am, board_error) = self.read_alertmanager(now).await;
@@ -266,6 +304,8 @@ impl Gate {
     /// Tells the gate the alert board changed: the next evaluation comes now, not at the
     /// next poll, so every view follows the board at once.
     pub fn board_changed(&self) {
+        self.board_generation
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         self.board.notify_one();
     }
 
@@ -389,4 +429,61 @@ fn log_verdict(verdict: &Verdict, what: &str) {
         first,
         "{what}"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A Prometheus that answers "no blocking alert" and counts the questions.
+    #[derive(Default)]
+    struct Counting(AtomicUsize);
+
+    #[async_trait::async_trait]
+    impl MetricsSource for Counting {
+        async fn query(&self, _promql: &str) -> PromReading {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            PromReading::Series(Vec::new())
+        }
+    }
+
+    fn gate(prometheus: Arc<Counting>) -> Gate {
+        let store = Store::open(std::path::Path::new(":memory:")).expect("store");
+        let rules = GateRules {
+            query: "ALERTS".into(),
+            count_pending: false,
+            exclude_alerts: Vec::new(),
+            board_matchers: Vec::new(),
+            poll_interval: Duration::from_secs(30),
+            quiet_query: "ALERTS".into(),
+            failures_before_unknown: 1,
+        };
+        Gate::new(Some(prometheus), store, Metrics::new(), rules)
+    }
+
+    #[tokio::test]
+    async fn who_asks_together_shares_one_evaluation_and_a_board_change_makes_a_new_one() {
+        let prometheus = Arc::new(Counting::default());
+        let gate = gate(prometheus.clone());
+        let (a, b, c) = tokio::join!(gate.evaluate(), gate.evaluate(), gate.evaluate());
+        assert_eq!(
+            prometheus.0.load(Ordering::SeqCst),
+            1,
+            "asked together: once"
+        );
+        assert!(a.verdict.is_open());
+        assert!(a.evaluated_at == b.evaluated_at && b.evaluated_at == c.evaluated_at);
+        // The view's evaluation after a board change and the steps it wakes: one more.
+        gate.board_changed();
+        let (d, e) = tokio::join!(gate.evaluate(), gate.evaluate());
+        assert_eq!(
+            prometheus.0.load(Ordering::SeqCst),
+            2,
+            "after a board change: once"
+        );
+        assert_eq!(d.evaluated_at, e.evaluated_at);
+        assert!(d.evaluated_at > a.evaluated_at);
+    }
 }
