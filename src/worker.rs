@@ -63,6 +63,14 @@ pub struct Worker {
     /// outcome) holds it, so that the steps of a run driven beside the queue never lose
     /// an update.
     run_locks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The runs this worker has in hand, each as it last wrote or read it, so that a step's
+    /// outcome, a wake or a control starts from here rather than from a read of the whole
+    /// run. Nothing else writes a run once it is made (the intake only makes new ones;
+    /// another replica only after this one lost the lease), so the store is read again only
+    /// when a run is not here: after a restart or a change of leader (this is emptied
+    /// whenever leading starts or ends), or after a write that failed. A run is taken out
+    /// under its lock and put back once its change is committed.
+    held_runs: std::sync::Mutex<HashMap<String, Arc<Run>>>,
     /// The tasks driving steps, waited for when the worker stops.
     drives: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
@@ -184,6 +192,7 @@ impl Worker {
             gate: None,
             foreign_lock: None,
             run_locks: Default::default(),
+            held_runs: Default::default(),
             drives: Default::default(),
         }
     }
@@ -392,6 +401,7 @@ impl Worker {
 
     async fn serve(self: &Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         'elected: while self.until_leading(&mut shutdown).await {
+            self.forget_runs();
             if let Err(e) = self.recover().await {
                 warn!(error = %crate::error_chain(&e), "recovery after start failed; unfinished runs resume on their next event");
             }
@@ -400,6 +410,7 @@ impl Worker {
                 let delivery = tokio::select! {
                     _ = shutdown.changed() => break 'elected,
                     () = self.deposed() => {
+                        self.forget_runs();
                         self.queue.stop_consuming().await;
                         crate::workflows::k8s_upgrade::clear_gauges(&self.metrics);
                         continue 'elected;
@@ -427,7 +438,7 @@ impl Worker {
 
     /// Drives `steps` of `run` in a task of its own, beside the queue: controls and wakes
     /// for the run (a halt, a worker's retry) are applied while its steps are in hand.
-    fn spawn_drive(self: &Arc<Self>, run: Run, steps: Vec<(usize, u64)>) {
+    fn spawn_drive(self: &Arc<Self>, run: Arc<Run>, steps: Vec<(usize, u64)>) {
         let me = self.clone();
         let task = tokio::spawn(
             async move { me.drive(run, steps).await }.instrument(tracing::Span::current()),
@@ -443,6 +454,33 @@ impl Worker {
             .entry(id.to_owned())
             .or_default()
             .clone()
+    }
+
+    /// Run `id`, taken out of those in hand (a copy only while one of its steps still runs
+    /// on the snapshot it was given), else read from the store. Under the run's lock.
+    async fn take_run(&self, id: &str) -> Result<Option<Run>, StoreError> {
+        if let Some(run) = lock(&self.held_runs).remove(id) {
+            return Ok(Some(Arc::unwrap_or_clone(run)));
+        }
+        self.store.get_run(id).await
+    }
+
+    /// Puts back `run`, as committed (or unchanged since it was taken): the snapshot its
+    /// steps are executed with. A run that has ended is not kept.
+    fn keep_run(&self, run: Run) -> Arc<Run> {
+        let run = Arc::new(run);
+        let mut held = lock(&self.held_runs);
+        if run.status.is_terminal() {
+            held.remove(&run.id);
+        } else {
+            held.insert(run.id.clone(), run.clone());
+        }
+        run
+    }
+
+    /// Forgets every run in hand: leading starts or ends, and the store is the truth.
+    fn forget_runs(&self) {
+        lock(&self.held_runs).clear();
     }
 
     /// Forgets the lock of a run that has ended.
@@ -591,6 +629,7 @@ impl Worker {
         };
         for run in &commit.runs {
             self.forget_lock(run);
+            lock(&self.held_runs).remove(&run.id);
         }
         if board_changed && let Some(gate) = &self.gate {
             gate.board_changed();
@@ -769,7 +808,7 @@ impl Worker {
         delivery: &Delivery,
         event: &CloudEvent,
         data: EventData,
-    ) -> Result<Option<(Run, Vec<(usize, u64)>)>, Transient> {
+    ) -> Result<Option<(Arc<Run>, Vec<(usize, u64)>)>, Transient> {
         let kind = data.event_type();
         if let Some(not_before) = delivery.not_before
             && not_before > Utc::now()
@@ -876,7 +915,7 @@ impl Worker {
                 action,
                 reason,
                 by,
-            }) => match self.store.get_run(&run_id).await? {
+            }) => match self.take_run(&run_id).await? {
                 None => warn!(%run_id, "control for an unknown run; ignored"),
                 Some(mut run) => {
                     let by = by.unwrap_or_else(|| event.source.clone());
@@ -894,11 +933,13 @@ impl Worker {
                     );
                     if changed {
                         commit.runs.push(run);
+                    } else {
+                        self.keep_run(run);
                     }
                 }
             },
             EventData::Wake(WakeRequest { run_id, epoch }) => {
-                match self.store.get_run(&run_id).await? {
+                match self.take_run(&run_id).await? {
                     None => warn!(%run_id, "wake for an unknown run; ignored"),
                     Some(mut run) if waits_for_cluster(&run) => {
                         // The cluster was released: start, or wait on for the next holder.
@@ -915,18 +956,22 @@ impl Worker {
                         // changes nothing, and nothing of the run is written.
                         if changed {
                             commit.runs.push(run);
+                        } else {
+                            self.keep_run(run);
                         }
                     }
                 }
             }
         }
         if self.commit(&mut commit).await? == Committed::AlreadyProcessed {
+            // Nothing was written: what was applied in memory is dropped with it.
             self.metrics
                 .events_duplicate
                 .with_label_values(&[kind.label()])
                 .inc();
             return Ok(None);
         }
+        let written: Vec<Arc<Run>> = commit.runs.drain(..).map(|r| self.keep_run(r)).collect();
         self.metrics
             .events_processed
             .with_label_values(&[kind.label()])
@@ -938,7 +983,7 @@ impl Worker {
         if step.is_empty() {
             return Ok(None);
         }
-        Ok(commit.runs.pop().map(|run| (run, step)))
+        Ok(written.last().cloned().map(|run| (run, step)))
     }
 
     /// Creates and starts the run a request asks for, unless a run of `kind` for `target`
@@ -956,7 +1001,7 @@ impl Worker {
         notices: &mut Vec<Notice>,
     ) -> Result<Vec<(usize, u64)>, Transient> {
         let mut existing = match &run_id {
-            Some(id) => self.store.get_run(id).await?,
+            Some(id) => self.take_run(id).await?,
             None => None,
         };
         if existing.is_none()
@@ -1021,7 +1066,7 @@ impl Worker {
             if let Some(mut run) = waiting {
                 let run_lock = self.run_lock(&run.id);
                 let _held = run_lock.lock().await;
-                if let Some(latest) = self.store.get_run(&run.id).await? {
+                if let Some(latest) = self.take_run(&run.id).await? {
                     run = latest;
                 }
                 let told = run.history.len();
@@ -1036,6 +1081,7 @@ impl Worker {
                     commit.runs.push(run);
                     return Ok(Vec::new());
                 }
+                self.keep_run(run);
             }
         }
         let on_failure = self.policy.on_failure;
@@ -1106,36 +1152,39 @@ impl Worker {
 
     /// Executes steps while the engine asks for them, several at once when it hands out a
     /// batch's workers, committing each outcome (under the run's lock) as it comes.
-    async fn drive(&self, mut run: Run, steps: Vec<(usize, u64)>) {
+    async fn drive(&self, run: Arc<Run>, steps: Vec<(usize, u64)>) {
+        let id = run.id.clone();
         let mut running = FuturesUnordered::new();
         for (index, epoch) in steps {
             running.push(self.execute(run.clone(), index, epoch));
         }
+        // The run in hand is the one to go on from, not this snapshot.
+        drop(run);
         while let Some(driven) = running.next().await {
             let Driven::Finished {
-                index,
                 epoch,
                 outcome,
                 took,
+                labels,
             } = driven
             else {
                 return;
             };
             self.metrics
                 .step_duration
-                .with_label_values(&[run.kind.name(), run.steps[index].kind.name()])
+                .with_label_values(&[labels.0, labels.1])
                 .observe(took.as_secs_f64());
             let mut failures = 0u32;
             let written = loop {
-                match self.persist_outcome(&mut run, epoch, outcome.clone()).await {
-                    Persisted::Written { next, notices } => break Some((next, notices)),
+                match self.persist_outcome(&id, epoch, outcome.clone()).await {
+                    Persisted::Written { next, notices, run } => break Some((next, notices, run)),
                     Persisted::Late => break None,
                     Persisted::Failed(e) => {
                         // The outcome is kept and written again (the store may be full or
                         // down for a while); the run holds where it is meanwhile.
                         failures = failures.saturating_add(1);
                         let pause = crate::jitter::pause(&EVENT_RETRY, failures);
-                        warn!(run_id = %run.id, error = %crate::error_chain(&e), retry_in = ?pause, "cannot persist a step outcome; the run holds until it is written");
+                        warn!(run_id = %id, error = %crate::error_chain(&e), retry_in = ?pause, "cannot persist a step outcome; the run holds until it is written");
                         tokio::select! {
                             () = tokio::time::sleep(pause) => {}
                             () = self.deposed() => return,
@@ -1143,11 +1192,11 @@ impl Worker {
                     }
                 }
             };
-            let Some((next, notices)) = written else {
+            let Some((next, notices, run)) = written else {
                 continue;
             };
             if failures > 0 {
-                info!(run_id = %run.id, failures, "the step outcome is written; the run goes on");
+                info!(run_id = %id, failures, "the step outcome is written; the run goes on");
             }
             self.tell(notices);
             self.flush_or_keep().await;
@@ -1157,18 +1206,21 @@ impl Worker {
         }
     }
 
-    /// Applies a step's `outcome` to `run`, re-read under the run's lock (a control or a
-    /// wake may have been applied while the step ran), and commits it.
-    async fn persist_outcome(&self, run: &mut Run, epoch: u64, outcome: StepOutcome) -> Persisted {
-        let run_lock = self.run_lock(&run.id);
+    /// Applies a step's `outcome` to run `id` as this worker has it in hand (a control or
+    /// a wake may have been applied while the step ran), under the run's lock, and commits
+    /// it.
+    async fn persist_outcome(&self, id: &str, epoch: u64, outcome: StepOutcome) -> Persisted {
+        let run_lock = self.run_lock(id);
         let _held = run_lock.lock().await;
-        if let Ok(Some(latest)) = self.store.get_run(&run.id).await {
-            *run = latest;
-        }
+        let mut run = match self.take_run(id).await {
+            Ok(Some(run)) => run,
+            Ok(None) => return Persisted::Late,
+            Err(e) => return Persisted::Failed(e),
+        };
         let mut commit = Commit::default();
         let mut notices = Vec::new();
         let (next, changed) = self.apply(
-            run,
+            &mut run,
             Input::StepFinished { epoch, outcome },
             &mut commit,
             &mut notices,
@@ -1176,21 +1228,25 @@ impl Worker {
         if !changed {
             // A late outcome (the run was aborted, or the step started again since):
             // nothing to write.
+            self.keep_run(run);
             return Persisted::Late;
         }
-        commit.runs.push(run.clone());
-        let committed = self.commit(&mut commit).await;
-        if let Some(written) = commit.runs.pop() {
-            *run = written;
-        }
-        match committed {
-            Ok(_) => Persisted::Written { next, notices },
+        commit.runs.push(run);
+        match self.commit(&mut commit).await {
+            Ok(_) => match commit.runs.pop() {
+                Some(run) => Persisted::Written {
+                    next,
+                    notices,
+                    run: self.keep_run(run),
+                },
+                None => Persisted::Late,
+            },
             Err(e) => Persisted::Failed(e),
         }
     }
 
     /// Executes step `index` of `run` (or the wait a maintenance window owes).
-    async fn execute(&self, run: Run, index: usize, epoch: u64) -> Driven {
+    async fn execute(&self, run: Arc<Run>, index: usize, epoch: u64) -> Driven {
         let Some(executor) = self.executors.get(&run.steps[index]) else {
             return Driven::Deposed;
         };
@@ -1209,10 +1265,10 @@ impl Worker {
             },
         };
         Driven::Finished {
-            index,
             epoch,
             outcome,
             took: started.elapsed(),
+            labels: (run.kind.name(), run.steps[index].kind.name()),
         }
     }
 }
@@ -1223,6 +1279,8 @@ enum Persisted {
     Written {
         next: Vec<(usize, u64)>,
         notices: Vec<Notice>,
+        /// The run as written: the snapshot the next steps are executed with.
+        run: Arc<Run>,
     },
     /// The run moved on without it: nothing to write.
     Late,
@@ -1234,10 +1292,11 @@ enum Persisted {
 enum Driven {
     /// A step ended.
     Finished {
-        index: usize,
         epoch: u64,
         outcome: StepOutcome,
         took: Duration,
+        /// The run's kind and the step's name, for the step's duration.
+        labels: (&'static str, &'static str),
     },
     /// This worker is no longer the active one (or nothing executes the step): the run is
     /// left as stored.
