@@ -90,18 +90,11 @@ pub struct Gate {
     last: Mutex<Option<GateReport>>,
     changes: tokio::sync::watch::Sender<Option<GateReport>>,
     board: tokio::sync::Notify,
-    /// Bumped at every board change: an evaluation begun before it is stale.
-    board_generation: std::sync::atomic::AtomicU64,
-    /// One evaluation at a time; those who ask meanwhile take its answer.
+    /// One evaluation at a time.
     evaluating: tokio::sync::Mutex<()>,
-    /// The last evaluation: the board generation and the instant it began with.
-    shared: Mutex<Option<(u64, std::time::Instant, GateReport)>>,
+    /// The last evaluation and the instant it began.
+    shared: Mutex<Option<(std::time::Instant, GateReport)>>,
 }
-
-/// How long an evaluation answers for everyone who asks after it, while the board has not
-/// changed since it began: the view's evaluation after a board change and the held steps
-/// that change wakes share one reading of Prometheus and Alertmanager.
-const SHARED_FOR: Duration = Duration::from_secs(1);
 
 impl Gate {
     /// A gate over `prometheus` (if configured) and the board in `store`; with
@@ -129,7 +122,6 @@ impl Gate {
             last: Mutex::new(None),
             changes: tokio::sync::watch::Sender::new(None),
             board: tokio::sync::Notify::new(),
-            board_generation: std::sync::atomic::AtomicU64::new(0),
             evaluating: tokio::sync::Mutex::new(()),
             shared: Mutex::new(None),
         }
@@ -188,28 +180,25 @@ impl Gate {
         }
     }
 
-    /// Evaluates both sources, once for all who ask together: an evaluation begun less
-    /// than a second ago, after the board's last change, is the answer (one runs at a time;
-    /// who asks meanwhile waits for it). Every view of the gate shows this evaluation: it
-    /// is what `GET /v1/gates` answers, what the event stream (and so the status page) and
-    /// the metrics are told, and what a `gate` step decides from
-    /// ([`GateReport::verdict_for`]).
+    /// Evaluates both sources, once for all who ask together: one evaluation runs at a
+    /// time, and who asked before it began takes its answer (the held steps a board change
+    /// wakes, a burst of views). No one gets a reading begun before they asked. Every view
+    /// of the gate shows this evaluation: it is what `GET /v1/gates` answers, what the
+    /// event stream (and so the status page) and the metrics are told, and what a `gate`
+    /// step decides from ([`GateReport::verdict_for`]).
     pub async fn evaluate(&self) -> GateReport {
+        let asked = std::time::Instant::now();
         let _one = self.evaluating.lock().await;
-        let generation = self
-            .board_generation
-            .load(std::sync::atomic::Ordering::Acquire);
         if let Ok(shared) = self.shared.lock()
-            && let Some((seen, began, report)) = shared.as_ref()
-            && *seen == generation
-            && began.elapsed() < SHARED_FOR
+            && let Some((began, report)) = shared.as_ref()
+            && *began >= asked
         {
             return report.clone();
         }
         let began = std::time::Instant::now();
         let report = self.evaluate_now().await;
         if let Ok(mut shared) = self.shared.lock() {
-            *shared = Some((generation, began, report.clone()));
+            *shared = Some((began, report.clone()));
         }
         report
     }
@@ -304,8 +293,6 @@ impl Gate {
     /// Tells the gate the alert board changed: the next evaluation comes now, not at the
     /// next poll, so every view follows the board at once.
     pub fn board_changed(&self) {
-        self.board_generation
-            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         self.board.notify_one();
     }
 
@@ -464,26 +451,22 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn who_asks_together_shares_one_evaluation_and_a_board_change_makes_a_new_one() {
+    async fn who_asks_together_shares_one_evaluation_and_no_one_gets_one_begun_before_they_asked() {
         let prometheus = Arc::new(Counting::default());
         let gate = gate(prometheus.clone());
+        // `a` begins at once; `b` and `c` ask while it runs (Prometheus answers in 50 ms):
+        // neither takes `a`'s reading, begun before they asked; they share the next one.
         let (a, b, c) = tokio::join!(gate.evaluate(), gate.evaluate(), gate.evaluate());
-        assert_eq!(
-            prometheus.0.load(Ordering::SeqCst),
-            1,
-            "asked together: once"
-        );
+        assert_eq!(prometheus.0.load(Ordering::SeqCst), 2, "{a:?}");
         assert!(a.verdict.is_open());
-        assert!(a.evaluated_at == b.evaluated_at && b.evaluated_at == c.evaluated_at);
-        // The view's evaluation after a board change and the steps it wakes: one more.
-        gate.board_changed();
-        let (d, e) = tokio::join!(gate.evaluate(), gate.evaluate());
-        assert_eq!(
-            prometheus.0.load(Ordering::SeqCst),
-            2,
-            "after a board change: once"
+        assert_eq!(b.evaluated_at, c.evaluated_at, "asked together: shared");
+        assert!(
+            b.evaluated_at > a.evaluated_at,
+            "none begun before they asked"
         );
-        assert_eq!(d.evaluated_at, e.evaluated_at);
-        assert!(d.evaluated_at > a.evaluated_at);
+        // Asked after the last ended: a new one.
+        let d = gate.evaluate().await;
+        assert_eq!(prometheus.0.load(Ordering::SeqCst), 3);
+        assert!(d.evaluated_at > b.evaluated_at);
     }
 }
