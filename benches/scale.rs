@@ -290,6 +290,18 @@ async fn main() {
     }
 }
 
+/// A store on the PostgreSQL database at `url`.
+async fn pg_store(url: &str) -> Store {
+    Store::connect(&rollgate::store::postgres::PgSettings {
+        url: url.to_owned(),
+        password: None,
+        max_connections: 4,
+        timeout: Duration::from_secs(10),
+    })
+    .await
+    .expect("postgres store")
+}
+
 async fn transitions_part(results: &mut Value) {
     let n = transitions();
     println!(
@@ -314,14 +326,7 @@ async fn transitions_part(results: &mut Value) {
                 }
                 _ => {
                     let url = pg.database().await;
-                    let store = Store::connect(&rollgate::store::postgres::PgSettings {
-                        url: url.clone(),
-                        password: None,
-                        max_connections: 4,
-                        timeout: Duration::from_secs(10),
-                    })
-                    .await
-                    .expect("postgres store");
+                    let store = pg_store(&url).await;
                     let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
                         .await
                         .expect("connect");
@@ -466,14 +471,7 @@ async fn outcomes_part(results: &mut Value) {
             let run = planned_run(&kube).await;
             let store = match backend {
                 "sqlite" => Store::open(&dir.path().join("store.db")).expect("store"),
-                _ => Store::connect(&rollgate::store::postgres::PgSettings {
-                    url: pg.database().await,
-                    password: None,
-                    max_connections: 4,
-                    timeout: Duration::from_secs(10),
-                })
-                .await
-                .expect("postgres store"),
+                _ => pg_store(&pg.database().await).await,
             };
             let (took, outcomes) = whole_run(store, dir.path(), run).await;
             let ms = took.as_secs_f64() * 1e3 / outcomes.max(1) as f64;

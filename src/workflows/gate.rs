@@ -87,13 +87,12 @@ pub struct Gate {
     settings: GateRules,
     policy: Policy,
     memory: Mutex<PromMemory>,
-    last: Mutex<Option<GateReport>>,
+    /// The last evaluation and the instant it began.
+    last: Mutex<Option<(std::time::Instant, GateReport)>>,
     changes: tokio::sync::watch::Sender<Option<GateReport>>,
     board: tokio::sync::Notify,
     /// One evaluation at a time.
     evaluating: tokio::sync::Mutex<()>,
-    /// The last evaluation and the instant it began.
-    shared: Mutex<Option<(std::time::Instant, GateReport)>>,
 }
 
 impl Gate {
@@ -123,7 +122,6 @@ impl Gate {
             changes: tokio::sync::watch::Sender::new(None),
             board: tokio::sync::Notify::new(),
             evaluating: tokio::sync::Mutex::new(()),
-            shared: Mutex::new(None),
         }
     }
 
@@ -189,22 +187,18 @@ impl Gate {
     pub async fn evaluate(&self) -> GateReport {
         let asked = std::time::Instant::now();
         let _one = self.evaluating.lock().await;
-        if let Ok(shared) = self.shared.lock()
-            && let Some((began, report)) = shared.as_ref()
+        if let Ok(last) = self.last.lock()
+            && let Some((began, report)) = last.as_ref()
             && *began >= asked
         {
             return report.clone();
         }
-        let began = std::time::Instant::now();
-        let report = self.evaluate_now().await;
-        if let Ok(mut shared) = self.shared.lock() {
-            *shared = Some((began, report.clone()));
-        }
-        report
+        self.evaluate_now().await
     }
 
     /// Reads the sources and decides, now.
     async fn evaluate_now(&self) -> GateReport {
+        let began = std::time::Instant::now();
         let now = Utc::now();
         let prom = self.read_prometheus(&self.settings.query, true).await;
         let (am, board_error) = self.read_alertmanager(now).await;
@@ -272,7 +266,7 @@ impl Gate {
             }
         }
         if let Ok(mut last) = self.last.lock() {
-            *last = Some(report.clone());
+            *last = Some((began, report.clone()));
         }
         self.changes.send_if_modified(|told| {
             let changed = told.as_ref().map(|r| &r.verdict) != Some(&report.verdict);
@@ -349,7 +343,10 @@ impl Gate {
 
     /// The last evaluation, if any.
     pub fn last(&self) -> Option<GateReport> {
-        self.last.lock().ok().and_then(|l| l.clone())
+        self.last
+            .lock()
+            .ok()
+            .and_then(|l| l.as_ref().map(|(_, report)| report.clone()))
     }
 
     /// The pre-flight quiet period of a run of `kind`: no gate alert fired within it,
