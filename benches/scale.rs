@@ -52,9 +52,10 @@ use chrono::Utc;
 use rollgate::adapters::kube::Kube;
 use rollgate::adapters::notify::LogNotifier;
 use rollgate::domain::engine::{Context, Input, Next, StepOutcome, advance};
-use rollgate::domain::event::{CloudEvent, EventData, EventType, ROLLGATE_SOURCE};
+use rollgate::domain::event::{CloudEvent, EventData, ROLLGATE_SOURCE};
 use rollgate::domain::event::{DetectionRequest, StageSelection, UpgradeKind};
 use rollgate::domain::run::{FailurePolicy, Run, RunStatus};
+use rollgate::domain::run_request::RunAsked;
 use rollgate::domain::version::Version;
 use rollgate::metrics::Metrics;
 use rollgate::ports::{ClusterRead, Executors, NodeDrain, StepExecutor};
@@ -393,16 +394,14 @@ async fn whole_run(store: Store, dir: &std::path::Path, run: Run) -> (Duration, 
         })
         .await
         .expect("the run written as the intake writes it");
-    let event = CloudEvent::new(
-        &EventData::Detection {
-            run_id: Some(id.clone()),
-            request: request(),
-        },
-        ROLLGATE_SOURCE,
-        Utc::now(),
-    );
+    let data = EventData::Run(RunAsked {
+        door: &rollgate::workflows::k8s_upgrade::intake::DOOR,
+        run_id: Some(id.clone()),
+        request: Arc::new(request()),
+    });
+    let event = CloudEvent::new(&data, ROLLGATE_SOURCE, Utc::now());
     queue
-        .publish(Outgoing::event(&event, EventType::Detection))
+        .publish(Outgoing::event(&event, data.event_type()))
         .await
         .expect("queued");
     let (stop, stopped) = tokio::sync::watch::channel(false);

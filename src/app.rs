@@ -23,7 +23,7 @@ use crate::adapters::ssh::{Ssh, SshSettings};
 use crate::config::{AfterUpgrade, QueueBackend, Settings, StoreBackend};
 use crate::http::clients::{Clients, TokenSources};
 use crate::http::tls::{Tls, TlsFiles};
-use crate::http::{self, AppState, EtcdRollIntake};
+use crate::http::{self, AppState};
 use crate::metrics::Metrics;
 use crate::ports::{
     AlertSource, ClusterRead, DrainOptions, EtcdMembers, EventRecorder, Executors, MetricsSource,
@@ -35,12 +35,14 @@ use crate::queue::embedded::EmbeddedQueue;
 use crate::store::Store;
 use crate::worker::{Worker, WorkerPolicy};
 use crate::workflows::control_plane_cycle::{ControlPlaneCycle, ControlPlaneSettings};
+use crate::workflows::etcd_roll::intake::RollIntake;
 use crate::workflows::etcd_roll::roll_watch::{WatchTarget, WatchedRoll};
 use crate::workflows::etcd_roll::steps::EtcdRollSteps;
 use crate::workflows::etcd_roll::watch::{RollStarter, RollWatch};
 use crate::workflows::events::{EventNotifier, EventSink};
 use crate::workflows::fleet::{Fleet, UpstreamsStep};
 use crate::workflows::gate::{Gate, GateStep, QuietPeriodStep};
+use crate::workflows::intake::Intake;
 use crate::workflows::k8s_upgrade::plan::PlanSettings;
 use crate::workflows::k8s_upgrade::{UpgradeSettings, UpgradeSteps};
 use crate::workflows::node_cycle::{CycleSettings, NodeCycle, SelfSilences};
@@ -66,7 +68,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             .context("cannot open the embedded queue")?,
         ),
         QueueBackend::Amqp => Arc::new(
-            AmqpQueue::connect(settings.queue.clone())
+            AmqpQueue::connect(settings.queue.clone(), crate::workflows::DOORS)
                 .await
                 .context("cannot reach RabbitMQ (queue.amqp_url)")?,
         ),
@@ -124,13 +126,13 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
                 settings.etcd_roll.transfer_timeout,
                 metrics.clone(),
             )));
-            EtcdRollIntake {
+            RollIntake {
                 unavailable: None,
                 tls: settings.etcd_roll.ca_file.is_some(),
                 connect: Some(connect),
             }
         }
-        None => EtcdRollIntake {
+        None => RollIntake {
             unavailable: Some(
                 "etcd rolls need the Kubernetes API (cluster.kubeconfig or cluster.in_cluster): the roll drives a StatefulSet's partition".into(),
             ),
@@ -185,6 +187,26 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         .context("cannot ask the fleet's upstreams")?,
     );
     executors.upstreams = Some(Arc::new(UpstreamsStep(fleet.clone())));
+    let etcd_rolls = Arc::new(etcd_rolls);
+    let intakes: Vec<Arc<dyn Intake>> = vec![
+        Arc::new(crate::workflows::k8s_upgrade::intake::UpgradeIntake {
+            unavailable: upgrades_unavailable.clone(),
+            cluster: cluster.clone(),
+            etcd,
+            plan: plan_settings(&settings),
+            store: store.clone(),
+        }),
+        etcd_rolls.clone(),
+        Arc::new(crate::workflows::node_reboot::intake::RebootIntake {
+            unavailable: upgrades_unavailable.clone(),
+            cluster,
+            plan: reboot_plan_settings(&settings),
+            reboots: node_reboots,
+            gate: gate.clone(),
+            windows: settings.schedule.windows.clone(),
+            store: store.clone(),
+        }),
+    ];
     let writes = Arc::new(crate::worker::WriteHealth::default());
     let state = web::Data::new(AppState {
         gate: gate.clone(),
@@ -193,15 +215,9 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         metrics: metrics.clone(),
         clients: clients.clone(),
         max_body_bytes: settings.server.max_body_bytes,
-        cluster,
-        etcd,
-        upgrades_unavailable: upgrades_unavailable.clone(),
-        plan_settings: plan_settings(&settings),
         on_failure: settings.worker.on_failure,
-        etcd_rolls,
+        intakes,
         windows: settings.schedule.windows.clone(),
-        reboot_plan: reboot_plan_settings(&settings),
-        node_reboots,
         reserve: (settings.queue.backend == QueueBackend::Embedded)
             .then(|| crate::disk::Reserve::new(&settings.data_dir, settings.queue.min_free_bytes)),
         writes: writes.clone(),
@@ -273,7 +289,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         ))),
         _ => None,
     };
-    spawn_roll_watches(&settings, watch_kube, state.clone(), &stop_rx);
+    spawn_roll_watches(&settings, watch_kube, state.clone(), etcd_rolls, &stop_rx);
     let mut worker_task = if settings.worker.paused {
         warn!("worker.paused is true: events are queued but not processed");
         None
@@ -287,7 +303,10 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         };
         let mut worker = Worker::new(queue, store, metrics, executors, policy, notifier)
             .telling(gate.clone())
-            .refusing_detections(upgrades_unavailable)
+            .refusing(
+                crate::domain::run::RunKind::K8sUpgrade,
+                upgrades_unavailable,
+            )
             .within(settings.schedule.windows.clone())
             .led_by(leading)
             .reporting_writes_to(writes);
@@ -630,6 +649,7 @@ fn spawn_roll_watches(
     settings: &Settings,
     kube: Option<Arc<Kube>>,
     state: web::Data<AppState>,
+    intake: Arc<RollIntake>,
     stop: &tokio::sync::watch::Receiver<bool>,
 ) {
     let targets = settings.etcd_roll.watch_targets();
@@ -644,7 +664,7 @@ fn spawn_roll_watches(
     };
     let watch = Arc::new(RollWatch {
         statefulsets: kube,
-        starter: Arc::new(IntakeStarter(state)),
+        starter: Arc::new(IntakeStarter(state, intake)),
         tls: settings.etcd_roll.ca_file.is_some(),
         retry: ROLL_WATCH_RETRY,
     });
@@ -656,8 +676,8 @@ fn spawn_roll_watches(
 /// Pause of a roll watch after a failure (API or members unreachable).
 const ROLL_WATCH_RETRY: Duration = Duration::from_secs(10);
 
-/// Starts watched rolls through the API's intake.
-struct IntakeStarter(web::Data<AppState>);
+/// Starts watched rolls through the API's intake, with the etcd roll's checks.
+struct IntakeStarter(web::Data<AppState>, Arc<RollIntake>);
 
 #[async_trait::async_trait]
 impl RollStarter for IntakeStarter {
@@ -667,9 +687,21 @@ impl RollStarter for IntakeStarter {
         revision: &str,
         seed: &str,
     ) -> Result<WatchedRoll, String> {
-        http::routes::start_watched_roll(&self.0, target, revision, seed)
+        let run_id = target.run_id(revision);
+        let stored = self.0.store.get_run(&run_id).await;
+        if let Some(run) = stored.map_err(|e| crate::error_chain(&e))? {
+            return Ok(WatchedRoll::AlreadyRolled(run.id));
+        }
+        let request = self
+            .1
+            .watched_request(target, seed)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        let taken = http::intake::take_new(&self.0, &*self.1, run_id, request, None).await;
+        Ok(match taken.map_err(|e| e.to_string())? {
+            http::intake::Taken::New(id) => WatchedRoll::Started(id),
+            http::intake::Taken::InFlight { run_id, .. } => WatchedRoll::Waiting(run_id),
+        })
     }
 }
 

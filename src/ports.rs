@@ -7,12 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::domain::engine::StepOutcome;
-use crate::domain::event::DetectionRequest;
 use crate::domain::facts::{ClusterFacts, EtcdAlarm, Minor, NodeFacts, StaticPod};
 use crate::domain::gate::PromReading;
 use crate::domain::pods::{BudgetFacts, PodFacts};
-use crate::domain::reboot_request::RebootRequest;
 use crate::domain::run::{Run, RunStatus, Step};
+use crate::domain::run_request::{RunDoor, RunRequest};
 use crate::domain::step_kind::{StepKind, UpgradeStep};
 use crate::domain::version::Version;
 
@@ -690,13 +689,15 @@ pub enum Submitted {
     },
 }
 
-/// Asks rollgate for an upgrade or for reboots.
+/// Asks rollgate for a run (an upgrade, reboots) through a workflow's door.
 #[async_trait::async_trait]
 pub trait Submitter: Send + Sync {
-    /// Hands the upgrade `request` over.
-    async fn submit(&self, request: &DetectionRequest) -> Result<Submitted, Failure>;
-    /// Hands the reboot `request` over.
-    async fn submit_reboots(&self, request: &RebootRequest) -> Result<Submitted, Failure>;
+    /// Hands `request` over through `door`.
+    async fn submit(
+        &self,
+        door: &'static RunDoor,
+        request: Arc<dyn RunRequest>,
+    ) -> Result<Submitted, Failure>;
 }
 
 /// Where detection metrics are pushed.

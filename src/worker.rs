@@ -15,17 +15,16 @@ use crate::domain::alert::AlertBatch;
 use crate::domain::backoff::Backoff;
 use crate::domain::engine::{self, Context, Input, Next, StepOutcome};
 use crate::domain::event::{
-    CloudEvent, ControlRequest, DetectionRequest, EventData, EventType, ROLLGATE_SOURCE,
-    WakeRequest,
+    CloudEvent, ControlRequest, EventData, EventType, ROLLGATE_SOURCE, WakeRequest,
 };
 use crate::domain::run::{FailurePolicy, Run, RunKind, RunStatus, Step};
+use crate::domain::run_request::{RunAsked, RunDoor, RunPolicy};
 use crate::domain::schedule::Windows;
 use crate::metrics::Metrics;
 use crate::ports::{Executors, ForeignLock, Notice, Notifier};
 use crate::queue::{Delivery, Outgoing, Queue, QueueError};
 use crate::store::{AlertEvent, Commit, Committed, Store, StoreError};
 use crate::workflows::k8s_upgrade::plan::FailureBudget;
-use crate::workflows::node_reboot::RebootRequest;
 
 /// The worker.
 pub struct Worker {
@@ -47,9 +46,9 @@ pub struct Worker {
     pub consecutive_failures: AtomicU32,
     /// Where it tells whether its writes to the store go through.
     writes: Arc<WriteHealth>,
-    /// Why new detections (from AMQP) cannot become runs here, when they cannot: they are
+    /// The kinds of run that new requests (from AMQP) cannot make here, and why: they are
     /// dead-lettered with this reason, as the API refuses them with a 422.
-    pub detections_refused: Option<String>,
+    pub refused: Vec<(RunKind, String)>,
     /// The maintenance windows outside which steps that start work on a node wait.
     pub windows: Windows,
     /// True while this replica's worker is the active one; `None`: always (one replica).
@@ -186,7 +185,7 @@ impl Worker {
             outbox_pending: AtomicBool::new(true),
             consecutive_failures: AtomicU32::new(0),
             writes: Arc::default(),
-            detections_refused: None,
+            refused: Vec::new(),
             windows: Windows::default(),
             leading: None,
             gate: None,
@@ -355,20 +354,19 @@ impl Worker {
 
     /// The wait `run`'s step `index` owes the maintenance windows now, if any.
     fn window_wait(&self, run: &Run, index: usize) -> Option<StepOutcome> {
-        let dry_run = || {
-            run.kind == RunKind::K8sUpgrade
-                && DetectionRequest::from_json(&run.request).is_ok_and(|r| r.dry_run)
-        };
+        // A run that only plans (its request's `dry_run`) works on no node.
+        let dry_run = || run.request["dry_run"].as_bool() == Some(true);
         let (until, reason) = self
             .windows
             .hold(&run.steps[index].kind, dry_run, Utc::now())?;
         Some(StepOutcome::Wait { until, reason })
     }
 
-    /// The same worker, dead-lettering new detections for `why` (upgrades are not
-    /// configured here).
-    pub fn refusing_detections(mut self, why: Option<String>) -> Self {
-        self.detections_refused = why;
+    /// The same worker, dead-lettering new requests for runs of `kind` for `why` (the
+    /// workflow is not configured here).
+    pub fn refusing(mut self, kind: RunKind, why: Option<String>) -> Self {
+        self.refused.retain(|(k, _)| *k != kind);
+        self.refused.extend(why.map(|why| (kind, why)));
         self
     }
 
@@ -655,7 +653,8 @@ impl Worker {
         let mut alerts: Vec<(Delivery, CloudEvent, AlertBatch)> = Vec::new();
         for delivery in std::iter::once(first).chain(more) {
             if alerts_batchable(&delivery)
-                && let Ok((event, EventData::Alerts(batch))) = CloudEvent::decode(&delivery.body)
+                && let Ok((event, EventData::Alerts(batch))) =
+                    CloudEvent::decode(&delivery.body, crate::workflows::DOORS)
             {
                 alerts.push((delivery, event, batch));
                 continue;
@@ -762,7 +761,7 @@ impl Worker {
     }
 
     async fn handle(self: &Arc<Self>, delivery: Delivery) {
-        let (event, data) = match CloudEvent::decode(&delivery.body) {
+        let (event, data) = match CloudEvent::decode(&delivery.body, crate::workflows::DOORS) {
             Ok(decoded) => decoded,
             Err(e) => {
                 let label = delivery.routing_key.clone();
@@ -772,10 +771,16 @@ impl Worker {
             }
         };
         let kind = data.event_type();
-        if let (EventData::Detection { run_id: None, .. }, Some(why)) =
-            (&data, &self.detections_refused)
-        {
-            warn!(event_id = %event.id, %why, "a detection, and no upgrades here; dead-lettering");
+        let refused = match &data {
+            EventData::Run(asked) if asked.run_id.is_none() => self
+                .refused
+                .iter()
+                .find(|(kind, _)| *kind == asked.door.kind)
+                .map(|(_, why)| why),
+            _ => None,
+        };
+        if let Some(why) = refused {
+            warn!(event_id = %event.id, %why, "a request for a run that cannot be carried out here; dead-lettering");
             self.dead_letter(&delivery, kind.label(), why).await;
             return;
         }
@@ -837,9 +842,7 @@ impl Worker {
         let run_lock = match &data {
             EventData::Control(c) => Some(c.run_id.as_str()),
             EventData::Wake(w) => Some(w.run_id.as_str()),
-            EventData::Detection { run_id, .. }
-            | EventData::EtcdRoll { run_id, .. }
-            | EventData::Reboot { run_id, .. } => run_id.as_deref(),
+            EventData::Run(asked) => asked.run_id.as_deref(),
             EventData::Alerts(_) => None,
         }
         .map(|id| self.run_lock(id));
@@ -861,53 +864,9 @@ impl Worker {
                 }
                 commit.alerts = batch.alerts;
             }
-            EventData::Detection { run_id, request } => {
-                let on_failure = self.policy.on_failure;
-                let asks_upstreams = self.policy.asks_upstreams;
+            EventData::Run(asked) => {
                 step = self
-                    .create_run(
-                        RunKind::K8sUpgrade,
-                        Some(&request.target_version.to_string()),
-                        run_id,
-                        |id| {
-                            crate::workflows::k8s_upgrade::plan::new_run(
-                                id,
-                                &request,
-                                asks_upstreams,
-                                on_failure,
-                                Utc::now(),
-                            )
-                            .credited(&event.source)
-                        },
-                        &mut commit,
-                        &mut notices,
-                    )
-                    .await?;
-            }
-            EventData::EtcdRoll { run_id, request } => {
-                let on_failure = self.policy.on_failure;
-                step = self
-                    .create_run(
-                        RunKind::EtcdRoll,
-                        Some(&request.target()),
-                        run_id,
-                        |id| {
-                            crate::workflows::etcd_roll::plan::new_run(
-                                id,
-                                &request,
-                                on_failure,
-                                Utc::now(),
-                            )
-                            .credited(&event.source)
-                        },
-                        &mut commit,
-                        &mut notices,
-                    )
-                    .await?;
-            }
-            EventData::Reboot { run_id, request } => {
-                step = self
-                    .take_reboot(run_id, request, &event.source, &mut commit, &mut notices)
+                    .take_request(asked, &event.source, &mut commit, &mut notices)
                     .await?;
             }
             EventData::Control(ControlRequest {
@@ -986,26 +945,79 @@ impl Worker {
         Ok(written.last().cloned().map(|run| (run, step)))
     }
 
-    /// Creates and starts the run a request asks for, unless a run of `kind` for `target`
-    /// is in flight (then nothing: the request is a duplicate; a run without a target has
-    /// no duplicates). A Kubernetes upgrade also waits for no other upgrade: one at a time
-    /// per cluster, so it fails naming the holder. Another run holding the cluster makes it
-    /// wait, queued.
-    async fn create_run(
+    /// Takes a request for a run: the run the intake named, or a new one. A request that
+    /// names no run, through a door whose requests merge, joins the run of its kind that
+    /// waits for the cluster instead of making a second run.
+    async fn take_request(
         &self,
-        kind: RunKind,
-        target: Option<&str>,
-        run_id: Option<String>,
-        build: impl FnOnce(String) -> Run,
+        asked: RunAsked,
+        source: &str,
         commit: &mut Commit,
         notices: &mut Vec<Notice>,
     ) -> Result<Vec<(usize, u64)>, Transient> {
+        let door = asked.door;
+        if let (None, Some(merge)) = (&asked.run_id, door.merge) {
+            let waiting = self
+                .store
+                .not_ended()
+                .await?
+                .into_iter()
+                .find(|r| r.kind == door.kind && r.status == RunStatus::Queued);
+            if let Some(mut run) = waiting {
+                let run_lock = self.run_lock(&run.id);
+                let _held = run_lock.lock().await;
+                if let Some(latest) = self.take_run(&run.id).await? {
+                    run = latest;
+                }
+                let told = run.history.len();
+                if let Some(nodes) = merge(&mut run, &*asked.request, source, Utc::now()) {
+                    notices.extend(notices_since(&run, told));
+                    info!(run_id = %run.id, %nodes, "request merged into the waiting run");
+                    commit.runs.push(run);
+                    return Ok(Vec::new());
+                }
+                self.keep_run(run);
+            }
+        }
+        let policy = RunPolicy {
+            on_failure: self.policy.on_failure,
+            asks_upstreams: self.policy.asks_upstreams,
+        };
+        let id = asked
+            .run_id
+            .clone()
+            .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+        let Some(new) = (door.new_run)(id, &*asked.request, &policy, Utc::now()) else {
+            warn!(
+                kind = door.kind.name(),
+                "a request of another workflow's type; ignored"
+            );
+            return Ok(Vec::new());
+        };
+        self.create_run(door, asked.run_id, new.credited(source), commit, notices)
+            .await
+    }
+
+    /// Creates and starts `new`, the run a request asks for, unless a run of its kind for
+    /// its target is in flight (then nothing: the request is a duplicate; a run without a
+    /// target has no duplicates). A door that takes one run at a time fails a new run
+    /// while another of its kind is active, naming the holder. Another run holding the
+    /// cluster makes it wait, queued.
+    async fn create_run(
+        &self,
+        door: &'static RunDoor,
+        run_id: Option<String>,
+        new: Run,
+        commit: &mut Commit,
+        notices: &mut Vec<Notice>,
+    ) -> Result<Vec<(usize, u64)>, Transient> {
+        let kind = door.kind;
         let mut existing = match &run_id {
             Some(id) => self.take_run(id).await?,
             None => None,
         };
         if existing.is_none()
-            && let Some(target) = target
+            && let Some(target) = &new.target
         {
             // The intake may write this very run between the two reads.
             match self.store.in_flight(kind, target).await? {
@@ -1017,19 +1029,17 @@ impl Worker {
                 None => {}
             }
         }
-        let mut run = match existing {
-            Some(run) => run,
-            // Born here, from a message published straight to the exchange: `build`
-            // credits its source. (The HTTP intake writes its runs, credited, itself.)
-            None => build(run_id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string())),
-        };
-        let holder = match (kind, run.status) {
-            (RunKind::K8sUpgrade, RunStatus::Queued) => self.store.active(kind, &run.id).await?,
+        // Born here, from a message published straight to the exchange, unless the
+        // intake wrote it (credited) first.
+        let mut run = existing.unwrap_or(new);
+        let holder = match (door.one_at_a_time, run.status) {
+            (true, RunStatus::Queued) => self.store.active(kind, &run.id).await?,
             _ => None,
         };
         let step = if let Some(holder) = holder {
             let reason = format!(
-                "another upgrade run holds the cluster: {} (target {}, {}); one upgrade at a time",
+                "another {} run holds the cluster: {} (target {}, {}); one at a time",
+                kind.name(),
                 holder.id,
                 holder.target.as_deref().unwrap_or("-"),
                 holder.status
@@ -1046,57 +1056,6 @@ impl Worker {
         *notices = notices_since(&run, 0);
         commit.runs.push(run);
         Ok(step)
-    }
-
-    /// Takes a reboot request: the run the intake named, or a new one; a request that
-    /// comes while a reboot run waits for the cluster is merged into it (its nodes join;
-    /// none named: every node that needs it) instead of making a second run.
-    async fn take_reboot(
-        &self,
-        run_id: Option<String>,
-        request: RebootRequest,
-        source: &str,
-        commit: &mut Commit,
-        notices: &mut Vec<Notice>,
-    ) -> Result<Vec<(usize, u64)>, Transient> {
-        if run_id.is_none() {
-            let waiting = crate::workflows::node_reboot::plan::waiting_for_the_cluster(
-                self.store.not_ended().await?,
-            );
-            if let Some(mut run) = waiting {
-                let run_lock = self.run_lock(&run.id);
-                let _held = run_lock.lock().await;
-                if let Some(latest) = self.take_run(&run.id).await? {
-                    run = latest;
-                }
-                let told = run.history.len();
-                if let Some(nodes) = crate::workflows::node_reboot::plan::merge(
-                    &mut run,
-                    &request,
-                    source,
-                    Utc::now(),
-                ) {
-                    notices.extend(notices_since(&run, told));
-                    info!(run_id = %run.id, %nodes, "reboot request merged into the waiting run");
-                    commit.runs.push(run);
-                    return Ok(Vec::new());
-                }
-                self.keep_run(run);
-            }
-        }
-        let on_failure = self.policy.on_failure;
-        self.create_run(
-            RunKind::NodeReboot,
-            None,
-            run_id,
-            |id| {
-                crate::workflows::node_reboot::plan::new_run(id, &request, on_failure, Utc::now())
-                    .credited(source)
-            },
-            commit,
-            notices,
-        )
-        .await
     }
 
     /// Feeds `input` to the engine; puts its wakes in the outbox and returns the steps to

@@ -172,7 +172,9 @@ async fn poison_messages_go_to_the_dead_queue_with_a_reason_and_the_consumer_goe
 #[tokio::test]
 async fn a_wake_2s_ahead_fires_no_earlier_than_2s_also_across_a_restart() {
     let names = Names::unique();
-    let queue = AmqpQueue::connect(names.settings()).await.expect("connect");
+    let queue = AmqpQueue::connect(names.settings(), rollgate::workflows::DOORS)
+        .await
+        .expect("connect");
     let msg = wake_message("run-a", 2);
     queue.publish(msg.clone()).await.expect("publish");
     receive_on_time(&queue, &msg).await;
@@ -181,7 +183,7 @@ async fn a_wake_2s_ahead_fires_no_earlier_than_2s_also_across_a_restart() {
     let msg = wake_message("run-b", 2);
     queue.publish(msg.clone()).await.expect("publish");
     drop(queue);
-    let queue = AmqpQueue::connect(names.settings())
+    let queue = AmqpQueue::connect(names.settings(), rollgate::workflows::DOORS)
         .await
         .expect("reconnect");
     receive_on_time(&queue, &msg).await;
@@ -194,7 +196,7 @@ async fn a_missing_broker_is_an_error_within_seconds() {
     let mut settings = Names::unique().settings();
     settings.amqp_url = format!("amqp://127.0.0.1:{}/%2f", support::free_port());
     let started = std::time::Instant::now();
-    let result = AmqpQueue::connect(settings).await;
+    let result = AmqpQueue::connect(settings, rollgate::workflows::DOORS).await;
     assert!(result.is_err());
     assert!(
         started.elapsed() < Duration::from_secs(5),
@@ -291,7 +293,9 @@ async fn alert_notifications_waiting_together_are_committed_together_each_once()
 #[tokio::test]
 async fn a_next_dropped_at_any_moment_leaves_no_consumer_holding_the_queue() {
     let names = Names::unique();
-    let queue = AmqpQueue::connect(names.settings()).await.expect("connect");
+    let queue = AmqpQueue::connect(names.settings(), rollgate::workflows::DOORS)
+        .await
+        .expect("connect");
     // Dropped after 0 µs, 50 µs, …: somewhere in there falls the wait for consume-ok. The
     // queue is empty meanwhile, so no round takes the message (each release would count
     // against the delivery limit).

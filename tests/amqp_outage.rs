@@ -53,9 +53,10 @@ async fn a_broker_outage_gives_503_never_2xx_and_consumption_resumes_without_a_r
     }
 
     // A wake due while the broker is down must survive the broker's restart.
-    let wake_queue = rollgate::queue::amqp::AmqpQueue::connect(names.settings())
-        .await
-        .expect("connect");
+    let wake_queue =
+        rollgate::queue::amqp::AmqpQueue::connect(names.settings(), rollgate::workflows::DOORS)
+            .await
+            .expect("connect");
     let wake = rollgate::domain::event::CloudEvent::new(
         &rollgate::domain::event::EventData::Wake(rollgate::domain::event::WakeRequest {
             run_id: "no-such-run".into(),
@@ -247,7 +248,9 @@ async fn a_connection_closed_under_acks_holds_nothing_and_every_message_comes_ag
     use rollgate::queue::{Outgoing, Queue, amqp::AmqpQueue};
     let _turn = BROKER.lock().await;
     let names = Names::unique();
-    let queue = AmqpQueue::connect(names.settings()).await.expect("connect");
+    let queue = AmqpQueue::connect(names.settings(), rollgate::workflows::DOORS)
+        .await
+        .expect("connect");
     for round in 0..3 {
         let ids: HashSet<String> = (0..200).map(|i| format!("r{round}m{i}")).collect();
         for id in &ids {

@@ -776,7 +776,10 @@ fn in_every_overlay_the_cronjob_may_do_what_its_command_asks_and_every_command_r
         let args = container.args.clone().unwrap_or_default();
         let needed: BTreeSet<Scope> = detect_routes(&args)
             .into_iter()
-            .map(|route| required("POST", route).expect("a scope"))
+            .map(|route| {
+                required("POST", route, |p| rollgate::workflows::DOORS.scope_at(p))
+                    .expect("a scope")
+            })
             .collect();
         let dir_of_tokens = settings.server.tokens_dir.clone().expect("tokens_dir");
         let client = settings

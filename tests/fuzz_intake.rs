@@ -517,7 +517,7 @@ fn cloudevents_envelopes_are_decoded_or_refused_naming_the_attribute_or_field() 
     runner("envelopes", config())
         .run(&envelopes, |doc| {
             let bytes = serde_json::to_vec(&doc).expect("bytes");
-            match CloudEvent::decode(&bytes) {
+            match CloudEvent::decode(&bytes, rollgate::workflows::DOORS) {
                 Ok(_) => {}
                 Err(DecodeError::Envelope(e)) => prop_assert!(!e.is_empty()),
                 Err(DecodeError::Attribute(e)) => prop_assert!(
@@ -535,7 +535,7 @@ fn cloudevents_envelopes_are_decoded_or_refused_naming_the_attribute_or_field() 
     runner("bytes", config())
         .run(&prop::collection::vec(any::<u8>(), 0..512), |bytes| {
             prop_assert!(
-                CloudEvent::decode(&bytes).is_err()
+                CloudEvent::decode(&bytes, rollgate::workflows::DOORS).is_err()
                     || serde_json::from_slice::<Value>(&bytes).is_ok()
             );
             Ok(())

@@ -1,15 +1,15 @@
-//! How `rollgate detect` hands its requests over: `POST /v1/detections` and
-//! `POST /v1/reboots`, or CloudEvents on the AMQP exchange.
+//! How `rollgate detect` hands its requests over: `POST /v1/<door>` (detections,
+//! reboots), or CloudEvents on the AMQP exchange.
 
 use chrono::Utc;
 use std::sync::Arc;
 
-use crate::domain::event::{CloudEvent, DetectionRequest, EventData};
-use crate::domain::reboot_request::RebootRequest;
+use crate::domain::event::{CloudEvent, EventData};
+use crate::domain::run_request::{RunAsked, RunDoor, RunRequest};
 use crate::ports::{Failure, Submitted, Submitter};
 use crate::queue::{Outgoing, Queue};
 
-/// `POST /v1/detections`, `POST /v1/reboots`.
+/// `POST /v1/<door>`.
 pub struct HttpSubmitter {
     /// rollgate's base URL.
     pub url: String,
@@ -54,44 +54,36 @@ impl HttpSubmitter {
 
 #[async_trait::async_trait]
 impl Submitter for HttpSubmitter {
-    async fn submit(&self, request: &DetectionRequest) -> Result<Submitted, Failure> {
-        self.post("/v1/detections", &request.to_json()).await
-    }
-
-    async fn submit_reboots(&self, request: &RebootRequest) -> Result<Submitted, Failure> {
-        self.post("/v1/reboots", &request.to_json()).await
+    async fn submit(
+        &self,
+        door: &'static RunDoor,
+        request: Arc<dyn RunRequest>,
+    ) -> Result<Submitted, Failure> {
+        self.post(&format!("/v1/{}", door.path), &request.to_json())
+            .await
     }
 }
 
 /// A CloudEvent (`rollgate.detection.v1`, `rollgate.reboot.v1`) on the exchange.
 pub struct AmqpSubmitter(pub Arc<dyn Queue>);
 
-impl AmqpSubmitter {
-    async fn publish(&self, data: EventData) -> Result<Submitted, Failure> {
+#[async_trait::async_trait]
+impl Submitter for AmqpSubmitter {
+    async fn submit(
+        &self,
+        door: &'static RunDoor,
+        request: Arc<dyn RunRequest>,
+    ) -> Result<Submitted, Failure> {
+        let data = EventData::Run(RunAsked {
+            door,
+            run_id: None,
+            request,
+        });
         let event = CloudEvent::new(&data, "rollgate-detect", Utc::now());
         self.0
             .publish(Outgoing::event(&event, data.event_type()))
             .await
             .map_err(|e| Failure::caused("publish to the exchange", e))?;
         Ok(Submitted::Published { event_id: event.id })
-    }
-}
-
-#[async_trait::async_trait]
-impl Submitter for AmqpSubmitter {
-    async fn submit(&self, request: &DetectionRequest) -> Result<Submitted, Failure> {
-        self.publish(EventData::Detection {
-            run_id: None,
-            request: request.clone(),
-        })
-        .await
-    }
-
-    async fn submit_reboots(&self, request: &RebootRequest) -> Result<Submitted, Failure> {
-        self.publish(EventData::Reboot {
-            run_id: None,
-            request: request.clone(),
-        })
-        .await
     }
 }

@@ -53,7 +53,7 @@ pub(super) async fn detect(settings: &Settings, args: DetectArgs) -> anyhow::Res
             .client()?,
         })),
         (false, DetectSubmit::Amqp) => Some(Box::new(AmqpSubmitter(Arc::new(
-            crate::queue::amqp::AmqpQueue::connect(settings.queue.clone())
+            crate::queue::amqp::AmqpQueue::connect(settings.queue.clone(), crate::workflows::DOORS)
                 .await
                 .context("cannot reach RabbitMQ (queue.amqp_url)")?,
         )))),

@@ -1,7 +1,6 @@
 //! Events as rollgate accepts them: the CloudEvents envelope, and the validated `data` of
 //! each event type. Parsing is separate from applying (the worker applies).
 
-use super::reboot_request::RebootRequest;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -9,9 +8,11 @@ use std::collections::BTreeSet;
 use std::fmt;
 
 use super::alert::AlertBatch;
+use super::run_request::{Doors, RunAsked, RunDoor, RunRequest};
 use super::version::Version;
 
 pub use super::input::{FieldError, FieldErrors, read_body};
+pub use super::upgrade_step::Stage;
 
 /// Patch (same minor, higher patch) or minor (next minor) upgrade.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
@@ -30,69 +31,6 @@ impl UpgradeKind {
             Self::Patch => "patch",
             Self::Minor => "minor",
         }
-    }
-}
-
-/// The stages of a Kubernetes version upgrade after stage 0 (accept), in order.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Hash,
-    Serialize,
-    Deserialize,
-    utoipa::ToSchema,
-)]
-#[serde(rename_all = "kebab-case")]
-pub enum Stage {
-    /// 1: all nodes Ready, gate open, quiet period, target plannable.
-    Preflight,
-    /// 2: etcd snapshot, streamed and checksummed.
-    Snapshot,
-    /// 3: control-plane containerd bump when behind the workers.
-    Containerd,
-    /// 4: apt repository rewrite to the new minor (minor upgrades only).
-    AptRepo,
-    /// 5: the control-plane node.
-    ControlPlane,
-    /// 6: each worker in the configured order.
-    Workers,
-    /// 7: all nodes at target, gate open, pods ready.
-    Postflight,
-}
-
-impl Stage {
-    /// Every stage, in execution order.
-    pub const ALL: [Stage; 7] = [
-        Stage::Preflight,
-        Stage::Snapshot,
-        Stage::Containerd,
-        Stage::AptRepo,
-        Stage::ControlPlane,
-        Stage::Workers,
-        Stage::Postflight,
-    ];
-
-    /// The name used in requests and plans.
-    pub fn name(self) -> &'static str {
-        match self {
-            Stage::Preflight => "preflight",
-            Stage::Snapshot => "snapshot",
-            Stage::Containerd => "containerd",
-            Stage::AptRepo => "apt-repo",
-            Stage::ControlPlane => "control-plane",
-            Stage::Workers => "workers",
-            Stage::Postflight => "postflight",
-        }
-    }
-
-    /// The stage with this name, if any.
-    pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|s| s.name() == name)
     }
 }
 
@@ -426,6 +364,24 @@ fn endpoint_list(items: &[String], errors: &mut FieldErrors) -> Option<Vec<Strin
     Some(out)
 }
 
+impl RunRequest for DetectionRequest {
+    fn to_json(&self) -> Value {
+        DetectionRequest::to_json(self)
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl RunRequest for EtcdRollRequest {
+    fn to_json(&self) -> Value {
+        EtcdRollRequest::to_json(self)
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
 /// What an operator asks of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
@@ -489,40 +445,48 @@ pub struct WakeRequest {
     pub epoch: u64,
 }
 
-/// The event types rollgate knows, with their routing keys.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// The event types rollgate knows, with their routing keys: its own, and one per door of
+/// the workflows that make runs.
+#[derive(Debug, Clone, Copy)]
 pub enum EventType {
     /// Alertmanager notifications.
     Alerts,
-    /// Upgrade detections.
-    Detection,
-    /// etcd roll requests.
-    EtcdRoll,
-    /// Node reboot requests.
-    Reboot,
+    /// A request for a run, through a workflow's door.
+    Run(&'static RunDoor),
     /// Operator controls.
     Control,
     /// Timers.
     Wake,
 }
 
+impl PartialEq for EventType {
+    fn eq(&self, other: &Self) -> bool {
+        self.type_name() == other.type_name()
+    }
+}
+
+impl Eq for EventType {}
+
+impl std::hash::Hash for EventType {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.type_name().hash(state);
+    }
+}
+
 impl EventType {
-    /// Every type.
-    pub const ALL: [EventType; 6] = [
-        Self::Alerts,
-        Self::Detection,
-        Self::EtcdRoll,
-        Self::Reboot,
-        Self::Control,
-        Self::Wake,
-    ];
+    /// The types that are rollgate's own, whatever workflows it has.
+    pub const OWN: [EventType; 3] = [Self::Alerts, Self::Control, Self::Wake];
+
+    /// Every type: rollgate's own and one per door.
+    pub fn all(doors: Doors) -> impl Iterator<Item = EventType> {
+        Self::OWN.into_iter().chain(doors.iter().map(Self::Run))
+    }
+
     /// The CloudEvents `type`.
     pub fn type_name(self) -> &'static str {
         match self {
             Self::Alerts => "rollgate.alerts.v1",
-            Self::Detection => "rollgate.detection.v1",
-            Self::EtcdRoll => "rollgate.etcd-roll.v1",
-            Self::Reboot => "rollgate.reboot.v1",
+            Self::Run(door) => door.event_type,
             Self::Control => "rollgate.control.v1",
             Self::Wake => "rollgate.wake.v1",
         }
@@ -531,9 +495,7 @@ impl EventType {
     pub fn routing_key(self) -> &'static str {
         match self {
             Self::Alerts => "alerts",
-            Self::Detection => "detections",
-            Self::EtcdRoll => "etcd-rolls",
-            Self::Reboot => "reboots",
+            Self::Run(door) => door.routing_key,
             Self::Control => "control",
             Self::Wake => "wake",
         }
@@ -542,16 +504,14 @@ impl EventType {
     pub fn label(self) -> &'static str {
         match self {
             Self::Alerts => "alerts",
-            Self::Detection => "detection",
-            Self::EtcdRoll => "etcd-roll",
-            Self::Reboot => "reboot",
+            Self::Run(door) => door.label,
             Self::Control => "control",
             Self::Wake => "wake",
         }
     }
     /// The type with this CloudEvents `type`.
-    pub fn from_type_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|t| t.type_name() == name)
+    pub fn from_type_name(name: &str, doors: Doors) -> Option<Self> {
+        Self::all(doors).find(|t| t.type_name() == name)
     }
 }
 
@@ -560,27 +520,8 @@ impl EventType {
 pub enum EventData {
     /// An Alertmanager notification.
     Alerts(AlertBatch),
-    /// An upgrade request; `run_id` is set when the HTTP intake already named the run.
-    Detection {
-        /// The run id chosen at intake, if any.
-        run_id: Option<String>,
-        /// The request.
-        request: DetectionRequest,
-    },
-    /// An etcd roll request; `run_id` is set when the HTTP intake already named the run.
-    EtcdRoll {
-        /// The run id chosen at intake, if any.
-        run_id: Option<String>,
-        /// The request.
-        request: EtcdRollRequest,
-    },
-    /// A reboot request; `run_id` is set when the HTTP intake already named the run.
-    Reboot {
-        /// The run id chosen at intake, if any.
-        run_id: Option<String>,
-        /// The request.
-        request: RebootRequest,
-    },
+    /// A request for a run of any workflow.
+    Run(RunAsked),
     /// An operator control.
     Control(ControlRequest),
     /// A timer.
@@ -592,9 +533,7 @@ impl EventData {
     pub fn event_type(&self) -> EventType {
         match self {
             Self::Alerts(_) => EventType::Alerts,
-            Self::Detection { .. } => EventType::Detection,
-            Self::EtcdRoll { .. } => EventType::EtcdRoll,
-            Self::Reboot { .. } => EventType::Reboot,
+            Self::Run(asked) => EventType::Run(asked.door),
             Self::Control(_) => EventType::Control,
             Self::Wake(_) => EventType::Wake,
         }
@@ -654,9 +593,7 @@ impl CloudEvent {
     pub fn new(data: &EventData, source: &str, now: DateTime<Utc>) -> Self {
         let (runid, payload) = match data {
             EventData::Alerts(batch) => (None, alerts_to_json(batch)),
-            EventData::Detection { run_id, request } => (run_id.clone(), request.to_json()),
-            EventData::EtcdRoll { run_id, request } => (run_id.clone(), request.to_json()),
-            EventData::Reboot { run_id, request } => (run_id.clone(), request.to_json()),
+            EventData::Run(asked) => (asked.run_id.clone(), asked.request.to_json()),
             EventData::Control(c) => (Some(c.run_id.clone()), serde_json::json!(c)),
             EventData::Wake(w) => (Some(w.run_id.clone()), serde_json::json!(w)),
         };
@@ -676,8 +613,8 @@ impl CloudEvent {
         serde_json::to_vec(self).unwrap_or_default()
     }
 
-    /// Parses and validates an envelope and its data.
-    pub fn decode(bytes: &[u8]) -> Result<(Self, EventData), DecodeError> {
+    /// Parses and validates an envelope and its data; a run request is read by its door.
+    pub fn decode(bytes: &[u8], doors: Doors) -> Result<(Self, EventData), DecodeError> {
         let event: CloudEvent =
             serde_json::from_slice(bytes).map_err(|e| DecodeError::Envelope(e.to_string()))?;
         if event.specversion != "1.0" {
@@ -700,11 +637,14 @@ impl CloudEvent {
                 "source: must be 1-{MAX_SOURCE_LEN} characters, none of them control characters"
             )));
         }
-        let Some(event_type) = EventType::from_type_name(&event.event_type) else {
+        let Some(event_type) = EventType::from_type_name(&event.event_type, doors) else {
             return Err(DecodeError::Attribute(format!(
                 "type {:?}: not one of {}",
                 event.event_type,
-                EventType::ALL.map(EventType::type_name).join(", ")
+                EventType::all(doors)
+                    .map(EventType::type_name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )));
         };
         let data_error = |errors| DecodeError::Data {
@@ -715,28 +655,11 @@ impl CloudEvent {
             EventType::Alerts => {
                 EventData::Alerts(AlertBatch::from_json(&event.data).map_err(data_error)?)
             }
-            EventType::Detection => EventData::Detection {
+            EventType::Run(door) => EventData::Run(RunAsked {
+                door,
                 run_id: event.runid.clone(),
-                request: DetectionRequest::from_json(&event.data).map_err(data_error)?,
-            },
-            EventType::EtcdRoll => EventData::EtcdRoll {
-                run_id: event.runid.clone(),
-                request: EtcdRollRequest::from_json(&event.data).map_err(data_error)?,
-            },
-            EventType::Reboot => {
-                let request = RebootRequest::from_json(&event.data).map_err(data_error)?;
-                if request.dry_run {
-                    // A published request has nobody to answer: it never runs as asked.
-                    return Err(single(
-                        data_error,
-                        "dry_run: a dry run is answered by POST /v1/reboots; a published reboot request is never one".into(),
-                    ));
-                }
-                EventData::Reboot {
-                    run_id: event.runid.clone(),
-                    request,
-                }
-            }
+                request: (door.read_published)(&event.data).map_err(data_error)?,
+            }),
             EventType::Control => EventData::Control(
                 serde_json::from_value(event.data.clone())
                     .map_err(|e| single(data_error, e.to_string()))?,
@@ -956,68 +879,6 @@ mod tests {
         let errors =
             DetectionRequest::from_json(&json!({"target_version": "x", "kind": "y"})).unwrap_err();
         assert_eq!(errors.len(), 2, "{errors}");
-    }
-
-    #[test]
-    fn envelope_round_trips_every_type() {
-        let now = Utc::now();
-        let detection = EventData::Detection {
-            run_id: Some("r1".into()),
-            request: DetectionRequest::from_json(
-                &json!({"target_version": "1.34.5", "kind": "patch"}),
-            )
-            .unwrap(),
-        };
-        let alerts = EventData::Alerts(
-            AlertBatch::from_json(&crate::domain::alert::tests_support::webhook()).unwrap(),
-        );
-        let control = EventData::Control(ControlRequest {
-            run_id: "r1".into(),
-            action: ControlAction::Halt,
-            reason: "maintenance".into(),
-            by: Some("alice".into()),
-        });
-        let wake = EventData::Wake(WakeRequest {
-            run_id: "r1".into(),
-            epoch: 3,
-        });
-        for data in [detection, alerts, control, wake] {
-            let event = CloudEvent::new(&data, "test", now);
-            let (decoded, decoded_data) = CloudEvent::decode(&event.to_bytes()).unwrap();
-            assert_eq!(decoded.id, event.id);
-            assert_eq!(decoded_data, data);
-        }
-    }
-
-    #[test]
-    fn decode_rejects_bad_envelopes() {
-        for body in [
-            &b"not json"[..],
-            br#"{"specversion":"0.3","id":"1","source":"s","type":"rollgate.wake.v1","data":{}}"#,
-            br#"{"specversion":"1.0","id":"","source":"s","type":"rollgate.wake.v1","data":{}}"#,
-            br#"{"specversion":"1.0","id":"1","source":"s","type":"other","data":{}}"#,
-            br#"{"specversion":"1.0","id":"1","source":"s","type":"rollgate.detection.v1","data":{"target_version":"1.2","kind":"patch"}}"#,
-            br#"{"specversion":"1.0","id":"1","source":"s","type":"rollgate.wake.v1","data":{"run_id":5}}"#,
-            br#"{"specversion":"1.0","id":"1","source":"","type":"rollgate.wake.v1","data":{"run_id":"r","epoch":1}}"#,
-            br#"{"specversion":"1.0","id":"1","source":"ops\nforged line","type":"rollgate.wake.v1","data":{"run_id":"r","epoch":1}}"#,
-        ] {
-            assert!(CloudEvent::decode(body).is_err(), "{}", String::from_utf8_lossy(body));
-        }
-        let long = format!(
-            r#"{{"specversion":"1.0","id":"1","source":"{}","type":"rollgate.wake.v1","data":{{"run_id":"r","epoch":1}}}}"#,
-            "s".repeat(257)
-        );
-        let refused = CloudEvent::decode(long.as_bytes()).expect_err("refused");
-        assert!(refused.to_string().contains("source"), "{refused}");
-        // A published reboot request has nobody to answer a dry run: refused, not run.
-        let dry = br#"{"specversion":"1.0","id":"1","source":"s","type":"rollgate.reboot.v1","data":{"nodes":["w1"],"dry_run":true}}"#;
-        let refused = CloudEvent::decode(dry).expect_err("refused");
-        assert!(
-            refused.to_string().contains("POST /v1/reboots"),
-            "{refused}"
-        );
-        let real = br#"{"specversion":"1.0","id":"1","source":"s","type":"rollgate.reboot.v1","data":{"nodes":["w1"],"dry_run":false}}"#;
-        assert!(CloudEvent::decode(real).is_ok());
     }
 
     #[test]

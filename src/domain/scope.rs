@@ -77,18 +77,22 @@ impl fmt::Display for Scope {
 /// `GET /v1/whoami`, which any known client may ask (so that a page or a script can say
 /// what its token lacks). Reads need `read`; each kind of write its own scope; a write to
 /// a path no route serves needs `runs:control`, the widest, so that probing unknown paths
-/// tells an under-scoped client nothing.
-pub fn required(method: &str, path: &str) -> Option<Scope> {
+/// tells an under-scoped client nothing. A workflow's door (a route `door` answers with
+/// a scope for) needs the scope it names.
+pub fn required(method: &str, path: &str, door: impl Fn(&str) -> Option<Scope>) -> Option<Scope> {
     let rest = path.strip_prefix("/v1").unwrap_or(path);
     let segments: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
     let read = method.eq_ignore_ascii_case("GET") || method.eq_ignore_ascii_case("HEAD");
+    if let [segment] = segments.as_slice()
+        && !read
+        && let Some(scope) = door(segment)
+    {
+        return Some(scope);
+    }
     Some(match segments.as_slice() {
         ["whoami"] if read => return None,
         _ if read => Scope::Read,
         ["alerts"] => Scope::AlertsWrite,
-        ["detections"] => Scope::DetectionsWrite,
-        ["etcd-rolls"] => Scope::EtcdRollsWrite,
-        ["reboots"] => Scope::RebootsWrite,
         ["runs", _, "approve"] => Scope::RunsApprove,
         _ => Scope::RunsControl,
     })
@@ -97,6 +101,8 @@ pub fn required(method: &str, path: &str) -> Option<Scope> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::workflows::DOORS;
 
     #[test]
     fn every_route_needs_its_scope() {
@@ -123,9 +129,13 @@ mod tests {
             ("POST", "/v1/whoami", Scope::RunsControl),
         ];
         for (method, path, scope) in cases {
-            assert_eq!(required(method, path), Some(scope), "{method} {path}");
+            assert_eq!(
+                required(method, path, |p| DOORS.scope_at(p)),
+                Some(scope),
+                "{method} {path}"
+            );
         }
-        assert_eq!(required("GET", "/v1/whoami"), None);
+        assert_eq!(required("GET", "/v1/whoami", |p| DOORS.scope_at(p)), None);
     }
 
     #[test]

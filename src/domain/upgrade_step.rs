@@ -1,7 +1,71 @@
 //! The steps of a Kubernetes version upgrade, as data.
 
-use super::event::Stage;
+use serde::{Deserialize, Serialize};
+
 use super::step::{ACCEPT, FINISH, PLAN, StepError, StepRole, WorkflowStep};
+
+/// The stages of a Kubernetes version upgrade after stage 0 (accept), in order.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Stage {
+    /// 1: all nodes Ready, gate open, quiet period, target plannable.
+    Preflight,
+    /// 2: etcd snapshot, streamed and checksummed.
+    Snapshot,
+    /// 3: control-plane containerd bump when behind the workers.
+    Containerd,
+    /// 4: apt repository rewrite to the new minor (minor upgrades only).
+    AptRepo,
+    /// 5: the control-plane node.
+    ControlPlane,
+    /// 6: each worker in the configured order.
+    Workers,
+    /// 7: all nodes at target, gate open, pods ready.
+    Postflight,
+}
+
+impl Stage {
+    /// Every stage, in execution order.
+    pub const ALL: [Stage; 7] = [
+        Stage::Preflight,
+        Stage::Snapshot,
+        Stage::Containerd,
+        Stage::AptRepo,
+        Stage::ControlPlane,
+        Stage::Workers,
+        Stage::Postflight,
+    ];
+
+    /// The name used in requests and plans.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Preflight => "preflight",
+            Stage::Snapshot => "snapshot",
+            Stage::Containerd => "containerd",
+            Stage::AptRepo => "apt-repo",
+            Stage::ControlPlane => "control-plane",
+            Stage::Workers => "workers",
+            Stage::Postflight => "postflight",
+        }
+    }
+
+    /// The stage with this name, if any.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.name() == name)
+    }
+}
 
 /// A step of a Kubernetes version upgrade.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -69,8 +69,9 @@ pub async fn require_scope(
             .error_response(),
         ));
     };
-    if let Some(needed) = scope::required(req.method().as_str(), req.path())
-        && !client.may(needed)
+    if let Some(needed) = scope::required(req.method().as_str(), req.path(), |p| {
+        crate::workflows::DOORS.scope_at(p)
+    }) && !client.may(needed)
     {
         tracing::info!(client = %client.name, scope = %needed, path = %req.path(), "refused: missing scope");
         return Ok(req.into_response(

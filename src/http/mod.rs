@@ -4,8 +4,8 @@ pub mod auth;
 pub mod clients;
 pub mod error;
 pub mod events;
+pub mod intake;
 pub mod openapi;
-pub mod reboots;
 pub mod routes;
 pub mod tls;
 pub mod ui;
@@ -35,26 +35,12 @@ pub struct AppState {
     pub clients: Arc<clients::Clients>,
     /// Largest accepted body.
     pub max_body_bytes: usize,
-    /// The cluster, when configured: detections are planned against it before they are
-    /// accepted.
-    pub cluster: Option<Arc<dyn crate::ports::ClusterRead>>,
-    /// Why Kubernetes upgrades cannot be carried out though a cluster is configured (the
-    /// keys they need that are not set); detections are refused with it.
-    pub upgrades_unavailable: Option<String>,
-    /// The cluster's etcd, when configured: how the control planes are planned.
-    pub etcd: Option<Arc<dyn crate::ports::EtcdMembers>>,
-    /// Planning choices.
-    pub plan_settings: crate::workflows::k8s_upgrade::plan::PlanSettings,
     /// What new runs do when a step gives up.
     pub on_failure: crate::domain::run::FailurePolicy,
-    /// Whether etcd roll requests can be carried out.
-    pub etcd_rolls: EtcdRollIntake,
+    /// Each workflow's intake: what its requests are checked against.
+    pub intakes: Vec<Arc<dyn crate::workflows::intake::Intake>>,
     /// The maintenance windows, for the metrics of the next opening.
     pub windows: crate::domain::schedule::Windows,
-    /// How reboot requests are checked against the cluster.
-    pub reboot_plan: crate::workflows::node_reboot::RebootPlanSettings,
-    /// The reboots' sentinels and drains, for a reboot request's dry run (with a cluster).
-    pub node_reboots: Option<crate::workflows::node_reboot::NodeReboots>,
     /// The free space intake keeps under `data_dir` (with the embedded queue).
     pub reserve: Option<crate::disk::Reserve>,
     /// Whether the worker can write the store now, and why not.
@@ -63,15 +49,14 @@ pub struct AppState {
     pub fleet: Arc<crate::workflows::fleet::Fleet>,
 }
 
-/// What the intake checks an etcd roll request against.
-#[derive(Clone, Default)]
-pub struct EtcdRollIntake {
-    /// Why etcd rolls cannot run here (no Kubernetes API configured), if they cannot.
-    pub unavailable: Option<String>,
-    /// Whether `etcd_roll.ca_file` is set, so `https://` members can be reached.
-    pub tls: bool,
-    /// Reaches the members a request names, to check them before the roll is queued.
-    pub connect: Option<Arc<dyn crate::ports::EtcdConnect>>,
+impl AppState {
+    /// What new runs are made with.
+    pub fn run_policy(&self) -> crate::domain::run_request::RunPolicy {
+        crate::domain::run_request::RunPolicy {
+            on_failure: self.on_failure,
+            asks_upstreams: self.fleet.has_upstreams(),
+        }
+    }
 }
 
 /// Calls `reread` (which reads files: blocking) on the blocking pool every `period` until
@@ -98,22 +83,25 @@ pub(crate) async fn reread_every<T: Send + 'static>(
     }
 }
 
-/// Registers every route on an actix `App`.
+/// Registers every route on an actix `App`: rollgate's own, and one door per workflow
+/// that makes runs.
 pub fn configure(cfg: &mut web::ServiceConfig) {
+    let mut v1 = web::scope("/v1").wrap(from_fn(auth::require_scope));
+    for door in crate::workflows::DOORS.iter() {
+        v1 = v1.route(
+            &format!("/{}", door.path),
+            web::post().to(move |state, req, payload| intake::post_run(state, req, payload, door)),
+        );
+    }
     ui::configure(cfg);
     cfg.route("/healthz", web::get().to(routes::healthz))
         .route("/readyz", web::get().to(routes::readyz))
         .route("/metrics", web::get().to(routes::metrics))
         .route("/openapi.json", web::get().to(openapi::openapi_json))
         .service(
-            web::scope("/v1")
-                .wrap(from_fn(auth::require_scope))
-                .route("/whoami", web::get().to(routes::whoami))
+            v1.route("/whoami", web::get().to(routes::whoami))
                 .route("/alerts", web::post().to(routes::post_alerts))
                 .route("/alerts", web::get().to(routes::get_alerts))
-                .route("/detections", web::post().to(routes::post_detections))
-                .route("/etcd-rolls", web::post().to(routes::post_etcd_rolls))
-                .route("/reboots", web::post().to(reboots::post_reboots))
                 .route("/gates", web::get().to(routes::get_gates))
                 .route("/fleet", web::get().to(routes::get_fleet))
                 .route("/events", web::get().to(events::stream))

@@ -14,16 +14,13 @@ use utoipa::{Modify, OpenApi};
         super::routes::get_alerts,
         super::routes::get_gates,
         super::routes::get_fleet,
-        super::routes::post_detections,
-        super::routes::post_etcd_rolls,
-        crate::http::reboots::post_reboots,
         super::routes::list_runs,
         super::routes::get_run,
         super::routes::control_run,
         super::events::stream,
     ),
     components(schemas(super::error::ErrorBody, crate::domain::run::RunSummary)),
-    modifiers(&Bearer)
+    modifiers(&Bearer, &RunDoors)
 )]
 pub struct ApiDoc;
 
@@ -36,6 +33,85 @@ impl Modify for Bearer {
             "bearer",
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
         );
+    }
+}
+
+/// Describes each workflow's door, `POST /v1/<door>`, from what the door says of itself.
+struct RunDoors;
+
+impl Modify for RunDoors {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::path::{HttpMethod, OperationBuilder};
+        use utoipa::openapi::request_body::RequestBodyBuilder;
+        use utoipa::openapi::security::SecurityRequirement;
+        use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+        let mut schemas = Vec::new();
+        let mut json = |named: crate::domain::run_request::NamedSchemas| {
+            let reference = Ref::from_schema_name(&named.name);
+            schemas.extend(named.all);
+            ContentBuilder::new().schema(Some(reference)).build()
+        };
+        let error = || {
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("ErrorBody")))
+                .build()
+        };
+        let accepted = crate::domain::run_request::schema_of::<super::routes::DetectionAccepted>;
+        for door in crate::workflows::DOORS.iter() {
+            let answer = |description: &str, content| {
+                ResponseBuilder::new()
+                    .description(description)
+                    .content("application/json", content)
+                    .build()
+            };
+            let mut operation = OperationBuilder::new()
+                .summary(Some(format!("`POST /v1/{}`: {}", door.path, door.summary)))
+                .request_body(Some(
+                    RequestBodyBuilder::new()
+                        .content("application/json", json((door.body)()))
+                        .required(Some(utoipa::openapi::Required::True))
+                        .build(),
+                ))
+                .response("202", answer("a new run", json(accepted())))
+                .response(
+                    "200",
+                    answer(
+                        "a run for this target is already in flight",
+                        json(accepted()),
+                    ),
+                )
+                .response(
+                    "422",
+                    answer(
+                        "the request is well-formed but refused; the message says why",
+                        error(),
+                    ),
+                )
+                .response(
+                    "503",
+                    answer("the queue or the store is unavailable; retry", error()),
+                );
+            for extra in door.answers {
+                let content = match extra.body {
+                    Some(body) => json(body()),
+                    None => error(),
+                };
+                operation = operation
+                    .response(extra.status.to_string(), answer(extra.description, content));
+            }
+            let operation = operation
+                .security(SecurityRequirement::new("bearer", [door.scope.name()]))
+                .build();
+            openapi.paths.add_path_operation(
+                format!("/v1/{}", door.path),
+                vec![HttpMethod::Post],
+                operation,
+            );
+        }
+        let components = openapi.components.get_or_insert_with(Default::default);
+        for (name, schema) in schemas {
+            components.schemas.entry(name).or_insert(schema);
+        }
     }
 }
 
@@ -63,7 +139,9 @@ mod tests {
                     .iter()
                     .filter_map(|s| s.as_str())
                     .collect();
-                let needed = scope::required(&method.to_uppercase(), path);
+                let needed = scope::required(&method.to_uppercase(), path, |p| {
+                    crate::workflows::DOORS.scope_at(p)
+                });
                 assert_eq!(
                     listed,
                     needed.map(|s| s.name()).into_iter().collect::<Vec<_>>(),

@@ -35,6 +35,7 @@ use super::settings::QueueSettings;
 use super::{Delivery, Handle, Outgoing, Queue, QueueError};
 use crate::domain::backoff::Backoff;
 use crate::domain::event::EventType;
+use crate::domain::run_request::Doors;
 
 /// Added to every delay before it becomes a queue's TTL: RabbitMQ may expire a message a
 /// few milliseconds before its TTL, and a wake must never come early.
@@ -42,10 +43,11 @@ const TTL_SLACK: Duration = Duration::from_millis(50);
 /// The pause between attempts to reach the broker again.
 const RECONNECT: Backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
 
-/// The routing keys bound to the events queue: one per event type, read off the types
-/// themselves, so a new type cannot be published with a key nothing is bound to.
-pub fn routing_keys() -> impl Iterator<Item = &'static str> {
-    EventType::ALL.into_iter().map(EventType::routing_key)
+/// The routing keys bound to the events queue: one per event type (rollgate's own and one
+/// per door of `doors`), read off the types themselves, so a new type cannot be published
+/// with a key nothing is bound to.
+pub fn routing_keys(doors: Doors) -> impl Iterator<Item = &'static str> {
+    EventType::all(doors).map(EventType::routing_key)
 }
 /// Header carrying the reason a message was dead-lettered.
 pub const REASON_HEADER: &str = "x-rollgate-reason";
@@ -117,6 +119,8 @@ struct Publication {
 /// The RabbitMQ queue.
 pub struct AmqpQueue {
     settings: QueueSettings,
+    /// The workflows' doors, whose routing keys are bound beside rollgate's own.
+    doors: Doors,
     credentials: Option<(String, String)>,
     /// Serialises connecting; `current` is the lock-free read of its result.
     link: Mutex<Option<Arc<Link>>>,
@@ -155,7 +159,7 @@ fn unavailable(what: &str, e: impl std::fmt::Display) -> QueueError {
 impl AmqpQueue {
     /// Connects and declares the topology; fails within `connect_timeout` when the broker
     /// cannot be reached.
-    pub async fn connect(settings: QueueSettings) -> Result<Self, QueueError> {
+    pub async fn connect(settings: QueueSettings, doors: Doors) -> Result<Self, QueueError> {
         let credentials = match &settings.amqp_credentials_file {
             None => None,
             Some(path) => {
@@ -176,6 +180,7 @@ impl AmqpQueue {
         };
         let queue = Self {
             settings,
+            doors,
             credentials,
             link: Mutex::new(None),
             current: std::sync::RwLock::new(None),
@@ -299,7 +304,7 @@ impl AmqpQueue {
         ch.queue_declare(s.queue.as_str().into(), durable_queue, args)
             .await
             .map_err(err)?;
-        for key in routing_keys() {
+        for key in routing_keys(self.doors) {
             ch.queue_bind(
                 s.queue.as_str().into(),
                 s.exchange.as_str().into(),

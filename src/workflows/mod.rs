@@ -8,8 +8,116 @@ pub mod etcd_roll;
 pub mod events;
 pub mod fleet;
 pub mod gate;
+pub mod intake;
 pub mod k8s_upgrade;
 pub mod leader;
 pub mod node_cycle;
 pub mod node_reboot;
 pub mod outbox;
+
+use crate::domain::run_request::Doors;
+
+/// The doors of the workflows that make runs: registering one is its line here.
+pub static DOORS: Doors = Doors(&[
+    &k8s_upgrade::intake::DOOR,
+    &etcd_roll::intake::DOOR,
+    &node_reboot::intake::DOOR,
+]);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::alert::AlertBatch;
+    use crate::domain::event::{
+        CloudEvent, ControlAction, ControlRequest, DetectionRequest, EventData, EventType,
+        WakeRequest,
+    };
+    use crate::domain::run_request::RunAsked;
+    use chrono::Utc;
+    use serde_json::json;
+
+    /// Each door is its own: no two share a kind, a route, a type or a routing key, and
+    /// none takes one of rollgate's own.
+    #[test]
+    fn doors_are_distinct() {
+        let types: Vec<EventType> = EventType::all(DOORS).collect();
+        for (i, a) in types.iter().enumerate() {
+            for b in &types[i + 1..] {
+                assert_ne!(a.type_name(), b.type_name());
+                assert_ne!(a.routing_key(), b.routing_key());
+                assert_ne!(a.label(), b.label());
+            }
+        }
+        let doors: Vec<_> = DOORS.iter().collect();
+        for (i, a) in doors.iter().enumerate() {
+            for b in &doors[i + 1..] {
+                assert_ne!(a.kind, b.kind);
+                assert_ne!(a.path, b.path);
+                assert_ne!(a.scope, b.scope);
+            }
+        }
+    }
+
+    #[test]
+    fn envelope_round_trips_every_type() {
+        let now = Utc::now();
+        let detection = EventData::Run(RunAsked {
+            door: &k8s_upgrade::intake::DOOR,
+            run_id: Some("r1".into()),
+            request: std::sync::Arc::new(
+                DetectionRequest::from_json(&json!({"target_version": "1.34.5", "kind": "patch"}))
+                    .unwrap(),
+            ),
+        });
+        let alerts = EventData::Alerts(
+            AlertBatch::from_json(&crate::domain::alert::tests_support::webhook()).unwrap(),
+        );
+        let control = EventData::Control(ControlRequest {
+            run_id: "r1".into(),
+            action: ControlAction::Halt,
+            reason: "maintenance".into(),
+            by: Some("alice".into()),
+        });
+        let wake = EventData::Wake(WakeRequest {
+            run_id: "r1".into(),
+            epoch: 3,
+        });
+        for data in [detection, alerts, control, wake] {
+            let event = CloudEvent::new(&data, "test", now);
+            let (decoded, decoded_data) = CloudEvent::decode(&event.to_bytes(), DOORS).unwrap();
+            assert_eq!(decoded.id, event.id);
+            assert_eq!(decoded_data, data);
+        }
+    }
+
+    #[test]
+    fn decode_rejects_bad_envelopes() {
+        for body in [
+            &b"not json"[..],
+            br#"{"specversion":"0.3","id":"1","source":"s","type":"rollgate.wake.v1","data":{}}"#,
+            br#"{"specversion":"1.0","id":"","source":"s","type":"rollgate.wake.v1","data":{}}"#,
+            br#"{"specversion":"1.0","id":"1","source":"s","type":"other","data":{}}"#,
+            br#"{"specversion":"1.0","id":"1","source":"s","type":"rollgate.detection.v1","data":{"target_version":"1.2","kind":"patch"}}"#,
+            br#"{"specversion":"1.0","id":"1","source":"s","type":"rollgate.wake.v1","data":{"run_id":5}}"#,
+            br#"{"specversion":"1.0","id":"1","source":"","type":"rollgate.wake.v1","data":{"run_id":"r","epoch":1}}"#,
+            br#"{"specversion":"1.0","id":"1","source":"ops\nforged line","type":"rollgate.wake.v1","data":{"run_id":"r","epoch":1}}"#,
+        ] {
+            assert!(CloudEvent::decode(body, DOORS).is_err(), "{}", String::from_utf8_lossy(body));
+        }
+        let long = format!(
+            r#"{{"specversion":"1.0","id":"1","source":"{}","type":"rollgate.wake.v1","data":{{"run_id":"r","epoch":1}}}}"#,
+            "s".repeat(257)
+        );
+        let refused = CloudEvent::decode(long.as_bytes(), DOORS).expect_err("refused");
+        assert!(refused.to_string().contains("source"), "{refused}");
+        // A published reboot request has nobody to answer a dry run: refused, not run.
+        let dry = br#"{"specversion":"1.0","id":"1","source":"s","type":"rollgate.reboot.v1","data":{"nodes":["w1"],"dry_run":true}}"#;
+        let refused = CloudEvent::decode(dry, DOORS).expect_err("refused");
+        assert!(
+            refused.to_string().contains("POST /v1/reboots"),
+            "{refused}"
+        );
+        let real = br#"{"specversion":"1.0","id":"1","source":"s","type":"rollgate.reboot.v1","data":{"nodes":["w1"],"dry_run":false}}"#;
+        assert!(CloudEvent::decode(real, DOORS).is_ok());
+    }
+}

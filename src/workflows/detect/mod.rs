@@ -307,7 +307,10 @@ pub async fn detect(
             dry_run: false,
             stages: stages.clone(),
         };
-        match submit.submit(&request).await {
+        match submit
+            .submit(&super::k8s_upgrade::intake::DOOR, Arc::new(request))
+            .await
+        {
             Ok(s) => submitted = Some(s),
             Err(e) => submit_error = Some(DetectError::Submit(e)),
         }
@@ -324,7 +327,10 @@ pub async fn detect(
                     reason: Some("rollgate detect: the reboot sentinel is set".into()),
                     dry_run: false,
                 };
-                match submit.submit_reboots(&request).await {
+                match submit
+                    .submit(&super::node_reboot::intake::DOOR, Arc::new(request))
+                    .await
+                {
                     Ok(s) => reboot_submitted = Some(s),
                     Err(e) => submit_error = Some(DetectError::Submit(e)),
                 }

@@ -5,6 +5,7 @@
 //! cluster and asks the pure planner (`workflows::etcd_roll::plan`) for the next safe action, so a
 //! crashed roll resumes by itself; a sampler records every leadership change meanwhile.
 
+pub mod intake;
 pub mod plan;
 pub mod roll_watch;
 pub use crate::domain::etcd_roll_step as step;

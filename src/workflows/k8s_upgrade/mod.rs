@@ -4,6 +4,7 @@
 //! the node script checks what is installed before it installs).
 
 mod control_planes;
+pub mod intake;
 pub mod plan;
 pub mod snapshots;
 pub use crate::domain::upgrade_step as step;

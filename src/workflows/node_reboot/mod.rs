@@ -6,8 +6,9 @@
 mod action;
 pub mod config;
 pub mod dry_run;
+pub mod intake;
 pub mod plan;
-pub use crate::domain::reboot_request as request;
+pub mod request;
 pub use crate::domain::reboot_step as step;
 mod steps;
 

@@ -4,7 +4,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::input::{FieldErrors, read_body};
+use crate::domain::input::{FieldErrors, read_body};
+use crate::domain::run_request::RunRequest;
 
 /// A validated request to reboot nodes (`POST /v1/reboots`): the nodes named, or every
 /// node whose sentinel is set when none is named. What runs on the nodes (the reboot
@@ -134,6 +135,15 @@ fn node_name_problem(name: &str) -> Option<String> {
             "{:?} is not a node name (lowercase letters, digits, '-' and '.', at most 253)",
             name.chars().take(80).collect::<String>()
         ))
+    }
+}
+
+impl RunRequest for RebootRequest {
+    fn to_json(&self) -> Value {
+        RebootRequest::to_json(self)
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 
