@@ -403,14 +403,21 @@ impl MiniServer {
                         (200, s.metrics.lock().unwrap().clone())
                     } else {
                         let body = &buf[head_end..(head_end + length).min(buf.len())];
-                        s.received
-                            .lock()
-                            .unwrap()
-                            .push(serde_json::from_slice(body).unwrap_or(Value::Null));
-                        s.heads.lock().unwrap().push(head.clone());
+                        // The answer is the one in force when the request is recorded,
+                        // decided under the same lock `set_reply` takes: a test that sees
+                        // a request and then changes the reply never changes that
+                        // request's answer.
+                        let answer = {
+                            let mut received = s.received.lock().unwrap();
+                            let answer =
+                                (*s.status.lock().unwrap(), s.reply.lock().unwrap().clone());
+                            received.push(serde_json::from_slice(body).unwrap_or(Value::Null));
+                            s.heads.lock().unwrap().push(head.clone());
+                            answer
+                        };
                         let delay = *s.delay.lock().unwrap();
                         tokio::time::sleep(delay).await;
-                        (*s.status.lock().unwrap(), s.reply.lock().unwrap().clone())
+                        answer
                     };
                     let content_type = if body.starts_with('{') {
                         "application/json"
@@ -437,7 +444,9 @@ impl MiniServer {
         *self.metrics.lock().unwrap() = text.to_owned();
     }
 
+    /// The answer to every request recorded from now on.
     pub fn set_reply(&self, status: u16, body: &str) {
+        let _recording = self.received.lock().unwrap();
         *self.status.lock().unwrap() = status;
         *self.reply.lock().unwrap() = body.to_owned();
     }
