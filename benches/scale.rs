@@ -54,7 +54,7 @@ use rollgate::adapters::notify::LogNotifier;
 use rollgate::domain::engine::{Context, Input, Next, StepOutcome, advance};
 use rollgate::domain::event::{CloudEvent, EventData, ROLLGATE_SOURCE};
 use rollgate::domain::event::{DetectionRequest, StageSelection, UpgradeKind};
-use rollgate::domain::run::{FailurePolicy, Run, RunStatus};
+use rollgate::domain::run::{FailurePolicy, Run, RunKind, RunStatus};
 use rollgate::domain::run_request::RunAsked;
 use rollgate::domain::version::Version;
 use rollgate::metrics::Metrics;
@@ -369,15 +369,14 @@ async fn whole_run(store: Store, dir: &std::path::Path, run: Run) -> (Duration, 
     let queue: Arc<dyn Queue> = Arc::new(
         EmbeddedQueue::open(&dir.join("queue.db"), Duration::from_secs(600), 10).expect("queue"),
     );
-    let every: Option<Arc<dyn StepExecutor>> = Some(Arc::new(AtOnce));
+    let every: Arc<dyn StepExecutor> = Arc::new(AtOnce);
     let executors = Executors {
-        gate: every.clone(),
-        quiet_period: every.clone(),
-        upstreams: every.clone(),
-        k8s_upgrade: every.clone(),
-        etcd_roll: every.clone(),
-        node_reboot: every,
-    };
+        gate: Some(every.clone()),
+        ..Executors::default()
+    }
+    .with(RunKind::K8sUpgrade, every.clone())
+    .with(RunKind::EtcdRoll, every.clone())
+    .with(RunKind::NodeReboot, every);
     let policy = WorkerPolicy {
         max_attempts: 3,
         halt_after: Duration::from_secs(1800),

@@ -21,13 +21,14 @@ use crate::adapters::prometheus::Prometheus;
 use crate::adapters::snapshot::EtcdSnapshots;
 use crate::adapters::ssh::{Ssh, SshSettings};
 use crate::config::{AfterUpgrade, QueueBackend, Settings, StoreBackend};
+use crate::domain::run::RunKind;
 use crate::http::clients::{Clients, TokenSources};
 use crate::http::tls::{Tls, TlsFiles};
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
 use crate::ports::{
     AlertSource, ClusterRead, DrainOptions, EtcdMembers, EventRecorder, Executors, MetricsSource,
-    Notifier, PodRef, Silences, Snapshots,
+    Notifier, PodRef, Silences, Snapshots, StepExecutor,
 };
 use crate::queue::Queue;
 use crate::queue::amqp::AmqpQueue;
@@ -44,7 +45,7 @@ use crate::workflows::fleet::{Fleet, UpstreamsStep};
 use crate::workflows::gate::{Gate, GateStep, QuietPeriodStep};
 use crate::workflows::intake::Intake;
 use crate::workflows::k8s_upgrade::plan::PlanSettings;
-use crate::workflows::k8s_upgrade::{UpgradeSettings, UpgradeSteps};
+use crate::workflows::k8s_upgrade::{UpgradeExecutors, UpgradeSettings, UpgradeSteps};
 use crate::workflows::node_cycle::{CycleSettings, NodeCycle, SelfSilences};
 use crate::workflows::node_reboot::{NodeReboots, RebootAction, RebootPlanSettings, RebootSteps};
 
@@ -113,19 +114,23 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     let notifier: Arc<dyn Notifier> = Arc::new(Fanout(sinks));
     let mut executors = Executors {
         gate: Some(Arc::new(GateStep(gate.clone()))),
-        quiet_period: Some(Arc::new(QuietPeriodStep(gate.clone()))),
         ..Executors::default()
+    };
+    let mut upgrades = UpgradeExecutors {
+        quiet_period: Some(Arc::new(QuietPeriodStep(gate.clone()))),
+        ..UpgradeExecutors::default()
     };
     let watch_kube = kube.clone();
     let etcd_rolls = match &kube {
         Some(kube) => {
             let connect = etcd_roll_clients(&settings);
-            executors.etcd_roll = Some(Arc::new(EtcdRollSteps::new(
+            let rolls = EtcdRollSteps::new(
                 kube.clone(),
                 connect.clone(),
                 settings.etcd_roll.transfer_timeout,
                 metrics.clone(),
-            )));
+            );
+            executors = executors.with(RunKind::EtcdRoll, Arc::new(rolls));
             RollIntake {
                 unavailable: None,
                 tls: settings.etcd_roll.ca_file.is_some(),
@@ -152,8 +157,8 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             Some((steps, reboots, cluster)) => {
                 let etcd = steps.control_planes.etcd.clone();
                 let node_reboots = reboots.reboots.clone();
-                executors.k8s_upgrade = Some(steps);
-                executors.node_reboot = Some(reboots);
+                upgrades.steps = Some(steps as Arc<dyn StepExecutor>);
+                executors = executors.with(RunKind::NodeReboot, reboots);
                 (Some(cluster), etcd, Some(node_reboots))
             }
             None => {
@@ -186,7 +191,8 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         )
         .context("cannot ask the fleet's upstreams")?,
     );
-    executors.upstreams = Some(Arc::new(UpstreamsStep(fleet.clone())));
+    upgrades.upstreams = Some(Arc::new(UpstreamsStep(fleet.clone())));
+    let executors = executors.with(RunKind::K8sUpgrade, Arc::new(upgrades));
     let etcd_rolls = Arc::new(etcd_rolls);
     let intakes: Vec<Arc<dyn Intake>> = vec![
         Arc::new(crate::workflows::k8s_upgrade::intake::UpgradeIntake {

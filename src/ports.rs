@@ -2,6 +2,7 @@
 //! kube, ssh, etcd) implement them; the worker, the gate and the steps only see these.
 
 use chrono::{DateTime, Utc};
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,9 +11,8 @@ use crate::domain::engine::StepOutcome;
 use crate::domain::facts::{ClusterFacts, EtcdAlarm, Minor, NodeFacts, StaticPod};
 use crate::domain::gate::PromReading;
 use crate::domain::pods::{BudgetFacts, PodFacts};
-use crate::domain::run::{Run, RunStatus, Step};
+use crate::domain::run::{Run, RunKind, RunStatus, Step};
 use crate::domain::run_request::{RunDoor, RunRequest};
-use crate::domain::step_kind::{StepKind, UpgradeStep};
 use crate::domain::version::Version;
 
 /// Carries out one kind of step. A step must be idempotent: after a crash it is executed
@@ -21,38 +21,41 @@ use crate::domain::version::Version;
 pub trait StepExecutor: Send + Sync {
     /// Executes step `index` of `run`.
     async fn execute(&self, run: &Run, index: usize) -> StepOutcome;
+
+    /// Whether it carries out `step` (one that hands steps on may have nobody to hand
+    /// some to).
+    fn carries_out(&self, _step: &Step) -> bool {
+        true
+    }
 }
 
-/// The executors the worker knows: one per kind of work. A step goes to its executor by an
-/// exhaustive `match` on its kind; a step whose executor is not configured parks its run.
+/// The executors the worker knows: the gate's, for the gate steps of every run kind, and
+/// one per kind of run for the rest (a workflow hands some of its steps on to another
+/// executor itself). A step whose executor is not configured, or does not carry it out,
+/// parks its run.
 #[derive(Clone, Default)]
 pub struct Executors {
     /// The gate steps of every run kind.
     pub gate: Option<Arc<dyn StepExecutor>>,
-    /// The pre-flight quiet period.
-    pub quiet_period: Option<Arc<dyn StepExecutor>>,
-    /// The pre-flight wait for the upstream clusters of a fleet wave.
-    pub upstreams: Option<Arc<dyn StepExecutor>>,
-    /// Every other step of a Kubernetes upgrade.
-    pub k8s_upgrade: Option<Arc<dyn StepExecutor>>,
-    /// Every other step of an etcd roll.
-    pub etcd_roll: Option<Arc<dyn StepExecutor>>,
-    /// Every other step of a node-reboot run.
-    pub node_reboot: Option<Arc<dyn StepExecutor>>,
+    /// Every other step, by the kind of run it belongs to.
+    pub by_kind: HashMap<RunKind, Arc<dyn StepExecutor>>,
 }
 
 impl Executors {
-    /// The executor for `step`, if one is configured.
+    /// The same executors, with `executor` for the steps of runs of `kind`.
+    pub fn with(mut self, kind: RunKind, executor: Arc<dyn StepExecutor>) -> Self {
+        self.by_kind.insert(kind, executor);
+        self
+    }
+
+    /// The executor for `step`, if one is configured and carries it out.
     pub fn get(&self, step: &Step) -> Option<Arc<dyn StepExecutor>> {
-        let executor = match &step.kind {
-            kind if kind.is_gate() => &self.gate,
-            StepKind::K8sUpgrade(UpgradeStep::QuietPeriod) => &self.quiet_period,
-            StepKind::K8sUpgrade(UpgradeStep::Upstreams) => &self.upstreams,
-            StepKind::K8sUpgrade(_) => &self.k8s_upgrade,
-            StepKind::EtcdRoll(_) => &self.etcd_roll,
-            StepKind::NodeReboot(_) => &self.node_reboot,
+        let executor = if step.kind.is_gate() {
+            self.gate.as_ref()
+        } else {
+            self.by_kind.get(&step.kind.run_kind())
         };
-        executor.clone()
+        executor.filter(|e| e.carries_out(step)).cloned()
     }
 }
 

@@ -957,12 +957,7 @@ impl Worker {
     ) -> Result<Vec<(usize, u64)>, Transient> {
         let door = asked.door;
         if let (None, Some(merge)) = (&asked.run_id, door.merge) {
-            let waiting = self
-                .store
-                .not_ended()
-                .await?
-                .into_iter()
-                .find(|r| r.kind == door.kind && r.status == RunStatus::Queued);
+            let waiting = door.waiting_run(self.store.not_ended().await?);
             if let Some(mut run) = waiting {
                 let run_lock = self.run_lock(&run.id);
                 let _held = run_lock.lock().await;

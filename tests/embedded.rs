@@ -212,6 +212,7 @@ async fn a_step_in_hand_at_a_crash_is_run_again_at_start() {
     use rollgate::domain::event::Stage;
     use rollgate::domain::run::{Run, RunKind, RunStatus, Step};
     use rollgate::domain::step_kind::UpgradeStep;
+    use rollgate::workflows::k8s_upgrade::UpgradeExecutors;
     let dir = tempfile::tempdir().unwrap();
     let queue: Arc<dyn Queue> =
         Arc::new(EmbeddedQueue::open(&dir.path().join("queue.db"), LEASE, 10).unwrap());
@@ -244,10 +245,15 @@ async fn a_step_in_hand_at_a_crash_is_run_again_at_start() {
     store.insert_run_if_absent(&run).await.unwrap();
 
     let recording = Arc::new(Recording(std::sync::atomic::AtomicUsize::new(0)));
-    let executors = Executors {
-        k8s_upgrade: Some(recording.clone()),
-        ..Executors::default()
-    };
+    // The upgrade's own steps only, as `serve` hands them (the quiet period and the
+    // upstreams' wait have no executor here).
+    let executors = Executors::default().with(
+        RunKind::K8sUpgrade,
+        Arc::new(UpgradeExecutors {
+            steps: Some(recording.clone() as Arc<dyn rollgate::ports::StepExecutor>),
+            ..UpgradeExecutors::default()
+        }),
+    );
     let worker = spawn_worker(queue, store.clone(), Metrics::new(), executors);
     let run = eventually(
         "the step run again and the run done",

@@ -101,7 +101,11 @@ struct Source {
 
 impl Source {
     fn read() -> Self {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        // `ROLLGATE_SRC` reads another tree, e.g. a worktree of an older commit, to
+        // compare its figures with these.
+        let root = std::env::var_os("ROLLGATE_SRC")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
         let mut files = BTreeMap::new();
         let mut dirs = vec![root.clone()];
         while let Some(dir) = dirs.pop() {
@@ -438,6 +442,85 @@ fn the_domain_and_the_ports_name_no_workflow() {
         .filter(|(_, to)| layer(to) != "domain")
         .collect();
     assert!(climbing.is_empty(), "{climbing:#?}");
+}
+
+/// Each workflow's names that live outside its folder (its step kinds, which the store
+/// reads back without the registry; its run kind; its scope), beside the folder itself.
+const WORKFLOWS: &[(&str, &[&str])] = &[
+    (
+        "node_reboot",
+        &[
+            "RebootStep",
+            "RunKind::NodeReboot",
+            "Scope::RebootsWrite",
+            "reboot_step",
+        ],
+    ),
+    (
+        "etcd_roll",
+        &[
+            "EtcdRollStep",
+            "RunKind::EtcdRoll",
+            "Scope::EtcdRollsWrite",
+            "etcd_roll_step",
+        ],
+    ),
+    ("fleet", &[]),
+];
+
+/// The most files outside each workflow's folder that may name it: what it takes today.
+/// A change that needs more makes adding a workflow dearer; one that needs fewer lowers
+/// the number here.
+const MOST_OUTSIDE: &[(&str, usize)] = &[("node_reboot", 8), ("etcd_roll", 9), ("fleet", 5)];
+
+/// The files outside `workflow`'s folder whose code (comments and tests left out) imports
+/// the folder or names one of `names`.
+fn outside(source: &Source, workflow: &str, names: &[&str]) -> BTreeSet<String> {
+    let folder = format!("workflows/{workflow}/");
+    let graph = source.graph();
+    source
+        .files
+        .iter()
+        .filter(|(rel, _)| !rel.starts_with(&folder))
+        .filter(|(rel, text)| {
+            let code = code_of(text);
+            graph[*rel].iter().any(|to| to.starts_with(&folder))
+                || names.iter().any(|name| {
+                    code.match_indices(name).any(|(at, _)| {
+                        let before = code[..at].chars().next_back();
+                        let after = code[at + name.len()..].chars().next();
+                        let word =
+                            |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+                        !word(before) && !word(after)
+                    })
+                })
+        })
+        .map(|(rel, _)| rel.clone())
+        .collect()
+}
+
+#[test]
+fn a_workflow_reaches_few_files_outside_its_folder() {
+    let source = Source::read();
+    let mut over = Vec::new();
+    for (workflow, names) in WORKFLOWS {
+        let found = outside(&source, workflow, names);
+        println!(
+            "{workflow}: {} files outside its folder: {found:?}",
+            found.len()
+        );
+        let most = MOST_OUTSIDE
+            .iter()
+            .find(|(w, _)| w == workflow)
+            .map_or(0, |(_, n)| *n);
+        if found.len() > most {
+            over.push((workflow, most, found));
+        }
+    }
+    assert!(
+        over.is_empty(),
+        "named by more files outside the folder than allowed (workflow, most, files): {over:#?}"
+    );
 }
 
 /// The reader itself: a `use` tree, a path written out, a test module left out, a cycle.

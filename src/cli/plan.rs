@@ -97,7 +97,7 @@ pub(super) async fn plan(settings: &Settings, args: PlanArgs) -> anyhow::Result<
             step.label(),
             match &step.kind {
                 StepKind::K8sUpgrade(kind) => plan::describe(kind, target),
-                StepKind::EtcdRoll(_) | StepKind::NodeReboot(_) => String::new(),
+                _ => String::new(),
             }
         )?;
     }

@@ -8,6 +8,7 @@ use std::collections::BTreeSet;
 use std::fmt;
 
 use super::alert::AlertBatch;
+use super::run::ReadRequest;
 use super::run_request::{Doors, RunAsked, RunDoor, RunRequest};
 use super::version::Version;
 
@@ -362,6 +363,18 @@ fn endpoint_list(items: &[String], errors: &mut FieldErrors) -> Option<Vec<Strin
         }
     }
     Some(out)
+}
+
+impl ReadRequest for DetectionRequest {
+    fn read(json: &Value) -> Result<Self, FieldErrors> {
+        Self::from_json(json)
+    }
+}
+
+impl ReadRequest for EtcdRollRequest {
+    fn read(json: &Value) -> Result<Self, FieldErrors> {
+        Self::from_json(json)
+    }
 }
 
 impl RunRequest for DetectionRequest {

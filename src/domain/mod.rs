@@ -13,6 +13,7 @@ pub mod kured_lock;
 pub mod pods;
 pub mod reboot_step;
 pub mod run;
+pub mod run_kind;
 pub mod run_request;
 pub mod schedule;
 pub mod scope;

@@ -3,32 +3,14 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::any::Any;
 use std::fmt;
+use std::sync::{Arc, OnceLock};
 
+use super::input::FieldErrors;
+
+pub use super::run_kind::RunKind;
 use super::step_kind::StepKind;
-
-/// What a run does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "kebab-case")]
-pub enum RunKind {
-    /// A kubeadm Kubernetes version upgrade.
-    K8sUpgrade,
-    /// A roll of an etcd cluster's members onto a new revision.
-    EtcdRoll,
-    /// Reboots of the nodes whose reboot sentinel is set.
-    NodeReboot,
-}
-
-impl RunKind {
-    /// The name used in the API and in metrics.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::K8sUpgrade => "k8s-upgrade",
-            Self::EtcdRoll => "etcd-roll",
-            Self::NodeReboot => "node-reboot",
-        }
-    }
-}
 
 /// Where a run stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
@@ -309,9 +291,14 @@ pub struct Run {
     pub id: String,
     /// What it does.
     pub kind: RunKind,
-    /// The request as accepted.
+    /// The request as accepted. Change it with [`Run::set_request`], which forgets the
+    /// reading of the one before.
     #[schema(value_type = Object)]
     pub request: Value,
+    /// The request read into its workflow's type, by the first step that asked.
+    #[serde(skip)]
+    #[schema(ignore)]
+    pub(crate) read: ReadOnce,
     /// The version it upgrades to, when it has one; used to find duplicates.
     pub target: Option<String>,
     /// Its status; `reason` says why it stands there.
@@ -374,6 +361,33 @@ pub struct Run {
     pub touched: Touched,
 }
 
+/// A request type a run's JSON request is read into: each workflow's.
+pub trait ReadRequest: Sized + Send + Sync + 'static {
+    /// Reads and validates the request.
+    fn read(json: &Value) -> Result<Self, FieldErrors>;
+}
+
+/// A run's request read into its workflow's type once, and kept with the run in memory:
+/// the steps that follow share the reading. Never part of a run's equality, never stored.
+#[derive(Clone, Default)]
+pub(crate) struct ReadOnce(OnceLock<Arc<dyn Any + Send + Sync>>);
+
+impl fmt::Debug for ReadOnce {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "read"
+        } else {
+            "unread"
+        })
+    }
+}
+
+impl PartialEq for ReadOnce {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
 /// The steps of a run changed since it was read or written, so that a commit writes those
 /// alone. Never part of a run's equality. A run not read from the store (new, or decoded
 /// from elsewhere) has every step to write.
@@ -430,6 +444,7 @@ impl Run {
             id,
             kind,
             request,
+            read: ReadOnce::default(),
             target,
             status: RunStatus::Queued,
             reason: reason.clone(),
@@ -460,6 +475,26 @@ impl Run {
             }],
             touched: Touched::default(),
         }
+    }
+
+    /// The request as its workflow's type `T`: read the first time it is asked for, then
+    /// kept, so the run's steps do not each read it again.
+    pub fn request_as<T: ReadRequest>(&self) -> Result<Arc<T>, FieldErrors> {
+        if let Some(read) = self.read.0.get()
+            && let Ok(request) = read.clone().downcast::<T>()
+        {
+            return Ok(request);
+        }
+        let request = Arc::new(T::read(&self.request)?);
+        // A run read as another type keeps that reading; this one is answered all the same.
+        let _ = self.read.0.set(request.clone());
+        Ok(request)
+    }
+
+    /// Replaces the request (a merge): the next reading is of the new one.
+    pub fn set_request(&mut self, request: Value) {
+        self.request = request;
+        self.read = ReadOnce::default();
     }
 
     /// Step `index`, to change: the next commit writes it.
@@ -619,5 +654,71 @@ impl Run {
         self.status = to;
         self.reason = reason;
         self.updated_at = now;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::step_kind::UpgradeStep;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    static READINGS: AtomicUsize = AtomicUsize::new(0);
+
+    #[derive(Debug, PartialEq)]
+    struct Asked(Vec<String>);
+
+    impl ReadRequest for Asked {
+        fn read(json: &Value) -> Result<Self, FieldErrors> {
+            READINGS.fetch_add(1, Ordering::SeqCst);
+            let mut errors = FieldErrors::default();
+            match serde_json::from_value(json["nodes"].clone()) {
+                Ok(nodes) => Ok(Asked(nodes)),
+                Err(e) => {
+                    errors.push("nodes", e.to_string());
+                    Err(errors)
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_request_is_read_once_and_read_again_only_when_replaced() {
+        let mut run = Run::new(
+            "r1".into(),
+            RunKind::K8sUpgrade,
+            serde_json::json!({"nodes": ["w1"]}),
+            None,
+            vec![Step::new(UpgradeStep::Plan)],
+            Utc::now(),
+            "accepted",
+        );
+        let before = READINGS.load(Ordering::SeqCst);
+        for _ in 0..3 {
+            assert_eq!(
+                *run.request_as::<Asked>().unwrap(),
+                Asked(vec!["w1".into()])
+            );
+        }
+        let copy = run.clone();
+        assert_eq!(
+            *copy.request_as::<Asked>().unwrap(),
+            Asked(vec!["w1".into()])
+        );
+        assert_eq!(
+            READINGS.load(Ordering::SeqCst) - before,
+            1,
+            "one reading, shared"
+        );
+        run.set_request(serde_json::json!({"nodes": ["w1", "w2"]}));
+        assert_eq!(
+            *run.request_as::<Asked>().unwrap(),
+            Asked(vec!["w1".into(), "w2".into()])
+        );
+        assert_eq!(READINGS.load(Ordering::SeqCst) - before, 2);
+        run.set_request(serde_json::json!({"nodes": 5}));
+        assert!(run.request_as::<Asked>().is_err());
+        // Equality ignores what was read.
+        assert_eq!(copy, copy.clone());
     }
 }

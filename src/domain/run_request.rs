@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use utoipa::openapi::{RefOr, schema::Schema};
 
 use super::input::FieldErrors;
-use super::run::{FailurePolicy, Run, RunKind};
+use super::run::{FailurePolicy, Run, RunKind, RunStatus};
 use super::scope::Scope;
 
 /// A workflow's request for a run, read and checked once: the typed form the queue carries
@@ -107,6 +107,17 @@ pub struct RunDoor {
     pub body: fn() -> NamedSchemas,
     /// Answers beside the common ones.
     pub answers: &'static [DoorAnswer],
+}
+
+impl RunDoor {
+    /// The run of this door's kind that waits for the cluster among `runs`, for a door
+    /// whose requests merge: a request that names no run joins it rather than make a run
+    /// of its own.
+    pub fn waiting_run(&self, runs: impl IntoIterator<Item = Run>) -> Option<Run> {
+        self.merge?;
+        runs.into_iter()
+            .find(|r| r.kind == self.kind && r.status == RunStatus::Queued)
+    }
 }
 
 /// The doors of every workflow that makes runs: the registry's, handed down to the layers

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 pub use super::etcd_roll_step::{ETCD_ROLL, EtcdRollStep};
 pub use super::reboot_step::{ControlPlanePart, REBOOT, REBOOT_CONTROL_PLANE, RebootStep};
+use super::run_kind::RunKind;
 use super::step::{StepError, StepRole, WorkflowStep};
 pub use super::upgrade_step::UpgradeStep;
 
@@ -63,6 +64,15 @@ impl StepKind {
             Self::K8sUpgrade(s) => s,
             Self::EtcdRoll(s) => s,
             Self::NodeReboot(s) => s,
+        }
+    }
+
+    /// The kind of run the step belongs to: whose executor carries it out.
+    pub fn run_kind(&self) -> RunKind {
+        match self {
+            Self::K8sUpgrade(_) => RunKind::K8sUpgrade,
+            Self::EtcdRoll(_) => RunKind::EtcdRoll,
+            Self::NodeReboot(_) => RunKind::NodeReboot,
         }
     }
 

@@ -450,7 +450,7 @@ impl StepExecutor for EtcdRollSteps {
         let StepKind::EtcdRoll(kind) = &step.kind else {
             return StepOutcome::failed(format!("{} is not a step of an etcd roll", step.label()));
         };
-        let request = match EtcdRollRequest::from_json(&run.request) {
+        let request = match run.request_as::<EtcdRollRequest>() {
             Ok(r) => r,
             Err(e) => {
                 return StepOutcome::failed(format!("the run's request no longer validates: {e}"));

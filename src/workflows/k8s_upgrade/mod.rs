@@ -565,6 +565,46 @@ fn parse_candidate(stdout: &str) -> Option<String> {
         .filter(|v| !v.is_empty())
 }
 
+/// An upgrade's steps, each to the executor that carries it out: the pre-flight quiet
+/// period to the gate's, a fleet wave's wait for its upstreams to the fleet's, and every
+/// other step to the upgrade's own (none when no cluster is configured: those park).
+#[derive(Default)]
+pub struct UpgradeExecutors {
+    /// The pre-flight quiet period.
+    pub quiet_period: Option<Arc<dyn StepExecutor>>,
+    /// The wait for the fleet's upstream clusters.
+    pub upstreams: Option<Arc<dyn StepExecutor>>,
+    /// Every other step.
+    pub steps: Option<Arc<dyn StepExecutor>>,
+}
+
+impl UpgradeExecutors {
+    fn pick(&self, step: &Step) -> Option<&Arc<dyn StepExecutor>> {
+        match &step.kind {
+            StepKind::K8sUpgrade(UpgradeStep::QuietPeriod) => self.quiet_period.as_ref(),
+            StepKind::K8sUpgrade(UpgradeStep::Upstreams) => self.upstreams.as_ref(),
+            _ => self.steps.as_ref(),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl StepExecutor for UpgradeExecutors {
+    async fn execute(&self, run: &Run, index: usize) -> StepOutcome {
+        match self.pick(&run.steps[index]) {
+            Some(executor) => executor.execute(run, index).await,
+            None => StepOutcome::failed(format!(
+                "nothing here carries out {}",
+                run.steps[index].label()
+            )),
+        }
+    }
+
+    fn carries_out(&self, step: &Step) -> bool {
+        self.pick(step).is_some()
+    }
+}
+
 #[async_trait::async_trait]
 impl StepExecutor for UpgradeSteps {
     async fn execute(&self, run: &Run, index: usize) -> StepOutcome {
@@ -573,7 +613,7 @@ impl StepExecutor for UpgradeSteps {
             return StepOutcome::failed(format!("{} is not a step of an upgrade", step.label()));
         };
         self.metrics.upgrade_stage.set(stage_number(kind));
-        let request = match DetectionRequest::from_json(&run.request) {
+        let request = match run.request_as::<DetectionRequest>() {
             Ok(r) => r,
             Err(e) => {
                 return StepOutcome::failed(format!("the run's request no longer validates: {e}"));

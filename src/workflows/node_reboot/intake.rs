@@ -135,7 +135,7 @@ impl Intake for RebootIntake {
             return self.dry_run(request, &facts).await.map(Admit::Answer);
         }
         let runs = self.store.not_ended().await.map_err(store_down)?;
-        Ok(match plan::waiting_for_the_cluster(runs) {
+        Ok(match DOOR.waiting_run(runs) {
             // The worker merges it into the waiting run, which has not planned yet.
             Some(waiting) => Admit::MergeInto(Box::new(waiting)),
             None => Admit::New,

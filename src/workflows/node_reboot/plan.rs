@@ -245,14 +245,6 @@ pub fn new_run(
     .failing(on_failure)
 }
 
-/// The reboot run that waits for the cluster among `runs`, if one does: a new request is
-/// merged into it rather than made a run of its own.
-pub fn waiting_for_the_cluster(runs: impl IntoIterator<Item = Run>) -> Option<Run> {
-    runs.into_iter().find(|r| {
-        r.kind == RunKind::NodeReboot && r.status == crate::domain::run::RunStatus::Queued
-    })
-}
-
 /// Merges `request` (from `source`) into `run`, a reboot run that waits for the cluster
 /// and has not planned yet: its nodes join (none named: every node that needs it), the
 /// history says so. The nodes taken in, in words; `None` when `run` cannot take it (no
@@ -266,13 +258,13 @@ pub fn merge(
     if run.kind != RunKind::NodeReboot || run.status != crate::domain::run::RunStatus::Queued {
         return None;
     }
-    let asked = RebootRequest::from_json(&run.request).ok()?;
+    let asked = run.request_as::<RebootRequest>().ok()?;
     let nodes = if request.nodes.is_empty() {
         "every node that needs it".to_owned()
     } else {
         request.nodes.join(", ")
     };
-    run.request = asked.merged(request).to_json();
+    run.set_request(asked.merged(request).to_json());
     run.note(
         format!("a request from {source} for {nodes} is merged into this run"),
         now,

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::domain::input::{FieldErrors, read_body};
+use crate::domain::run::ReadRequest;
 use crate::domain::run_request::RunRequest;
 
 /// A validated request to reboot nodes (`POST /v1/reboots`): the nodes named, or every
@@ -135,6 +136,12 @@ fn node_name_problem(name: &str) -> Option<String> {
             "{:?} is not a node name (lowercase letters, digits, '-' and '.', at most 253)",
             name.chars().take(80).collect::<String>()
         ))
+    }
+}
+
+impl ReadRequest for RebootRequest {
+    fn read(json: &Value) -> Result<Self, FieldErrors> {
+        Self::from_json(json)
     }
 }
 

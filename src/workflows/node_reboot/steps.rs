@@ -241,7 +241,7 @@ impl RebootSteps {
 
     async fn run_step(&self, run: &Run, index: usize, kind: &RebootStep) -> StepOutcome {
         let step = &run.steps[index];
-        let request = match RebootRequest::from_json(&run.request) {
+        let request = match run.request_as::<RebootRequest>() {
             Ok(r) => r,
             Err(e) => {
                 return StepOutcome::failed(format!("the run's request no longer validates: {e}"));
