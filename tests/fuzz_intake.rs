@@ -14,8 +14,9 @@ use proptest::test_runner::{
 };
 use rollgate::domain::alert::{Alert, AlertBatch};
 use rollgate::domain::event::{
-    CloudEvent, DecodeError, DetectionRequest, EtcdRollRequest, FieldErrors, StageSelection,
+    CloudEvent, DecodeError, DetectionRequest, FieldErrors, StageSelection,
 };
+use rollgate::workflows::etcd_roll::request::EtcdRollRequest;
 use serde_json::{Value, json};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;

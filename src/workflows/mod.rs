@@ -33,6 +33,7 @@ mod tests {
         WakeRequest,
     };
     use crate::domain::run_request::RunAsked;
+    use crate::domain::scope::{Scope, required};
     use chrono::Utc;
     use serde_json::json;
 
@@ -119,5 +120,40 @@ mod tests {
         );
         let real = br#"{"specversion":"1.0","id":"1","source":"s","type":"rollgate.reboot.v1","data":{"nodes":["w1"],"dry_run":false}}"#;
         assert!(CloudEvent::decode(real, DOORS).is_ok());
+    }
+
+    /// Every route, the doors' among rollgate's own, needs its scope.
+    #[test]
+    fn every_route_of_the_api_needs_its_scope() {
+        let cases = [
+            ("POST", "/v1/alerts", Scope::AlertsWrite),
+            ("GET", "/v1/alerts", Scope::Read),
+            ("POST", "/v1/detections", Scope::DetectionsWrite),
+            ("POST", "/v1/etcd-rolls", Scope::EtcdRollsWrite),
+            ("POST", "/v1/reboots", Scope::RebootsWrite),
+            ("GET", "/v1/gates", Scope::Read),
+            ("GET", "/v1/events", Scope::Read),
+            ("GET", "/v1/runs", Scope::Read),
+            ("GET", "/v1/runs/r-1", Scope::Read),
+            ("HEAD", "/v1/runs/r-1", Scope::Read),
+            ("POST", "/v1/runs/r-1/halt", Scope::RunsControl),
+            ("POST", "/v1/runs/r-1/resume", Scope::RunsControl),
+            ("POST", "/v1/runs/r-1/abort", Scope::RunsControl),
+            ("POST", "/v1/runs/r-1/approve", Scope::RunsApprove),
+            ("GET", "/v1/fleet", Scope::Read),
+            ("POST", "/v1/alerts/", Scope::AlertsWrite),
+            ("POST", "/v1/nothing-here", Scope::RunsControl),
+            ("DELETE", "/v1/alerts", Scope::AlertsWrite),
+            ("PUT", "/v1/runs", Scope::RunsControl),
+            ("POST", "/v1/whoami", Scope::RunsControl),
+        ];
+        for (method, path, scope) in cases {
+            assert_eq!(
+                required(method, path, |p| DOORS.scope_at(p)),
+                Some(scope),
+                "{method} {path}"
+            );
+        }
+        assert_eq!(required("GET", "/v1/whoami", |p| DOORS.scope_at(p)), None);
     }
 }

@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use std::sync::Arc;
 
-use crate::domain::event::EtcdRollRequest;
+use super::request::EtcdRollRequest;
 use crate::domain::input::FieldErrors;
 use crate::domain::run::{Run, RunKind};
 use crate::domain::run_request::{RunDoor, RunPolicy, RunRequest, schema_of};
@@ -28,7 +28,7 @@ pub static DOOR: RunDoor = RunDoor {
     merge: None,
     one_at_a_time: false,
     summary: "roll the etcd cluster that is a StatefulSet's pods.",
-    body: schema_of::<crate::domain::event::EtcdRollBody>,
+    body: schema_of::<super::request::EtcdRollBody>,
     answers: &[],
 };
 

@@ -7,6 +7,7 @@
 
 pub mod intake;
 pub mod plan;
+pub mod request;
 pub mod roll_watch;
 pub use crate::domain::etcd_roll_step as step;
 pub mod steps;

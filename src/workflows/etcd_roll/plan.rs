@@ -11,7 +11,7 @@
 
 use std::fmt;
 
-use crate::domain::event::EtcdRollRequest;
+use super::request::EtcdRollRequest;
 pub use crate::domain::facts::agreed_leader;
 use crate::domain::run::{FailurePolicy, Run, RunKind};
 use crate::domain::run::{Step, StepStatus};

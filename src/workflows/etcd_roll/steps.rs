@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
+use super::request::EtcdRollRequest;
 use crate::domain::engine::StepOutcome;
-use crate::domain::event::EtcdRollRequest;
 use crate::domain::run::{Learned, Run, Step};
 use crate::domain::step_kind::{EtcdRollStep, StepKind};
 use crate::metrics::Metrics;
