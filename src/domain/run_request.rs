@@ -131,16 +131,6 @@ impl Doors {
         self.0.iter().copied()
     }
 
-    /// The door whose requests travel with CloudEvents type `event_type`.
-    pub fn by_event_type(self, event_type: &str) -> Option<&'static RunDoor> {
-        self.iter().find(|d| d.event_type == event_type)
-    }
-
-    /// The door that makes runs of `kind`.
-    pub fn by_kind(self, kind: RunKind) -> Option<&'static RunDoor> {
-        self.iter().find(|d| d.kind == kind)
-    }
-
     /// The scope a request to the door at `path` (under `/v1`) needs, if a door is there.
     pub fn scope_at(self, path: &str) -> Option<Scope> {
         self.by_path(path).map(|d| d.scope)
@@ -162,13 +152,6 @@ pub struct RunAsked {
     pub run_id: Option<String>,
     /// The request, typed by its workflow.
     pub request: Arc<dyn RunRequest>,
-}
-
-impl RunAsked {
-    /// The request as the workflow's own type `T`, if it is one.
-    pub fn request_as<T: 'static>(&self) -> Option<&T> {
-        self.request.as_any().downcast_ref()
-    }
 }
 
 impl PartialEq for RunAsked {

@@ -77,8 +77,3 @@ pub trait Intake: Send + Sync {
         }
     }
 }
-
-/// The intake of the workflow whose door has `path`, among `intakes`.
-pub fn at<'a>(intakes: &'a [Arc<dyn Intake>], path: &str) -> Option<&'a Arc<dyn Intake>> {
-    intakes.iter().find(|i| i.door().path == path)
-}
