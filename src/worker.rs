@@ -228,7 +228,7 @@ impl Worker {
                 holder.kind.name()
             );
             info!(run_id = %run.id, holder = %holder.id, "waiting for the cluster");
-            let told = run.history.len();
+            let told = run.history_len();
             run.transition(RunStatus::Queued, reason, Utc::now());
             notices.extend(notices_since(run, told));
             return Ok(Vec::new());
@@ -248,7 +248,7 @@ impl Worker {
                 let reason = format!("{WAITS_FOR_KURED}{holder}");
                 if run.reason != reason {
                     info!(run_id = %run.id, %holder, "waiting for kured's reboot lock");
-                    let told = run.history.len();
+                    let told = run.history_len();
                     run.transition(RunStatus::Queued, reason, Utc::now());
                     notices.extend(notices_since(run, told));
                 }
@@ -465,7 +465,8 @@ impl Worker {
 
     /// Puts back `run`, as committed (or unchanged since it was taken): the snapshot its
     /// steps are executed with. A run that has ended is not kept.
-    fn keep_run(&self, run: Run) -> Arc<Run> {
+    fn keep_run(&self, mut run: Run) -> Arc<Run> {
+        run.forget_logged_history();
         let run = Arc::new(run);
         let mut held = lock(&self.held_runs);
         if run.status.is_terminal() {
@@ -557,7 +558,7 @@ impl Worker {
                 ),
                 _ => continue,
             }
-            notices.extend(notices_since(&run, run.history.len() - 1));
+            notices.extend(notices_since(&run, run.history_len() - 1));
             commit.runs.push(run);
         }
         if !commit.runs.is_empty() {
@@ -964,7 +965,7 @@ impl Worker {
                 if let Some(latest) = self.take_run(&run.id).await? {
                     run = latest;
                 }
-                let told = run.history.len();
+                let told = run.history_len();
                 if let Some(nodes) = merge(&mut run, &*asked.request, source, Utc::now()) {
                     notices.extend(notices_since(&run, told));
                     info!(run_id = %run.id, %nodes, "request merged into the waiting run");
@@ -1063,7 +1064,7 @@ impl Worker {
         commit: &mut Commit,
         notices: &mut Vec<Notice>,
     ) -> (Vec<(usize, u64)>, bool) {
-        let before = (run.epoch, run.history.len(), run.touched.steps.len());
+        let before = (run.epoch, run.history_len(), run.touched.steps.len());
         let can_execute = |step: &Step| self.executors.get(step).is_some();
         let ctx = Context {
             now: Utc::now(),
@@ -1076,7 +1077,7 @@ impl Worker {
             failure_budget: self.policy.failure_budget,
         };
         let from = run.status;
-        let told = run.history.len();
+        let told = run.history_len();
         let result = engine::advance(run, input, &ctx);
         notices.extend(notices_since(run, told));
         match result {
@@ -1098,7 +1099,7 @@ impl Worker {
                         Next::Nothing | Next::All(_) => {}
                     }
                 }
-                let after = (run.epoch, run.history.len(), run.touched.steps.len());
+                let after = (run.epoch, run.history_len(), run.touched.steps.len());
                 (steps, after != before || run.touched.all)
             }
         }
@@ -1274,11 +1275,8 @@ fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// A notice for each transition of `run` from history index `from` on.
 fn notices_since(run: &Run, from: usize) -> Vec<Notice> {
-    let last = run.history.len().saturating_sub(1);
-    run.history
-        .iter()
-        .enumerate()
-        .skip(from)
+    let last = run.history_len().saturating_sub(1);
+    run.history_since(from)
         .map(|(i, h)| Notice {
             run_id: run.id.clone(),
             kind: run.kind.name().into(),

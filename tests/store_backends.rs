@@ -7,7 +7,7 @@ use chrono::Utc;
 use rollgate::domain::run::{Run, RunKind, RunStatus};
 use rollgate::queue::Outgoing;
 use rollgate::store::postgres::{MIGRATIONS, PgSettings};
-use rollgate::store::{Claim, Commit, Committed, Store, StoreError, WORKER_LEASE};
+use rollgate::store::{Claim, Commit, Committed, Events, Store, StoreError, WORKER_LEASE};
 use std::sync::OnceLock;
 use std::time::Duration;
 use support::postgres::Postgres;
@@ -266,7 +266,10 @@ async fn postgres_migrates_from_empty_and_from_the_previous_version() {
         .unwrap();
     log_as_before(&client, &run).await;
     let store = replica(&url).await;
-    assert_eq!(store.get_run("old").await.unwrap().unwrap(), run);
+    assert_eq!(
+        store.view_run("old", Events::All).await.unwrap().unwrap(),
+        run
+    );
     assert!(matches!(
         store.claim_run(&upgrade("new", "1.35.0"), &start("new")).await.unwrap(),
         Claim::InFlight(r) if r.id == "old"
@@ -767,7 +770,7 @@ async fn a_version_2_database_has_its_run_in_flight_split_into_steps_and_log() {
         .unwrap();
     log_as_before(&client, &run).await;
     let store = replica(&url).await;
-    let back = store.get_run("old").await.unwrap().unwrap();
+    let back = store.view_run("old", Events::All).await.unwrap().unwrap();
     assert_eq!(back, run, "the same run, read from its parts");
     let head: String = client
         .query_one("SELECT doc FROM runs WHERE id = 'old'", &[])
@@ -793,7 +796,10 @@ async fn a_version_2_database_has_its_run_in_flight_split_into_steps_and_log() {
         })
         .await
         .unwrap();
-    assert_eq!(store.get_run("old").await.unwrap().unwrap(), next);
+    assert_eq!(
+        store.view_run("old", Events::All).await.unwrap().unwrap(),
+        next
+    );
 }
 
 /// Logs `run`'s transitions as every version before 3 did with each write of a run.
@@ -921,4 +927,90 @@ async fn a_version_4_database_keeps_its_runs_held_by_a_gate_or_an_approval_held(
         approval.steps[1]
     );
     assert!(engine::check_control(&approval, ControlAction::Approve).is_ok());
+}
+
+/// A run read for work carries its steps and the count of its transitions, not the
+/// transitions themselves; what it adds is logged after them, in order; a view reads the
+/// whole history or a window of it from the log, on both backends.
+#[tokio::test]
+async fn a_run_read_for_work_carries_no_past_and_a_view_reads_a_window_of_it() {
+    for (store, _dir) in both().await {
+        let name = store.backend();
+        let mut run = upgrade("h", "1.35.0");
+        for n in 1..=4 {
+            run.note(format!("note {n}"), Utc::now());
+        }
+        assert!(store.insert_run_if_absent(&run).await.unwrap(), "{name}");
+        let reasons =
+            |run: &Run| -> Vec<String> { run.history.iter().map(|t| t.reason.clone()).collect() };
+
+        let mut work = store.get_run("h").await.unwrap().unwrap();
+        assert!(work.history.is_empty(), "{name}: {:?}", work.history);
+        assert_eq!(
+            (work.history_before, work.history_len(), work.touched.logged),
+            (5, 5, 5),
+            "{name}"
+        );
+        work.transition(RunStatus::Running, "started", Utc::now());
+        let committed = store
+            .commit(Commit {
+                runs: vec![work],
+                ..Commit::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(committed, Committed::Done { skipped: 0 }, "{name}");
+
+        let whole = store.view_run("h", Events::All).await.unwrap().unwrap();
+        assert_eq!(
+            reasons(&whole),
+            [
+                "accepted", "note 1", "note 2", "note 3", "note 4", "started"
+            ],
+            "{name}: the transition added on the run read for work follows the others"
+        );
+        assert_eq!(whole.history_before, 0, "{name}");
+        let logged: Vec<String> = store
+            .events_after(0, Some("h".into()), 100)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.transition.reason.clone())
+            .collect();
+        assert_eq!(logged, reasons(&whole), "{name}: the log, read apart");
+
+        let page = store
+            .view_run(
+                "h",
+                Events::Page {
+                    from: 1,
+                    limit: Some(2),
+                },
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(reasons(&page), ["note 1", "note 2"], "{name}");
+        assert_eq!(
+            (page.history_before, page.touched.logged),
+            (1, 6),
+            "{name}: where the window starts, and how many the log holds"
+        );
+        let last = store.view_run("h", Events::Last(2)).await.unwrap().unwrap();
+        assert_eq!(reasons(&last), ["note 4", "started"], "{name}");
+        assert_eq!(last.history_before, 4, "{name}");
+        let beyond = store
+            .view_run(
+                "h",
+                Events::Page {
+                    from: 9,
+                    limit: None,
+                },
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(beyond.history.is_empty(), "{name}");
+        assert_eq!(beyond.history_before, 6, "{name}");
+    }
 }

@@ -254,7 +254,7 @@ pub fn advance(run: &mut Run, input: Input, ctx: &Context) -> Result<Next, NotAl
         }),
         Input::Control { action, reason, by } => {
             check_control(run, action)?;
-            let since = run.history.len();
+            let since = run.history_len();
             let next = control(run, action, reason, by.as_deref(), ctx);
             if let Some(by) = &by {
                 run.credit(since, by);
@@ -537,7 +537,7 @@ fn halt_after_step(run: &mut Run, index: usize, detail: String, ctx: &Context) -
         return Next::Nothing;
     }
     let by = run.halt_requested_by.take();
-    let since = run.history.len();
+    let since = run.history_len();
     let who = by.as_deref().unwrap_or("operator");
     hold(run, format!("halted by {who} {detail}"), ctx);
     if let Some(by) = &by {

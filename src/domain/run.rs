@@ -352,8 +352,15 @@ pub struct Run {
     pub created_at: DateTime<Utc>,
     /// When anything of the run last changed.
     pub updated_at: DateTime<Utc>,
-    /// Every transition.
+    /// Its transitions: every one when read for a view, only those since it was read when
+    /// read for work (see `history_before`).
     pub history: Vec<Transition>,
+    /// How many transitions come before `history[0]` that this copy does not hold: a run
+    /// read for a step reads its steps, not its past, and the worker forgets what it has
+    /// written. Never stored.
+    #[serde(skip)]
+    #[schema(ignore)]
+    pub history_before: usize,
     /// What changed since the run was read from the store or last written to it: what the
     /// next commit writes.
     #[serde(skip)]
@@ -473,6 +480,7 @@ impl Run {
                 reason,
                 by: None,
             }],
+            history_before: 0,
             touched: Touched::default(),
         }
     }
@@ -599,9 +607,39 @@ impl Run {
         self.updated_at = now;
     }
 
-    /// Credits `by` with the transitions from `since` on that no one is credited with yet.
+    /// How many transitions the run has made, held here or not.
+    pub fn history_len(&self) -> usize {
+        self.history_before + self.history.len()
+    }
+
+    /// The transitions from number `since` on (counted over the whole history), each with
+    /// its number; those before `history_before` are not held, so not given.
+    pub fn history_since(&self, since: usize) -> impl Iterator<Item = (usize, &Transition)> {
+        let skip = since.saturating_sub(self.history_before);
+        self.history
+            .iter()
+            .enumerate()
+            .skip(skip)
+            .map(|(i, t)| (self.history_before + i, t))
+    }
+
+    /// Lets go of the transitions the store holds (`touched.logged`): a run in hand keeps
+    /// its size as its history grows. Those not yet written stay.
+    pub fn forget_logged_history(&mut self) {
+        let logged = self
+            .touched
+            .logged
+            .saturating_sub(self.history_before)
+            .min(self.history.len());
+        self.history.drain(..logged);
+        self.history_before += logged;
+    }
+
+    /// Credits `by` with the transitions from number `since` on that no one is credited
+    /// with yet.
     pub fn credit(&mut self, since: usize, by: &str) {
-        for t in self.history.iter_mut().skip(since) {
+        let skip = since.saturating_sub(self.history_before);
+        for t in self.history.iter_mut().skip(skip) {
             if t.by.is_none() {
                 t.by = Some(by.to_owned());
             }
@@ -680,6 +718,72 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A run with `n` transitions, the store holding the first `logged`.
+    fn with_transitions(n: usize, logged: usize) -> Run {
+        let mut run = Run::new(
+            "r1".into(),
+            RunKind::K8sUpgrade,
+            Value::Null,
+            None,
+            Vec::new(),
+            Utc::now(),
+            "t0",
+        );
+        for i in 1..n {
+            run.note(format!("t{i}"), Utc::now());
+        }
+        run.touched = Touched::nothing(logged);
+        run
+    }
+
+    fn reasons<'a>(it: impl Iterator<Item = (usize, &'a Transition)>) -> Vec<(usize, String)> {
+        it.map(|(i, t)| (i, t.reason.clone())).collect()
+    }
+
+    #[test]
+    fn a_run_forgets_the_transitions_the_store_holds_and_counts_them_still() {
+        // (transitions, logged, forgotten after, held after)
+        let cases = [(3, 3, 3, 0), (3, 1, 1, 2), (3, 0, 0, 3), (1, 5, 1, 0)];
+        for (n, logged, before, held) in cases {
+            let mut run = with_transitions(n, logged);
+            run.forget_logged_history();
+            assert_eq!(
+                (run.history_before, run.history.len(), run.history_len()),
+                (before, held, n),
+                "{n} transitions, {logged} logged"
+            );
+            let expected: Vec<_> = (before..n).map(|i| (i, format!("t{i}"))).collect();
+            assert_eq!(reasons(run.history_since(0)), expected);
+            run.forget_logged_history();
+            assert_eq!(
+                run.history_before, before,
+                "forgetting again changes nothing"
+            );
+        }
+    }
+
+    #[test]
+    fn transitions_are_numbered_over_the_whole_history_when_its_past_is_not_held() {
+        let mut run = with_transitions(4, 4);
+        run.forget_logged_history();
+        run.note("t4", Utc::now());
+        run.note("t5", Utc::now());
+        assert_eq!(run.history_len(), 6);
+        assert_eq!(
+            reasons(run.history_since(5)),
+            [(5, "t5".to_owned())],
+            "from a number past what is forgotten"
+        );
+        assert_eq!(reasons(run.history_since(2)).len(), 2, "from within it");
+        run.credit(5, "alice");
+        let by: Vec<_> = run.history.iter().map(|t| t.by.as_deref()).collect();
+        assert_eq!(
+            by,
+            [None, Some("alice")],
+            "credit counts over the whole history"
+        );
     }
 
     #[test]

@@ -15,6 +15,7 @@ use crate::domain::engine::check_control;
 use crate::domain::event::{CloudEvent, ControlAction, ControlRequest, EventData, ROLLGATE_SOURCE};
 use crate::domain::run::{Run, RunStatus};
 use crate::queue::Outgoing;
+use crate::store::Events;
 
 pub(crate) type State = web::Data<AppState>;
 
@@ -374,53 +375,48 @@ pub async fn get_run(
             return Err(ApiError::invalid(format!("{name} must be from 1 to 1000")));
         }
     }
-    let Some(mut run) = state.store.get_run(&id).await.map_err(store_down)? else {
-        return Err(ApiError::not_found(format!(
-            "no run {id:?}; GET /v1/runs lists them"
-        )));
-    };
     if page.history_last.is_some() && (page.history_from.is_some() || page.history_limit.is_some())
     {
         return Err(ApiError::invalid(
             "history_last asks for the newest transitions: give it alone, or history_from and history_limit",
         ));
     }
-    let paged = page.steps_from.is_some()
-        || page.steps_limit.is_some()
-        || page.history_from.is_some()
-        || page.history_limit.is_some()
-        || page.history_last.is_some();
+    let events = match (page.history_last, page.history_from, page.history_limit) {
+        (Some(last), _, _) => Events::Last(last),
+        (None, None, None) => Events::All,
+        (None, from, limit) => Events::Page {
+            from: from.unwrap_or(0),
+            limit,
+        },
+    };
+    let Some(mut run) = state
+        .store
+        .view_run(&id, events)
+        .await
+        .map_err(store_down)?
+    else {
+        return Err(ApiError::not_found(format!(
+            "no run {id:?}; GET /v1/runs lists them"
+        )));
+    };
+    let paged = page.steps_from.is_some() || page.steps_limit.is_some() || events != Events::All;
     if !paged {
         return Ok(HttpResponse::Ok().json(run));
     }
+    let total = run.steps.len();
+    let steps_from = page.steps_from.unwrap_or(0).min(total);
+    let steps_end = page
+        .steps_limit
+        .map_or(total, |l| (steps_from + l).min(total));
+    run.steps.truncate(steps_end);
+    run.steps.drain(..steps_from);
     let page = RunPage {
-        steps_from: page.steps_from.unwrap_or(0).min(run.steps.len()),
-        steps_total: run.steps.len(),
-        history_from: match page.history_last {
-            Some(last) => run.history.len().saturating_sub(last),
-            None => page.history_from.unwrap_or(0).min(run.history.len()),
-        },
-        history_total: run.history.len(),
-    }
-    .keep(&mut run, &page);
+        steps_from,
+        steps_total: total,
+        history_from: run.history_before,
+        history_total: run.touched.logged.max(run.history_len()),
+    };
     Ok(HttpResponse::Ok().json(PagedRun { run, page }))
-}
-
-impl RunPage {
-    /// Keeps in `run` the steps and transitions of this page.
-    fn keep(self, run: &mut Run, query: &RunPageQuery) -> Self {
-        let steps_end = query.steps_limit.map_or(run.steps.len(), |l| {
-            (self.steps_from + l).min(run.steps.len())
-        });
-        run.steps.truncate(steps_end);
-        run.steps.drain(..self.steps_from);
-        let history_end = query.history_limit.map_or(run.history.len(), |l| {
-            (self.history_from + l).min(run.history.len())
-        });
-        run.history.truncate(history_end);
-        run.history.drain(..self.history_from);
-        self
-    }
 }
 
 /// `POST /v1/runs/{id}/{action}`: halt, resume or abort a run (scope `runs:control`), or

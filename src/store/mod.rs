@@ -166,14 +166,59 @@ enum Which {
     NotEnded,
 }
 
+/// Which of a run's transitions to read with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Events {
+    /// None: a run read for work carries what it adds, not its past.
+    None,
+    /// Every one.
+    All,
+    /// From number `from` on (counted from the first), at most `limit` of them.
+    Page {
+        /// The number of the first to read.
+        from: usize,
+        /// How many at most; all that follow when none.
+        limit: Option<usize>,
+    },
+    /// The newest `n`.
+    Last(usize),
+}
+
+impl Events {
+    /// The first transition to read and how many at most, of a log holding `logged`.
+    fn window(self, logged: usize) -> (usize, usize) {
+        match self {
+            Self::None => (logged, 0),
+            Self::All => (0, logged),
+            Self::Page { from, limit } => {
+                let from = from.min(logged);
+                (from, limit.unwrap_or(logged).min(logged - from))
+            }
+            Self::Last(n) => (logged.saturating_sub(n), n.min(logged)),
+        }
+    }
+}
+
+/// A run's steps and the transitions read with them, as stored.
+struct RunParts {
+    steps: Vec<String>,
+    /// The documents of the transitions read, in order.
+    events: Vec<String>,
+    /// The number of the first of them.
+    events_from: usize,
+    /// How many transitions the log holds for the run.
+    logged: usize,
+}
+
 /// What a backend stores and reads, as rows; the [`Store`] decodes them and tells the
 /// event stream.
 #[async_trait::async_trait]
 trait Backend: Send + Sync {
     async fn ping(&self) -> Result<(), StoreError>;
     async fn run_doc(&self, id: &str) -> Result<Option<String>, StoreError>;
-    /// Run `id`'s steps in order and the documents of its transitions in order.
-    async fn run_parts(&self, id: &str) -> Result<(Vec<String>, Vec<String>), StoreError>;
+    /// Run `id`'s steps in order, the documents of the transitions `events` asks for in
+    /// order, and how many the log holds.
+    async fn run_parts(&self, id: &str, events: Events) -> Result<RunParts, StoreError>;
     async fn newest(
         &self,
         column: Column,
@@ -280,40 +325,53 @@ impl Store {
         self.backend.ping().await
     }
 
-    /// One run.
+    /// One run, to work on: its steps, not its past (`history_before` counts the
+    /// transitions the log holds).
     pub async fn get_run(&self, id: &str) -> Result<Option<Run>, StoreError> {
+        self.view_run(id, Events::None).await
+    }
+
+    /// One run, to show: its steps and the transitions `events` asks for.
+    pub async fn view_run(&self, id: &str, events: Events) -> Result<Option<Run>, StoreError> {
         match self.backend.run_doc(id).await? {
-            Some(head) => Ok(Some(self.assemble((id.to_owned(), head)).await?)),
+            Some(head) => Ok(Some(self.assemble((id.to_owned(), head), events).await?)),
             None => Ok(None),
         }
     }
 
-    /// The run whose row is `row`, with its steps and history.
-    async fn assemble(&self, (id, head): RunRow) -> Result<Run, StoreError> {
-        let (steps, events) = self.backend.run_parts(&id).await?;
+    /// The run whose row is `row`, with its steps and the transitions `events` asks for.
+    async fn assemble(&self, (id, head): RunRow, events: Events) -> Result<Run, StoreError> {
+        let parts = self.backend.run_parts(&id, events).await?;
         let corrupt = |e: serde_json::Error| StoreError::Corrupt {
             id: id.clone(),
             error: e.to_string(),
         };
         let mut run: Run = serde_json::from_str(&head).map_err(corrupt)?;
-        run.steps = steps
+        run.steps = parts
+            .steps
             .iter()
             .map(|doc| serde_json::from_str(doc))
             .collect::<Result<_, _>>()
             .map_err(corrupt)?;
-        run.history = events
+        run.history = parts
+            .events
             .iter()
             .map(|doc| serde_json::from_str::<RunEvent>(doc).map(|e| e.transition))
             .collect::<Result<_, _>>()
             .map_err(corrupt)?;
-        run.touched = Touched::nothing(run.history.len());
+        run.history_before = parts.events_from;
+        run.touched = Touched::nothing(parts.logged.max(run.history_len()));
         Ok(run)
     }
 
-    async fn assemble_all(&self, rows: Vec<RunRow>) -> Result<Vec<Run>, StoreError> {
+    async fn assemble_all(
+        &self,
+        rows: Vec<RunRow>,
+        events: Events,
+    ) -> Result<Vec<Run>, StoreError> {
         let mut runs = Vec::with_capacity(rows.len());
         for row in rows {
-            runs.push(self.assemble(row).await?);
+            runs.push(self.assemble(row, events).await?);
         }
         Ok(runs)
     }
@@ -325,7 +383,7 @@ impl Store {
         limit: usize,
     ) -> Result<Vec<Run>, StoreError> {
         let rows = self.backend.newest(Column::Doc, status, limit).await?;
-        self.assemble_all(rows).await
+        self.assemble_all(rows, Events::All).await
     }
 
     /// Runs in a line each, newest first; only those in `status` when given.
@@ -348,14 +406,14 @@ impl Store {
     async fn first(&self, which: Which) -> Result<Option<Run>, StoreError> {
         let rows = self.backend.runs(which).await?;
         match rows.into_iter().next() {
-            Some(row) => Ok(Some(self.assemble(row).await?)),
+            Some(row) => Ok(Some(self.assemble(row, Events::None).await?)),
             None => Ok(None),
         }
     }
 
     async fn all(&self, which: Which) -> Result<Vec<Run>, StoreError> {
         let rows = self.backend.runs(which).await?;
-        self.assemble_all(rows).await
+        self.assemble_all(rows, Events::None).await
     }
 
     /// A run of `kind` for `target` that has not ended, if any.
@@ -415,8 +473,8 @@ impl Store {
             .await?
         {
             Claim::New(seq) => Claim::New(seq),
-            Claim::InFlight(row) => Claim::InFlight(self.assemble(row).await?),
-            Claim::Held(row) => Claim::Held(self.assemble(row).await?),
+            Claim::InFlight(row) => Claim::InFlight(self.assemble(row, Events::None).await?),
+            Claim::Held(row) => Claim::Held(self.assemble(row, Events::None).await?),
         };
         if matches!(claim, Claim::New(_)) {
             self.told_logged();
@@ -642,7 +700,7 @@ impl RunWrite {
         let head = encode(run);
         run.history = history;
         run.steps = kept_steps;
-        run.touched = Touched::nothing(run.history.len());
+        run.touched = Touched::nothing(run.history_len());
         Self {
             id: run.id.clone(),
             kind: run.kind.name(),
@@ -678,11 +736,8 @@ fn encode(run: &Run) -> String {
 /// The documents of `run`'s transitions the log does not hold yet, given that it holds
 /// the first `logged`; the newest carries the run's blockers.
 fn unlogged_events(run: &Run, logged: usize) -> Vec<String> {
-    let last = run.history.len().saturating_sub(1);
-    run.history
-        .iter()
-        .enumerate()
-        .skip(logged)
+    let last = run.history_len().saturating_sub(1);
+    run.history_since(logged)
         .map(|(i, transition)| {
             let event = RunEvent {
                 seq: 0,

@@ -15,8 +15,8 @@ use std::time::Duration;
 use tokio_postgres::{NoTls, Transaction};
 
 use super::{
-    AlertRow, Backend, Claim, Column, Commit, Committed, IN_FLIGHT_INDEXES, Purge, RunRow,
-    RunWrite, StoreError, Which, dedup_horizon, resolved_alert_horizon,
+    AlertRow, Backend, Claim, Column, Commit, Committed, Events, IN_FLIGHT_INDEXES, Purge,
+    RunParts, RunRow, RunWrite, StoreError, Which, dedup_horizon, resolved_alert_horizon,
 };
 use crate::domain::run::{RunKind, RunStatus};
 use crate::queue::Outgoing;
@@ -482,22 +482,43 @@ impl Backend for PgStore {
         .await
     }
 
-    async fn run_parts(&self, id: &str) -> Result<(Vec<String>, Vec<String>), StoreError> {
+    async fn run_parts(&self, id: &str, events: Events) -> Result<RunParts, StoreError> {
         self.timed(async {
             let client = self.pool.get().await?;
+            let logged = client
+                .prepare_cached("SELECT events_logged FROM runs WHERE id = $1")
+                .await?;
             let steps = client
                 .prepare_cached("SELECT doc FROM run_steps WHERE run_id = $1 ORDER BY idx")
                 .await?;
-            let events = client
-                .prepare_cached("SELECT doc FROM run_events WHERE run_id = $1 ORDER BY seq")
-                .await?;
-            let (steps, events) = futures_util::future::try_join(
+            let (logged, steps) = futures_util::future::try_join(
+                client.query_opt(&logged, &[&id]),
                 client.query(&steps, &[&id]),
-                client.query(&events, &[&id]),
             )
             .await?;
+            let logged = logged
+                .map(|r| usize::try_from(r.get::<_, i64>(0)).unwrap_or(0))
+                .unwrap_or(0);
+            let (from, limit) = events.window(logged);
+            let events = if limit == 0 {
+                Vec::new()
+            } else {
+                let page = client
+                    .prepare_cached(
+                        "SELECT doc FROM run_events WHERE run_id = $1 ORDER BY seq LIMIT $2 OFFSET $3",
+                    )
+                    .await?;
+                client
+                    .query(&page, &[&id, &(limit as i64), &(from as i64)])
+                    .await?
+            };
             let docs = |rows: Vec<tokio_postgres::Row>| rows.iter().map(|r| r.get(0)).collect();
-            Ok((docs(steps), docs(events)))
+            Ok(RunParts {
+                steps: docs(steps),
+                events: docs(events),
+                events_from: from,
+                logged,
+            })
         })
         .await
     }

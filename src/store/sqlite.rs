@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::{
-    AlertRow, Backend, Claim, Column, Commit, Committed, IN_FLIGHT_INDEXES, Purge, RunRow,
-    RunWrite, StoreError, Which, dedup_horizon, encode, encode_summary, resolved_alert_horizon,
-    unlogged_events,
+    AlertRow, Backend, Claim, Column, Commit, Committed, Events, IN_FLIGHT_INDEXES, Purge,
+    RunParts, RunRow, RunWrite, StoreError, Which, dedup_horizon, encode, encode_summary,
+    resolved_alert_horizon, unlogged_events,
 };
 use crate::domain::alert::{Alert, newest_by_fingerprint};
 use crate::domain::run::{Run, RunKind, RunStatus};
@@ -432,18 +432,35 @@ impl Backend for SqliteStore {
         .await
     }
 
-    async fn run_parts(&self, id: &str) -> Result<(Vec<String>, Vec<String>), StoreError> {
+    async fn run_parts(&self, id: &str, events: Events) -> Result<RunParts, StoreError> {
         let id = id.to_owned();
         self.with(move |c| {
-            let docs = |sql: &str| -> Result<Vec<String>, StoreError> {
-                let mut st = c.prepare_cached(sql)?;
-                let docs = st.query_map(params![id], |r| r.get(0))?;
-                Ok(docs.collect::<Result<_, _>>()?)
+            let logged: i64 = c
+                .prepare_cached("SELECT events_logged FROM runs WHERE id = ?1")?
+                .query_row(params![id], |r| r.get(0))
+                .optional()?
+                .unwrap_or(0);
+            let logged = usize::try_from(logged).unwrap_or(0);
+            let steps = c
+                .prepare_cached("SELECT doc FROM run_steps WHERE run_id = ?1 ORDER BY idx")?
+                .query_map(params![id], |r| r.get(0))?
+                .collect::<Result<_, _>>()?;
+            let (from, limit) = events.window(logged);
+            let events = if limit == 0 {
+                Vec::new()
+            } else {
+                c.prepare_cached(
+                    "SELECT doc FROM run_events WHERE run_id = ?1 ORDER BY seq LIMIT ?2 OFFSET ?3",
+                )?
+                .query_map(params![id, limit as i64, from as i64], |r| r.get(0))?
+                .collect::<Result<_, _>>()?
             };
-            Ok((
-                docs("SELECT doc FROM run_steps WHERE run_id = ?1 ORDER BY idx")?,
-                docs("SELECT doc FROM run_events WHERE run_id = ?1 ORDER BY seq")?,
-            ))
+            Ok(RunParts {
+                steps,
+                events,
+                events_from: from,
+                logged,
+            })
         })
         .await
     }
@@ -917,7 +934,7 @@ mod tests {
         roll.memory.leader_moves = vec!["cp-1 -> cp-2".into()];
         for run in [upgrade, roll] {
             assert!(store.insert_run_if_absent(&run).await.unwrap());
-            let back = store.get_run(&run.id).await.unwrap().unwrap();
+            let back = store.view_run(&run.id, Events::All).await.unwrap().unwrap();
             assert_eq!(back, run);
         }
     }
@@ -965,13 +982,13 @@ mod tests {
             &[("old", "etcd-roll", doc), ("fresh", "etcd-roll", fresh)],
         );
         let store = Store::open(&path).unwrap();
-        let run = store.get_run("old").await.unwrap().unwrap();
+        let run = store.view_run("old", Events::All).await.unwrap().unwrap();
         assert_eq!(run.memory.etcd_start_term, Some(17));
         assert_eq!(
             run.steps[1].kind,
             crate::domain::step_kind::EtcdRollStep::Next.into()
         );
-        let fresh = store.get_run("fresh").await.unwrap().unwrap();
+        let fresh = store.view_run("fresh", Events::All).await.unwrap().unwrap();
         assert_eq!(fresh.memory.etcd_start_term, None);
         // The log of transitions is filled from the stored histories, run by run.
         let logged = store.events_after(0, None, 100).await.unwrap();
@@ -1166,7 +1183,7 @@ mod tests {
             tx.commit().unwrap();
         }
         let store = Store::open(&path).unwrap();
-        let back = store.get_run(&run.id).await.unwrap().unwrap();
+        let back = store.view_run(&run.id, Events::All).await.unwrap().unwrap();
         assert_eq!(back, run, "the same run, read from its parts");
         assert_eq!(back.touched.logged, 2);
         let conn = Connection::open(&path).unwrap();
@@ -1189,7 +1206,10 @@ mod tests {
             })
             .await
             .unwrap();
-        assert_eq!(store.get_run(&run.id).await.unwrap().unwrap(), next);
+        assert_eq!(
+            store.view_run(&run.id, Events::All).await.unwrap().unwrap(),
+            next
+        );
         let events: i64 = conn
             .query_row(
                 "SELECT COUNT(*) FROM run_events WHERE run_id = ?1",
