@@ -54,7 +54,7 @@ use rollgate::adapters::notify::LogNotifier;
 use rollgate::domain::engine::{Context, Input, Next, StepOutcome, advance};
 use rollgate::domain::event::{CloudEvent, EventData, ROLLGATE_SOURCE};
 use rollgate::domain::event::{DetectionRequest, StageSelection, UpgradeKind};
-use rollgate::domain::run::{FailurePolicy, Run, RunKind, RunStatus};
+use rollgate::domain::run::{FailurePolicy, Run, RunStatus};
 use rollgate::domain::run_request::RunAsked;
 use rollgate::domain::version::Version;
 use rollgate::metrics::Metrics;
@@ -255,6 +255,7 @@ async fn measure(
 
 #[tokio::main]
 async fn main() {
+    rollgate::workflows::register();
     if !std::env::args().any(|a| a == "--bench") {
         return;
     }
@@ -374,9 +375,12 @@ async fn whole_run(store: Store, dir: &std::path::Path, run: Run) -> (Duration, 
         gate: Some(every.clone()),
         ..Executors::default()
     }
-    .with(RunKind::K8sUpgrade, every.clone())
-    .with(RunKind::EtcdRoll, every.clone())
-    .with(RunKind::NodeReboot, every);
+    .with(rollgate::domain::upgrade_step::K8S_UPGRADE, every.clone())
+    .with(
+        rollgate::workflows::etcd_roll::step::ETCD_ROLL,
+        every.clone(),
+    )
+    .with(rollgate::workflows::node_reboot::step::NODE_REBOOT, every);
     let policy = WorkerPolicy {
         max_attempts: 3,
         halt_after: Duration::from_secs(1800),

@@ -22,7 +22,7 @@ use serve::Serve;
 use chrono::Utc;
 use hdrhistogram::Histogram;
 use rollgate::domain::event::DetectionRequest;
-use rollgate::domain::run::{Run, RunKind, RunStatus, StepStatus};
+use rollgate::domain::run::{Run, RunStatus, StepStatus};
 use rollgate::domain::version::Version;
 use rollgate::store::Store;
 use rollgate::workflows::k8s_upgrade::plan::{ClusterFacts, NodeFacts, PlanSettings, Role, plan};
@@ -64,7 +64,7 @@ fn half_done_run(i: usize) -> Run {
     let now = Utc::now() - chrono::Duration::hours(2);
     let mut run = Run::new(
         format!("bench-{i:04}"),
-        RunKind::K8sUpgrade,
+        rollgate::domain::upgrade_step::K8S_UPGRADE,
         body,
         Some("1.34.5".into()),
         planned.steps,
@@ -218,6 +218,7 @@ async fn drive(
 
 #[tokio::main]
 async fn main() {
+    rollgate::workflows::register();
     if !std::env::args().any(|a| a == "--bench") {
         return;
     }

@@ -21,7 +21,6 @@ use crate::adapters::prometheus::Prometheus;
 use crate::adapters::snapshot::EtcdSnapshots;
 use crate::adapters::ssh::{Ssh, SshSettings};
 use crate::config::{AfterUpgrade, QueueBackend, Settings, StoreBackend};
-use crate::domain::run::RunKind;
 use crate::http::clients::{Clients, TokenSources};
 use crate::http::tls::{Tls, TlsFiles};
 use crate::http::{self, AppState};
@@ -54,6 +53,7 @@ const WORKER_STOP_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Runs the service until a stop signal.
 pub async fn serve(settings: Settings) -> anyhow::Result<()> {
+    crate::workflows::register();
     std::fs::create_dir_all(&settings.data_dir)
         .with_context(|| format!("cannot create data_dir {}", settings.data_dir.display()))?;
     let _lock = lock_data_dir(&settings.data_dir)?;
@@ -130,7 +130,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
                 settings.etcd_roll.transfer_timeout,
                 metrics.clone(),
             );
-            executors = executors.with(RunKind::EtcdRoll, Arc::new(rolls));
+            executors = executors.with(crate::workflows::etcd_roll::step::ETCD_ROLL, Arc::new(rolls));
             RollIntake {
                 unavailable: None,
                 tls: settings.etcd_roll.ca_file.is_some(),
@@ -158,7 +158,8 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
                 let etcd = steps.control_planes.etcd.clone();
                 let node_reboots = reboots.reboots.clone();
                 upgrades.steps = Some(steps as Arc<dyn StepExecutor>);
-                executors = executors.with(RunKind::NodeReboot, reboots);
+                executors =
+                    executors.with(crate::workflows::node_reboot::step::NODE_REBOOT, reboots);
                 (Some(cluster), etcd, Some(node_reboots))
             }
             None => {
@@ -192,7 +193,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         .context("cannot ask the fleet's upstreams")?,
     );
     upgrades.upstreams = Some(Arc::new(UpstreamsStep(fleet.clone())));
-    let executors = executors.with(RunKind::K8sUpgrade, Arc::new(upgrades));
+    let executors = executors.with(crate::domain::upgrade_step::K8S_UPGRADE, Arc::new(upgrades));
     let etcd_rolls = Arc::new(etcd_rolls);
     let intakes: Vec<Arc<dyn Intake>> = vec![
         Arc::new(crate::workflows::k8s_upgrade::intake::UpgradeIntake {
@@ -310,7 +311,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         let mut worker = Worker::new(queue, store, metrics, executors, policy, notifier)
             .telling(gate.clone())
             .refusing(
-                crate::domain::run::RunKind::K8sUpgrade,
+                crate::domain::upgrade_step::K8S_UPGRADE,
                 upgrades_unavailable,
             )
             .within(settings.schedule.windows.clone())
@@ -357,6 +358,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
 
 /// The run store the settings name: SQLite under `data_dir`, or PostgreSQL.
 pub async fn open_store(settings: &Settings) -> anyhow::Result<Store> {
+    crate::workflows::register();
     let s = &settings.store;
     match s.backend {
         StoreBackend::Sqlite => {

@@ -102,8 +102,8 @@ mod tests {
 
     #[test]
     fn a_step_is_over_its_limit_from_its_first_start() {
-        let mut step = Step::new(crate::domain::step_kind::EtcdRollStep::Ready {
-            member: "etcd-1".into(),
+        let mut step = Step::new(crate::domain::upgrade_step::UpgradeStep::Apply {
+            node: "cp-1".into(),
         });
         assert!(!over(&step, Duration::from_secs(1)));
         step.started_at = Some(Utc::now() - chrono::Duration::seconds(5));

@@ -606,7 +606,7 @@ impl Worker {
     async fn commit(&self, commit: &mut Commit) -> Result<Committed, StoreError> {
         commit.fenced = true;
         let upgrade_ended = commit.runs.iter().any(|r| {
-            r.kind == RunKind::K8sUpgrade
+            r.kind == crate::domain::upgrade_step::K8S_UPGRADE
                 && r.status.is_terminal()
                 && crate::workflows::k8s_upgrade::marked_in_flight(r)
         });
@@ -776,7 +776,7 @@ impl Worker {
             EventData::Run(asked) if asked.run_id.is_none() => self
                 .refused
                 .iter()
-                .find(|(kind, _)| *kind == asked.door.kind)
+                .find(|(kind, _)| *kind == asked.door.kind())
                 .map(|(_, why)| why),
             _ => None,
         };
@@ -985,7 +985,7 @@ impl Worker {
             .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
         let Some(new) = (door.new_run)(id, &*asked.request, &policy, Utc::now()) else {
             warn!(
-                kind = door.kind.name(),
+                kind = door.kind().name(),
                 "a request of another workflow's type; ignored"
             );
             return Ok(Vec::new());
@@ -1007,7 +1007,7 @@ impl Worker {
         commit: &mut Commit,
         notices: &mut Vec<Notice>,
     ) -> Result<Vec<(usize, u64)>, Transient> {
-        let kind = door.kind;
+        let kind = door.kind();
         let mut existing = match &run_id {
             Some(id) => self.take_run(id).await?,
             None => None,

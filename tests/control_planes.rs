@@ -28,6 +28,7 @@ async fn detect(rg: &Rollgate) -> String {
 }
 
 fn labels(run: &Value) -> Vec<String> {
+    rollgate::workflows::register();
     run["steps"]
         .as_array()
         .into_iter()
@@ -38,6 +39,7 @@ fn labels(run: &Value) -> Vec<String> {
 }
 
 fn outcome_of(run: &Value, label: &str) -> Vec<String> {
+    rollgate::workflows::register();
     run["steps"]
         .as_array()
         .into_iter()

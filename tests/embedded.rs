@@ -122,6 +122,7 @@ async fn poison_goes_to_the_dead_table_with_its_reason_and_the_worker_goes_on() 
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("queue.db");
     let queue: Arc<dyn Queue> = Arc::new(EmbeddedQueue::open(&path, LEASE, 10).unwrap());
+    rollgate::workflows::register();
     let store = Store::open(&dir.path().join("store.db")).unwrap();
     let metrics = Metrics::new();
     let worker = spawn_worker(
@@ -210,17 +211,18 @@ impl rollgate::ports::StepExecutor for Recording {
 async fn a_step_in_hand_at_a_crash_is_run_again_at_start() {
     use rollgate::domain::engine::{Context, Input, advance};
     use rollgate::domain::event::Stage;
-    use rollgate::domain::run::{Run, RunKind, RunStatus, Step};
-    use rollgate::domain::step_kind::UpgradeStep;
+    use rollgate::domain::run::{Run, RunStatus, Step};
+    use rollgate::domain::upgrade_step::UpgradeStep;
     use rollgate::workflows::k8s_upgrade::UpgradeExecutors;
     let dir = tempfile::tempdir().unwrap();
     let queue: Arc<dyn Queue> =
         Arc::new(EmbeddedQueue::open(&dir.path().join("queue.db"), LEASE, 10).unwrap());
+    rollgate::workflows::register();
     let store = Store::open(&dir.path().join("store.db")).unwrap();
     // What a crash leaves: the step persisted as in hand, its message already acked.
     let mut run = Run::new(
         "crashed".into(),
-        RunKind::K8sUpgrade,
+        rollgate::domain::upgrade_step::K8S_UPGRADE,
         serde_json::json!({}),
         Some("1.34.5".into()),
         vec![Step::new(UpgradeStep::Drain {
@@ -248,7 +250,7 @@ async fn a_step_in_hand_at_a_crash_is_run_again_at_start() {
     // The upgrade's own steps only, as `serve` hands them (the quiet period and the
     // upstreams' wait have no executor here).
     let executors = Executors::default().with(
-        RunKind::K8sUpgrade,
+        rollgate::domain::upgrade_step::K8S_UPGRADE,
         Arc::new(UpgradeExecutors {
             steps: Some(recording.clone() as Arc<dyn rollgate::ports::StepExecutor>),
             ..UpgradeExecutors::default()

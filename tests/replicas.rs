@@ -145,6 +145,7 @@ async fn three_replicas_finish_an_upgrade_through_ten_kill_9s_of_the_active_work
     let entries: Vec<String> = history.iter().map(Value::to_string).collect();
     let distinct: HashSet<&String> = entries.iter().collect();
     assert_eq!(distinct.len(), entries.len(), "a transition twice: {run}");
+    rollgate::workflows::register();
     let store = rollgate::store::Store::connect(&rollgate::store::postgres::PgSettings {
         url: url.clone(),
         password: None,

@@ -431,6 +431,7 @@ async fn a_1000_node_run_renders_grouped_by_batch_and_follows_live() {
     let run = thousand_node_run(1000);
     let id = run.id.clone();
     {
+        rollgate::workflows::register();
         let store = rollgate::store::Store::open(&rg.data_dir().join("store.db")).unwrap();
         assert!(store.insert_run_if_absent(&run).await.unwrap());
     }

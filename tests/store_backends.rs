@@ -4,7 +4,7 @@
 mod support;
 
 use chrono::Utc;
-use rollgate::domain::run::{Run, RunKind, RunStatus};
+use rollgate::domain::run::{Run, RunStatus};
 use rollgate::queue::Outgoing;
 use rollgate::store::postgres::{MIGRATIONS, PgSettings};
 use rollgate::store::{Claim, Commit, Committed, Events, Store, StoreError, WORKER_LEASE};
@@ -27,14 +27,26 @@ fn settings(url: &str) -> PgSettings {
     }
 }
 
+/// The SQLite store at `path`, with every workflow's runs known to it, as `serve` opens it.
+fn open(path: &std::path::Path) -> Result<Store, StoreError> {
+    rollgate::workflows::register();
+    Store::open(path)
+}
+
+/// The PostgreSQL store `settings` name, with every workflow's runs known to it.
+async fn connect(settings: &PgSettings) -> Result<Store, StoreError> {
+    rollgate::workflows::register();
+    Store::connect(settings).await
+}
+
 async fn replica(url: &str) -> Store {
-    Store::connect(&settings(url)).await.expect("connect")
+    connect(&settings(url)).await.expect("connect")
 }
 
 /// A SQLite store and a PostgreSQL one, to run the same checks on.
 async fn both() -> Vec<(Store, tempfile::TempDir)> {
     let dir = tempfile::tempdir().unwrap();
-    let sqlite = Store::open(&dir.path().join("store.db")).unwrap();
+    let sqlite = open(&dir.path().join("store.db")).unwrap();
     let pg = replica(&server().database().await).await;
     vec![(sqlite, dir), (pg, tempfile::tempdir().unwrap())]
 }
@@ -42,7 +54,7 @@ async fn both() -> Vec<(Store, tempfile::TempDir)> {
 fn upgrade(id: &str, target: &str) -> Run {
     Run::new(
         id.into(),
-        RunKind::K8sUpgrade,
+        rollgate::domain::upgrade_step::K8S_UPGRADE,
         serde_json::json!({}),
         Some(target.into()),
         Vec::new(),
@@ -170,7 +182,7 @@ async fn concurrent_claims_from_two_replicas_make_one_run() {
         assert_eq!(new, 1, "round {round}: one run per target");
         // Finish it, so that the next round's target may start.
         let mut run = one
-            .in_flight(RunKind::K8sUpgrade, &target)
+            .in_flight(rollgate::domain::upgrade_step::K8S_UPGRADE, &target)
             .await
             .unwrap()
             .unwrap();
@@ -231,7 +243,7 @@ async fn postgres_migrates_from_empty_and_from_the_previous_version() {
     // Empty: every version, once; two replicas starting together migrate once.
     let url = pg.database().await;
     let pg_settings = settings(&url);
-    let (a, b) = tokio::join!(Store::connect(&pg_settings), Store::connect(&pg_settings));
+    let (a, b) = tokio::join!(connect(&pg_settings), connect(&pg_settings));
     let (a, _b) = (a.unwrap(), b.unwrap());
     let client = Postgres::client_of(&url).await;
     let version: i32 = client
@@ -286,7 +298,7 @@ async fn postgres_migrates_from_empty_and_from_the_previous_version() {
         .execute("UPDATE rollgate_schema SET version = 99", &[])
         .await
         .unwrap();
-    let Err(err) = Store::connect(&settings(&url)).await else {
+    let Err(err) = connect(&settings(&url)).await else {
         panic!("a newer schema was opened");
     };
     let err = rollgate::error_chain(&err);
@@ -298,7 +310,7 @@ async fn postgres_migrates_from_empty_and_from_the_previous_version() {
 async fn an_unreachable_postgres_is_a_prompt_error_not_a_hang() {
     let mut pg = Postgres::start();
     let url = pg.database().await;
-    let store = Store::connect(&PgSettings {
+    let store = connect(&PgSettings {
         timeout: Duration::from_millis(500),
         ..settings(&url)
     })
@@ -422,7 +434,7 @@ async fn resolved_alerts_leave_the_board_after_a_day_and_firing_ones_stay() {
     for backend in ["sqlite", "postgres"] {
         let open = || async {
             match backend {
-                "sqlite" => Store::open(&path).unwrap(),
+                "sqlite" => open(&path).unwrap(),
                 _ => replica(&url).await,
             }
         };
@@ -507,7 +519,7 @@ async fn the_board_keeps_the_newest_notification_by_the_alerts_own_times() {
     let url = server().database().await;
     for backend in ["sqlite", "postgres"] {
         let store = match backend {
-            "sqlite" => Store::open(&dir.path().join("store.db")).unwrap(),
+            "sqlite" => open(&dir.path().join("store.db")).unwrap(),
             _ => replica(&url).await,
         };
         let board = || async {
@@ -588,7 +600,7 @@ async fn the_board_keeps_the_newest_notification_by_the_alerts_own_times() {
 fn planned(id: &str, workers: usize) -> Run {
     use rollgate::domain::event::Stage;
     use rollgate::domain::run::Step;
-    use rollgate::domain::step_kind::UpgradeStep;
+    use rollgate::domain::upgrade_step::UpgradeStep;
     let mut steps = vec![
         Step::new(UpgradeStep::Plan),
         Step::new(UpgradeStep::NodesReady),
@@ -700,7 +712,7 @@ async fn a_transition_writes_as_many_bytes_for_500_workers_as_for_10_on_both_bac
     let mut sqlite_bytes = Vec::new();
     for workers in [10, 500] {
         let path = dir.path().join(format!("store-{workers}.db"));
-        let sqlite = Store::open(&path).unwrap();
+        let sqlite = open(&path).unwrap();
         let wal = path.with_extension("db-wal");
         let checkpoint = rusqlite::Connection::open(&path).unwrap();
         checkpoint
@@ -845,13 +857,13 @@ async fn quiet_since_starts_at_the_first_open_gate_and_a_blocking_alert_restarts
     // Read back by another store on the same files: kept across restarts.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.db");
-    Store::open(&path)
+    open(&path)
         .unwrap()
         .record_gate(false, at(60))
         .await
         .unwrap();
     assert_eq!(
-        Store::open(&path).unwrap().quiet_since().await.unwrap(),
+        open(&path).unwrap().quiet_since().await.unwrap(),
         Some(at(60))
     );
     let url = server().database().await;
@@ -886,7 +898,7 @@ async fn a_version_4_database_keeps_its_runs_held_by_a_gate_or_an_approval_held(
     };
     // One Kubernetes upgrade may have started: the gated run is a reboot.
     let mut gated = waiting("gated", "gate closed: NodeDown on w1");
-    gated.kind = RunKind::NodeReboot;
+    gated.kind = rollgate::workflows::node_reboot::step::NODE_REBOOT;
     let approval = waiting(
         "approval",
         &format!("{AWAITS_APPROVAL}: upstreams ready (staging)"),

@@ -439,6 +439,7 @@ fn check_listener(settings: &Settings) -> anyhow::Result<(String, String)> {
 
 /// Runs the parsed command line.
 pub fn run(cli: Cli) -> ExitCode {
+    crate::workflows::register();
     // Generated from the command line's own definition: no settings are read for them.
     match &cli.command {
         Command::Completions { shell } => {

@@ -13,7 +13,7 @@ pub(super) struct PlanRefused(String);
 /// `rollgate plan`: the plan for `args` against the cluster now, as text.
 pub(super) async fn plan(settings: &Settings, args: PlanArgs) -> anyhow::Result<String> {
     use crate::domain::event::{DetectionRequest, StageSelection, UpgradeKind};
-    use crate::domain::step_kind::StepKind;
+    use crate::domain::upgrade_step::UpgradeStep;
     use crate::domain::version::Version;
     use crate::ports::ClusterRead;
     use crate::workflows::k8s_upgrade::plan::{self as plan, Role};
@@ -95,10 +95,9 @@ pub(super) async fn plan(settings: &Settings, args: PlanArgs) -> anyhow::Result<
             "{:>3}. {:<32} {}",
             i + 1,
             step.label(),
-            match &step.kind {
-                StepKind::K8sUpgrade(kind) => plan::describe(kind, target),
-                _ => String::new(),
-            }
+            step.kind
+                .get::<UpgradeStep>()
+                .map_or_else(String::new, |kind| plan::describe(kind, target))
         )?;
     }
     Ok(out)

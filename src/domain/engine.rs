@@ -967,8 +967,8 @@ fn worker_failed(run: &mut Run, index: usize, lane: &str, reason: String, ctx: &
 mod tests {
     use super::*;
     use crate::domain::event::Stage;
-    use crate::domain::run::{FailurePolicy, RunKind};
-    use crate::domain::step_kind::UpgradeStep;
+    use crate::domain::run::FailurePolicy;
+    use crate::domain::upgrade_step::UpgradeStep;
     use chrono::TimeZone;
 
     fn t(secs: i64) -> DateTime<Utc> {
@@ -978,7 +978,7 @@ mod tests {
     fn run_with(steps: &[&str]) -> Run {
         Run::new(
             "r1".into(),
-            RunKind::K8sUpgrade,
+            crate::domain::upgrade_step::K8S_UPGRADE,
             serde_json::json!({}),
             Some("1.34.5".into()),
             steps.iter().map(|s| step(s)).collect(),
@@ -1903,7 +1903,7 @@ mod tests {
         steps.push(Step::new(UpgradeStep::NodesAtTarget));
         Run::new(
             "r1".into(),
-            RunKind::K8sUpgrade,
+            crate::domain::upgrade_step::K8S_UPGRADE,
             serde_json::json!({}),
             Some("1.34.5".into()),
             steps,
@@ -2236,6 +2236,7 @@ mod tests {
         finish(&mut run, "workers/gate@w1", done(), &c);
         finish(&mut run, "workers/drain@w2", done(), &c);
         // Stored, read back after kill -9: what was running is redone, each once.
+        crate::domain::step_kind::register(&[crate::domain::upgrade_step::STEPS]);
         let mut run: Run = serde_json::from_value(serde_json::to_value(&run).unwrap()).unwrap();
         let redo = run.running_in_hand();
         assert_eq!(redo.len(), 3);
@@ -2272,6 +2273,7 @@ mod tests {
         run.steps[0].epoch = 0;
         let stored = serde_json::to_value(&run).unwrap();
         assert!(stored.get("in_hand").is_none() && stored["steps"][0].get("epoch").is_none());
+        crate::domain::step_kind::register(&[crate::domain::upgrade_step::STEPS]);
         let mut run: Run = serde_json::from_value(stored).unwrap();
         let epoch = run.epoch;
         let next = advance(

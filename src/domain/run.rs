@@ -698,7 +698,7 @@ impl Run {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::step_kind::UpgradeStep;
+    use crate::domain::upgrade_step::UpgradeStep;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     static READINGS: AtomicUsize = AtomicUsize::new(0);
@@ -724,7 +724,7 @@ mod tests {
     fn with_transitions(n: usize, logged: usize) -> Run {
         let mut run = Run::new(
             "r1".into(),
-            RunKind::K8sUpgrade,
+            crate::domain::upgrade_step::K8S_UPGRADE,
             Value::Null,
             None,
             Vec::new(),
@@ -790,7 +790,7 @@ mod tests {
     fn a_request_is_read_once_and_read_again_only_when_replaced() {
         let mut run = Run::new(
             "r1".into(),
-            RunKind::K8sUpgrade,
+            crate::domain::upgrade_step::K8S_UPGRADE,
             serde_json::json!({"nodes": ["w1"]}),
             None,
             vec![Step::new(UpgradeStep::Plan)],

@@ -14,6 +14,7 @@ use utoipa::openapi::{RefOr, schema::Schema};
 use super::input::FieldErrors;
 use super::run::{FailurePolicy, Run, RunKind, RunStatus};
 use super::scope::Scope;
+use super::step_kind::StepType;
 
 /// A workflow's request for a run, read and checked once: the typed form the queue carries
 /// and the workflow makes its run from.
@@ -79,8 +80,9 @@ pub struct RunPolicy {
 /// The names a kind of run is asked for by, and how its requests are read off the queue.
 #[derive(Debug)]
 pub struct RunDoor {
-    /// The kind of run it makes.
-    pub kind: RunKind,
+    /// The steps of the runs it makes, and their kind: read back from the store and the
+    /// API once registered (`workflows::register`).
+    pub steps: StepType,
     /// The route under `/v1` its requests are posted to, e.g. `reboots`.
     pub path: &'static str,
     /// The scope a client needs to post there.
@@ -110,13 +112,18 @@ pub struct RunDoor {
 }
 
 impl RunDoor {
+    /// The kind of run it makes.
+    pub fn kind(&self) -> RunKind {
+        self.steps.run_kind
+    }
+
     /// The run of this door's kind that waits for the cluster among `runs`, for a door
     /// whose requests merge: a request that names no run joins it rather than make a run
     /// of its own.
     pub fn waiting_run(&self, runs: impl IntoIterator<Item = Run>) -> Option<Run> {
         self.merge?;
         runs.into_iter()
-            .find(|r| r.kind == self.kind && r.status == RunStatus::Queued)
+            .find(|r| r.kind == self.kind() && r.status == RunStatus::Queued)
     }
 }
 
@@ -156,7 +163,7 @@ pub struct RunAsked {
 
 impl PartialEq for RunAsked {
     fn eq(&self, other: &Self) -> bool {
-        self.door.kind == other.door.kind
+        self.door.kind() == other.door.kind()
             && self.run_id == other.run_id
             && self.request.to_json() == other.request.to_json()
     }

@@ -327,7 +327,7 @@ impl Windows {
 mod tests {
     use super::*;
     use crate::domain::event::Stage;
-    use crate::domain::step_kind::{ControlPlanePart, EtcdRollStep, RebootStep, UpgradeStep};
+    use crate::domain::upgrade_step::UpgradeStep;
 
     fn at(text: &str) -> DateTime<Utc> {
         DateTime::parse_from_rfc3339(text)
@@ -485,7 +485,7 @@ mod tests {
         let node = || "w1".to_owned();
         let waits = |step: StepKind| step.waits_for_window();
         let gate = |stage, node| StepKind::from(UpgradeStep::Gate { stage, node });
-        let cases: [(StepKind, bool); 17] = [
+        let cases: [(StepKind, bool); 9] = [
             (gate(Stage::Preflight, None), true),
             (gate(Stage::Workers, Some(node())), true),
             (gate(Stage::ControlPlane, Some(node())), true),
@@ -509,28 +509,6 @@ mod tests {
                 false,
             ),
             (UpgradeStep::NodesAtTarget.into(), false),
-            (EtcdRollStep::Gate { member: node() }.into(), true),
-            (EtcdRollStep::Transfer { member: node() }.into(), true),
-            (EtcdRollStep::Ready { member: node() }.into(), false),
-            (RebootStep::Gate { node: node() }.into(), true),
-            (RebootStep::MoveLeader { node: node() }.into(), true),
-            (
-                RebootStep::ControlPlane {
-                    node: node(),
-                    part: ControlPlanePart::Gate,
-                }
-                .into(),
-                true,
-            ),
-            (RebootStep::Back { node: node() }.into(), false),
-            (
-                RebootStep::ControlPlane {
-                    node: node(),
-                    part: ControlPlanePart::Reboot,
-                }
-                .into(),
-                false,
-            ),
         ];
         for (step, want) in cases {
             assert_eq!(waits(step.clone()), want, "{step:?}");

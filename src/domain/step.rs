@@ -2,6 +2,8 @@
 //! the engine asks of a step, whichever workflow it belongs to, and the bookend stages
 //! every run kind shares.
 
+use super::run_kind::RunKind;
+
 /// The stage name of the bookend step that marks a run in flight.
 pub const ACCEPT: &str = "accept";
 /// The stage name of the `plan` step.
@@ -18,6 +20,8 @@ pub trait WorkflowStep {
     fn stage_name(&self) -> &'static str;
     /// The node (or etcd member) the step acts on, if any.
     fn node(&self) -> Option<&str>;
+    /// The kind of run the step belongs to: whose executor carries it out.
+    fn run_kind(&self) -> RunKind;
     /// The worker whose cycle the step belongs to, when it runs beside the others of its
     /// batch.
     fn lane(&self) -> Option<&str> {

@@ -1,79 +1,126 @@
-//! Steps as data: one enum of step kinds per run kind, with their parameters as fields,
-//! each in a file of its own beside this one and known to the engine through [`WorkflowStep`]
-//! and one registration here (a `StepKind` variant, its arm in `step`, its wire parser).
+//! Steps as data: each workflow's step type is its own (an enum of its steps, with their
+//! parameters as fields, in its folder), known to the engine through [`WorkflowStep`] and
+//! to the store through the [`StepType`] it registers (`workflows::register`).
 //!
-//! The executors pick what to do with an exhaustive `match`, so a step kind nobody carries
-//! out is a compile error, not a run parked at run time. On the wire (the API, the run
-//! store) a step keeps the flat shape readers already use — `stage`, `name`, `node` — and
-//! a stored step whose name, stage or node does not make a known step is refused when it
-//! is read, with the reason.
+//! A [`StepKind`] holds any workflow's step; the workflow's executor takes its own back
+//! with [`StepKind::get`] and picks what to do with an exhaustive `match`. On the wire (the
+//! API, the run store) a step keeps the flat shape readers already use — `stage`, `name`,
+//! `node` — and a stored step whose name, stage or node does not make a known step is
+//! refused when it is read, with the reason.
+
+use std::any::Any;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, RwLock};
 
 use serde::{Deserialize, Serialize};
 
-pub use super::etcd_roll_step::{ETCD_ROLL, EtcdRollStep};
-pub use super::reboot_step::{ControlPlanePart, REBOOT, REBOOT_CONTROL_PLANE, RebootStep};
-use super::run_kind::RunKind;
+use super::run_kind::{self, RunKind};
 use super::step::{StepError, StepRole, WorkflowStep};
-pub use super::upgrade_step::UpgradeStep;
 
-/// What a step does, whichever run kind it belongs to.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// A workflow's step type as the store and the engine know it: what a step of it is,
+/// on the wire and in memory.
+pub trait StepData: WorkflowStep + fmt::Debug + Send + Sync + 'static {
+    /// The step, to be taken back as its own type.
+    fn as_any(&self) -> &dyn Any;
+    /// Whether `other` is the same step.
+    fn same(&self, other: &dyn StepData) -> bool;
+    /// Feeds the step to `state`.
+    fn hash_into(&self, state: &mut dyn Hasher);
+}
+
+impl<T> StepData for T
+where
+    T: WorkflowStep + fmt::Debug + PartialEq + Hash + Send + Sync + 'static,
+{
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn same(&self, other: &dyn StepData) -> bool {
+        other.as_any().downcast_ref::<T>() == Some(self)
+    }
+
+    fn hash_into(&self, mut state: &mut dyn Hasher) {
+        std::any::TypeId::of::<T>().hash(&mut state);
+        self.hash(&mut state);
+    }
+}
+
+/// What a step does, whichever workflow it belongs to.
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(try_from = "StepWire", into = "StepWire")]
-pub enum StepKind {
-    /// A step of a Kubernetes version upgrade.
-    K8sUpgrade(UpgradeStep),
-    /// A step of an etcd roll.
-    EtcdRoll(EtcdRollStep),
-    /// A step of a node-reboot run.
-    NodeReboot(RebootStep),
-}
+pub struct StepKind(Arc<dyn StepData>);
 
-impl From<RebootStep> for StepKind {
-    fn from(step: RebootStep) -> Self {
-        Self::NodeReboot(step)
+impl<T: StepData> From<T> for StepKind {
+    fn from(step: T) -> Self {
+        Self(Arc::new(step))
     }
 }
 
-impl From<UpgradeStep> for StepKind {
-    fn from(step: UpgradeStep) -> Self {
-        Self::K8sUpgrade(step)
+impl fmt::Debug for StepKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
     }
 }
 
-impl From<EtcdRollStep> for StepKind {
-    fn from(step: EtcdRollStep) -> Self {
-        Self::EtcdRoll(step)
+impl PartialEq for StepKind {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.same(other.0.as_ref())
+    }
+}
+
+impl Eq for StepKind {}
+
+impl Hash for StepKind {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.hash_into(state);
     }
 }
 
 /// A workflow's wire parser: `None` for a stage that is not its own.
-type WireParser = fn(&str, &str, Option<String>) -> Option<Result<StepKind, StepError>>;
+pub type WireParser = fn(&str, &str, Option<String>) -> Option<Result<StepKind, StepError>>;
 
-/// The workflows' wire parsers, in the order they are asked. Registering a workflow adds
-/// its line here.
-const PARSERS: [WireParser; 3] = [
-    |stage, name, node| EtcdRollStep::from_wire(stage, name, node).map(|r| r.map(Into::into)),
-    |stage, name, node| RebootStep::from_wire(stage, name, node).map(|r| r.map(Into::into)),
-    |stage, name, node| UpgradeStep::from_wire(stage, name, node).map(|r| r.map(Into::into)),
-];
+/// A workflow's step type, registered so that stored and posted steps of it can be read.
+#[derive(Debug, Clone, Copy)]
+pub struct StepType {
+    /// The kind of run its steps belong to.
+    pub run_kind: RunKind,
+    /// Reads a step of its stages from the wire.
+    pub parse: WireParser,
+}
+
+/// The step types registered, in the order they were.
+static REGISTERED: RwLock<Vec<StepType>> = RwLock::new(Vec::new());
+
+/// Makes `types` known (their run kinds too): stored and posted steps of theirs can be
+/// read. A run kind has one step type; registering it again changes nothing.
+pub fn register(types: &[StepType]) {
+    run_kind::register(types.iter().map(|t| t.run_kind));
+    let mut registered = REGISTERED
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for t in types {
+        if !registered.iter().any(|r| r.run_kind == t.run_kind) {
+            registered.push(*t);
+        }
+    }
+}
 
 impl StepKind {
-    /// The step, as the engine sees every workflow's: the one place that knows them all.
+    /// The step, as the engine sees every workflow's.
     pub fn step(&self) -> &dyn WorkflowStep {
-        match self {
-            Self::K8sUpgrade(s) => s,
-            Self::EtcdRoll(s) => s,
-            Self::NodeReboot(s) => s,
-        }
+        self.0.as_ref()
+    }
+
+    /// The step as its workflow's type `T`, if it is one.
+    pub fn get<T: 'static>(&self) -> Option<&T> {
+        self.0.as_any().downcast_ref()
     }
 
     /// The kind of run the step belongs to: whose executor carries it out.
     pub fn run_kind(&self) -> RunKind {
-        match self {
-            Self::K8sUpgrade(_) => RunKind::K8sUpgrade,
-            Self::EtcdRoll(_) => RunKind::EtcdRoll,
-            Self::NodeReboot(_) => RunKind::NodeReboot,
-        }
+        self.step().run_kind()
     }
 
     /// The step's name, e.g. `drain` or `etcd-restart`.
@@ -164,10 +211,23 @@ impl TryFrom<StepWire> for StepKind {
     type Error = StepError;
 
     fn try_from(wire: StepWire) -> Result<Self, StepError> {
-        PARSERS
+        let registered = REGISTERED
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        registered
             .iter()
-            .find_map(|parse| parse(&wire.stage, &wire.name, wire.node.clone()))
-            .unwrap_or_else(|| Err(StepError::new(&wire.stage, &wire.name, "no such stage")))
+            .find_map(|t| (t.parse)(&wire.stage, &wire.name, wire.node.clone()))
+            .unwrap_or_else(|| {
+                Err(StepError::new(
+                    &wire.stage,
+                    &wire.name,
+                    if registered.is_empty() {
+                        "unknown stage: no workflow is registered"
+                    } else {
+                        "unknown stage: no workflow has it"
+                    },
+                ))
+            })
     }
 }
 
@@ -197,10 +257,10 @@ impl utoipa::ToSchema for StepKind {
 mod tests {
     use super::*;
     use crate::domain::event::Stage;
+    use crate::domain::upgrade_step::{STEPS, UpgradeStep};
 
     fn every_kind() -> Vec<StepKind> {
         let node = || "n1".to_owned();
-        let member = || "etcd-0".to_owned();
         let mut kinds: Vec<StepKind> = vec![
             UpgradeStep::Plan.into(),
             UpgradeStep::MarkInFlight.into(),
@@ -228,29 +288,7 @@ mod tests {
             UpgradeStep::NodesAtTarget.into(),
             UpgradeStep::PodReady.into(),
             UpgradeStep::ClearInFlight.into(),
-            EtcdRollStep::Begin.into(),
-            EtcdRollStep::Next.into(),
-            EtcdRollStep::Gate { member: member() }.into(),
-            EtcdRollStep::Restart { member: member() }.into(),
-            EtcdRollStep::Ready { member: member() }.into(),
-            EtcdRollStep::Cooldown { member: member() }.into(),
-            EtcdRollStep::Transfer { member: member() }.into(),
-            EtcdRollStep::Finish.into(),
-            RebootStep::Plan.into(),
-            RebootStep::Gate { node: node() }.into(),
-            RebootStep::Required { node: node() }.into(),
-            RebootStep::Drain { node: node() }.into(),
-            RebootStep::Reboot { node: node() }.into(),
-            RebootStep::Back { node: node() }.into(),
-            RebootStep::Uncordon { node: node() }.into(),
-            RebootStep::Soak { node: node() }.into(),
-            RebootStep::EtcdHealthy.into(),
-            RebootStep::ControlPlaneNext.into(),
-            RebootStep::MoveLeader { node: node() }.into(),
         ];
-        for part in ControlPlanePart::ALL {
-            kinds.push(RebootStep::ControlPlane { node: node(), part }.into());
-        }
         for stage in Stage::ALL {
             kinds.push(UpgradeStep::Gate { stage, node: None }.into());
             kinds.push(
@@ -276,8 +314,54 @@ mod tests {
         kinds
     }
 
+    /// A step type of a workflow of the test's own.
+    #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+    struct Probe(Option<String>);
+
+    const PROBE: RunKind = RunKind::new("probe");
+
+    impl WorkflowStep for Probe {
+        fn name(&self) -> &'static str {
+            "probe"
+        }
+        fn stage_name(&self) -> &'static str {
+            "probing"
+        }
+        fn node(&self) -> Option<&str> {
+            self.0.as_deref()
+        }
+        fn run_kind(&self) -> RunKind {
+            PROBE
+        }
+    }
+
+    const PROBES: StepType = StepType {
+        run_kind: PROBE,
+        parse: |stage, _, node| (stage == "probing").then(|| Ok(Probe(node).into())),
+    };
+
+    #[test]
+    fn a_registered_step_type_reads_back_as_itself_and_is_taken_back_by_its_type() {
+        let wire = || serde_json::json!({"stage": "probing", "name": "probe", "node": "n1"});
+        let probe: StepKind = Probe(Some("n1".into())).into();
+        assert_eq!(probe.get::<Probe>(), Some(&Probe(Some("n1".into()))));
+        assert_eq!(probe.get::<UpgradeStep>(), None);
+        assert_ne!(probe, StepKind::from(Probe(None)));
+        assert_ne!(probe, StepKind::from(UpgradeStep::Plan));
+        register(&[PROBES, PROBES]);
+        assert_eq!(RunKind::known("probe"), Some(PROBE));
+        let back: StepKind = serde_json::from_value(wire()).unwrap();
+        assert_eq!(back, probe);
+        assert_eq!(back.run_kind(), PROBE);
+        assert_eq!(serde_json::to_value(&back).unwrap(), wire());
+        let unknown = serde_json::json!({"stage": "probed", "name": "probe", "node": null});
+        let err = serde_json::from_value::<StepKind>(unknown).unwrap_err();
+        assert!(err.to_string().contains("unknown stage"), "{err}");
+    }
+
     #[test]
     fn every_step_kind_round_trips_through_its_wire_form() {
+        register(&[STEPS]);
         let kinds = every_kind();
         for kind in &kinds {
             let json = serde_json::to_value(kind).unwrap();
@@ -290,7 +374,7 @@ mod tests {
 
     #[test]
     fn the_wire_form_is_the_flat_shape_readers_use() {
-        let cases: [(StepKind, serde_json::Value); 4] = [
+        let cases: [(StepKind, serde_json::Value); 3] = [
             (
                 UpgradeStep::Drain {
                     stage: Stage::Workers,
@@ -307,13 +391,6 @@ mod tests {
                 UpgradeStep::Plan.into(),
                 serde_json::json!({"stage": "plan", "name": "plan", "node": null}),
             ),
-            (
-                EtcdRollStep::Restart {
-                    member: "etcd-2".into(),
-                }
-                .into(),
-                serde_json::json!({"stage": "etcd-roll", "name": "etcd-restart", "node": "etcd-2"}),
-            ),
         ];
         for (kind, wire) in cases {
             assert_eq!(serde_json::to_value(&kind).unwrap(), wire);
@@ -322,6 +399,7 @@ mod tests {
 
     #[test]
     fn a_wire_step_that_is_no_known_step_is_refused_with_the_reason() {
+        register(&[STEPS]);
         let cases = [
             (
                 "workers",
@@ -339,13 +417,7 @@ mod tests {
             ),
             ("preflight", "nodes-ready", Some("w1"), "takes no node"),
             ("bogus", "gate", None, "unknown stage"),
-            ("", "plan", None, "belongs to stage plan"),
-            ("etcd-roll", "etcd-restart", None, "needs a member"),
-            ("etcd-roll", "etcd-begin", Some("m"), "takes no member"),
-            ("etcd-roll", "drain", Some("m"), "no etcd roll step"),
-            ("reboot", "drain", None, "needs a node"),
-            ("reboot", "plan-reboots", Some("w1"), "takes no node"),
-            ("reboot", "upgrade", Some("w1"), "no reboot step"),
+            ("", "plan", None, "unknown stage"),
         ];
         for (stage, name, node, why) in cases {
             let wire = StepWire {
@@ -360,7 +432,7 @@ mod tests {
 
     #[test]
     fn labels_leave_out_what_is_repeated() {
-        let cases: [(StepKind, &str); 4] = [
+        let cases: [(StepKind, &str); 3] = [
             (UpgradeStep::Plan.into(), "plan"),
             (
                 UpgradeStep::Containerd { node: "cp".into() }.into(),
@@ -374,7 +446,6 @@ mod tests {
                 .into(),
                 "preflight/gate",
             ),
-            (EtcdRollStep::Finish.into(), "etcd-roll/etcd-finish"),
         ];
         for (kind, label) in cases {
             assert_eq!(kind.label(), label);

@@ -2,7 +2,18 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::run_kind::RunKind;
 use super::step::{ACCEPT, FINISH, PLAN, StepError, StepRole, WorkflowStep};
+use super::step_kind::StepType;
+
+/// The kind of a Kubernetes version upgrade's runs.
+pub const K8S_UPGRADE: RunKind = RunKind::new("k8s-upgrade");
+
+/// The upgrade's step type, for `workflows::register`.
+pub const STEPS: StepType = StepType {
+    run_kind: K8S_UPGRADE,
+    parse: |stage, name, node| UpgradeStep::from_wire(stage, name, node).map(|r| r.map(Into::into)),
+};
 
 /// The stages of a Kubernetes version upgrade after stage 0 (accept), in order.
 #[derive(
@@ -373,13 +384,14 @@ impl UpgradeStep {
 
 impl UpgradeStep {
     /// The step a stored `stage`/`name`/`node` describes; `None` for a stage of another
-    /// workflow (every upgrade stage is the upgrade's).
+    /// workflow (the upgrade's are its [`Stage`]s and the bookends).
     pub fn from_wire(
         stage: &str,
         name: &str,
         node: Option<String>,
     ) -> Option<Result<Self, StepError>> {
-        Some(Self::parse(stage, name, node))
+        let ours = Stage::from_name(stage).is_some() || [ACCEPT, PLAN, FINISH].contains(&stage);
+        ours.then(|| Self::parse(stage, name, node))
     }
 }
 
@@ -394,6 +406,10 @@ impl WorkflowStep for UpgradeStep {
 
     fn node(&self) -> Option<&str> {
         UpgradeStep::node(self)
+    }
+
+    fn run_kind(&self) -> RunKind {
+        K8S_UPGRADE
     }
 
     fn lane(&self) -> Option<&str> {

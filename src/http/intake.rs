@@ -36,10 +36,14 @@ pub async fn post_run(
     payload: web::Payload,
     door: &'static RunDoor,
 ) -> Result<HttpResponse, ApiError> {
-    let Some(intake) = state.intakes.iter().find(|i| i.door().kind == door.kind) else {
+    let Some(intake) = state
+        .intakes
+        .iter()
+        .find(|i| i.door().kind() == door.kind())
+    else {
         return Err(ApiError::invalid(format!(
             "{} runs are not taken here",
-            door.kind.name()
+            door.kind().name()
         )));
     };
     let body = read_json(&req, payload, state.max_body_bytes).await?;
@@ -108,7 +112,7 @@ pub async fn take_new(
     else {
         return Err(ApiError::invalid(format!(
             "not a request for a {} run",
-            door.kind.name()
+            door.kind().name()
         )));
     };
     if let Some(by) = by {

@@ -18,7 +18,7 @@ use super::{
     AlertRow, Backend, Claim, Column, Commit, Committed, Events, IN_FLIGHT_INDEXES, Purge,
     RunParts, RunRow, RunWrite, StoreError, Which, dedup_horizon, resolved_alert_horizon,
 };
-use crate::domain::run::{RunKind, RunStatus};
+use crate::domain::run::RunStatus;
 use crate::queue::Outgoing;
 use crate::sqlite::MigrationError;
 
@@ -625,7 +625,7 @@ impl Backend for PgStore {
             if let Some(row) = same {
                 return Ok(Claim::InFlight((row.get(0), row.get(1))));
             }
-            if run.kind == RunKind::K8sUpgrade.name() {
+            if run.kind == crate::domain::upgrade_step::K8S_UPGRADE.name() {
                 let holder = tx
                     .query_opt(
                         &format!(

@@ -13,7 +13,7 @@ use super::{
     resolved_alert_horizon, unlogged_events,
 };
 use crate::domain::alert::{Alert, newest_by_fingerprint};
-use crate::domain::run::{Run, RunKind, RunStatus};
+use crate::domain::run::{Run, RunStatus};
 use crate::queue::Outgoing;
 use crate::sqlite::{self, Migration, MigrationError};
 
@@ -396,7 +396,7 @@ fn in_flight_and_holder(
             row_doc,
         )
         .optional()?;
-    let holder = if run.kind == RunKind::K8sUpgrade.name() && same.is_none() {
+    let holder = if run.kind == crate::domain::upgrade_step::K8S_UPGRADE.name() && same.is_none() {
         c.query_row(
             &format!(
                 "SELECT id, doc FROM runs WHERE kind = ?1 AND id != ?2
@@ -832,6 +832,12 @@ mod tests {
     };
     use chrono::Utc;
 
+    /// The store at `path`, with every workflow's runs known to it, as `serve` opens it.
+    fn open_store(path: &Path) -> Result<Store, StoreError> {
+        crate::workflows::register();
+        Store::open(path)
+    }
+
     fn node(name: &str, role: Role, containerd: &str) -> NodeFacts {
         NodeFacts {
             name: name.into(),
@@ -895,7 +901,7 @@ mod tests {
         steps
     }
 
-    fn run_of(kind: RunKind, steps: Vec<Step>) -> Run {
+    fn run_of(kind: crate::domain::run::RunKind, steps: Vec<Step>) -> Run {
         Run::new(
             uuid::Uuid::now_v7().to_string(),
             kind,
@@ -910,8 +916,8 @@ mod tests {
     #[tokio::test]
     async fn every_step_kind_of_a_full_plan_round_trips_through_the_store() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("store.db")).unwrap();
-        let upgrade = run_of(RunKind::K8sUpgrade, full_plan());
+        let store = open_store(&dir.path().join("store.db")).unwrap();
+        let upgrade = run_of(crate::domain::upgrade_step::K8S_UPGRADE, full_plan());
         let names: std::collections::BTreeSet<&str> =
             upgrade.steps.iter().map(|s| s.kind.name()).collect();
         assert_eq!(names.len(), 25, "every upgrade step kind: {names:?}");
@@ -929,7 +935,7 @@ mod tests {
         ] {
             roll_steps.extend(steps_for(&action));
         }
-        let mut roll = run_of(RunKind::EtcdRoll, roll_steps);
+        let mut roll = run_of(crate::workflows::etcd_roll::step::ETCD_ROLL, roll_steps);
         roll.memory.etcd_start_term = Some(4);
         roll.memory.leader_moves = vec!["cp-1 -> cp-2".into()];
         for run in [upgrade, roll] {
@@ -959,7 +965,7 @@ mod tests {
     }
 
     fn old_roll_doc(begin_outcome: &str, restart_name: &str) -> serde_json::Value {
-        let mut run = run_of(RunKind::EtcdRoll, roll_steps());
+        let mut run = run_of(crate::workflows::etcd_roll::step::ETCD_ROLL, roll_steps());
         run.steps[0].status = StepStatus::Done;
         run.steps[0].outcome = Some(begin_outcome.into());
         let mut doc = serde_json::to_value(&run).unwrap();
@@ -981,12 +987,12 @@ mod tests {
             &path,
             &[("old", "etcd-roll", doc), ("fresh", "etcd-roll", fresh)],
         );
-        let store = Store::open(&path).unwrap();
+        let store = open_store(&path).unwrap();
         let run = store.view_run("old", Events::All).await.unwrap().unwrap();
         assert_eq!(run.memory.etcd_start_term, Some(17));
         assert_eq!(
             run.steps[1].kind,
-            crate::domain::step_kind::EtcdRollStep::Next.into()
+            crate::workflows::etcd_roll::step::EtcdRollStep::Next.into()
         );
         let fresh = store.view_run("fresh", Events::All).await.unwrap().unwrap();
         assert_eq!(fresh.memory.etcd_start_term, None);
@@ -1002,10 +1008,10 @@ mod tests {
     #[tokio::test]
     async fn transitions_are_logged_once_in_commit_order_and_read_after_a_number() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("store.db")).unwrap();
+        let store = open_store(&dir.path().join("store.db")).unwrap();
         let mut logged = store.transitions_logged();
-        let mut a = run_of(RunKind::K8sUpgrade, full_plan());
-        let b = run_of(RunKind::EtcdRoll, Vec::new());
+        let mut a = run_of(crate::domain::upgrade_step::K8S_UPGRADE, full_plan());
+        let b = run_of(crate::workflows::etcd_roll::step::ETCD_ROLL, Vec::new());
         assert!(store.insert_run_if_absent(&a).await.unwrap());
         assert!(logged.has_changed().unwrap(), "the stream is told");
         logged.mark_unchanged();
@@ -1062,7 +1068,7 @@ mod tests {
         let path = dir.path().join("store.db");
         let doc = old_roll_doc("raft term 3 at the start", "etcd-nxet");
         version_1_file(&path, &[("typo", "etcd-roll", doc)]);
-        let Err(err) = Store::open(&path) else {
+        let Err(err) = open_store(&path) else {
             panic!("a run with an unknown step was migrated");
         };
         let err = crate::error_chain(&err);
@@ -1079,7 +1085,7 @@ mod tests {
     async fn a_version_2_upgrade_keeps_running_apply_on_its_single_control_plane() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("store.db");
-        let run = run_of(RunKind::K8sUpgrade, Vec::new());
+        let run = run_of(crate::domain::upgrade_step::K8S_UPGRADE, Vec::new());
         let mut doc = serde_json::to_value(&run).unwrap();
         let old = serde_json::json!({"stage": "control-plane", "name": "upgrade", "node": "cp", "status": "pending", "attempts": 0});
         doc["steps"].as_array_mut().unwrap().push(old);
@@ -1093,7 +1099,7 @@ mod tests {
             .unwrap();
             conn.pragma_update(None, "user_version", 2).unwrap();
         }
-        let store = Store::open(&path).unwrap();
+        let store = open_store(&path).unwrap();
         let back = store.get_run("v2").await.unwrap().unwrap();
         let labels: Vec<String> = back.steps.iter().map(Step::label).collect();
         assert_eq!(labels, ["control-plane/apply@cp"]);
@@ -1104,7 +1110,7 @@ mod tests {
         let mut conn = Connection::open(path).unwrap();
         sqlite::migrate(&mut conn, "store.db", &MIGRATIONS[..5]).unwrap();
         for (id, target, status) in runs {
-            let run = run_of(RunKind::K8sUpgrade, Vec::new());
+            let run = run_of(crate::domain::upgrade_step::K8S_UPGRADE, Vec::new());
             conn.execute(
                 "INSERT INTO runs (id, kind, status, target, created_at, doc, summary) VALUES (?1, 'k8s-upgrade', ?2, ?3, 0, ?4, '{}')",
                 params![id, status, target, serde_json::to_string(&Run { id: id.to_string(), ..run }).unwrap()],
@@ -1124,7 +1130,7 @@ mod tests {
                 ("done", "1.35.0", "succeeded"),
             ],
         );
-        let store = Store::open(&path).unwrap();
+        let store = open_store(&path).unwrap();
         assert_eq!(store.get_run("old").await.unwrap().unwrap().id, "old");
         assert_eq!(
             sqlite::version(&Connection::open(&path).unwrap()).unwrap(),
@@ -1135,7 +1141,7 @@ mod tests {
             &path,
             &[("one", "1.35.0", "queued"), ("two", "1.35.0", "halted")],
         );
-        let Err(err) = Store::open(&path) else {
+        let Err(err) = open_store(&path) else {
             panic!("two runs in flight for one target were migrated");
         };
         let err = crate::error_chain(&err);
@@ -1153,7 +1159,7 @@ mod tests {
     fn an_empty_file_gets_the_newest_schema() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("store.db");
-        drop(Store::open(&path).unwrap());
+        drop(open_store(&path).unwrap());
         let conn = Connection::open(&path).unwrap();
         assert_eq!(sqlite::version(&conn).unwrap(), MIGRATIONS.len() as u32);
     }
@@ -1162,7 +1168,7 @@ mod tests {
     async fn a_version_6_run_in_flight_is_split_into_steps_and_log_and_carries_on() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("store.db");
-        let mut run = run_of(RunKind::K8sUpgrade, full_plan());
+        let mut run = run_of(crate::domain::upgrade_step::K8S_UPGRADE, full_plan());
         run.steps[0].status = crate::domain::run::StepStatus::Done;
         run.transition(
             RunStatus::Running,
@@ -1182,7 +1188,7 @@ mod tests {
             log_transitions(&tx, &run).unwrap();
             tx.commit().unwrap();
         }
-        let store = Store::open(&path).unwrap();
+        let store = open_store(&path).unwrap();
         let back = store.view_run(&run.id, Events::All).await.unwrap().unwrap();
         assert_eq!(back, run, "the same run, read from its parts");
         assert_eq!(back.touched.logged, 2);
@@ -1228,7 +1234,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("store.db");
         // One of each kind: one Kubernetes upgrade may have started.
-        let waiting = |kind: RunKind, outcome: &str| {
+        let waiting = |kind: crate::domain::run::RunKind, outcome: &str| {
             let mut run = run_of(kind, full_plan());
             run.steps[0].status = StepStatus::Done;
             run.transition(RunStatus::Running, "step gate", Utc::now());
@@ -1241,15 +1247,21 @@ mod tests {
             step.outcome = Some(outcome.to_owned());
             run
         };
-        let gated = waiting(RunKind::NodeReboot, "gate closed: NodeDown on w1");
+        let gated = waiting(
+            crate::workflows::node_reboot::step::NODE_REBOOT,
+            "gate closed: NodeDown on w1",
+        );
         let approval = waiting(
-            RunKind::K8sUpgrade,
+            crate::domain::upgrade_step::K8S_UPGRADE,
             &format!("{AWAITS_APPROVAL}: upstreams ready (staging)"),
         );
-        let other = waiting(RunKind::EtcdRoll, "outside the maintenance windows");
+        let other = waiting(
+            crate::workflows::etcd_roll::step::ETCD_ROLL,
+            "outside the maintenance windows",
+        );
         // Written as version 8 wrote them: no `held` in any step.
         {
-            let store = Store::open(&path).unwrap();
+            let store = open_store(&path).unwrap();
             store
                 .commit(Commit {
                     runs: vec![gated.clone(), approval.clone(), other.clone()],
@@ -1270,7 +1282,7 @@ mod tests {
             assert_eq!(held, 0, "the runs were built without a hold");
             conn.pragma_update(None, "user_version", 8).unwrap();
         }
-        let store = Store::open(&path).unwrap();
+        let store = open_store(&path).unwrap();
         let back = |id: String| {
             let store = &store;
             async move { store.get_run(&id).await.unwrap().unwrap() }

@@ -16,6 +16,7 @@ pub mod node_reboot;
 pub mod outbox;
 
 use crate::domain::run_request::Doors;
+use crate::domain::step_kind::{self, StepType};
 
 /// The doors of the workflows that make runs: registering one is its line here.
 pub static DOORS: Doors = Doors(&[
@@ -23,6 +24,14 @@ pub static DOORS: Doors = Doors(&[
     &etcd_roll::intake::DOOR,
     &node_reboot::intake::DOOR,
 ]);
+
+/// Makes every workflow's step kinds and run kind known, so that runs stored or shown by
+/// the API read back: the first thing `main` does, and what a test that reads runs in its
+/// own process does first. Registering again changes nothing.
+pub fn register() {
+    let types: Vec<StepType> = DOORS.iter().map(|door| door.steps).collect();
+    step_kind::register(&types);
+}
 
 #[cfg(test)]
 mod tests {
@@ -36,6 +45,46 @@ mod tests {
     use crate::domain::scope::{Scope, required};
     use chrono::Utc;
     use serde_json::json;
+
+    /// Every workflow's steps read back from the wire once registered, each stage is one
+    /// workflow's alone, and no two steps share a label.
+    #[test]
+    fn every_registered_step_reads_back_and_each_stage_is_one_workflows() {
+        use crate::domain::step_kind::{StepKind, StepWire};
+        use crate::domain::upgrade_step::{Stage, UpgradeStep};
+        register();
+        let mut steps = etcd_roll::step::tests::every_step();
+        steps.extend(node_reboot::step::tests::every_step());
+        steps.extend([
+            UpgradeStep::Plan.into(),
+            UpgradeStep::MarkInFlight.into(),
+            UpgradeStep::Gate {
+                stage: Stage::Workers,
+                node: Some("n1".into()),
+            }
+            .into(),
+            UpgradeStep::Drain {
+                stage: Stage::Workers,
+                node: "n1".into(),
+            }
+            .into(),
+            UpgradeStep::ClearInFlight.into(),
+        ]);
+        for step in &steps {
+            let wire = StepWire::from(step.clone());
+            let claimed: Vec<_> = DOORS
+                .iter()
+                .filter(|d| (d.steps.parse)(&wire.stage, &wire.name, wire.node.clone()).is_some())
+                .map(|d| d.kind())
+                .collect();
+            assert_eq!(claimed, [step.run_kind()], "{wire:?}");
+            let json = serde_json::to_value(step).unwrap();
+            let back: StepKind = serde_json::from_value(json.clone()).unwrap();
+            assert_eq!(&back, step, "{json}");
+        }
+        let labels: std::collections::HashSet<String> = steps.iter().map(StepKind::label).collect();
+        assert_eq!(labels.len(), steps.len(), "two steps share a label");
+    }
 
     /// Each door is its own: no two share a kind, a route, a type or a routing key, and
     /// none takes one of rollgate's own.
@@ -52,7 +101,7 @@ mod tests {
         let doors: Vec<_> = DOORS.iter().collect();
         for (i, a) in doors.iter().enumerate() {
             for b in &doors[i + 1..] {
-                assert_ne!(a.kind, b.kind);
+                assert_ne!(a.kind(), b.kind());
                 assert_ne!(a.path, b.path);
                 assert_ne!(a.scope, b.scope);
             }

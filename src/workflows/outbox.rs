@@ -139,7 +139,7 @@ pub async fn deliver(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::run::{Run, RunKind, RunStatus};
+    use crate::domain::run::{Run, RunStatus};
     use crate::store::Commit;
     use std::collections::VecDeque;
     use std::sync::Mutex;
@@ -179,7 +179,7 @@ mod tests {
             .extend([Delivery::Later, Delivery::Sent, Delivery::Refused]);
         let mut run = Run::new(
             "r1".into(),
-            RunKind::K8sUpgrade,
+            crate::domain::upgrade_step::K8S_UPGRADE,
             serde_json::Value::Null,
             None,
             Vec::new(),

@@ -500,6 +500,7 @@ pub fn find_step<'a>(run: &'a Value, label: &str) -> Option<&'a Value> {
 
 /// A step's `stage/name@node`, as the domain labels it.
 pub fn step_label(step: &Value) -> Option<String> {
+    rollgate::workflows::register();
     serde_json::from_value::<rollgate::domain::run::Step>(step.clone())
         .ok()
         .map(|s| s.label())

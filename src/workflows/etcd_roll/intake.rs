@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::request::EtcdRollRequest;
 use crate::domain::input::FieldErrors;
-use crate::domain::run::{Run, RunKind};
+use crate::domain::run::Run;
 use crate::domain::run_request::{RunDoor, RunPolicy, RunRequest, schema_of};
 use crate::domain::scope::Scope;
 use crate::ports::EtcdConnect;
@@ -17,7 +17,7 @@ use crate::workflows::intake::{Admit, Intake, Refusal};
 
 /// Where etcd rolls are asked for.
 pub static DOOR: RunDoor = RunDoor {
-    kind: RunKind::EtcdRoll,
+    steps: super::step::STEPS,
     path: "etcd-rolls",
     scope: Scope::EtcdRollsWrite,
     event_type: "rollgate.etcd-roll.v1",

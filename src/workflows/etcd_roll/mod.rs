@@ -9,7 +9,7 @@ pub mod intake;
 pub mod plan;
 pub mod request;
 pub mod roll_watch;
-pub use crate::domain::etcd_roll_step as step;
+pub mod step;
 pub mod steps;
 pub mod watch;
 
@@ -384,7 +384,7 @@ impl RestartGate {
                 .gate
                 .evaluate()
                 .await
-                .verdict_for(crate::domain::run::RunKind::EtcdRoll);
+                .verdict_for(crate::workflows::etcd_roll::step::ETCD_ROLL);
             tracing::debug!(?verdict, "gate before a restart");
             if verdict.is_open() {
                 return Ok(());

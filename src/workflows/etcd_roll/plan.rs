@@ -12,10 +12,10 @@
 use std::fmt;
 
 use super::request::EtcdRollRequest;
+use super::step::EtcdRollStep;
 pub use crate::domain::facts::agreed_leader;
-use crate::domain::run::{FailurePolicy, Run, RunKind};
+use crate::domain::run::{FailurePolicy, Run};
 use crate::domain::run::{Step, StepStatus};
-use crate::domain::step_kind::{EtcdRollStep, StepKind};
 use chrono::{DateTime, Utc};
 
 /// One etcd member as the roll sees it.
@@ -303,11 +303,9 @@ pub fn tally<'a>(done_steps: impl IntoIterator<Item = &'a Step>) -> Tally {
         if s.status != StepStatus::Done {
             continue;
         }
-        match &s.kind {
-            StepKind::EtcdRoll(EtcdRollStep::Restart { member }) => {
-                tally.restarted.push(member.clone())
-            }
-            StepKind::EtcdRoll(EtcdRollStep::Transfer { .. }) => tally.transfers += 1,
+        match s.kind.get::<EtcdRollStep>() {
+            Some(EtcdRollStep::Restart { member }) => tally.restarted.push(member.clone()),
+            Some(EtcdRollStep::Transfer { .. }) => tally.transfers += 1,
             _ => {}
         }
     }
@@ -323,7 +321,7 @@ pub fn new_run(
 ) -> Run {
     Run::new(
         id,
-        RunKind::EtcdRoll,
+        crate::workflows::etcd_roll::step::ETCD_ROLL,
         request.to_json(),
         Some(request.target()),
         initial_steps(),

@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
 use super::request::EtcdRollRequest;
+use super::step::EtcdRollStep;
 use crate::domain::engine::StepOutcome;
 use crate::domain::run::{Learned, Run, Step};
-use crate::domain::step_kind::{EtcdRollStep, StepKind};
 use crate::metrics::Metrics;
 use crate::ports::{EtcdConnect, EtcdError, EtcdMembers, StatefulSets, StepExecutor};
 use crate::workflows::etcd_roll::plan::{
@@ -447,7 +447,7 @@ fn replan(note: String) -> StepOutcome {
 impl StepExecutor for EtcdRollSteps {
     async fn execute(&self, run: &Run, index: usize) -> StepOutcome {
         let step = &run.steps[index];
-        let StepKind::EtcdRoll(kind) = &step.kind else {
+        let Some(kind) = step.kind.get::<EtcdRollStep>() else {
             return StepOutcome::failed(format!("{} is not a step of an etcd roll", step.label()));
         };
         let request = match run.request_as::<EtcdRollRequest>() {

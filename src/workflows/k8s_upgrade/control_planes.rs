@@ -6,7 +6,7 @@ use super::UpgradeSteps;
 use crate::domain::engine::StepOutcome;
 use crate::domain::event::Stage;
 use crate::domain::run::{Run, Step, StepStatus};
-use crate::domain::step_kind::{StepKind, UpgradeStep};
+use crate::domain::upgrade_step::UpgradeStep;
 use crate::domain::version::Version;
 use crate::workflows::control_plane_cycle::plan::{self as cps, NextControlPlane};
 use crate::workflows::k8s_upgrade::plan::{NodeFacts, control_plane_steps};
@@ -21,11 +21,9 @@ fn upgraded(run: &Run) -> Vec<String> {
     run.steps
         .iter()
         .filter(|s| s.status == StepStatus::Done)
-        .filter_map(|s| match &s.kind {
-            StepKind::K8sUpgrade(UpgradeStep::Apply { node }) => Some(format!("{node} (apply)")),
-            StepKind::K8sUpgrade(UpgradeStep::Upgrade { stage, node })
-                if *stage == Stage::ControlPlane =>
-            {
+        .filter_map(|s| match s.kind.get::<UpgradeStep>() {
+            Some(UpgradeStep::Apply { node }) => Some(format!("{node} (apply)")),
+            Some(UpgradeStep::Upgrade { stage, node }) if *stage == Stage::ControlPlane => {
                 Some(node.clone())
             }
             _ => None,

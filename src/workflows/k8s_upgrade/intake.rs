@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crate::domain::event::DetectionRequest;
 use crate::domain::input::FieldErrors;
-use crate::domain::run::{Run, RunKind};
+use crate::domain::run::Run;
 use crate::domain::run_request::{DoorAnswer, RunDoor, RunPolicy, RunRequest, schema_of};
 use crate::domain::scope::Scope;
 use crate::ports::{ClusterRead, EtcdMembers};
@@ -18,7 +18,7 @@ use crate::workflows::k8s_upgrade::plan::{self, PlanSettings};
 
 /// Where Kubernetes upgrades are asked for.
 pub static DOOR: RunDoor = RunDoor {
-    kind: RunKind::K8sUpgrade,
+    steps: crate::domain::upgrade_step::STEPS,
     path: "detections",
     scope: Scope::DetectionsWrite,
     event_type: "rollgate.detection.v1",
@@ -95,7 +95,7 @@ impl Intake for UpgradeIntake {
         };
         let active = self
             .store
-            .active(RunKind::K8sUpgrade, "")
+            .active(crate::domain::upgrade_step::K8S_UPGRADE, "")
             .await
             .map_err(|e| {
                 tracing::warn!(error = %crate::error_chain(&e), "run store failed");

@@ -20,7 +20,8 @@ use tracing::info;
 use crate::domain::engine::StepOutcome;
 use crate::domain::event::{DetectionRequest, Stage, UpgradeKind};
 use crate::domain::run::{Run, Step};
-use crate::domain::step_kind::{StepKind, UpgradeStep};
+use crate::domain::step_kind::StepKind;
+use crate::domain::upgrade_step::UpgradeStep;
 use crate::domain::version::Version;
 use crate::error_chain;
 use crate::metrics::Metrics;
@@ -580,9 +581,9 @@ pub struct UpgradeExecutors {
 
 impl UpgradeExecutors {
     fn pick(&self, step: &Step) -> Option<&Arc<dyn StepExecutor>> {
-        match &step.kind {
-            StepKind::K8sUpgrade(UpgradeStep::QuietPeriod) => self.quiet_period.as_ref(),
-            StepKind::K8sUpgrade(UpgradeStep::Upstreams) => self.upstreams.as_ref(),
+        match step.kind.get::<UpgradeStep>() {
+            Some(UpgradeStep::QuietPeriod) => self.quiet_period.as_ref(),
+            Some(UpgradeStep::Upstreams) => self.upstreams.as_ref(),
             _ => self.steps.as_ref(),
         }
     }
@@ -609,7 +610,7 @@ impl StepExecutor for UpgradeExecutors {
 impl StepExecutor for UpgradeSteps {
     async fn execute(&self, run: &Run, index: usize) -> StepOutcome {
         let step = &run.steps[index];
-        let StepKind::K8sUpgrade(kind) = &step.kind else {
+        let Some(kind) = step.kind.get::<UpgradeStep>() else {
             return StepOutcome::failed(format!("{} is not a step of an upgrade", step.label()));
         };
         self.metrics.upgrade_stage.set(stage_number(kind));
@@ -658,7 +659,7 @@ pub fn nodes_in_hand(run: &Run) -> Vec<&str> {
 
 /// Whether `run` has done its step `kind`.
 fn has_done(run: &Run, kind: UpgradeStep) -> bool {
-    let kind = StepKind::K8sUpgrade(kind);
+    let kind = StepKind::from(kind);
     run.steps
         .iter()
         .any(|s| s.kind == kind && s.status == crate::domain::run::StepStatus::Done)
@@ -732,7 +733,7 @@ mod tests {
 
     #[test]
     fn a_node_is_in_hand_from_its_drain_to_its_uncordon() {
-        use crate::domain::run::{RunKind, Step, StepStatus};
+        use crate::domain::run::{Step, StepStatus};
         let w = |n: &str| n.to_owned();
         let stage = Stage::Workers;
         let steps = |statuses: &[StepStatus]| -> Run {
@@ -768,7 +769,7 @@ mod tests {
                 .collect();
             Run::new(
                 "r".into(),
-                RunKind::K8sUpgrade,
+                crate::domain::upgrade_step::K8S_UPGRADE,
                 serde_json::Value::Null,
                 None,
                 steps,

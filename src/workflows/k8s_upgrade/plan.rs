@@ -6,8 +6,8 @@ use std::collections::BTreeSet;
 
 use crate::domain::event::{DetectionRequest, Stage, StageSelection, UpgradeKind};
 use crate::domain::run::Step;
-use crate::domain::run::{FailurePolicy, Run, RunKind};
-use crate::domain::step_kind::UpgradeStep;
+use crate::domain::run::{FailurePolicy, Run};
+use crate::domain::upgrade_step::UpgradeStep;
 use crate::domain::version::Version;
 use crate::workflows::control_plane_cycle::plan::{
     self as cps, ControlPlaneAction, EtcdFacts, EtcdLayout, Kubeadm, LayoutError,
@@ -629,7 +629,7 @@ pub fn new_run(
 ) -> Run {
     Run::new(
         id,
-        RunKind::K8sUpgrade,
+        crate::domain::upgrade_step::K8S_UPGRADE,
         request.to_json(),
         Some(request.target_version.to_string()),
         initial_steps(request, upstreams),
@@ -643,7 +643,6 @@ pub fn new_run(
 mod tests {
     use super::*;
     use crate::domain::run::StepStatus;
-    use crate::domain::step_kind::StepKind;
     use crate::workflows::node_cycle::plan::drains_ahead;
 
     fn v(s: &str) -> Version {
@@ -786,7 +785,7 @@ mod tests {
         assert!(!labels.iter().any(|l| l.starts_with("containerd")));
         // Every drain is preceded by a gate on the same node.
         for (i, step) in plan.steps.iter().enumerate() {
-            if let StepKind::K8sUpgrade(UpgradeStep::Drain { stage, node }) = &step.kind {
+            if let Some(UpgradeStep::Drain { stage, node }) = step.kind.get::<UpgradeStep>() {
                 let gate = UpgradeStep::Gate {
                     stage: *stage,
                     node: Some(node.clone()),

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::domain::gate::Verdict;
 use crate::domain::input::FieldErrors;
-use crate::domain::run::{Run, RunKind, RunStatus};
+use crate::domain::run::{Run, RunStatus};
 use crate::domain::run_request::{DoorAnswer, RunDoor, RunPolicy, RunRequest, schema_of};
 use crate::domain::schedule::{Now, Windows};
 use crate::domain::scope::Scope;
@@ -22,7 +22,7 @@ use super::{NodeReboots, RebootPlanSettings, RebootRequest, plan};
 
 /// Where node reboots are asked for.
 pub static DOOR: RunDoor = RunDoor {
-    kind: RunKind::NodeReboot,
+    steps: super::step::STEPS,
     path: "reboots",
     scope: Scope::RebootsWrite,
     event_type: "rollgate.reboot.v1",
@@ -161,7 +161,11 @@ impl RebootIntake {
             .await
             .map_err(|e| Refusal::Invalid(e.to_string()))?;
         let mut holds = Vec::new();
-        let verdict = self.gate.evaluate().await.verdict_for(RunKind::NodeReboot);
+        let verdict = self
+            .gate
+            .evaluate()
+            .await
+            .verdict_for(crate::workflows::node_reboot::step::NODE_REBOOT);
         holds.extend(verdict.reasons().into_iter().map(|r| match verdict {
             Verdict::Closed { .. } => format!("gate closed: {r}"),
             _ => r,

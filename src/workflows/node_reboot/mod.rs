@@ -9,7 +9,7 @@ pub mod dry_run;
 pub mod intake;
 pub mod plan;
 pub mod request;
-pub use crate::domain::reboot_step as step;
+pub mod step;
 mod steps;
 
 pub use action::{NodeReboots, RebootAction, SentinelError, sentinel};

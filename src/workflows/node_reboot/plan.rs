@@ -4,9 +4,9 @@
 
 use std::collections::BTreeMap;
 
+use super::step::{ControlPlanePart, RebootStep};
 use crate::domain::run::Step;
-use crate::domain::run::{FailurePolicy, Run, RunKind};
-use crate::domain::step_kind::{ControlPlanePart, RebootStep};
+use crate::domain::run::{FailurePolicy, Run};
 use crate::workflows::control_plane_cycle::plan::NextControlPlane;
 use crate::workflows::k8s_upgrade::plan::{self as k8s_upgrade, ClusterFacts, PlanSettings, Role};
 use crate::workflows::node_cycle::plan::{self as node_cycle, CycleSteps, Part};
@@ -235,7 +235,7 @@ pub fn new_run(
     };
     Run::new(
         id,
-        RunKind::NodeReboot,
+        crate::workflows::node_reboot::step::NODE_REBOOT,
         request.to_json(),
         None,
         vec![Step::new(RebootStep::Plan)],
@@ -255,7 +255,9 @@ pub fn merge(
     source: &str,
     now: DateTime<Utc>,
 ) -> Option<String> {
-    if run.kind != RunKind::NodeReboot || run.status != crate::domain::run::RunStatus::Queued {
+    if run.kind != crate::workflows::node_reboot::step::NODE_REBOOT
+        || run.status != crate::domain::run::RunStatus::Queued
+    {
         return None;
     }
     let asked = run.request_as::<RebootRequest>().ok()?;

@@ -9,9 +9,9 @@ use tracing::info;
 
 use super::action::NodeReboots;
 use super::plan::{self, RebootPlanSettings};
+use super::step::{ControlPlanePart, RebootStep};
 use crate::domain::engine::StepOutcome;
 use crate::domain::run::{Run, Step, StepStatus};
-use crate::domain::step_kind::{ControlPlanePart, RebootStep, StepKind};
 use crate::error_chain;
 use crate::metrics::Metrics;
 use crate::ports::{ClusterRead, Cordon, NodeTarget, StepExecutor};
@@ -180,8 +180,8 @@ impl RebootSteps {
             .steps
             .iter()
             .filter(|s| s.status == StepStatus::Done)
-            .filter_map(|s| match &s.kind {
-                StepKind::NodeReboot(RebootStep::ControlPlane {
+            .filter_map(|s| match s.kind.get::<RebootStep>() {
+                Some(RebootStep::ControlPlane {
                     node,
                     part: ControlPlanePart::Reboot,
                 }) => Some(node.clone()),
@@ -272,7 +272,7 @@ impl RebootSteps {
 impl StepExecutor for RebootSteps {
     async fn execute(&self, run: &Run, index: usize) -> StepOutcome {
         let step = &run.steps[index];
-        let StepKind::NodeReboot(kind) = &step.kind else {
+        let Some(kind) = step.kind.get::<RebootStep>() else {
             return StepOutcome::failed(format!("{} is not a step of a reboot", step.label()));
         };
         let in_hand = matches!(

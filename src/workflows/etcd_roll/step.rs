@@ -1,9 +1,22 @@
 //! The steps of an etcd roll, as data.
 
-use super::step::{StepError, StepRole, WorkflowStep};
+use crate::domain::run_kind::RunKind;
+use crate::domain::step::{StepError, StepRole, WorkflowStep};
+use crate::domain::step_kind::StepType;
+
+/// The kind of an etcd roll's runs.
+pub const ETCD_ROLL: RunKind = RunKind::new("etcd-roll");
 
 /// The stage name of every step of an etcd roll.
-pub const ETCD_ROLL: &str = "etcd-roll";
+pub const ETCD_ROLL_STAGE: &str = "etcd-roll";
+
+/// The etcd roll's step type, for `workflows::register`.
+pub const STEPS: StepType = StepType {
+    run_kind: ETCD_ROLL,
+    parse: |stage, name, member| {
+        EtcdRollStep::from_wire(stage, name, member).map(|r| r.map(Into::into))
+    },
+};
 
 /// A step of an etcd roll. The roll is planned one action at a time: `Next` reads the
 /// cluster and appends the steps of the next action, ending with another `Next`.
@@ -66,7 +79,7 @@ impl EtcdRollStep {
     /// The step `name`/`member` describe.
     pub fn parse(name: &str, member: Option<String>) -> Result<Self, StepError> {
         let has_member = member.is_some();
-        let wrong = |why: &str| StepError::new(ETCD_ROLL, name, why);
+        let wrong = |why: &str| StepError::new(ETCD_ROLL_STAGE, name, why);
         let member_of =
             |member: Option<String>| member.ok_or_else(|| wrong("this step needs a member"));
         let on_member: Option<fn(String) -> Self> = match name {
@@ -98,7 +111,7 @@ impl EtcdRollStep {
         name: &str,
         member: Option<String>,
     ) -> Option<Result<Self, StepError>> {
-        (stage == ETCD_ROLL).then(|| Self::parse(name, member))
+        (stage == ETCD_ROLL_STAGE).then(|| Self::parse(name, member))
     }
 }
 
@@ -108,11 +121,15 @@ impl WorkflowStep for EtcdRollStep {
     }
 
     fn stage_name(&self) -> &'static str {
-        ETCD_ROLL
+        ETCD_ROLL_STAGE
     }
 
     fn node(&self) -> Option<&str> {
         self.member()
+    }
+
+    fn run_kind(&self) -> RunKind {
+        ETCD_ROLL
     }
 
     fn role(&self) -> StepRole {
@@ -124,5 +141,70 @@ impl WorkflowStep for EtcdRollStep {
 
     fn waits_for_window(&self) -> bool {
         matches!(self, Self::Gate { .. } | Self::Transfer { .. })
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::domain::step_kind::{StepKind, StepWire, register};
+
+    /// Every step an etcd roll can have.
+    pub(crate) fn every_step() -> Vec<StepKind> {
+        let member = || "etcd-0".to_owned();
+        vec![
+            EtcdRollStep::Begin.into(),
+            EtcdRollStep::Next.into(),
+            EtcdRollStep::Gate { member: member() }.into(),
+            EtcdRollStep::Restart { member: member() }.into(),
+            EtcdRollStep::Ready { member: member() }.into(),
+            EtcdRollStep::Cooldown { member: member() }.into(),
+            EtcdRollStep::Transfer { member: member() }.into(),
+            EtcdRollStep::Finish.into(),
+        ]
+    }
+
+    #[test]
+    fn the_wire_form_is_the_flat_shape_and_a_wrong_one_is_refused_with_the_reason() {
+        register(&[STEPS]);
+        let restart: StepKind = EtcdRollStep::Restart {
+            member: "etcd-2".into(),
+        }
+        .into();
+        assert_eq!(
+            serde_json::to_value(&restart).unwrap(),
+            serde_json::json!({"stage": "etcd-roll", "name": "etcd-restart", "node": "etcd-2"})
+        );
+        assert_eq!(
+            StepKind::from(EtcdRollStep::Finish).label(),
+            "etcd-roll/etcd-finish"
+        );
+        let cases = [
+            ("etcd-restart", None, "needs a member"),
+            ("etcd-begin", Some("m"), "takes no member"),
+            ("drain", Some("m"), "no etcd roll step"),
+        ];
+        for (name, member, why) in cases {
+            let wire = StepWire {
+                stage: ETCD_ROLL_STAGE.into(),
+                name: name.into(),
+                node: member.map(str::to_owned),
+            };
+            let err = StepKind::try_from(wire).unwrap_err().to_string();
+            assert!(err.contains(why), "{name}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_gate_and_the_leadership_move_wait_for_a_window_and_the_rest_does_not() {
+        let cases = [
+            (EtcdRollStep::Gate { member: "m".into() }, true),
+            (EtcdRollStep::Transfer { member: "m".into() }, true),
+            (EtcdRollStep::Ready { member: "m".into() }, false),
+            (EtcdRollStep::Restart { member: "m".into() }, false),
+        ];
+        for (step, want) in cases {
+            assert_eq!(step.waits_for_window(), want, "{step:?}");
+        }
     }
 }

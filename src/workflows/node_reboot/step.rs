@@ -1,6 +1,17 @@
 //! The steps of a node-reboot run, as data.
 
-use super::step::{StepError, StepRole, WorkflowStep};
+use crate::domain::run_kind::RunKind;
+use crate::domain::step::{StepError, StepRole, WorkflowStep};
+use crate::domain::step_kind::StepType;
+
+/// The kind of a node-reboot run.
+pub const NODE_REBOOT: RunKind = RunKind::new("node-reboot");
+
+/// The node reboot's step type, for `workflows::register`.
+pub const STEPS: StepType = StepType {
+    run_kind: NODE_REBOOT,
+    parse: |stage, name, node| RebootStep::from_wire(stage, name, node).map(|r| r.map(Into::into)),
+};
 
 /// The stage name of every step of a node-reboot run.
 pub const REBOOT: &str = "reboot";
@@ -254,6 +265,10 @@ impl WorkflowStep for RebootStep {
         RebootStep::node(self)
     }
 
+    fn run_kind(&self) -> RunKind {
+        NODE_REBOOT
+    }
+
     fn lane(&self) -> Option<&str> {
         RebootStep::lane(self)
     }
@@ -284,5 +299,79 @@ impl WorkflowStep for RebootStep {
                     ..
                 }
         )
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::domain::step_kind::{StepKind, StepWire, register};
+
+    /// Every step a node-reboot run can have.
+    pub(crate) fn every_step() -> Vec<StepKind> {
+        let node = || "n1".to_owned();
+        let mut steps: Vec<StepKind> = vec![
+            RebootStep::Plan.into(),
+            RebootStep::Gate { node: node() }.into(),
+            RebootStep::Required { node: node() }.into(),
+            RebootStep::Drain { node: node() }.into(),
+            RebootStep::Reboot { node: node() }.into(),
+            RebootStep::Back { node: node() }.into(),
+            RebootStep::Uncordon { node: node() }.into(),
+            RebootStep::Soak { node: node() }.into(),
+            RebootStep::EtcdHealthy.into(),
+            RebootStep::ControlPlaneNext.into(),
+            RebootStep::MoveLeader { node: node() }.into(),
+        ];
+        for part in ControlPlanePart::ALL {
+            steps.push(RebootStep::ControlPlane { node: node(), part }.into());
+        }
+        steps
+    }
+
+    #[test]
+    fn a_wire_step_that_is_no_reboot_step_is_refused_with_the_reason() {
+        register(&[STEPS]);
+        let cases = [
+            ("drain", None, "needs a node"),
+            ("plan-reboots", Some("w1"), "takes no node"),
+            ("upgrade", Some("w1"), "no reboot step"),
+        ];
+        for (name, node, why) in cases {
+            let wire = StepWire {
+                stage: REBOOT.into(),
+                name: name.into(),
+                node: node.map(str::to_owned),
+            };
+            let err = StepKind::try_from(wire).unwrap_err().to_string();
+            assert!(err.contains(why), "{name}: {err}");
+        }
+    }
+
+    #[test]
+    fn gates_and_leadership_moves_wait_for_a_window_and_a_node_in_hand_does_not() {
+        let node = || "n1".to_owned();
+        let cases = [
+            (RebootStep::Gate { node: node() }, true),
+            (RebootStep::MoveLeader { node: node() }, true),
+            (
+                RebootStep::ControlPlane {
+                    node: node(),
+                    part: ControlPlanePart::Gate,
+                },
+                true,
+            ),
+            (RebootStep::Back { node: node() }, false),
+            (
+                RebootStep::ControlPlane {
+                    node: node(),
+                    part: ControlPlanePart::Reboot,
+                },
+                false,
+            ),
+        ];
+        for (step, want) in cases {
+            assert_eq!(step.waits_for_window(), want, "{step:?}");
+        }
     }
 }
