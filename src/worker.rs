@@ -23,7 +23,7 @@ use crate::domain::schedule::Windows;
 use crate::metrics::Metrics;
 use crate::ports::{Executors, ForeignLock, Notice, Notifier};
 use crate::queue::{Delivery, Outgoing, Queue, QueueError};
-use crate::store::{AlertEvent, Commit, Committed, Store, StoreError};
+use crate::store::{AlertEvent, Commit, Committed, Events, Store, StoreError};
 use crate::workflows::k8s_upgrade::plan::FailureBudget;
 
 /// The worker.
@@ -1026,8 +1026,18 @@ impl Worker {
             }
         }
         // Born here, from a message published straight to the exchange, unless the
-        // intake wrote it (credited) first.
-        let mut run = existing.unwrap_or(new);
+        // intake wrote it (credited) first. Its whole history is news, creation included
+        // (the intake tells nothing), so a run read without its past is read again with
+        // it: at birth, a transition or two.
+        let mut run = match existing {
+            Some(run) if run.status == RunStatus::Queued && run.history_before > 0 => self
+                .store
+                .view_run(&run.id, Events::All)
+                .await?
+                .unwrap_or(run),
+            Some(run) => run,
+            None => new,
+        };
         let holder = match (door.one_at_a_time, run.status) {
             (true, RunStatus::Queued) => self.store.active(kind, &run.id).await?,
             _ => None,
@@ -1048,7 +1058,6 @@ impl Worker {
         } else {
             Vec::new()
         };
-        // Its whole history is news, creation included (the intake tells nothing).
         *notices = notices_since(&run, 0);
         commit.runs.push(run);
         Ok(step)
