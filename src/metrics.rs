@@ -5,6 +5,8 @@ use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
 };
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 /// The registry and every collector registered in it: the exposition gathers the one,
@@ -93,19 +95,11 @@ pub struct Metrics {
     /// 1 for the node the upgrade has in hand, from its drain to its uncordon (alerts that
     /// rollgate's own work causes there may be inhibited by it); no series when none.
     pub upgrade_node_in_hand: IntGaugeVec,
-    /// Per node, 1 when its reboot sentinel was set when rollgate last read it, 0 when
-    /// not (or once rollgate rebooted it); kured's `kured_reboot_required`.
-    pub node_reboot_required: IntGaugeVec,
     /// Per upstream cluster, 1 when the version last asked about may go on from it.
     pub fleet_upstream_ready: IntGaugeVec,
     /// Per upstream cluster, the seconds of its soak left by its clock (0 once soaked,
     /// -1 when no soak has begun).
     pub fleet_soak_remaining: IntGaugeVec,
-    /// Per node, when rollgate last sent it the reboot command (Unix seconds).
-    pub node_reboot_sent: prometheus::GaugeVec,
-    /// Per node, when rollgate last saw it back from its reboot (Unix seconds): a boot
-    /// between the two is rollgate's own (rules: `NodeRecentlyRebooted`).
-    pub node_reboot_back: prometheus::GaugeVec,
     /// 1 while a maintenance window is open (or none is configured), else 0.
     pub window_open: IntGauge,
     /// When the maintenance window open now, or the next one, opens (Unix seconds); 0 with
@@ -113,25 +107,63 @@ pub struct Metrics {
     pub window_opening: IntGauge,
     /// Durations of node steps by step and node.
     pub node_step_duration: HistogramVec,
-    /// What finished etcd rolls did, by roll target (`namespace/statefulset`).
-    pub etcd_roll: EtcdRollMetrics,
+    /// The workflows' own families, by their set's type.
+    sets: Arc<Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>>,
 }
 
-/// Counters of finished etcd rolls, by roll target.
-#[derive(Clone)]
-pub struct EtcdRollMetrics {
-    /// Rolls finished.
-    pub rolls: IntCounterVec,
-    /// Members restarted.
-    pub restarts: IntCounterVec,
-    /// Leadership changes observed (the raft term's rise).
-    pub leadership_changes: IntCounterVec,
-    /// Leadership transfers rollgate made.
-    pub transfers: IntCounterVec,
-    /// Leadership changes rollgate did not make (elections).
-    pub uncontrolled_changes: IntCounterVec,
-    /// The longest time without an agreed leader in the last roll.
-    pub longest_leaderless: prometheus::GaugeVec,
+/// A workflow's own metric families: made with the others by every `Metrics` once their
+/// type is registered (`register_sets`, from the workflows' registry), and taken with
+/// `Metrics::set`.
+pub trait MetricSet: Send + Sync + 'static {
+    /// Makes the families, each registered through `families`.
+    fn new(families: &Families) -> Self;
+}
+
+/// What a metric set registers its families with.
+pub struct Families<'a>(&'a Catalogued);
+
+impl Families<'_> {
+    /// Registers `collector` (its name must be unique) and gives it back.
+    pub fn add<C: Collector + Clone + 'static>(&self, collector: C) -> C {
+        self.0.add(&collector);
+        collector
+    }
+}
+
+/// A metric set's type, as the registry of the workflows lists it.
+#[derive(Clone, Copy)]
+pub struct MetricSetType {
+    id: fn() -> TypeId,
+    make: fn(&Families) -> Arc<dyn Any + Send + Sync>,
+}
+
+impl MetricSetType {
+    /// The type of set `T`.
+    pub const fn of<T: MetricSet>() -> Self {
+        Self {
+            id: TypeId::of::<T>,
+            make: make_set::<T>,
+        }
+    }
+}
+
+fn make_set<T: MetricSet>(families: &Families) -> Arc<dyn Any + Send + Sync> {
+    Arc::new(T::new(families))
+}
+
+/// The metric sets every `Metrics` makes.
+static SETS: Mutex<Vec<MetricSetType>> = Mutex::new(Vec::new());
+
+/// Adds `types` to the sets every `Metrics` made from now on makes, so that the exposition
+/// and the reference page show their families before anything sets them. Registering a
+/// set again changes nothing.
+pub fn register_sets(types: &[MetricSetType]) {
+    let mut sets = SETS.lock().unwrap_or_else(|e| e.into_inner());
+    for t in types {
+        if !sets.iter().any(|known| (known.id)() == (t.id)()) {
+            sets.push(*t);
+        }
+    }
 }
 
 impl Metrics {
@@ -278,15 +310,6 @@ impl Metrics {
         )
         .expect("valid metric");
         registry.add(&upgrade_node_in_hand);
-        let node_reboot_required = IntGaugeVec::new(
-            Opts::new(
-                "rollgate_node_reboot_required",
-                "1 when the node's reboot sentinel was set when rollgate last read it, else 0.",
-            ),
-            &["node"],
-        )
-        .expect("valid metric");
-        registry.add(&node_reboot_required);
         let per_upstream = |name: &str, help: &str| {
             let gauge =
                 IntGaugeVec::new(Opts::new(name, help), &["upstream"]).expect("valid metric");
@@ -301,20 +324,6 @@ impl Metrics {
             "rollgate_fleet_soak_remaining_seconds",
             "Seconds of the upstream cluster's soak left, by its clock; -1 before one began.",
         );
-        let node_reboot_time = |name: &str, help: &str| {
-            let gauge =
-                prometheus::GaugeVec::new(Opts::new(name, help), &["node"]).expect("valid metric");
-            registry.add(&gauge);
-            gauge
-        };
-        let node_reboot_sent = node_reboot_time(
-            "rollgate_node_reboot_sent_timestamp_seconds",
-            "When rollgate last sent the node its reboot command (Unix time).",
-        );
-        let node_reboot_back = node_reboot_time(
-            "rollgate_node_reboot_back_timestamp_seconds",
-            "When rollgate last saw the node back from its reboot (Unix time).",
-        );
         let node_step_duration = HistogramVec::new(
             HistogramOpts::new(
                 "rollgate_node_step_duration_seconds",
@@ -325,64 +334,28 @@ impl Metrics {
         )
         .expect("valid metric");
         registry.add(&node_step_duration);
-        let etcd_roll = EtcdRollMetrics {
-            rolls: counter(
-                "etcd_roll_completed_total",
-                "etcd rolls finished, by target.",
-                &["target"],
-            ),
-            restarts: counter(
-                "etcd_roll_member_restarts_total",
-                "etcd members restarted by finished rolls, by target.",
-                &["target"],
-            ),
-            leadership_changes: counter(
-                "etcd_roll_leadership_changes_total",
-                "Leadership changes observed during finished etcd rolls (raft term rise).",
-                &["target"],
-            ),
-            transfers: counter(
-                "etcd_roll_leadership_transfers_total",
-                "Leadership transfers rollgate made during finished etcd rolls.",
-                &["target"],
-            ),
-            uncontrolled_changes: counter(
-                "etcd_roll_uncontrolled_leadership_changes_total",
-                "Leadership changes rollgate did not make (elections) during finished etcd rolls.",
-                &["target"],
-            ),
-            longest_leaderless: {
-                let g = prometheus::GaugeVec::new(
-                    Opts::new(
-                        "etcd_roll_longest_leaderless_seconds",
-                        "Longest time without an agreed leader during the last finished roll.",
-                    ),
-                    &["target"],
-                )
-                .expect("valid metric");
-                registry.add(&g);
-                g
-            },
-        };
         let log_lines_dropped = IntCounter::new(
             "rollgate_log_lines_dropped_total",
             "Log lines that could not be written (stderr full or closed) and were dropped.",
         )
         .expect("valid metric");
         registry.add(&log_lines_dropped);
+        let registered: Vec<MetricSetType> = SETS.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let families = Families(&registry);
+        let sets = registered
+            .iter()
+            .map(|t| ((t.id)(), (t.make)(&families)))
+            .collect();
         Self {
+            sets: Arc::new(Mutex::new(sets)),
             log_lines_dropped,
-            etcd_roll,
             worker_active,
             upgrade_in_flight,
             upgrade_snapshot_taken,
             upgrade_stage,
             upgrade_node_in_hand,
-            node_reboot_required,
             fleet_upstream_ready,
             fleet_soak_remaining,
-            node_reboot_sent,
-            node_reboot_back,
             window_open,
             window_opening,
             node_step_duration,
@@ -403,6 +376,20 @@ impl Metrics {
             gate_evaluations,
             gate_blockers,
             notifications,
+        }
+    }
+
+    /// The families of set `T`: made with this `Metrics` when registered, else now.
+    pub fn set<T: MetricSet>(&self) -> Arc<T> {
+        let mut sets = self.sets.lock().unwrap_or_else(|e| e.into_inner());
+        let set = sets
+            .entry(TypeId::of::<T>())
+            .or_insert_with(|| make_set::<T>(&Families(&self.registry)))
+            .clone();
+        match set.downcast::<T>() {
+            Ok(set) => set,
+            // Keyed by its own type: only a `T` is ever stored under it.
+            Err(_) => unreachable!("a metric set stored under another type's key"),
         }
     }
 
@@ -494,5 +481,43 @@ mod tests {
         }
         let unique: std::collections::BTreeSet<&String> = names.iter().collect();
         assert_eq!(unique.len(), names.len(), "{names:?}");
+    }
+
+    struct Registered(IntCounter);
+    impl MetricSet for Registered {
+        fn new(families: &Families) -> Self {
+            Self(families.add(IntCounter::new("test_registered_total", "a").expect("valid")))
+        }
+    }
+    struct Unregistered(IntCounter);
+    impl MetricSet for Unregistered {
+        fn new(families: &Families) -> Self {
+            Self(families.add(IntCounter::new("test_unregistered_total", "b").expect("valid")))
+        }
+    }
+
+    /// A registered set's families are there from the start, on the reference page and in
+    /// the exposition; one never registered is made on first use, once.
+    #[test]
+    fn a_workflows_set_is_made_with_the_metrics_and_taken_back_by_its_type() {
+        register_sets(&[MetricSetType::of::<Registered>()]);
+        register_sets(&[MetricSetType::of::<Registered>()]);
+        let m = Metrics::new();
+        assert!(
+            m.family_names()
+                .contains(&"test_registered_total".to_owned())
+        );
+        assert!(m.render().contains("test_registered_total 0"));
+        assert!(
+            !m.family_names()
+                .contains(&"test_unregistered_total".to_owned())
+        );
+        m.set::<Registered>().0.inc();
+        m.set::<Unregistered>().0.inc_by(2);
+        m.set::<Unregistered>().0.inc();
+        let text = m.render();
+        assert!(text.contains("test_registered_total 1"), "{text}");
+        assert!(text.contains("test_unregistered_total 3"), "{text}");
+        assert!(Metrics::new().render().contains("test_registered_total 0"));
     }
 }

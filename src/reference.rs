@@ -13,6 +13,8 @@ use crate::metrics::Metrics;
 /// Every generated page: its file name under `docs/src/reference/` and its text. `cli`
 /// is the command line's clap definition (`Cli::command()`).
 pub fn pages(cli: clap::Command) -> Vec<(&'static str, String)> {
+    // The workflows' own metric families and step kinds are on the pages once known.
+    crate::workflows::register();
     vec![
         ("configuration.md", schema::reference()),
         ("configuration.schema.json", schema_json()),

@@ -630,6 +630,12 @@ impl Worker {
             self.forget_lock(run);
             lock(&self.held_runs).remove(&run.id);
         }
+        if upgrade_ended {
+            // However the run in flight ended (succeeded, failed, aborted), it no longer is;
+            // a halted run has not ended and stays so. Only one upgrade marks the cluster.
+            // Cleared before anything else is awaited: the end is in the store already.
+            crate::workflows::k8s_upgrade::clear_gauges(&self.metrics);
+        }
         if board_changed && let Some(gate) = &self.gate {
             gate.board_changed();
         }
@@ -638,11 +644,6 @@ impl Worker {
         }
         if cluster_released {
             self.release_foreign_lock_if_idle().await;
-        }
-        if upgrade_ended {
-            // However the run in flight ended (succeeded, failed, aborted), it no longer is;
-            // a halted run has not ended and stays so. Only one upgrade marks the cluster.
-            crate::workflows::k8s_upgrade::clear_gauges(&self.metrics);
         }
         Ok(committed)
     }

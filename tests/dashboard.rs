@@ -103,6 +103,7 @@ fn metric_names_are_found_in_queries() {
 /// What rollgate exports: every family, and a histogram's series suffixes.
 fn exported() -> BTreeSet<String> {
     let mut out = BTreeSet::new();
+    rollgate::workflows::register();
     for name in rollgate::metrics::Metrics::new().family_names() {
         for suffix in ["", "_bucket", "_sum", "_count"] {
             out.insert(format!("{name}{suffix}"));

@@ -22,11 +22,23 @@ async fn detect(rg: &Rollgate, target: &str, kind: &str) -> String {
     rg.detect(target, kind).await
 }
 
-/// No upgrade in flight: the gauges the Upgrade Gates rules read are back to rest.
+/// No upgrade in flight: the gauges the Upgrade Gates rules read are back to rest. They
+/// follow the store's commit (a reader may see the run's end a moment before them), so
+/// they are given a few seconds to get there.
 async fn assert_gauges_at_rest(rg: &Rollgate) {
-    assert_eq!(rg.metric("k8s_upgrade_in_flight").await, 0.0);
-    assert_eq!(rg.metric("k8s_upgrade_snapshot_taken").await, 0.0);
-    assert_eq!(rg.metric("k8s_upgrade_stage").await, -1.0);
+    eventually(
+        "the upgrade gauges at rest",
+        Duration::from_secs(5),
+        || async {
+            let gauges = (
+                rg.metric("k8s_upgrade_in_flight").await,
+                rg.metric("k8s_upgrade_snapshot_taken").await,
+                rg.metric("k8s_upgrade_stage").await,
+            );
+            (gauges == (0.0, 0.0, -1.0)).then_some(())
+        },
+    )
+    .await;
 }
 
 async fn wait_status(rg: &Rollgate, id: &str, want: &str) -> Value {

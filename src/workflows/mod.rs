@@ -17,6 +17,7 @@ pub mod outbox;
 
 use crate::domain::run_request::Doors;
 use crate::domain::step_kind::{self, StepType};
+use crate::metrics::MetricSetType;
 
 /// The doors of the workflows that make runs: registering one is its line here.
 pub static DOORS: Doors = Doors(&[
@@ -31,7 +32,12 @@ pub static DOORS: Doors = Doors(&[
 pub fn register() {
     let types: Vec<StepType> = DOORS.iter().map(|door| door.steps).collect();
     step_kind::register(&types);
+    crate::metrics::register_sets(METRIC_SETS);
 }
+
+/// The workflows' own metric families: registering a set is its line here.
+pub static METRIC_SETS: &[MetricSetType] =
+    &[node_reboot::metrics::METRICS, etcd_roll::metrics::METRICS];
 
 #[cfg(test)]
 mod tests {

@@ -22,6 +22,7 @@ use crate::workflows::control_plane_cycle::plan::{
     self as cps, EtcdFacts, EtcdLayout, EtcdMemberFacts, NextControlPlane, Unhealthy,
 };
 use crate::workflows::etcd_roll::caught_up;
+use crate::workflows::etcd_roll::metrics::EtcdRollMetrics;
 use crate::workflows::etcd_roll::plan::{Refusal, agreed_leader};
 use crate::workflows::k8s_upgrade::plan::{ClusterFacts, NodeFacts};
 
@@ -249,7 +250,7 @@ impl ControlPlaneCycle {
         let changes = etcd.term().saturating_sub(start);
         let uncontrolled = changes.saturating_sub(moves.len() as u64);
         if layout == EtcdLayout::Stacked {
-            let m = &self.metrics.etcd_roll;
+            let m = self.metrics.set::<EtcdRollMetrics>();
             m.rolls.with_label_values(&[METRICS_TARGET]).inc();
             m.restarts
                 .with_label_values(&[METRICS_TARGET])

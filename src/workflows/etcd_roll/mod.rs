@@ -6,6 +6,7 @@
 //! crashed roll resumes by itself; a sampler records every leadership change meanwhile.
 
 pub mod intake;
+pub mod metrics;
 pub mod plan;
 pub mod request;
 pub mod roll_watch;

@@ -368,7 +368,7 @@ impl EtcdRollSteps {
             leaderless,
         );
         let target = request.target();
-        let m = &self.metrics.etcd_roll;
+        let m = self.metrics.set::<super::metrics::EtcdRollMetrics>();
         m.rolls.with_label_values(&[&target]).inc();
         m.restarts
             .with_label_values(&[&target])

@@ -13,6 +13,8 @@ use crate::domain::engine::StepOutcome;
 use crate::domain::run::{Run, Step};
 use crate::error_chain;
 use crate::metrics::Metrics;
+
+use super::metrics::RebootMetrics;
 use crate::ports::{ClusterRead, ExecError, NodeBoot, NodeBoots, NodeExec, NodeTarget, RebootMark};
 use crate::workflows::node_cycle::NodeCycle;
 
@@ -113,7 +115,8 @@ impl NodeReboots {
             .await
             .map_err(SentinelError::outcome)?;
         self.metrics
-            .node_reboot_required
+            .set::<RebootMetrics>()
+            .required
             .with_label_values(&[&target.name])
             .set(i64::from(set));
         Ok(set)
@@ -171,7 +174,8 @@ impl NodeReboots {
             return StepOutcome::retry(format!("{NOT_SENT}{}", error_chain(&e)));
         }
         self.metrics
-            .node_reboot_sent
+            .set::<RebootMetrics>()
+            .sent
             .with_label_values(&[node])
             .set(mark.at.timestamp_millis() as f64 / 1000.0);
         let sent = match self
@@ -250,16 +254,19 @@ impl NodeReboots {
                 return StepOutcome::retry(error_chain(&e));
             }
             self.metrics
-                .node_reboot_required
+                .set::<RebootMetrics>()
+                .required
                 .with_label_values(&[node])
                 .set(0);
             // The mark's time as well: after a restart of rollgate this is how it knows.
             self.metrics
-                .node_reboot_sent
+                .set::<RebootMetrics>()
+                .sent
                 .with_label_values(&[node])
                 .set(mark.at.timestamp_millis() as f64 / 1000.0);
             self.metrics
-                .node_reboot_back
+                .set::<RebootMetrics>()
+                .back
                 .with_label_values(&[node])
                 .set(now.timestamp_millis() as f64 / 1000.0);
             self.cycle.tell(

@@ -7,6 +7,7 @@ mod action;
 pub mod config;
 pub mod dry_run;
 pub mod intake;
+pub mod metrics;
 pub mod plan;
 pub mod request;
 pub mod step;
