@@ -20,7 +20,7 @@ use crate::adapters::notify::{Fanout, LogNotifier, SlackNotifier};
 use crate::adapters::prometheus::Prometheus;
 use crate::adapters::snapshot::EtcdSnapshots;
 use crate::adapters::ssh::{Ssh, SshSettings};
-use crate::config::{AfterUpgrade, QueueBackend, Settings, StoreBackend};
+use crate::config::{QueueBackend, Settings, StoreBackend};
 use crate::http::clients::{Clients, TokenSources};
 use crate::http::tls::{Tls, TlsFiles};
 use crate::http::{self, AppState};
@@ -46,6 +46,7 @@ use crate::workflows::intake::Intake;
 use crate::workflows::k8s_upgrade::plan::PlanSettings;
 use crate::workflows::k8s_upgrade::{UpgradeExecutors, UpgradeSettings, UpgradeSteps};
 use crate::workflows::node_cycle::{CycleSettings, NodeCycle, SelfSilences};
+use crate::workflows::node_reboot::config::{AfterUpgrade, RebootConfig};
 use crate::workflows::node_reboot::{NodeReboots, RebootAction, RebootPlanSettings, RebootSteps};
 
 /// How long the worker may take to finish the message in hand after a stop signal.
@@ -127,13 +128,13 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             let rolls = EtcdRollSteps::new(
                 kube.clone(),
                 connect.clone(),
-                settings.etcd_roll.transfer_timeout,
+                settings.workflows.etcd_roll.transfer_timeout,
                 metrics.clone(),
             );
             executors = executors.with(crate::workflows::etcd_roll::step::ETCD_ROLL, Arc::new(rolls));
             RollIntake {
                 unavailable: None,
-                tls: settings.etcd_roll.ca_file.is_some(),
+                tls: settings.workflows.etcd_roll.ca_file.is_some(),
                 connect: Some(connect),
             }
         }
@@ -170,20 +171,20 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             }
         };
     let mut peers: Vec<Arc<dyn crate::ports::FleetPeer>> = Vec::new();
-    for (i, upstream) in settings.fleet.upstreams.iter().enumerate() {
+    for (i, upstream) in settings.workflows.fleet.upstreams.iter().enumerate() {
         let peer = crate::adapters::fleet_peer::HttpFleetPeer::new(
             &format!("fleet.upstreams[{i}]."),
             &upstream.url,
             upstream.token_file.as_ref(),
             upstream.ca_file.as_ref(),
-            settings.fleet.timeout,
+            settings.workflows.fleet.timeout,
         )
         .context("cannot ask the fleet's upstreams")?;
         peers.push(Arc::new(peer));
     }
     let fleet = Arc::new(
         Fleet::new(
-            settings.fleet.clone(),
+            settings.workflows.fleet.clone(),
             store.clone(),
             gate.clone(),
             cluster.clone(),
@@ -228,7 +229,8 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         reserve: (settings.queue.backend == QueueBackend::Embedded)
             .then(|| crate::disk::Reserve::new(&settings.data_dir, settings.queue.min_free_bytes)),
         writes: writes.clone(),
-        fleet: fleet.clone(),
+        asks_upstreams: fleet.has_upstreams(),
+        views: vec![fleet.clone()],
     });
     let served = state.clone();
     let server = HttpServer::new(move || {
@@ -476,7 +478,7 @@ pub async fn build_upgrade_steps(
         },
         metrics: metrics.clone(),
     };
-    let r = &settings.reboot;
+    let r = &settings.workflows.reboot;
     let node_reboots = NodeReboots {
         cluster: kube.clone(),
         boots: kube.clone(),
@@ -486,8 +488,8 @@ pub async fn build_upgrade_steps(
             sentinel_script: r.sentinel_script(),
             command: r.command.clone(),
             timeout: r.timeout,
-            labels_before: crate::config::RebootConfig::labels(&r.labels_before),
-            labels_after: crate::config::RebootConfig::labels(&r.labels_after),
+            labels_before: RebootConfig::labels(&r.labels_before),
+            labels_after: RebootConfig::labels(&r.labels_after),
         },
         metrics: metrics.clone(),
     };
@@ -553,7 +555,7 @@ pub fn node_cycle(
 pub fn reboot_plan_settings(settings: &Settings) -> RebootPlanSettings {
     RebootPlanSettings {
         workers: plan_settings(settings),
-        control_planes: settings.reboot.control_planes,
+        control_planes: settings.workflows.reboot.control_planes,
     }
 }
 
@@ -564,7 +566,7 @@ pub fn plan_settings(settings: &Settings) -> PlanSettings {
         max_unavailable: settings.cluster.max_unavailable,
         failure_budget: settings.cluster.failure_budget,
         etcd_max_lag: settings.etcd.max_lag,
-        reboot_after_upgrade: settings.reboot.after_upgrade == AfterUpgrade::IfRequired,
+        reboot_after_upgrade: settings.workflows.reboot.after_upgrade == AfterUpgrade::IfRequired,
     }
 }
 
@@ -607,7 +609,7 @@ fn etcd_tls(
 
 /// Clients of the etcd clusters `serve` rolls, with the `etcd_roll` TLS files.
 pub fn etcd_roll_clients(settings: &Settings) -> Arc<EtcdClients> {
-    let e = &settings.etcd_roll;
+    let e = &settings.workflows.etcd_roll;
     Arc::new(EtcdClients {
         tls: etcd_tls(&e.ca_file, &e.cert_file, &e.key_file),
         timeout: e.timeout,
@@ -660,7 +662,7 @@ fn spawn_roll_watches(
     intake: Arc<RollIntake>,
     stop: &tokio::sync::watch::Receiver<bool>,
 ) {
-    let targets = settings.etcd_roll.watch_targets();
+    let targets = settings.workflows.etcd_roll.watch_targets();
     if targets.is_empty() {
         return;
     }
@@ -673,7 +675,7 @@ fn spawn_roll_watches(
     let watch = Arc::new(RollWatch {
         statefulsets: kube,
         starter: Arc::new(IntakeStarter(state, intake)),
-        tls: settings.etcd_roll.ca_file.is_some(),
+        tls: settings.workflows.etcd_roll.ca_file.is_some(),
         retry: ROLL_WATCH_RETRY,
     });
     for target in targets {

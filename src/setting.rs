@@ -4,7 +4,7 @@
 //! schemas of values a custom deserializer reads. A leaf: `config` assembles the sections,
 //! and each part (a workflow, the queue) defines its own with these.
 
-use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::de::{self, DeserializeOwned, Deserializer, SeqAccess, Visitor};
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -182,6 +182,73 @@ impl Problems {
             );
         }
     }
+}
+
+/// A section of the settings as its part defines it: read by serde (unknown keys refused,
+/// every key defaulted) and checked as a whole once read.
+pub trait Section: DeserializeOwned + Default {
+    /// Adds what is wrong with the section's values to `p`, and the bounds it holds them
+    /// to.
+    fn check(&self, p: &mut Problems);
+
+    /// Its lines in `rollgate check-config`'s summary, as (label, text).
+    fn summary(&self, _around: &Around) -> Vec<(&'static str, String)> {
+        Vec::new()
+    }
+}
+
+/// What a section's summary may depend on beyond the section itself.
+#[derive(Debug, Clone, Copy)]
+pub struct Around {
+    /// Whether a cluster is configured (`cluster.kubeconfig` or `cluster.in_cluster`).
+    pub cluster_configured: bool,
+}
+
+/// Where the sections are read from: the configuration tree `config` assembles.
+pub trait SectionSource {
+    /// Section `name`, read; a bad key is reported and left at its default.
+    fn take<T: DeserializeOwned + Default>(&mut self, name: &'static str) -> T;
+}
+
+/// The field names serde reads for `T`, asked of its derived `Deserialize`.
+pub fn fields<T: DeserializeOwned>() -> &'static [&'static str] {
+    struct Fields(&'static [&'static str]);
+    #[derive(Debug)]
+    struct Asked;
+    impl fmt::Display for Asked {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("fields asked")
+        }
+    }
+    impl std::error::Error for Asked {}
+    impl de::Error for Asked {
+        fn custom<M: fmt::Display>(_: M) -> Self {
+            Asked
+        }
+    }
+    impl<'de> Deserializer<'de> for &mut Fields {
+        type Error = Asked;
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Asked> {
+            Err(Asked)
+        }
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Asked> {
+            self.0 = fields;
+            Err(Asked)
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+            byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+            identifier ignored_any
+        }
+    }
+    let mut asked = Fields(&[]);
+    let _ = T::deserialize(&mut asked);
+    asked.0
 }
 
 /// A TOML array of strings, or one comma-separated string (as the environment gives it).

@@ -623,17 +623,20 @@ fn every_secret_file_the_example_overlay_configures_is_in_its_secret() {
     use rollgate::domain::scope::Scope;
     for (client, scopes) in &settings.server.scopes {
         assert!(
-            scopes.len() < Scope::ALL.len(),
+            scopes.len() < rollgate::workflows::scopes().len(),
             "{client} may do everything"
         );
     }
     assert_eq!(
         settings.server.scopes["alertmanager"],
-        BTreeSet::from([Scope::AlertsWrite])
+        BTreeSet::from([Scope::ALERTS_WRITE])
     );
     assert_eq!(
         settings.server.scopes["detect"],
-        BTreeSet::from([Scope::DetectionsWrite, Scope::RebootsWrite])
+        BTreeSet::from([
+            Scope::DETECTIONS_WRITE,
+            rollgate::workflows::node_reboot::intake::DOOR.scope
+        ])
     );
     assert_eq!(
         settings.detect.token_file,
@@ -844,9 +847,9 @@ fn the_fleet_downstream_overlay_asks_staging_with_the_mounted_secret_and_may_rea
         &built,
     );
     let settings = config_map_settings(&built, &cm);
-    assert_eq!(settings.fleet.name, "prod");
-    assert!(settings.fleet.require_approval);
-    let upstream = &settings.fleet.upstreams[0];
+    assert_eq!(settings.workflows.fleet.name, "prod");
+    assert!(settings.workflows.fleet.require_approval);
+    let upstream = &settings.workflows.fleet.upstreams[0];
     assert_eq!(upstream.name, "staging");
     let url = reqwest::Url::parse(&upstream.url).unwrap();
     assert_eq!(url.scheme(), "https");

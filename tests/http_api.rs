@@ -730,6 +730,9 @@ async fn check_config_reports_every_bad_value_at_once() {
     let named = std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
         .arg("check-config")
         .env("ROLLGATE__CLUSTER__KUBECONFIG", &kubeconfig)
+        .env("ROLLGATE__ETCD_ROLL__WATCH", "kube-system/etcd")
+        .env("ROLLGATE__REBOOT__SENTINEL_PRESET", "zypper")
+        .env("ROLLGATE__FLEET__NAME", "prod")
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&named.stdout);
@@ -742,6 +745,26 @@ async fn check_config_reports_every_bad_value_at_once() {
         text.contains(
             "upgrades    off: Kubernetes upgrades need ssh.key_file, ssh.known_hosts_file, etcd.endpoints set; this rollgate runs etcd rolls only"
         ),
+        "{text}"
+    );
+    // Each workflow's section says what it will do, in its own lines.
+    for line in [
+        "etcd watch  kube-system/etcd",
+        "etcd rolls  TLS off (http:// members only), timeout 5s, transfer timeout 15s",
+        "reboots     sentinel zypper needs-rebooting, command `sudo -n systemctl reboot`, timeout 15m, control planes too, after an upgrade never",
+        "fleet       prod: no upstreams",
+    ] {
+        assert!(text.contains(line), "{line}: {text}");
+    }
+    // A watch with no cluster to watch it in is named, not silently dropped.
+    let unwatched = std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
+        .arg("check-config")
+        .env("ROLLGATE__ETCD_ROLL__WATCH", "kube-system/etcd")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&unwatched.stdout);
+    assert!(
+        text.contains("etcd watch  1 StatefulSet(s) named, but nothing is watched"),
         "{text}"
     );
 }

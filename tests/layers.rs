@@ -450,15 +450,15 @@ fn the_domain_and_the_ports_name_no_workflow() {
 /// Each workflow's names that live outside its folder (its scope), beside the folder
 /// itself: its step kinds and its run kind are its own, registered through its door.
 const WORKFLOWS: &[(&str, &[&str])] = &[
-    ("node_reboot", &["Scope::RebootsWrite"]),
-    ("etcd_roll", &["Scope::EtcdRollsWrite"]),
+    ("node_reboot", &["\"reboots:write\""]),
+    ("etcd_roll", &["\"etcd-rolls:write\""]),
     ("fleet", &[]),
 ];
 
 /// The most files outside each workflow's folder that may name it: what it takes today.
 /// A change that needs more makes adding a workflow dearer; one that needs fewer lowers
 /// the number here.
-const MOST_OUTSIDE: &[(&str, usize)] = &[("node_reboot", 5), ("etcd_roll", 6), ("fleet", 5)];
+const MOST_OUTSIDE: &[(&str, usize)] = &[("node_reboot", 3), ("etcd_roll", 3), ("fleet", 2)];
 
 /// The files outside `workflow`'s folder whose code (comments and tests left out) imports
 /// the folder or names one of `names`.

@@ -3,7 +3,7 @@
 //! member, and the longest stall (from a write's first attempt to its success).
 
 use rollgate::adapters::etcd::Etcd;
-use rollgate::workflows::etcd_roll::plan::agreed_leader;
+use rollgate::domain::facts::agreed_leader;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};

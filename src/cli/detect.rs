@@ -59,8 +59,8 @@ pub(super) async fn detect(settings: &Settings, args: DetectArgs) -> anyhow::Res
         )))),
     };
     let reboots = args.reboots.then(|| crate::workflows::detect::RebootCheck {
-        sentinel_script: settings.reboot.sentinel_script(),
-        control_planes: settings.reboot.control_planes,
+        sentinel_script: settings.workflows.reboot.sentinel_script(),
+        control_planes: settings.workflows.reboot.control_planes,
     });
     let upgrades = crate::workflows::detect::Upgrades::on(&args.upgrades_on, chrono::Utc::now());
     let (report, error) = crate::workflows::detect::detect(

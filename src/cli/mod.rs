@@ -528,20 +528,6 @@ pub fn run(cli: Cli) -> ExitCode {
                 Some(why) => format!("off: {why} (detections are refused)"),
             };
             println!("  upgrades    {upgrades}");
-            let watched = settings.etcd_roll.watch_targets();
-            let watch = match (watched.is_empty(), settings.cluster_configured()) {
-                (true, _) => "none".to_owned(),
-                (false, true) => watched
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                (false, false) => format!(
-                    "{} StatefulSet(s) named, but nothing is watched: set cluster.kubeconfig or cluster.in_cluster",
-                    watched.len()
-                ),
-            };
-            println!("  etcd watch  {watch}");
             let windows = &settings.schedule.windows;
             let schedule = match windows.at(chrono::Utc::now()) {
                 crate::domain::schedule::Now::Always => "always (no maintenance window)".into(),
@@ -580,16 +566,12 @@ pub fn run(cli: Cli) -> ExitCode {
                 settings.etcd.endpoints.len(),
                 settings.etcd.snapshot_dir.display()
             );
-            println!(
-                "  etcd rolls  TLS {}, timeout {:?}, transfer timeout {:?}",
-                if settings.etcd_roll.ca_file.is_some() {
-                    "configured"
-                } else {
-                    "off (http:// members only)"
-                },
-                settings.etcd_roll.timeout,
-                settings.etcd_roll.transfer_timeout
-            );
+            let around = crate::setting::Around {
+                cluster_configured: settings.cluster_configured(),
+            };
+            for (label, text) in settings.workflows.summary(&around) {
+                println!("  {label:<11} {text}");
+            }
             let d = &settings.detect;
             println!(
                 "  detect      repository {}, pushgateway {}, submit {} to {}",

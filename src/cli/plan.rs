@@ -57,7 +57,7 @@ pub(super) async fn plan(settings: &Settings, args: PlanArgs) -> anyhow::Result<
         &crate::app::plan_settings(settings),
     )
     .map_err(|e| PlanRefused(e.to_string()))?;
-    let mut steps = plan::initial_steps(&request, !settings.fleet.upstreams.is_empty());
+    let mut steps = plan::initial_steps(&request, !settings.workflows.fleet.upstreams.is_empty());
     steps.extend(planned.steps);
     let mut out = String::new();
     let kind_name = match kind {

@@ -8,10 +8,9 @@ mod sections;
 pub(crate) mod values;
 
 pub use sections::{
-    AfterUpgrade, ClusterSettings, DetectConfig, DetectSubmit, EtcdConfig, EtcdRollConfig,
-    FleetConfig, GateSettings, LogFormat, LogSettings, NotifySettings, QueueBackend, QueueSettings,
-    RebootConfig, ScheduleSettings, ServerSettings, Settings, SshConfig, SshHost, StoreBackend,
-    StoreSettings, WorkerSettings,
+    ClusterSettings, DetectConfig, DetectSubmit, EtcdConfig, GateSettings, LogFormat, LogSettings,
+    NotifySettings, QueueBackend, QueueSettings, ScheduleSettings, ServerSettings, Settings,
+    SshConfig, SshHost, StoreBackend, StoreSettings, WorkerSettings,
 };
 
 use config::{Config, Environment, File, FileFormat, Map, Value, ValueKind};
@@ -20,6 +19,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 pub use crate::setting::Problem;
+use crate::setting::{SectionSource, fields};
+use crate::workflows::WorkflowSettings;
 
 /// Everything wrong with the settings.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -58,11 +59,11 @@ pub fn keys() -> Vec<String> {
     add("cluster", fields::<ClusterSettings>());
     add("ssh", fields::<SshConfig>());
     add("etcd", fields::<EtcdConfig>());
-    add("etcd_roll", fields::<EtcdRollConfig>());
     add("detect", fields::<DetectConfig>());
-    add("reboot", fields::<RebootConfig>());
     add("schedule", fields::<ScheduleSettings>());
-    add("fleet", fields::<FleetConfig>());
+    for (section, keys) in WorkflowSettings::keys() {
+        add(section, keys);
+    }
     out
 }
 
@@ -133,11 +134,9 @@ impl Settings {
             cluster: take_section(r, "cluster", p),
             ssh: take_section(r, "ssh", p),
             etcd: take_section(r, "etcd", p),
-            etcd_roll: take_section(r, "etcd_roll", p),
             detect: take_section(r, "detect", p),
-            reboot: take_section(r, "reboot", p),
             schedule: take_section(r, "schedule", p),
-            fleet: take_section(r, "fleet", p),
+            workflows: WorkflowSettings::read(&mut Tree(r, p)),
         };
         for key in root.keys() {
             problems.push(Problem {
@@ -151,6 +150,15 @@ impl Settings {
         } else {
             Err(ConfigError(problems))
         }
+    }
+}
+
+/// The configuration tree, as the workflows' sections are read from it.
+struct Tree<'a>(&'a mut Map<String, Value>, &'a mut Vec<Problem>);
+
+impl SectionSource for Tree<'_> {
+    fn take<T: DeserializeOwned + Default>(&mut self, name: &'static str) -> T {
+        take_section(self.0, name, self.1)
     }
 }
 
@@ -227,47 +235,6 @@ fn explain(message: &str) -> String {
         return format!("{message} like 500ms, 30s, 5m or 1h 30m");
     }
     message.to_owned()
-}
-
-/// The field names serde reads for `T`, asked of its derived `Deserialize`.
-fn fields<T: DeserializeOwned>() -> &'static [&'static str] {
-    struct Fields(&'static [&'static str]);
-    #[derive(Debug)]
-    struct Asked;
-    impl fmt::Display for Asked {
-        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("fields asked")
-        }
-    }
-    impl std::error::Error for Asked {}
-    impl serde::de::Error for Asked {
-        fn custom<M: fmt::Display>(_: M) -> Self {
-            Asked
-        }
-    }
-    impl<'de> serde::Deserializer<'de> for &mut Fields {
-        type Error = Asked;
-        fn deserialize_any<V: serde::de::Visitor<'de>>(self, _: V) -> Result<V::Value, Asked> {
-            Err(Asked)
-        }
-        fn deserialize_struct<V: serde::de::Visitor<'de>>(
-            self,
-            _: &'static str,
-            fields: &'static [&'static str],
-            _: V,
-        ) -> Result<V::Value, Asked> {
-            self.0 = fields;
-            Err(Asked)
-        }
-        serde::forward_to_deserialize_any! {
-            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
-            byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
-            identifier ignored_any
-        }
-    }
-    let mut asked = Fields(&[]);
-    let _ = T::deserialize(&mut asked);
-    asked.0
 }
 
 #[cfg(test)]

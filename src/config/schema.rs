@@ -272,7 +272,10 @@ pub fn matcher_list(_: &mut SchemaGenerator) -> Schema {
 
 /// Per client, the scopes it holds.
 pub fn scope_map(_: &mut SchemaGenerator) -> Schema {
-    let names: Vec<&str> = Scope::ALL.into_iter().map(Scope::name).collect();
+    let names: Vec<&str> = crate::workflows::scopes()
+        .into_iter()
+        .map(Scope::name)
+        .collect();
     json_schema!({
         "type": "object",
         "additionalProperties": {

@@ -13,8 +13,7 @@ use super::values::{self, Problems, host_list, matcher_list, string_list};
 use crate::domain::gate::Matcher;
 use crate::domain::run::FailurePolicy;
 use crate::domain::scope::Scope;
-pub use crate::workflows::fleet::config::FleetConfig;
-pub use crate::workflows::node_reboot::config::{AfterUpgrade, RebootConfig};
+use crate::workflows::WorkflowSettings;
 
 pub use crate::queue::settings::{QueueBackend, QueueSettings};
 
@@ -871,68 +870,6 @@ impl EtcdConfig {
     }
 }
 
-/// How `serve` reaches the etcd clusters it rolls (section `etcd_roll`). The members and
-/// the StatefulSet come with each request; the client certificates never do.
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
-#[serde(default, deny_unknown_fields)]
-pub struct EtcdRollConfig {
-    /// PEM CA bundle, for `https://` members.
-    pub ca_file: Option<PathBuf>,
-    /// PEM client certificate.
-    pub cert_file: Option<PathBuf>,
-    /// PEM client key (a secret: a path).
-    pub key_file: Option<PathBuf>,
-    /// Bound on connecting and on every etcd request.
-    #[serde(with = "humantime_serde")]
-    #[schemars(schema_with = "crate::config::schema::duration")]
-    pub timeout: Duration,
-    /// How long a leadership transfer may take to be confirmed by a majority.
-    #[serde(with = "humantime_serde")]
-    #[schemars(schema_with = "crate::config::schema::duration")]
-    pub transfer_timeout: Duration,
-    /// StatefulSets `serve` rolls by itself, one roll per new revision of their template:
-    /// `namespace/name`, or `namespace/name=http(s)://host:port` where the members answer
-    /// (default: the StatefulSet's governing Service on port 2379). The roll's endpoints
-    /// are the members' advertised client URLs (default: none watched).
-    #[serde(deserialize_with = "string_list")]
-    #[schemars(schema_with = "crate::config::schema::string_list")]
-    pub watch: Vec<String>,
-}
-
-impl Default for EtcdRollConfig {
-    fn default() -> Self {
-        Self {
-            ca_file: None,
-            cert_file: None,
-            key_file: None,
-            timeout: Duration::from_secs(5),
-            transfer_timeout: Duration::from_secs(15),
-            watch: Vec::new(),
-        }
-    }
-}
-
-impl EtcdRollConfig {
-    /// The watched StatefulSets, parsed (`check` has refused any that does not parse).
-    pub fn watch_targets(&self) -> Vec<crate::workflows::etcd_roll::roll_watch::WatchTarget> {
-        self.watch
-            .iter()
-            .filter_map(|raw| crate::workflows::etcd_roll::roll_watch::WatchTarget::parse(raw).ok())
-            .collect()
-    }
-
-    fn check(&self, p: &mut Problems) {
-        for raw in &self.watch {
-            if let Err(e) = crate::workflows::etcd_roll::roll_watch::WatchTarget::parse(raw) {
-                p.add("watch", e);
-            }
-        }
-        p.tls_files(&self.ca_file, &self.cert_file, &self.key_file);
-        p.duration("timeout", self.timeout, 100, 300_000);
-        p.duration("transfer_timeout", self.transfer_timeout, 1000, 300_000);
-    }
-}
-
 /// `rollgate detect`, the daily CronJob (section `detect`).
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
@@ -1059,16 +996,14 @@ pub struct Settings {
     pub ssh: SshConfig,
     /// The control plane's etcd, for the pre-upgrade snapshot.
     pub etcd: EtcdConfig,
-    /// etcd clusters rolled by `serve`.
-    pub etcd_roll: EtcdRollConfig,
     /// `rollgate detect`.
     pub detect: DetectConfig,
-    /// Node reboots.
-    pub reboot: RebootConfig,
     /// Maintenance windows.
     pub schedule: ScheduleSettings,
-    /// Fleet waves: the clusters upstream of this one.
-    pub fleet: FleetConfig,
+    /// The workflows' own sections (`etcd_roll`, `reboot`, `fleet`, …), each defined in
+    /// its workflow's folder.
+    #[schemars(flatten)]
+    pub workflows: WorkflowSettings,
 }
 
 impl Settings {
@@ -1138,9 +1073,7 @@ impl Settings {
         check("cluster", &|p| self.cluster.check(p));
         check("ssh", &|p| self.ssh.check(p));
         check("etcd", &|p| self.etcd.check(p));
-        check("etcd_roll", &|p| self.etcd_roll.check(p));
         check("detect", &|p| self.detect.check(p));
-        check("reboot", &|p| self.reboot.check(p));
-        check("fleet", &|p| self.fleet.check(p));
+        self.workflows.check(each);
     }
 }

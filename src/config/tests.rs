@@ -65,7 +65,10 @@ fn environment_overrides_nested_keys() {
     assert_eq!(s.cluster.worker_order, ["w2", "w1"]);
     assert_eq!(s.ssh.hosts["w1"].port, Some(2222));
     assert_eq!(s.ssh.hosts["cp"].user.as_deref(), Some("root"));
-    assert_eq!(s.etcd_roll.transfer_timeout, Duration::from_secs(90));
+    assert_eq!(
+        s.workflows.etcd_roll.transfer_timeout,
+        Duration::from_secs(90)
+    );
     assert_eq!(s.cluster.pod_ready_ratio, 0.75);
 }
 

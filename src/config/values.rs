@@ -24,13 +24,19 @@ pub fn scope_map<'de, D: Deserializer<'de>>(
     for (client, Names(names)) in raw {
         let mut scopes = std::collections::BTreeSet::new();
         for name in names {
-            let scope = Scope::ALL
-                .into_iter()
+            let known = crate::workflows::scopes();
+            let scope = known
+                .iter()
+                .copied()
                 .find(|s| s.name() == name)
                 .ok_or_else(|| {
                     de::Error::custom(format!(
                         "client {client}: unknown scope {name:?} (scopes: {})",
-                        Scope::ALL.map(Scope::name).join(", ")
+                        known
+                            .iter()
+                            .map(|s| s.name())
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     ))
                 })?;
             scopes.insert(scope);

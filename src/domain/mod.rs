@@ -4,6 +4,7 @@ pub mod alert;
 pub mod backoff;
 pub mod budget;
 pub mod engine;
+pub mod etcd_order;
 pub mod event;
 pub mod facts;
 pub mod gate;

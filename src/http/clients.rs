@@ -231,7 +231,7 @@ fn read_table(sources: &TokenSources) -> Result<Table, ClientsError> {
             token,
             Arc::new(Client {
                 name: ADMIN.to_owned(),
-                scopes: Scope::ALL.into_iter().collect(),
+                scopes: crate::workflows::scopes().into_iter().collect(),
             }),
         ));
     }
@@ -283,8 +283,11 @@ mod tests {
             admin_file: None,
             dir: Some(dir.to_owned()),
             scopes: [
-                ("alertmanager".to_owned(), [Scope::AlertsWrite].into()),
-                ("alice".to_owned(), [Scope::Read, Scope::RunsControl].into()),
+                ("alertmanager".to_owned(), [Scope::ALERTS_WRITE].into()),
+                (
+                    "alice".to_owned(),
+                    [Scope::READ, Scope::RUNS_CONTROL].into(),
+                ),
             ]
             .into(),
         }
@@ -303,7 +306,7 @@ mod tests {
         assert_eq!(clients.names(), ["alertmanager", "alice", "stranger"]);
         let am = clients.identify("am-token-0123456789").expect("known");
         assert_eq!(am.name, "alertmanager");
-        assert!(am.may(Scope::AlertsWrite) && !am.may(Scope::RunsControl));
+        assert!(am.may(Scope::ALERTS_WRITE) && !am.may(Scope::RUNS_CONTROL));
         let stranger = clients
             .identify("stranger-token-0123456789")
             .expect("known");

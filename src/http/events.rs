@@ -79,7 +79,7 @@ impl Feed {
             let reads = self
                 .clients
                 .identify(&self.token)
-                .is_some_and(|c| c.may(crate::domain::scope::Scope::Read));
+                .is_some_and(|c| c.may(crate::domain::scope::Scope::READ));
             if !reads {
                 tracing::info!("event stream ended: its token may no longer read");
                 return None;

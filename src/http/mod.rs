@@ -45,8 +45,10 @@ pub struct AppState {
     pub reserve: Option<crate::disk::Reserve>,
     /// Whether the worker can write the store now, and why not.
     pub writes: std::sync::Arc<crate::worker::WriteHealth>,
-    /// This cluster's part in the fleet, for `GET /v1/fleet` and the upgrades' wait.
-    pub fleet: Arc<crate::workflows::fleet::Fleet>,
+    /// Whether a new upgrade waits for the clusters upstream of this one.
+    pub asks_upstreams: bool,
+    /// What answers each of the workflows' views (`workflows::VIEWS`).
+    pub views: Vec<Arc<dyn crate::workflows::view::View>>,
 }
 
 impl AppState {
@@ -54,7 +56,7 @@ impl AppState {
     pub fn run_policy(&self) -> crate::domain::run_request::RunPolicy {
         crate::domain::run_request::RunPolicy {
             on_failure: self.on_failure,
-            asks_upstreams: self.fleet.has_upstreams(),
+            asks_upstreams: self.asks_upstreams,
         }
     }
 }
@@ -83,14 +85,20 @@ pub(crate) async fn reread_every<T: Send + 'static>(
     }
 }
 
-/// Registers every route on an actix `App`: rollgate's own, and one door per workflow
-/// that makes runs.
+/// Registers every route on an actix `App`: rollgate's own, one door per workflow that
+/// makes runs, and the workflows' views.
 pub fn configure(cfg: &mut web::ServiceConfig) {
     let mut v1 = web::scope("/v1").wrap(from_fn(auth::require_scope));
     for door in crate::workflows::DOORS.iter() {
         v1 = v1.route(
             &format!("/{}", door.path),
             web::post().to(move |state, req, payload| intake::post_run(state, req, payload, door)),
+        );
+    }
+    for view in crate::workflows::VIEWS {
+        v1 = v1.route(
+            &format!("/{}", view.path),
+            web::get().to(move |state| routes::get_view(state, view)),
         );
     }
     ui::configure(cfg);
@@ -103,7 +111,6 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                 .route("/alerts", web::post().to(routes::post_alerts))
                 .route("/alerts", web::get().to(routes::get_alerts))
                 .route("/gates", web::get().to(routes::get_gates))
-                .route("/fleet", web::get().to(routes::get_fleet))
                 .route("/events", web::get().to(events::stream))
                 .route("/runs", web::get().to(routes::list_runs))
                 .route("/runs/{id}", web::get().to(routes::get_run))

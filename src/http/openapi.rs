@@ -2,6 +2,7 @@
 
 use actix_web::HttpResponse;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{RefOr, schema::Schema};
 use utoipa::{Modify, OpenApi};
 
 /// The API description.
@@ -13,14 +14,13 @@ use utoipa::{Modify, OpenApi};
         super::routes::post_alerts,
         super::routes::get_alerts,
         super::routes::get_gates,
-        super::routes::get_fleet,
         super::routes::list_runs,
         super::routes::get_run,
         super::routes::control_run,
         super::events::stream,
     ),
     components(schemas(super::error::ErrorBody, crate::domain::run::RunSummary)),
-    modifiers(&Bearer, &RunDoors)
+    modifiers(&Bearer, &RunDoors, &Views)
 )]
 pub struct ApiDoc;
 
@@ -108,10 +108,54 @@ impl Modify for RunDoors {
                 operation,
             );
         }
-        let components = openapi.components.get_or_insert_with(Default::default);
-        for (name, schema) in schemas {
-            components.schemas.entry(name).or_insert(schema);
+        add_schemas(openapi, schemas);
+    }
+}
+
+/// Describes each workflow's view, `GET /v1/<view>`, from what the view says of itself.
+struct Views;
+
+impl Modify for Views {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::path::{HttpMethod, OperationBuilder};
+        use utoipa::openapi::security::SecurityRequirement;
+        use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+        let mut schemas = Vec::new();
+        for view in crate::workflows::VIEWS {
+            let body = (view.body)();
+            let content = ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name(&body.name)))
+                .build();
+            schemas.extend(body.all);
+            let operation = OperationBuilder::new()
+                .summary(Some(format!("`GET /v1/{}`: {}", view.path, view.summary)))
+                .response(
+                    "200",
+                    ResponseBuilder::new()
+                        .description("OK")
+                        .content("application/json", content)
+                        .build(),
+                )
+                .security(SecurityRequirement::new(
+                    "bearer",
+                    [crate::domain::scope::Scope::READ.name()],
+                ))
+                .build();
+            openapi.paths.add_path_operation(
+                format!("/v1/{}", view.path),
+                vec![HttpMethod::Get],
+                operation,
+            );
         }
+        add_schemas(openapi, schemas);
+    }
+}
+
+/// Adds the schemas the doors' and views' entries refer to, each once.
+fn add_schemas(openapi: &mut utoipa::openapi::OpenApi, schemas: Vec<(String, RefOr<Schema>)>) {
+    let components = openapi.components.get_or_insert_with(Default::default);
+    for (name, schema) in schemas {
+        components.schemas.entry(name).or_insert(schema);
     }
 }
 

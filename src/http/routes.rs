@@ -16,6 +16,7 @@ use crate::domain::event::{CloudEvent, ControlAction, ControlRequest, EventData,
 use crate::domain::run::{Run, RunStatus};
 use crate::queue::Outgoing;
 use crate::store::Events;
+use crate::workflows::view::ViewDoor;
 
 pub(crate) type State = web::Data<AppState>;
 
@@ -54,6 +55,7 @@ pub struct Whoami {
     /// The client's name (its token file's name; `admin` for `server.token_file`).
     pub client: String,
     /// What it may do.
+    #[schema(value_type = Vec<String>)]
     pub scopes: Vec<crate::domain::scope::Scope>,
 }
 
@@ -259,12 +261,24 @@ pub async fn get_gates(state: State, query: web::Query<GateQuery>) -> HttpRespon
     }
 }
 
-/// `GET /v1/fleet`: this cluster as its downstream clusters see it: its name, the
-/// versions it runs, its last run of each kind, its gate and since when it has been
-/// quiet, and how it sees its own upstreams.
-#[utoipa::path(get, path = "/v1/fleet", responses((status = 200, body = crate::workflows::fleet::view::FleetView)), security(("bearer" = ["read"])))]
-pub async fn get_fleet(state: State) -> HttpResponse {
-    HttpResponse::Ok().json(state.fleet.view().await)
+/// `GET /v1/<view>`: a workflow's view, answered by what it registered for it (described
+/// in the API from the view's door).
+pub async fn get_view(state: State, door: &'static ViewDoor) -> Result<HttpResponse, ApiError> {
+    let view = state
+        .views
+        .iter()
+        .find(|v| v.door().path == door.path)
+        .ok_or_else(|| {
+            ApiError::not_found(format!("/v1/{} is not served by this rollgate", door.path))
+        })?;
+    let answer = view.read().await.map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("/v1/{} cannot be told: {e}", door.path),
+        )
+    })?;
+    Ok(HttpResponse::Ok().json(answer))
 }
 
 /// Filters for `GET /v1/runs`.

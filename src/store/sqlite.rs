@@ -819,6 +819,7 @@ fn insert_outgoing(tx: &Transaction<'_>, msg: &Outgoing) -> rusqlite::Result<i64
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::etcd_order::Action;
     use crate::domain::event::{DetectionRequest, StageSelection, UpgradeKind};
     use crate::domain::run::{Step, StepStatus};
     use crate::domain::version::Version;
@@ -826,7 +827,7 @@ mod tests {
     use crate::workflows::control_plane_cycle::plan::{
         ControlPlaneAction, EtcdFacts, EtcdMemberFacts, Kubeadm,
     };
-    use crate::workflows::etcd_roll::plan::{Action, initial_steps as roll_steps, steps_for};
+    use crate::workflows::etcd_roll::plan::{initial_steps as roll_steps, steps_for};
     use crate::workflows::k8s_upgrade::plan::{
         self as plan, ClusterFacts, NodeFacts, PlanSettings, Role,
     };

@@ -14,10 +14,13 @@ pub mod leader;
 pub mod node_cycle;
 pub mod node_reboot;
 pub mod outbox;
+pub mod view;
 
 use crate::domain::run_request::Doors;
+use crate::domain::scope::Scope;
 use crate::domain::step_kind::{self, StepType};
 use crate::metrics::MetricSetType;
+use crate::setting;
 
 /// The doors of the workflows that make runs: registering one is its line here.
 pub static DOORS: Doors = Doors(&[
@@ -35,9 +38,69 @@ pub fn register() {
     crate::metrics::register_sets(METRIC_SETS);
 }
 
+/// Every scope a token may carry, each once, by name: rollgate's own and each door's.
+pub fn scopes() -> Vec<Scope> {
+    let mut all: std::collections::BTreeSet<Scope> = Scope::OWN.into_iter().collect();
+    all.extend(DOORS.iter().map(|door| door.scope));
+    all.into_iter().collect()
+}
+
+/// The read-only views the workflows offer on the API: registering one is its line here.
+pub static VIEWS: &[&view::ViewDoor] = &[&fleet::VIEW];
+
 /// The workflows' own metric families: registering a set is its line here.
 pub static METRIC_SETS: &[MetricSetType] =
     &[node_reboot::metrics::METRICS, etcd_roll::metrics::METRICS];
+
+/// Declares the workflows' sections of the settings, one line each: the struct `config`
+/// flattens into `Settings`, how each is read, its keys, and its check.
+macro_rules! workflow_sections {
+    ($($(#[doc = $doc:literal])* $name:ident: $section:ty,)*) => {
+        /// The workflows' own sections of the settings; a workflow's section is its line
+        /// here, its type in its folder.
+        #[derive(Debug, Clone, Default, schemars::JsonSchema)]
+        pub struct WorkflowSettings {
+            $($(#[doc = $doc])* pub $name: $section,)*
+        }
+
+        impl WorkflowSettings {
+            /// Each section by name, with the keys serde reads for it.
+            pub fn keys() -> Vec<(&'static str, &'static [&'static str])> {
+                vec![$((stringify!($name), setting::fields::<$section>()),)*]
+            }
+
+            /// Every section, read from `source`.
+            pub fn read(source: &mut impl setting::SectionSource) -> Self {
+                Self { $($name: source.take(stringify!($name)),)* }
+            }
+
+            /// Every section's lines in `rollgate check-config`'s summary.
+            pub fn summary(&self, around: &setting::Around) -> Vec<(&'static str, String)> {
+                let mut lines = Vec::new();
+                $(lines.extend(setting::Section::summary(&self.$name, around));)*
+                lines
+            }
+
+            /// Checks every section, handing each section's findings to `each`.
+            pub fn check(&self, each: &mut dyn FnMut(setting::Problems)) {
+                $({
+                    let mut p = setting::Problems::new(stringify!($name));
+                    setting::Section::check(&self.$name, &mut p);
+                    each(p);
+                })*
+            }
+        }
+    };
+}
+
+workflow_sections! {
+    /// etcd clusters rolled by `serve`.
+    etcd_roll: etcd_roll::config::EtcdRollConfig,
+    /// Node reboots.
+    reboot: node_reboot::config::RebootConfig,
+    /// Fleet waves: the clusters upstream of this one.
+    fleet: fleet::config::FleetConfig,
+}
 
 #[cfg(test)]
 mod tests {
@@ -177,30 +240,47 @@ mod tests {
         assert!(CloudEvent::decode(real, DOORS).is_ok());
     }
 
+    /// Every scope a token may carry is listed once, in the order clients show them:
+    /// rollgate's own and each door's.
+    #[test]
+    fn every_scope_is_listed_once() {
+        let names: Vec<&str> = scopes().iter().map(|s| s.name()).collect();
+        let want = [
+            "alerts:write",
+            "detections:write",
+            "etcd-rolls:write",
+            "reboots:write",
+            "runs:control",
+            "runs:approve",
+            "read",
+        ];
+        assert_eq!(names, want);
+    }
+
     /// Every route, the doors' among rollgate's own, needs its scope.
     #[test]
     fn every_route_of_the_api_needs_its_scope() {
         let cases = [
-            ("POST", "/v1/alerts", Scope::AlertsWrite),
-            ("GET", "/v1/alerts", Scope::Read),
-            ("POST", "/v1/detections", Scope::DetectionsWrite),
-            ("POST", "/v1/etcd-rolls", Scope::EtcdRollsWrite),
-            ("POST", "/v1/reboots", Scope::RebootsWrite),
-            ("GET", "/v1/gates", Scope::Read),
-            ("GET", "/v1/events", Scope::Read),
-            ("GET", "/v1/runs", Scope::Read),
-            ("GET", "/v1/runs/r-1", Scope::Read),
-            ("HEAD", "/v1/runs/r-1", Scope::Read),
-            ("POST", "/v1/runs/r-1/halt", Scope::RunsControl),
-            ("POST", "/v1/runs/r-1/resume", Scope::RunsControl),
-            ("POST", "/v1/runs/r-1/abort", Scope::RunsControl),
-            ("POST", "/v1/runs/r-1/approve", Scope::RunsApprove),
-            ("GET", "/v1/fleet", Scope::Read),
-            ("POST", "/v1/alerts/", Scope::AlertsWrite),
-            ("POST", "/v1/nothing-here", Scope::RunsControl),
-            ("DELETE", "/v1/alerts", Scope::AlertsWrite),
-            ("PUT", "/v1/runs", Scope::RunsControl),
-            ("POST", "/v1/whoami", Scope::RunsControl),
+            ("POST", "/v1/alerts", Scope::ALERTS_WRITE),
+            ("GET", "/v1/alerts", Scope::READ),
+            ("POST", "/v1/detections", Scope::DETECTIONS_WRITE),
+            ("POST", "/v1/etcd-rolls", etcd_roll::intake::DOOR.scope),
+            ("POST", "/v1/reboots", node_reboot::intake::DOOR.scope),
+            ("GET", "/v1/gates", Scope::READ),
+            ("GET", "/v1/events", Scope::READ),
+            ("GET", "/v1/runs", Scope::READ),
+            ("GET", "/v1/runs/r-1", Scope::READ),
+            ("HEAD", "/v1/runs/r-1", Scope::READ),
+            ("POST", "/v1/runs/r-1/halt", Scope::RUNS_CONTROL),
+            ("POST", "/v1/runs/r-1/resume", Scope::RUNS_CONTROL),
+            ("POST", "/v1/runs/r-1/abort", Scope::RUNS_CONTROL),
+            ("POST", "/v1/runs/r-1/approve", Scope::RUNS_APPROVE),
+            ("GET", "/v1/fleet", Scope::READ),
+            ("POST", "/v1/alerts/", Scope::ALERTS_WRITE),
+            ("POST", "/v1/nothing-here", Scope::RUNS_CONTROL),
+            ("DELETE", "/v1/alerts", Scope::ALERTS_WRITE),
+            ("PUT", "/v1/runs", Scope::RUNS_CONTROL),
+            ("POST", "/v1/whoami", Scope::RUNS_CONTROL),
         ];
         for (method, path, scope) in cases {
             assert_eq!(

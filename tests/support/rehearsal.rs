@@ -124,7 +124,7 @@ pub fn scaled_rollgate_env() -> Vec<(&'static str, String)> {
     let ssh = rollgate::config::SshConfig::default();
     let etcd = rollgate::config::EtcdConfig::default();
     let queue = rollgate::config::QueueSettings::default();
-    let reboot = rollgate::config::RebootConfig::default();
+    let reboot = rollgate::workflows::node_reboot::config::RebootConfig::default();
     vec![
         ("ROLLGATE__CLUSTER__SOAK", scaled(cluster.soak)),
         (

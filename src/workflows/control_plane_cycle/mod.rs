@@ -13,6 +13,8 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use crate::domain::engine::StepOutcome;
+use crate::domain::etcd_order::Refusal;
+use crate::domain::facts::agreed_leader;
 use crate::domain::run::{Learned, Run, Step};
 use crate::domain::version::Version;
 use crate::error_chain;
@@ -23,7 +25,6 @@ use crate::workflows::control_plane_cycle::plan::{
 };
 use crate::workflows::etcd_roll::caught_up;
 use crate::workflows::etcd_roll::metrics::EtcdRollMetrics;
-use crate::workflows::etcd_roll::plan::{Refusal, agreed_leader};
 use crate::workflows::k8s_upgrade::plan::{ClusterFacts, NodeFacts};
 
 /// The label the control-plane stages carry in the `etcd_roll_*` metrics.

@@ -11,12 +11,10 @@
 
 use std::fmt;
 
+use crate::domain::etcd_order::{self, Action, ClusterView, Member, Order, Refusal};
 pub use crate::domain::facts::{EtcdAlarm, EtcdFacts, EtcdMemberFacts, StaticPod};
 use crate::domain::facts::{NodeFacts, Role};
 use crate::domain::version::Version;
-use crate::workflows::etcd_roll::plan::{
-    self as etcd_roll, Action, ClusterView, Member, Order, Refusal,
-};
 
 /// Where the cluster's etcd runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -219,7 +217,7 @@ pub fn next_in_order(
         _ => return Ok(NextControlPlane::Touch(first_pending.name.clone())),
     };
     let view = stacked_view(cps, etcd, pending);
-    match etcd_roll::next_action(&view, Order::Free, max_lag)? {
+    match etcd_order::next_action(&view, Order::Free, max_lag)? {
         Action::Restart { name, .. } => Ok(NextControlPlane::Touch(name)),
         Action::MoveLeader { name, .. } => Ok(NextControlPlane::MoveLeader {
             from: etcd.leader_name().unwrap_or_default(),

@@ -19,7 +19,7 @@ use crate::workflows::intake::{Admit, Intake, Refusal};
 pub static DOOR: RunDoor = RunDoor {
     steps: super::step::STEPS,
     path: "etcd-rolls",
-    scope: Scope::EtcdRollsWrite,
+    scope: Scope::new("etcd-rolls:write"),
     event_type: "rollgate.etcd-roll.v1",
     routing_key: "etcd-rolls",
     label: "etcd-roll",

@@ -2,9 +2,10 @@
 //! command — VMs, systemd — "at target" decided by a probe command) and `statefulset`
 //! (the partition of a StatefulSet's rolling update lowered one ordinal at a time, "at
 //! target" = the pod runs the update revision and is Ready). Each step re-reads the
-//! cluster and asks the pure planner (`workflows::etcd_roll::plan`) for the next safe action, so a
+//! cluster and asks the pure planner (`domain::etcd_order`) for the next safe action, so a
 //! crashed roll resumes by itself; a sampler records every leadership change meanwhile.
 
+pub mod config;
 pub mod intake;
 pub mod metrics;
 pub mod plan;
@@ -20,11 +21,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 
+use crate::domain::etcd_order::{Action, ClusterView, Member, Order, Refusal, next_action};
+use crate::domain::facts::agreed_leader;
 use crate::ports::StatefulSets;
 use crate::ports::{EtcdError, EtcdMembers, Failure, MemberCommand, MemberInfo, MemberStatus};
-use crate::workflows::etcd_roll::plan::{
-    Action, ClusterView, Member, Order, Refusal, agreed_leader, next_action,
-};
 use crate::workflows::gate::Gate;
 
 /// How members are restarted, and how a member is known to run the target.
@@ -451,7 +451,7 @@ pub async fn check_endpoints(etcd: &dyn EtcdMembers) -> Result<(), RollError> {
         .into_iter()
         .map(|m| (m.name, m.client_urls))
         .collect();
-    match crate::workflows::etcd_roll::plan::endpoint_mismatch(etcd.endpoints(), &members) {
+    match crate::domain::etcd_order::endpoint_mismatch(etcd.endpoints(), &members) {
         None => Ok(()),
         Some(why) => Err(RollError::Refused(why)),
     }

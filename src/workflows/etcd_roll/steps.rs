@@ -15,12 +15,11 @@ use tracing::{info, warn};
 use super::request::EtcdRollRequest;
 use super::step::EtcdRollStep;
 use crate::domain::engine::StepOutcome;
+use crate::domain::etcd_order::{Action, ClusterView, Member, Refusal, next_action};
 use crate::domain::run::{Learned, Run, Step};
 use crate::metrics::Metrics;
 use crate::ports::{EtcdConnect, EtcdError, EtcdMembers, StatefulSets, StepExecutor};
-use crate::workflows::etcd_roll::plan::{
-    Action, ClusterView, Member, Refusal, next_action, steps_for, tally,
-};
+use crate::workflows::etcd_roll::plan::{steps_for, tally};
 use crate::workflows::etcd_roll::{
     Driver, Endpoints, RollError, RollReport, StatefulSetDriver, Watch, caught_up, check_endpoints,
     not_ready, sample, view,

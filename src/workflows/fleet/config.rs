@@ -5,7 +5,7 @@ use serde::Deserialize;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::setting::Problems;
+use crate::setting::{Around, Problems, Section};
 
 /// One cluster upstream of this one: its rollgate, asked before an upgrade goes ahead.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize, JsonSchema)]
@@ -74,8 +74,8 @@ impl Default for FleetConfig {
     }
 }
 
-impl FleetConfig {
-    pub(crate) fn check(&self, p: &mut Problems) {
+impl Section for FleetConfig {
+    fn check(&self, p: &mut Problems) {
         if !is_cluster_name(&self.name) {
             p.add(
                 "name",
@@ -128,6 +128,25 @@ impl FleetConfig {
             p.path(&format!("{key}.token_file"), upstream.token_file.as_ref());
             p.path(&format!("{key}.ca_file"), upstream.ca_file.as_ref());
         }
+    }
+
+    fn summary(&self, _around: &Around) -> Vec<(&'static str, String)> {
+        let upstreams = if self.upstreams.is_empty() {
+            "no upstreams".to_owned()
+        } else {
+            let names: Vec<&str> = self.upstreams.iter().map(|u| u.name.as_str()).collect();
+            format!(
+                "upstreams {} (soak {}){}",
+                names.join(", "),
+                humantime::format_duration(self.soak),
+                if self.require_approval {
+                    ", then an approval"
+                } else {
+                    ""
+                }
+            )
+        };
+        vec![("fleet", format!("{}: {upstreams}", self.name))]
     }
 }
 

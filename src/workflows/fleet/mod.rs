@@ -13,11 +13,13 @@ use std::sync::{Arc, Mutex};
 use crate::domain::engine::{AWAITS_APPROVAL, StepOutcome};
 use crate::domain::gate::Verdict;
 use crate::domain::run::Run;
+use crate::domain::run_request::schema_of;
 use crate::domain::version::Version;
 use crate::metrics::Metrics;
 use crate::ports::{ClusterRead, FleetPeer, StepExecutor};
 use crate::store::Store;
 use crate::workflows::gate::{Gate, GateReport};
+use crate::workflows::view::{View, ViewDoor};
 
 pub use config::{FleetConfig, Upstream};
 use view::{FiringBlocker, FleetView, GateQuiet, LastRun, UpstreamView, Versions, readiness};
@@ -30,6 +32,13 @@ const MAX_DEPTH: usize = 8;
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct FleetError(String);
+
+/// `GET /v1/fleet`, what downstream clusters ask.
+pub static VIEW: ViewDoor = ViewDoor {
+    path: "fleet",
+    summary: "this cluster as its downstream clusters see it: its name, the versions it runs, its last run of each kind, its gate and since when it has been quiet, and how it sees its own upstreams.",
+    body: schema_of::<FleetView>,
+};
 
 /// One upstream and the peer that asks it.
 struct Asked {
@@ -47,6 +56,17 @@ pub struct Fleet {
     upstreams: Vec<Asked>,
     /// The last answer of each upstream, by name, for `GET /v1/fleet`.
     seen: Mutex<BTreeMap<String, UpstreamView>>,
+}
+
+#[async_trait::async_trait]
+impl View for Fleet {
+    fn door(&self) -> &'static ViewDoor {
+        &VIEW
+    }
+
+    async fn read(&self) -> Result<serde_json::Value, serde_json::Error> {
+        serde_json::to_value(self.view().await)
+    }
 }
 
 impl Fleet {

@@ -20,7 +20,7 @@ use crate::workflows::k8s_upgrade::plan::{self, PlanSettings};
 pub static DOOR: RunDoor = RunDoor {
     steps: crate::domain::upgrade_step::STEPS,
     path: "detections",
-    scope: Scope::DetectionsWrite,
+    scope: Scope::DETECTIONS_WRITE,
     event_type: "rollgate.detection.v1",
     routing_key: "detections",
     label: "detection",

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::setting::{Problems, string_list};
+use crate::setting::{Around, Problems, Section, string_list};
 
 /// Whether an upgrade reboots a node its script left needing one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
@@ -123,8 +123,10 @@ impl RebootConfig {
             .map(|(k, v)| (k.trim().to_owned(), Some(v.trim().to_owned())))
             .collect()
     }
+}
 
-    pub(crate) fn check(&self, p: &mut Problems) {
+impl Section for RebootConfig {
+    fn check(&self, p: &mut Problems) {
         let file = self.sentinel_file.to_string_lossy();
         if !file.starts_with('/')
             || !file
@@ -178,6 +180,28 @@ impl RebootConfig {
                 }
             }
         }
+    }
+
+    fn summary(&self, _around: &Around) -> Vec<(&'static str, String)> {
+        let sentinel = match (&self.sentinel_command, self.sentinel_preset) {
+            (Some(command), _) => format!("command `{command}`"),
+            (None, SentinelPreset::File) => format!("file {}", self.sentinel_file.display()),
+            (None, SentinelPreset::NeedsRestarting) => "needs-restarting -r".to_owned(),
+            (None, SentinelPreset::Zypper) => "zypper needs-rebooting".to_owned(),
+        };
+        let after = match self.after_upgrade {
+            AfterUpgrade::Never => "never",
+            AfterUpgrade::IfRequired => "if required",
+        };
+        vec![(
+            "reboots",
+            format!(
+                "sentinel {sentinel}, command `{}`, timeout {}, control planes {}, after an upgrade {after}",
+                self.command,
+                humantime::format_duration(self.timeout),
+                if self.control_planes { "too" } else { "never" },
+            ),
+        )]
     }
 }
 

@@ -24,7 +24,7 @@ use super::{NodeReboots, RebootPlanSettings, RebootRequest, plan};
 pub static DOOR: RunDoor = RunDoor {
     steps: super::step::STEPS,
     path: "reboots",
-    scope: Scope::RebootsWrite,
+    scope: Scope::new("reboots:write"),
     event_type: "rollgate.reboot.v1",
     routing_key: "reboots",
     label: "reboot",
