@@ -1,6 +1,7 @@
 //! The Kubernetes version upgrade end to end through `rollgate serve`: the fake API server,
-//! a real sshd per node running scripts/node-upgrade.sh with stub package tools, a real
-//! etcd for the snapshot, a real Prometheus for the gate, a Slack capture server.
+//! a real sshd per node running scripts/node-upgrade.sh with stub package tools (or, in one
+//! test, Debian's own apt and dpkg), a real etcd for the snapshot, a real Prometheus for
+//! the gate, a Slack capture server.
 
 mod support;
 
@@ -285,6 +286,41 @@ async fn a_minor_upgrade_runs_end_to_end_amqp() {
         "containerd://1.7.24"
     );
     rabbit::cleanup(&names).await;
+}
+
+/// On Debian's own apt and dpkg on every node (1 control plane, 3 workers), over
+/// repositories laid out as pkgs.k8s.io's: a patch and then a minor upgrade each finish,
+/// every node's package database reads the target for kubeadm, kubelet and kubectl with
+/// their holds standing again, and after the minor every node's source names the new
+/// minor's repository.
+#[tokio::test]
+async fn a_patch_then_a_minor_upgrade_on_debians_own_apt() {
+    let ground = Ground::start_on_real_apt("1.34.2", 3).await;
+    let rg = start(&ground, &[]).await;
+    for (target, kind) in [("1.34.5", "patch"), ("1.35.0", "minor")] {
+        let id = detect(&rg, target, kind).await;
+        wait_status(&rg, &id, "succeeded").await;
+        ground.assert_all_at(target);
+        for node in &ground.nodes {
+            for pkg in ["kubeadm", "kubelet", "kubectl"] {
+                assert_eq!(
+                    node.installed(pkg),
+                    format!("{target}-1.1"),
+                    "{} {pkg}",
+                    node.name
+                );
+                assert!(node.held(pkg), "{} {pkg} is not held", node.name);
+            }
+        }
+    }
+    for node in &ground.nodes {
+        assert!(
+            node.apt_source().contains("/core:/stable:/v1.35/deb/ /"),
+            "{}: {}",
+            node.name,
+            node.apt_source()
+        );
+    }
 }
 
 fn done_steps(run: &Value) -> usize {

@@ -1,12 +1,14 @@
 //! scripts/node-upgrade.sh run directly with stub package tools on PATH that record every
-//! call; the stubbed `systemctl restart kubelet` reports to the fake API server.
+//! call, and with Debian's own apt and dpkg in a root of the node's own over repositories
+//! laid out as pkgs.k8s.io's; the stubbed `systemctl restart kubelet` reports to the fake
+//! API server.
 
 mod support;
 
 use std::path::Path;
 use std::process::Command;
 use support::kube::FakeKube;
-use support::nodes::node_files;
+use support::nodes::{dpkg_field, node_files};
 
 fn script() -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -490,5 +492,148 @@ async fn the_shipped_sudoers_allows_what_the_node_script_asks_and_nothing_beside
         lines.lines().count(),
         asked.len() + refused.len(),
         "{lines}"
+    );
+}
+
+/// A node whose package tools are Debian's own apt and dpkg, in a root of its own, over
+/// repositories laid out as pkgs.k8s.io's; kubeadm, kubelet and kubectl installed at
+/// `installed` and held.
+struct AptNode {
+    node: Node,
+    /// dpkg's database: the witness of what is installed and held.
+    admin: std::path::PathBuf,
+}
+
+impl AptNode {
+    async fn start(api: &FakeKube, name: &str, minor: &str, installed: &str) -> Self {
+        let mut node = node(api, name, minor).await;
+        let admin = support::nodes::real_apt(node.dir.path(), &mut node.env, minor, installed);
+        Self { node, admin }
+    }
+
+    /// What dpkg's database says of `pkg`: its version and whether it is held.
+    fn package(&self, pkg: &str) -> (String, String) {
+        (
+            dpkg_field(&self.admin, pkg, "${Version}"),
+            dpkg_field(&self.admin, pkg, "${db:Status-Want}"),
+        )
+    }
+
+    /// Every package dpkg installed or upgraded in this root, from its own log.
+    fn dpkg_changes(&self) -> Vec<String> {
+        let log = self.node.dir.path().join("root/var/log/dpkg.log");
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains(" install ") || l.contains(" upgrade "))
+            .map(|l| l.split_whitespace().skip(2).collect::<Vec<_>>().join(" "))
+            .collect()
+    }
+
+    fn source(&self) -> String {
+        std::fs::read_to_string(
+            self.node
+                .dir
+                .path()
+                .join("root/etc/apt/sources.list.d/kubernetes.list"),
+        )
+        .unwrap_or_default()
+    }
+}
+
+/// On Debian's own apt and dpkg: a patch upgrade installs the release the repository
+/// lists for each of kubeadm, kubelet and kubectl, the holds stand again, the kubelet
+/// reports it; a rerun installs nothing; a release the repository lacks is refused before
+/// anything changes.
+#[tokio::test]
+async fn on_a_real_apt_a_worker_upgrade_installs_the_release_and_the_holds_stand_again() {
+    let api = FakeKube::start().await;
+    api.add_node("w1", false, "1.34.2", "1.7.20");
+    let w1 = AptNode::start(&api, "w1", "1.34", "1.34.2-1.1").await;
+    let before = w1.dpkg_changes().len();
+    let (code, out) = w1.node.run(&["--check"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("ok: kubeadm 1.34.2-1.1, kubelet 1.34.2-1.1"),
+        "{out}"
+    );
+
+    let (code, out) = w1.node.run(&["--role", "worker", "--release", "1.34.4"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("kubeadm 1.34.4 is not in the apt repository"),
+        "{out}"
+    );
+    assert_eq!(w1.dpkg_changes().len(), before, "nothing installed");
+
+    let (code, out) = w1.node.run(&["--role", "worker", "--release", "1.34.5"]);
+    assert_eq!(code, 0, "{out}");
+    for pkg in ["kubeadm", "kubelet", "kubectl"] {
+        assert_eq!(
+            w1.package(pkg),
+            ("1.34.5-1.1".into(), "hold".into()),
+            "{pkg}"
+        );
+    }
+    assert_eq!(
+        w1.dpkg_changes()[before..],
+        [
+            "upgrade kubeadm:all 1.34.2-1.1 1.34.5-1.1",
+            "upgrade kubelet:all 1.34.2-1.1 1.34.5-1.1",
+            "upgrade kubectl:all 1.34.2-1.1 1.34.5-1.1",
+        ]
+    );
+    assert_eq!(
+        api.node("w1")["status"]["nodeInfo"]["kubeletVersion"],
+        "v1.34.5"
+    );
+
+    let changed = w1.dpkg_changes().len();
+    let (code, out) = w1.node.run(&["--role", "worker", "--release", "1.34.5"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(w1.dpkg_changes().len(), changed, "a rerun installs nothing");
+}
+
+/// On Debian's own apt: the release of the next minor is not in the node's repository
+/// until `--apt-minor` points the source at it; then it installs, and the holds stand.
+#[tokio::test]
+async fn on_a_real_apt_a_minor_upgrade_moves_the_source_to_the_new_minor() {
+    let api = FakeKube::start().await;
+    api.add_node("cp", true, "1.34.5", "1.7.20");
+    let cp = AptNode::start(&api, "cp", "1.34", "1.34.5-1.1").await;
+    let (code, out) = cp
+        .node
+        .run(&["--role", "control-plane", "--release", "1.35.0"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("kubeadm 1.35.0 is not in the apt repository"),
+        "{out}"
+    );
+    assert_eq!(cp.package("kubeadm"), ("1.34.5-1.1".into(), "hold".into()));
+
+    let (code, out) = cp.node.run(&["--apt-minor", "1.35"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        cp.source().contains("/core:/stable:/v1.35/deb/ /"),
+        "{}",
+        cp.source()
+    );
+    let (code, out) = cp
+        .node
+        .run(&["--role", "control-plane", "--release", "1.35.0"]);
+    assert_eq!(code, 0, "{out}");
+    for pkg in ["kubeadm", "kubelet", "kubectl"] {
+        assert_eq!(
+            cp.package(pkg),
+            ("1.35.0-1.1".into(), "hold".into()),
+            "{pkg}"
+        );
+    }
+    assert!(
+        cp.node
+            .calls()
+            .contains(&"kubeadm upgrade apply -y v1.35.0".to_owned()),
+        "{:?}",
+        cp.node.calls()
     );
 }

@@ -83,23 +83,35 @@ impl Ground {
     /// A control plane `cp` with an external etcd member, and workers `w1..=workers`, all
     /// at `kubelet`.
     pub async fn start(kubelet: &str, workers: usize) -> Self {
-        Self::build(kubelet, &["cp".to_owned()], workers, Etcd::Plain).await
+        Self::build(kubelet, &["cp".to_owned()], workers, Etcd::Plain, false).await
+    }
+
+    /// As [`Ground::start`], every node's package tools Debian's own apt and dpkg over
+    /// repositories laid out as pkgs.k8s.io's (`nodes::real_apt`).
+    pub async fn start_on_real_apt(kubelet: &str, workers: usize) -> Self {
+        Self::build(kubelet, &["cp".to_owned()], workers, Etcd::Plain, true).await
     }
 
     /// As [`Ground::start`], its etcd member serving clients over TLS with client
     /// certificates, as a kubeadm control plane's etcd does.
     pub async fn start_etcd_tls(kubelet: &str, workers: usize) -> Self {
-        Self::build(kubelet, &["cp".to_owned()], workers, Etcd::Tls).await
+        Self::build(kubelet, &["cp".to_owned()], workers, Etcd::Tls, false).await
     }
 
     /// Control planes `cp-1..=control_planes`, each with its stacked etcd member, and
     /// workers `w1..=workers`, all at `kubelet`.
     pub async fn start_ha(kubelet: &str, control_planes: usize, workers: usize) -> Self {
         let names: Vec<String> = (1..=control_planes).map(|i| format!("cp-{i}")).collect();
-        Self::build(kubelet, &names, workers, Etcd::Stacked).await
+        Self::build(kubelet, &names, workers, Etcd::Stacked, false).await
     }
 
-    async fn build(kubelet: &str, control_planes: &[String], workers: usize, etcd: Etcd) -> Self {
+    async fn build(
+        kubelet: &str,
+        control_planes: &[String],
+        workers: usize,
+        etcd: Etcd,
+        real_apt: bool,
+    ) -> Self {
         let stacked = matches!(etcd, Etcd::Stacked);
         let api = FakeKube::start().await;
         api.add_namespace("k8s-upgrade");
@@ -125,7 +137,7 @@ impl Ground {
         let mut nodes = Vec::new();
         for name in control_planes.iter().chain(&worker_names) {
             api.add_node_agents(name);
-            let node = FakeNode::start(name, &api, &client, &minor).await;
+            let node = FakeNode::start_with(name, &api, &client, &minor, real_apt).await;
             if control_planes.contains(name) {
                 let ctl = match &etcd {
                     GroundEtcd::Stacked(e) => Some(e.member(name).ctl()),

@@ -88,7 +88,7 @@ if [ "$1" = upgrade ] && [ "$2" != plan ] && [ -f "$STUB_STATE/cut-session" ]; t
   kill -9 "$(ps -o ppid= -p "$sid" | tr -d ' ')" 2>/dev/null
   sleep 1
 fi
-installed=$(cat "$STUB_STATE/installed-kubeadm")
+installed=$(STUB_LOG=/dev/null dpkg-query -W -f='${Version}' kubeadm)
 static_pods() {
   [ -f "$STUB_STATE/control-plane" ] || return 0
   local v=${installed%%-*} c
@@ -128,7 +128,7 @@ patch() {
 }
 case "$1 $2" in
   "restart kubelet")
-    v=$(cat "$STUB_STATE/installed-kubelet"); ready=True
+    v=$(STUB_LOG=/dev/null dpkg-query -W -f='${Version}' kubelet); ready=True
     [ -f "$STUB_STATE/stay-not-ready" ] && ready=False
     patch "{\"status\":{\"nodeInfo\":{\"kubeletVersion\":\"v${v%%-*}\"},\"conditions\":[{\"type\":\"Ready\",\"status\":\"$ready\"}]}}" ;;
   "restart containerd")
@@ -281,6 +281,147 @@ pub fn node_files(d: &Path, name: &str, api: &FakeKube, minor: &str) -> Vec<(Str
     .collect()
 }
 
+/// The node's package tools made Debian's own: apt-get, apt-cache, apt-mark and dpkg in a
+/// root of the node's own (apt's `Dir`, dpkg's `--root` and `--admindir`), reading local
+/// flat repositories laid out as pkgs.k8s.io's (`core:/stable:/v1.NN/deb/`, one per minor,
+/// every version of `REPOSITORY`), built with dpkg-deb and apt-ftparchive. kubeadm, kubelet
+/// and kubectl are installed at `installed` and held, as the kubeadm docs set a node up;
+/// the node's source names `minor`. The stubs of the package tools are taken away, so the
+/// script meets the real ones; kubeadm, systemctl and sudo stay stubs. Returns the dpkg
+/// database the witnesses read.
+pub fn real_apt(
+    d: &Path,
+    env: &mut Vec<(String, String)>,
+    minor: &str,
+    installed: &str,
+) -> PathBuf {
+    let repo = d.join("repo");
+    for version in REPOSITORY {
+        let minor_of = version.split('.').take(2).collect::<Vec<_>>().join(".");
+        let dir = repo.join(format!("core:/stable:/v{minor_of}/deb"));
+        std::fs::create_dir_all(&dir).expect("repository");
+        for pkg in ["kubeadm", "kubelet", "kubectl"] {
+            let tree = d.join("build").join(format!("{pkg}-{version}"));
+            std::fs::create_dir_all(tree.join("DEBIAN")).expect("DEBIAN");
+            std::fs::create_dir_all(tree.join(format!("usr/share/doc/{pkg}"))).expect("doc");
+            std::fs::write(
+                tree.join("DEBIAN/control"),
+                format!("Package: {pkg}\nVersion: {version}\nArchitecture: all\nMaintainer: rollgate tests <tests@rollgate.invalid>\nDescription: {pkg} stand-in for the node script's tests\n"),
+            )
+            .expect("control");
+            std::fs::write(tree.join(format!("usr/share/doc/{pkg}/version")), version)
+                .expect("payload");
+            run_ok(
+                Command::new("dpkg-deb")
+                    .args(["--root-owner-group", "--build"])
+                    .arg(&tree)
+                    .arg(dir.join(format!("{pkg}_{version}_all.deb"))),
+            );
+        }
+    }
+    for entry in std::fs::read_dir(repo.join("core:/stable:")).expect("minors") {
+        let dir = entry.expect("minor").path().join("deb");
+        let packages = run_ok(
+            Command::new("apt-ftparchive")
+                .args(["packages", "."])
+                .current_dir(&dir),
+        );
+        std::fs::write(dir.join("Packages"), packages).expect("Packages");
+    }
+    let root = d.join("root");
+    for sub in [
+        "etc/apt/sources.list.d",
+        "etc/apt/preferences.d",
+        "etc/apt/apt.conf.d",
+        "var/lib/dpkg/info",
+        "var/lib/dpkg/updates",
+        "var/lib/apt/lists/partial",
+        "var/cache/apt/archives/partial",
+        "var/log/apt",
+    ] {
+        std::fs::create_dir_all(root.join(sub)).expect("root");
+    }
+    let admin = root.join("var/lib/dpkg");
+    std::fs::write(admin.join("status"), "").expect("status");
+    std::fs::write(admin.join("available"), "").expect("available");
+    let source = root.join("etc/apt/sources.list.d/kubernetes.list");
+    std::fs::write(
+        &source,
+        format!(
+            "deb [trusted=yes] file:{}/core:/stable:/v{minor}/deb/ /\n",
+            repo.display()
+        ),
+    )
+    .expect("source");
+    let config = d.join("apt.conf");
+    let (r, a) = (root.display(), admin.display());
+    std::fs::write(
+        &config,
+        format!(
+            "Dir \"{r}/\";\nDir::State::status \"{a}/status\";\nDPkg::Options {{ \"--root={r}\"; \"--admindir={a}\"; \"--log={r}/var/log/dpkg.log\"; }};\nAPT::Sandbox::User \"root\";\n"
+        ),
+    )
+    .expect("apt.conf");
+    for tool in ["apt-get", "apt-cache", "apt-mark", "dpkg-query"] {
+        std::fs::remove_file(d.join("bin").join(tool)).expect("stub");
+    }
+    let set = |env: &mut Vec<(String, String)>, key: &str, value: String| {
+        env.retain(|(k, _)| k != key);
+        env.push((key.to_owned(), value));
+    };
+    set(env, "APT_CONFIG", config.display().to_string());
+    set(env, "DPKG_ADMINDIR", admin.display().to_string());
+    set(env, "K8S_APT_SOURCE", source.display().to_string());
+    // dpkg, as root, wants ldconfig and start-stop-daemon on PATH.
+    set(
+        env,
+        "PATH",
+        format!("{}/bin:/usr/bin:/bin:/usr/sbin:/sbin", d.display()),
+    );
+    let apt = |args: &[&str]| {
+        run_ok(
+            Command::new(args[0])
+                .args(&args[1..])
+                .env("APT_CONFIG", &config)
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        )
+    };
+    apt(&["apt-get", "update", "-q"]);
+    let pins: Vec<String> = ["kubeadm", "kubelet", "kubectl"]
+        .iter()
+        .map(|pkg| format!("{pkg}={installed}"))
+        .collect();
+    let mut install = vec!["apt-get", "install", "-y", "-q"];
+    install.extend(pins.iter().map(String::as_str));
+    apt(&install);
+    apt(&["apt-mark", "hold", "kubeadm", "kubelet", "kubectl"]);
+    admin
+}
+
+/// One field of `pkg` as dpkg's database at `admin` has it (empty when not installed).
+pub fn dpkg_field(admin: &Path, pkg: &str, field: &str) -> String {
+    let out = Command::new("dpkg-query")
+        .arg(format!("--admindir={}", admin.display()))
+        .args(["-W", &format!("-f={field}"), pkg])
+        .output()
+        .expect("dpkg-query");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Runs `command`, failing the test with what it said unless it succeeds; its stdout.
+fn run_ok(command: &mut Command) -> Vec<u8> {
+    let out = command
+        .output()
+        .expect("runs (a Debian package of scripts/test.sh)");
+    assert!(
+        out.status.success(),
+        "{command:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 /// What every SSH session on a fake node runs: nothing while the node is down (rebooting),
 /// else the command asked.
 const SESSION: &str = r#"#!/bin/bash
@@ -297,12 +438,34 @@ pub struct FakeNode {
 }
 
 impl FakeNode {
-    /// Starts the node's sshd; adds its host key to the client's known_hosts.
+    /// Starts the node's sshd, with stub package tools; adds its host key to the client's
+    /// known_hosts.
     pub async fn start(name: &str, api: &FakeKube, client: &SshClient, minor: &str) -> Self {
+        Self::start_with(name, api, client, minor, false).await
+    }
+
+    /// As [`FakeNode::start`], with Debian's own apt and dpkg when `real_apt` (see
+    /// [`real_apt`]): kubeadm, kubelet and kubectl installed at the node's kubelet version
+    /// and held.
+    pub async fn start_with(
+        name: &str,
+        api: &FakeKube,
+        client: &SshClient,
+        minor: &str,
+        real_apt: bool,
+    ) -> Self {
         std::fs::create_dir_all("/run/sshd").expect("/run/sshd");
         let dir = tempfile::tempdir().expect("temp dir");
         let d = dir.path();
-        let env = node_files(d, name, api, minor);
+        let mut env = node_files(d, name, api, minor);
+        if real_apt {
+            let kubelet = api.node(name)["status"]["nodeInfo"]["kubeletVersion"]
+                .as_str()
+                .expect("kubelet")
+                .trim_start_matches('v')
+                .to_owned();
+            self::real_apt(d, &mut env, minor, &format!("{kubelet}-1.1"));
+        }
         let session = d.join("bin/session");
         std::fs::write(&session, SESSION).expect("session");
         Command::new("chmod")
@@ -543,7 +706,12 @@ impl FakeNode {
             .collect()
     }
 
+    /// The version of `pkg` installed: dpkg's database on a node with the real apt, else
+    /// what the stubs recorded.
     pub fn installed(&self, pkg: &str) -> String {
+        if let Some(admin) = self.dpkg_admin() {
+            return dpkg_field(&admin, pkg, "${Version}");
+        }
         std::fs::read_to_string(
             self.dir
                 .path()
@@ -556,7 +724,28 @@ impl FakeNode {
     }
 
     pub fn apt_source(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("kubernetes.list")).unwrap_or_default()
+        let real = self
+            .dir
+            .path()
+            .join("root/etc/apt/sources.list.d/kubernetes.list");
+        let path = if real.exists() {
+            real
+        } else {
+            self.dir.path().join("kubernetes.list")
+        };
+        std::fs::read_to_string(path).unwrap_or_default()
+    }
+
+    /// Whether dpkg's database holds `pkg` (`apt-mark hold`), on a node with the real apt.
+    pub fn held(&self, pkg: &str) -> bool {
+        let admin = self.dpkg_admin().expect("a node with the real apt");
+        dpkg_field(&admin, pkg, "${db:Status-Want}") == "hold"
+    }
+
+    /// dpkg's database, on a node with the real apt.
+    fn dpkg_admin(&self) -> Option<PathBuf> {
+        let admin = self.dir.path().join("root/var/lib/dpkg");
+        admin.exists().then_some(admin)
     }
 
     /// `ssh.hosts` entry for rollgate.
