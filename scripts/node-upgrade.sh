@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# node-upgrade.sh: upgrades kubeadm, kubelet and kubectl on one kubeadm node.
-# rollgate pipes it over SSH:  bash -s -- ACTION
+# node-upgrade.sh: upgrades kubeadm, kubelet and kubectl on one kubeadm node, with its own
+# package manager: apt (Debian, Ubuntu) or dnf (RHEL, Rocky, Alma, Fedora), read off
+# /etc/os-release. rollgate pipes it over SSH:  bash -s -- ACTION
 #
 #   --role control-plane|worker --release X.Y.Z [--kubeadm apply|node]
 #                                                 upgrade this node: kubeadm upgrade apply on
@@ -8,13 +9,23 @@
 #                                                 control-plane), kubeadm upgrade node on the
 #                                                 other control planes and on workers
 #   --containerd X.Y.Z                            upgrade containerd to X.Y.Z
-#   --apt-minor 1.NN                              point the Kubernetes apt repository at v1.NN
+#   --apt-minor 1.NN                              point the Kubernetes package repository
+#                                                 (apt's source or dnf's .repo) at v1.NN
 #   --plan --release X.Y.Z                        kubeadm upgrade plan; report the package for X.Y.Z
-#   --check                                       prove the node answers, is apt-based,
-#                                                 has the tools, and (not as root) that
-#                                                 sudo lets it run what it needs
-#                                                 without a password (deploy/node/sudoers)
-#   --available                                   list the kubeadm packages apt offers (read-only)
+#   --check                                       prove the node answers, runs an OS the
+#                                                 script serves, has the tools, and (not
+#                                                 as root) that sudo lets it run what it
+#                                                 needs without a password
+#                                                 (deploy/node/sudoers)
+#   --available                                   list the kubeadm packages the repository
+#                                                 offers, as `apt-cache madison` lines
+#                                                 (read-only)
+#
+# dnf, as the kubeadm docs set it up: the repository excludes the Kubernetes packages
+# (`exclude=kubelet kubeadm kubectl …`), so they are installed with
+# --disableexcludes=kubernetes and stay excluded; a package held by `dnf versionlock` is
+# unlocked for its install and locked again at the new version. apt: packages are held
+# with apt-mark, unheld for their install and held again.
 #
 # Safe to re-run: each part checks what is installed before it changes anything, and
 # `kubeadm upgrade` runs once per release (a marker in ROLLGATE_STATE_DIR records it).
@@ -22,7 +33,8 @@
 # waits for the first one, which goes on to its end: SIGHUP and SIGPIPE are ignored, so
 # losing the session never kills kubeadm half-way.
 # Environment (for unusual layouts): K8S_APT_SOURCE (default
-# /etc/apt/sources.list.d/kubernetes.list), CONTAINERD_PACKAGE (default containerd.io),
+# /etc/apt/sources.list.d/kubernetes.list), K8S_RPM_REPO (default
+# /etc/yum.repos.d/kubernetes.repo), CONTAINERD_PACKAGE (default containerd.io),
 # ROLLGATE_STATE_DIR (default /var/lib/rollgate), LOCK_WAIT (seconds, default 900),
 # OS_RELEASE (default /etc/os-release).
 # Exit status: 0 done; 2 refused or failed; 3 this node's OS is not one the script serves.
@@ -30,6 +42,7 @@ set -euo pipefail
 
 role="" release="" containerd="" apt_minor="" action="" kubeadm=""
 K8S_APT_SOURCE=${K8S_APT_SOURCE:-/etc/apt/sources.list.d/kubernetes.list}
+K8S_RPM_REPO=${K8S_RPM_REPO:-/etc/yum.repos.d/kubernetes.repo}
 CONTAINERD_PACKAGE=${CONTAINERD_PACKAGE:-containerd.io}
 ROLLGATE_STATE_DIR=${ROLLGATE_STATE_DIR:-/var/lib/rollgate}
 LOCK_WAIT=${LOCK_WAIT:-900}
@@ -60,14 +73,40 @@ SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo -n"; fi
 export DEBIAN_FRONTEND=noninteractive
 
-# The package version string (e.g. 1.34.5-1.1) the repository has for release $2 of $1.
-# awk reads to the end: leaving early would kill apt-cache with SIGPIPE, which pipefail
-# turns into this script's exit status (141).
+# The package version string (e.g. 1.34.5-1.1, 1.34.5-150500.1.1) the repository has for
+# release $2 of $1. awk reads to the end: leaving early would kill the lister with
+# SIGPIPE, which pipefail turns into this script's exit status (141).
 candidate() {
-  apt-cache madison "$1" | awk -v want="$2" '!found && index($3, want "-") == 1 { print $3; found = 1 }'
+  case "$manager" in
+    apt) apt-cache madison "$1" | awk -v want="$2" '!found && index($3, want "-") == 1 { print $3; found = 1 }' ;;
+    dnf) dnf -q list --showduplicates --disableexcludes=kubernetes "$1" 2>/dev/null \
+           | awk -v pkg="$1." -v want="$2" '!found && index($1, pkg) == 1 && index($2, want "-") == 1 { print $2; found = 1 }' ;;
+  esac
 }
 
-installed() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || true; }
+# The installed version string of $1, empty when it is not installed.
+installed() {
+  case "$manager" in
+    apt) dpkg-query -W -f='${Version}' "$1" 2>/dev/null || true ;;
+    dnf) if rpm -q --quiet "$1"; then rpm -q --qf '%{VERSION}-%{RELEASE}' "$1"; fi ;;
+  esac
+}
+
+# Where the package lists come from, and the command that shows them (for messages).
+repository() {
+  case "$manager" in
+    apt) echo "apt repository (apt-cache madison $1)" ;;
+    dnf) echo "dnf repository (dnf list --showduplicates --disableexcludes=kubernetes $1)" ;;
+  esac
+}
+
+# Reads the repositories' package lists again.
+refresh() {
+  case "$manager" in
+    apt) $SUDO apt-get update -q ;;
+    dnf) $SUDO dnf -q -y makecache >/dev/null ;;
+  esac
+}
 
 # Takes this node's upgrade lock (fd 9) for the rest of the script, waiting for a run
 # still going (one whose SSH session dropped), and detaches from the session's signals.
@@ -83,15 +122,40 @@ lock_node() {
   fi
 }
 
+# Whether dnf's versionlock holds $1.
+locked() { dnf -q versionlock list 2>/dev/null | grep -q "^$1-[0-9]"; }
+
+# Installs version $2 of $1, unholding it for the install and holding it again after. A
+# hold taken off is remembered in ROLLGATE_STATE_DIR until it stands again, so a redo after
+# a cut between the two puts it back.
 install_pinned() {
-  local pkg=$1 version=$2
+  local pkg=$1 version=$2 relock="$ROLLGATE_STATE_DIR/relock-$1"
   if [ "$(installed "$pkg")" = "$version" ]; then
     log "$pkg $version already installed"
+    if [ -f "$relock" ]; then hold "$pkg"; rm -f "$relock"; fi
     return
   fi
-  $SUDO apt-mark unhold "$pkg" >/dev/null
-  $SUDO apt-get install -y --allow-change-held-packages "$pkg=$version" 9>&-
-  $SUDO apt-mark hold "$pkg" >/dev/null
+  case "$manager" in
+    apt)
+      touch "$relock"
+      $SUDO apt-mark unhold "$pkg" >/dev/null
+      $SUDO apt-get install -y --allow-change-held-packages "$pkg=$version" 9>&- ;;
+    dnf)
+      if locked "$pkg"; then
+        touch "$relock"
+        $SUDO dnf -q -y versionlock delete "$pkg" >/dev/null
+      fi
+      $SUDO dnf -y --disableexcludes=kubernetes install "$pkg-$version" 9>&- ;;
+  esac
+  if [ -f "$relock" ]; then hold "$pkg"; rm -f "$relock"; fi
+}
+
+# Holds $1 at its installed version.
+hold() {
+  case "$manager" in
+    apt) $SUDO apt-mark hold "$1" >/dev/null ;;
+    dnf) $SUDO dnf -q -y versionlock add "$1" >/dev/null ;;
+  esac
 }
 
 upgrade_node() {
@@ -102,10 +166,10 @@ upgrade_node() {
   [ "$kubeadm" = apply ] || [ "$kubeadm" = node ] || die "--kubeadm must be apply or node"
   [ "$kubeadm" = node ] || [ "$role" = control-plane ] || die "kubeadm upgrade apply runs on a control plane only"
   is_version "$release" || die "--release must be MAJOR.MINOR.PATCH, got '$release'"
-  $SUDO apt-get update -q
+  refresh
   local pkg
   pkg=$(candidate kubeadm "$release")
-  [ -n "$pkg" ] || die "kubeadm $release is not in the apt repository (apt-cache madison kubeadm)"
+  [ -n "$pkg" ] || die "kubeadm $release is not in the $(repository kubeadm)"
   install_pinned kubeadm "$pkg"
   local done_mark="$ROLLGATE_STATE_DIR/kubeadm-upgrade-$kubeadm-$release.done"
   if [ -f "$done_mark" ]; then
@@ -127,30 +191,37 @@ upgrade_node() {
 
 upgrade_containerd() {
   is_version "$containerd" || die "--containerd must be MAJOR.MINOR.PATCH, got '$containerd'"
-  $SUDO apt-get update -q
+  refresh
   local pkg
   pkg=$(candidate "$CONTAINERD_PACKAGE" "$containerd")
-  [ -n "$pkg" ] || die "$CONTAINERD_PACKAGE $containerd is not in the apt repository"
+  [ -n "$pkg" ] || die "$CONTAINERD_PACKAGE $containerd is not in the $(repository "$CONTAINERD_PACKAGE")"
   install_pinned "$CONTAINERD_PACKAGE" "$pkg"
   $SUDO systemctl restart containerd 9>&-
   log "containerd at $containerd"
 }
 
+# Points the Kubernetes repository (pkgs.k8s.io's `/v1.NN/deb/` or `/v1.NN/rpm/`) at the
+# minor asked; the rest of the file (dnf's exclude line, the key) stays as it is.
 rewrite_repo() {
   is_minor "$apt_minor" || die "--apt-minor must be MAJOR.MINOR, got '$apt_minor'"
-  [ -f "$K8S_APT_SOURCE" ] || die "$K8S_APT_SOURCE does not exist"
-  if grep -q "/v$apt_minor/deb" "$K8S_APT_SOURCE"; then
-    log "apt repository already at v$apt_minor"
+  local file kind
+  case "$manager" in
+    apt) file=$K8S_APT_SOURCE kind=deb ;;
+    dnf) file=$K8S_RPM_REPO kind=rpm ;;
+  esac
+  [ -f "$file" ] || die "$file does not exist"
+  if grep -q "/v$apt_minor/$kind" "$file"; then
+    log "$manager repository already at v$apt_minor"
   else
-    grep -qE '/v[0-9]+\.[0-9]+/deb' "$K8S_APT_SOURCE" || die "$K8S_APT_SOURCE has no /vX.Y/deb repository line"
+    grep -qE "/v[0-9]+\\.[0-9]+/$kind" "$file" || die "$file has no /vX.Y/$kind repository line"
     # Edited as this user, read whole before tee truncates the file, and written through
     # tee: sudo needs a rule for `tee FILE` alone, not for a sed expression.
     local rewritten
-    rewritten=$(sed -E "s#/v[0-9]+\.[0-9]+/deb#/v$apt_minor/deb#g" "$K8S_APT_SOURCE")
-    printf '%s\n' "$rewritten" | $SUDO tee "$K8S_APT_SOURCE" >/dev/null
-    log "apt repository now at v$apt_minor"
+    rewritten=$(sed -E "s#/v[0-9]+\\.[0-9]+/$kind#/v$apt_minor/$kind#g" "$file")
+    printf '%s\n' "$rewritten" | $SUDO tee "$file" >/dev/null
+    log "$manager repository now at v$apt_minor"
   fi
-  $SUDO apt-get update -q
+  refresh
 }
 
 plan() {
@@ -167,18 +238,26 @@ os_field() {
   (. "$OS_RELEASE" 2>/dev/null && printf '%s' "${!1:-}")
 }
 
-# Refuses (exit 3) a node whose OS is not apt-based, naming it and its package manager.
-supported_os() {
-  [ -r "$OS_RELEASE" ] || return 0
-  local family manager
-  family=" $(os_field ID) $(os_field ID_LIKE) "
-  case "$family" in
-    *" debian "*|*" ubuntu "*) return 0 ;;
-    *" rhel "*|*" fedora "*|*" centos "*) manager=dnf ;;
-    *" suse "*|*" opensuse "*|*" sles "*) manager=zypper ;;
-    *) manager="no apt" ;;
+# The node's package manager, read off its os-release (apt when there is none); empty for
+# an OS the script does not serve.
+package_manager() {
+  [ -r "$OS_RELEASE" ] || { echo apt; return; }
+  case " $(os_field ID) $(os_field ID_LIKE) " in
+    *" debian "*|*" ubuntu "*) echo apt ;;
+    *" rhel "*|*" fedora "*|*" centos "*) echo dnf ;;
+    *) echo "" ;;
   esac
-  echo "node-upgrade: runs $(os_field NAME) $(os_field VERSION_ID) ($manager): the kubeadm node script supports apt-based nodes (Debian, Ubuntu)" >&2 || true
+}
+
+# Refuses (exit 3) a node whose OS the script does not serve, naming it and its package
+# manager.
+supported_os() {
+  [ -z "$manager" ] || return 0
+  local other="neither apt nor dnf"
+  case " $(os_field ID) $(os_field ID_LIKE) " in
+    *" suse "*|*" opensuse "*|*" sles "*) other=zypper ;;
+  esac
+  echo "node-upgrade: runs $(os_field NAME) $(os_field VERSION_ID) ($other): the kubeadm node script supports apt (Debian, Ubuntu) and dnf (RHEL, Rocky, Alma, Fedora) nodes" >&2 || true
   exit 3
 }
 
@@ -186,13 +265,20 @@ supported_os() {
 # sudo without a password (deploy/node/sudoers); names each that is not.
 sudo_rules() {
   [ -n "$SUDO" ] || return 0
-  local rule missing=()
-  for rule in "apt-get update -q" \
-      "apt-get install -y --allow-change-held-packages kubeadm=1.0.0-1.1" \
-      "apt-mark hold kubeadm" "apt-mark unhold kubeadm" \
+  local rule missing=() packages=()
+  case "$manager" in
+    apt) packages=("apt-get update -q"
+           "apt-get install -y --allow-change-held-packages kubeadm=1.0.0-1.1"
+           "apt-mark hold kubeadm" "apt-mark unhold kubeadm" "tee $K8S_APT_SOURCE") ;;
+    dnf) packages=("dnf -q -y makecache"
+           "dnf -y --disableexcludes=kubernetes install kubeadm-1.0.0-150500.1.1"
+           "dnf -q -y versionlock add kubeadm" "dnf -q -y versionlock delete kubeadm"
+           "tee $K8S_RPM_REPO") ;;
+  esac
+  for rule in "${packages[@]}" \
       "kubeadm upgrade node" "kubeadm upgrade apply -y v1.0.0" "kubeadm upgrade plan" \
       "systemctl daemon-reload" "systemctl restart kubelet" "systemctl restart containerd" \
-      "systemctl reboot" "tee $K8S_APT_SOURCE" \
+      "systemctl reboot" \
       "install -d -m 0755 -o $(id -un) $ROLLGATE_STATE_DIR"; do
     # shellcheck disable=SC2086
     sudo -n -l $rule >/dev/null 2>&1 || missing+=("$rule")
@@ -201,21 +287,33 @@ sudo_rules() {
 }
 
 check() {
-  supported_os
-  local tool
-  for tool in apt-get apt-cache apt-mark dpkg-query flock kubeadm systemctl timeout; do
+  local tool tools
+  case "$manager" in
+    apt) tools="apt-get apt-cache apt-mark dpkg-query" ;;
+    dnf) tools="dnf rpm" ;;
+  esac
+  for tool in $tools flock kubeadm systemctl timeout; do
     command -v "$tool" >/dev/null || die "$tool is missing on this node"
   done
   sudo_rules
   log "ok: kubeadm $(installed kubeadm), kubelet $(installed kubelet)"
 }
 
-# What `rollgate detect` reads: the lists as the node's own periodic apt update left them.
-available() { apt-cache madison kubeadm; }
+# What `rollgate detect` reads, as `apt-cache madison` lines (`kubeadm | VERSION | FROM`):
+# the lists as the node's own periodic refresh left them.
+available() {
+  case "$manager" in
+    apt) apt-cache madison kubeadm ;;
+    dnf) dnf -q -C list --showduplicates --disableexcludes=kubernetes kubeadm 2>/dev/null \
+           | awk '$1 ~ /^kubeadm\./ && $3 !~ /^@/ { print "   kubeadm | " $2 " | " $3 }' ;;
+  esac
+}
 
+manager=$(package_manager)
+supported_os
 case "$action" in
   "") lock_node; upgrade_node ;;
-  available) supported_os; available ;;
+  available) available ;;
   containerd) lock_node; upgrade_containerd ;;
   apt-minor) lock_node; rewrite_repo ;;
   plan) plan ;;

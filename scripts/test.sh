@@ -17,9 +17,10 @@ apt_install etcd-server etcd-client
 # The Kubernetes upgrade tests: an sshd per fake node (started by the tests on loopback),
 # curl for the stub kubelet, shellcheck for scripts/node-upgrade.sh.
 apt_install openssh-server openssh-client curl shellcheck
-# The node script's tests run Debian's own apt and dpkg in a root of their own, over
-# repositories they build with dpkg-deb and apt-ftparchive (apt-utils).
-apt_install apt-utils
+# The node script's tests run Debian's own apt and dpkg, and dnf and rpm (versionlock from
+# dnf-plugins-core), each in a root of their own, over repositories they build with
+# dpkg-deb and apt-ftparchive (apt-utils), rpmbuild and createrepo_c.
+apt_install apt-utils dnf dnf-plugins-core rpm createrepo-c
 # sudo's visudo and sudo -l read deploy/node/sudoers (in a private mount namespace:
 # util-linux's unshare; the machine's own sudoers is never touched).
 apt_install sudo util-linux

@@ -320,14 +320,15 @@ async fn failures_have_their_exit_codes_and_ask_for_nothing() {
     assert_eq!(report["pushed"], true);
     assert!(runs(&rg).await.is_empty());
 
-    // A control plane that is not apt-based: one line naming it and its OS, nothing asked.
-    site.cp.runs_os(support::nodes::ROCKY);
+    // A control plane whose OS the node script does not serve: one line naming it and its
+    // OS, nothing asked.
+    site.cp.runs_os(support::nodes::OPENSUSE);
     let (code, report, stderr) = site.detect(&[], &Site::to(&rg));
     assert_eq!(code, 3, "{stderr}");
     assert!(report.is_null(), "{report}");
     assert!(
         stderr.contains(
-            "cp runs Rocky Linux 9.4 (dnf): the kubeadm node script supports apt-based nodes (Debian, Ubuntu)"
+            "cp runs openSUSE Leap 15.6 (zypper): the kubeadm node script supports apt (Debian, Ubuntu) and dnf (RHEL, Rocky, Alma, Fedora) nodes"
         ),
         "{stderr}"
     );

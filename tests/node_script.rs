@@ -8,7 +8,7 @@ mod support;
 use std::path::Path;
 use std::process::Command;
 use support::kube::FakeKube;
-use support::nodes::{dpkg_field, node_files};
+use support::nodes::{dpkg_field, node_files, rpm_field};
 
 fn script() -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -310,7 +310,7 @@ async fn a_second_run_while_the_first_still_runs_waits_for_it_and_repeats_no_kub
     assert_eq!(upgrades, 1, "{:?}", w1.calls());
 }
 
-/// `--check` as pre-flight runs it: an apt-based node answers ok; a node of another OS is
+/// `--check` as pre-flight runs it: an apt node answers ok; a node of an OS it does not serve is
 /// refused with exit 3 in one line naming the OS and its package manager; a login that is
 /// not root needs a sudo rule for every privileged command the script and a reboot run,
 /// and each one missing is named.
@@ -357,12 +357,12 @@ async fn check_names_an_unsupported_os_and_every_missing_sudo_rule() {
 
     for (os, says) in [
         (
-            support::nodes::ROCKY,
-            "node-upgrade: runs Rocky Linux 9.4 (dnf): the kubeadm node script supports apt-based nodes (Debian, Ubuntu)\n",
+            "NAME=\"Alpine Linux\"\nID=alpine\nVERSION_ID=3.20.3\n",
+            "node-upgrade: runs Alpine Linux 3.20.3 (neither apt nor dnf): the kubeadm node script supports apt (Debian, Ubuntu) and dnf (RHEL, Rocky, Alma, Fedora) nodes\n",
         ),
         (
             "NAME=\"openSUSE Leap\"\nVERSION_ID=\"15.6\"\nID=\"opensuse-leap\"\nID_LIKE=\"suse opensuse\"\n",
-            "node-upgrade: runs openSUSE Leap 15.6 (zypper): the kubeadm node script supports apt-based nodes (Debian, Ubuntu)\n",
+            "node-upgrade: runs openSUSE Leap 15.6 (zypper): the kubeadm node script supports apt (Debian, Ubuntu) and dnf (RHEL, Rocky, Alma, Fedora) nodes\n",
         ),
     ] {
         std::fs::write(w1.dir.path().join("os-release"), os).unwrap();
@@ -391,26 +391,38 @@ async fn the_shipped_sudoers_allows_what_the_node_script_asks_and_nothing_beside
         String::from_utf8_lossy(&out.stderr)
     );
 
-    // What the script asks, with the paths a node has.
+    // What the script asks, with the paths a node has, on an apt node and a dnf node.
     let api = FakeKube::start().await;
     api.add_node("w1", false, "1.34.2", "1.7.20");
     let mut w1 = node(&api, "w1", "1.34").await;
     std::fs::write(w1.dir.path().join("state/non-root"), "").unwrap();
     for (key, value) in [
         ("K8S_APT_SOURCE", "/etc/apt/sources.list.d/kubernetes.list"),
+        ("K8S_RPM_REPO", "/etc/yum.repos.d/kubernetes.repo"),
         ("ROLLGATE_STATE_DIR", "/var/lib/rollgate"),
     ] {
         w1.env.retain(|(k, _)| k != key);
         w1.env.push((key.into(), value.into()));
     }
-    let (code, out) = w1.run(&["--check"]);
-    assert_eq!(code, 0, "{out}");
-    let asked: Vec<String> = w1
-        .calls()
-        .iter()
-        .filter_map(|c| c.strip_prefix("sudo -n -l ").map(str::to_owned))
-        .collect();
-    assert!(asked.len() >= 10, "{asked:?}");
+    let mut asked: Vec<String> = Vec::new();
+    for os in [None, Some(support::nodes::ROCKY)] {
+        if let Some(os) = os {
+            std::fs::write(w1.dir.path().join("os-release"), os).unwrap();
+        }
+        w1.clear_calls();
+        let (code, out) = w1.run(&["--check"]);
+        assert_eq!(code, 0, "{out}");
+        asked.extend(
+            w1.calls()
+                .iter()
+                .filter_map(|c| c.strip_prefix("sudo -n -l ").map(str::to_owned)),
+        );
+    }
+    assert!(
+        asked.iter().any(|a| a.starts_with("dnf "))
+            && asked.iter().any(|a| a.starts_with("apt-get ")),
+        "{asked:?}"
+    );
 
     let refused = [
         "systemctl poweroff",
@@ -418,6 +430,9 @@ async fn the_shipped_sudoers_allows_what_the_node_script_asks_and_nothing_beside
         "apt-get install -y --allow-change-held-packages nginx=1.0",
         "apt-get remove kubelet",
         "apt-mark hold nginx",
+        "dnf -y --disableexcludes=kubernetes install nginx-1.0",
+        "dnf -y remove kubelet",
+        "dnf -q -y versionlock clear",
         "tee /etc/shadow",
         "kubeadm reset -f",
         "install -d -m 0755 -o rollgate /etc",
@@ -448,6 +463,7 @@ async fn the_shipped_sudoers_allows_what_the_node_script_asks_and_nothing_beside
     for tool in [
         "apt-get",
         "apt-mark",
+        "dnf",
         "tee",
         "install",
         "kubeadm",
@@ -636,4 +652,216 @@ async fn on_a_real_apt_a_minor_upgrade_moves_the_source_to_the_new_minor() {
         "{:?}",
         cp.node.calls()
     );
+}
+
+/// A Rocky node whose package tools are Debian's own dnf and rpm, in a root of its own,
+/// over repositories laid out as pkgs.k8s.io's, set up as the kubeadm docs say (the
+/// repository excludes the Kubernetes packages); kubeadm, kubelet and kubectl installed at
+/// `installed` and locked there by versionlock.
+struct DnfNode {
+    node: Node,
+    root: std::path::PathBuf,
+}
+
+impl DnfNode {
+    async fn start(api: &FakeKube, name: &str, minor: &str, installed: &str) -> Self {
+        let mut node = node(api, name, minor).await;
+        let root = support::nodes::real_dnf(node.dir.path(), &mut node.env, minor, installed, true);
+        Self { node, root }
+    }
+
+    /// rpm's database: the version of `pkg` and when it was installed.
+    fn package(&self, pkg: &str) -> (String, String) {
+        (
+            rpm_field(&self.root, pkg, "%{VERSION}-%{RELEASE}"),
+            rpm_field(&self.root, pkg, "%{INSTALLTIME}"),
+        )
+    }
+
+    /// dnf's versionlock list, as the plugin keeps it.
+    fn locks(&self) -> Vec<String> {
+        std::fs::read_to_string(self.root.join("etc/dnf/plugins/versionlock.list"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn repo_file(&self) -> String {
+        std::fs::read_to_string(self.root.join("etc/yum.repos.d/kubernetes.repo"))
+            .unwrap_or_default()
+    }
+}
+
+/// On Debian's own dnf and rpm (a Rocky node): `--check` passes; a release the repository
+/// lacks is refused naming the repository, nothing installed; a patch upgrade installs the
+/// release for kubeadm, kubelet and kubectl past the repository's exclude, the locks stand
+/// again at the new version and the exclude stays; the kubelet reports it; a rerun
+/// installs nothing.
+#[tokio::test]
+async fn on_a_real_dnf_a_worker_upgrade_installs_the_release_and_the_locks_stand_again() {
+    let api = FakeKube::start().await;
+    api.add_node("w1", false, "1.34.2", "1.7.20");
+    let w1 = DnfNode::start(&api, "w1", "1.34", "1.34.2-150500.1.1").await;
+    let (code, out) = w1.node.run(&["--check"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("ok: kubeadm 1.34.2-150500.1.1, kubelet 1.34.2-150500.1.1"),
+        "{out}"
+    );
+    let before = w1.package("kubeadm");
+
+    let (code, out) = w1.node.run(&["--role", "worker", "--release", "1.34.4"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("kubeadm 1.34.4 is not in the dnf repository"),
+        "{out}"
+    );
+    assert_eq!(w1.package("kubeadm"), before, "nothing installed");
+
+    let (code, out) = w1.node.run(&["--role", "worker", "--release", "1.34.5"]);
+    assert_eq!(code, 0, "{out}");
+    for pkg in ["kubeadm", "kubelet", "kubectl"] {
+        assert_eq!(w1.package(pkg).0, "1.34.5-150500.1.1", "{pkg}");
+    }
+    let mut locks = w1.locks();
+    locks.sort();
+    assert_eq!(
+        locks,
+        [
+            "kubeadm-0:1.34.5-150500.1.1.*",
+            "kubectl-0:1.34.5-150500.1.1.*",
+            "kubelet-0:1.34.5-150500.1.1.*",
+        ]
+    );
+    assert!(
+        w1.repo_file()
+            .contains("exclude=kubelet kubeadm kubectl cri-tools kubernetes-cni"),
+        "{}",
+        w1.repo_file()
+    );
+    assert_eq!(
+        api.node("w1")["status"]["nodeInfo"]["kubeletVersion"],
+        "v1.34.5"
+    );
+
+    let installed = w1.package("kubeadm");
+    let (code, out) = w1.node.run(&["--role", "worker", "--release", "1.34.5"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("kubeadm 1.34.5-150500.1.1 already installed"),
+        "{out}"
+    );
+    assert_eq!(w1.package("kubeadm"), installed, "a rerun installs nothing");
+
+    // What `rollgate detect` reads: dnf's lists, as `apt-cache madison` lines, which its
+    // own reader takes.
+    let (code, out) = w1.node.run(&["--available"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("   kubeadm | 1.34.5-150500.1.1 | kubernetes"),
+        "{out}"
+    );
+    let releases = rollgate::workflows::detect::plan::madison_releases(
+        &out,
+        rollgate::workflows::detect::plan::minor_of("1.34.0".parse().unwrap()),
+    );
+    let releases: Vec<String> = releases.iter().map(ToString::to_string).collect();
+    assert_eq!(releases, ["1.34.2", "1.34.3", "1.34.5"], "{out}");
+}
+
+/// On Debian's own dnf: the release of the next minor is not in the node's repository
+/// until `--apt-minor` points the repository file at it (its exclude kept); then it
+/// installs, and the locks stand at it.
+#[tokio::test]
+async fn on_a_real_dnf_a_minor_upgrade_moves_the_repository_to_the_new_minor() {
+    let api = FakeKube::start().await;
+    api.add_node("cp", true, "1.34.5", "1.7.20");
+    let cp = DnfNode::start(&api, "cp", "1.34", "1.34.5-150500.1.1").await;
+    let (code, out) = cp
+        .node
+        .run(&["--role", "control-plane", "--release", "1.35.0"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("kubeadm 1.35.0 is not in the dnf repository"),
+        "{out}"
+    );
+
+    let (code, out) = cp.node.run(&["--apt-minor", "1.35"]);
+    assert_eq!(code, 0, "{out}");
+    let repo = cp.repo_file();
+    assert!(repo.contains("/core:/stable:/v1.35/rpm/"), "{repo}");
+    assert!(!repo.contains("/v1.34/"), "{repo}");
+    assert!(
+        repo.contains("exclude=kubelet kubeadm kubectl cri-tools kubernetes-cni"),
+        "{repo}"
+    );
+    let (code, out) = cp
+        .node
+        .run(&["--role", "control-plane", "--release", "1.35.0"]);
+    assert_eq!(code, 0, "{out}");
+    for pkg in ["kubeadm", "kubelet", "kubectl"] {
+        assert_eq!(cp.package(pkg).0, "1.35.0-150500.1.1", "{pkg}");
+        assert!(
+            cp.locks().contains(&format!("{pkg}-0:1.35.0-150500.1.1.*")),
+            "{pkg}: {:?}",
+            cp.locks()
+        );
+    }
+    assert!(
+        cp.node
+            .calls()
+            .contains(&"kubeadm upgrade apply -y v1.35.0".to_owned()),
+        "{:?}",
+        cp.node.calls()
+    );
+}
+
+/// On Debian's own dnf: a run killed between kubeadm's install and its lock (as a power
+/// cut leaves it: the lock taken off, the new version in, the marker that it must go back)
+/// is finished by the redo, which locks it again at the new version and installs nothing
+/// twice.
+#[tokio::test]
+async fn on_a_real_dnf_a_redo_after_a_kill_between_install_and_lock_puts_the_lock_back() {
+    let api = FakeKube::start().await;
+    api.add_node("w1", false, "1.34.2", "1.7.20");
+    let w1 = DnfNode::start(&api, "w1", "1.34", "1.34.2-150500.1.1").await;
+    let dnf = |args: &[&str]| {
+        let out = Command::new(w1.node.dir.path().join("bin/dnf"))
+            .args(args)
+            .env("RPM_ROOT", &w1.root)
+            .output()
+            .expect("dnf");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    dnf(&["-q", "-y", "versionlock", "delete", "kubeadm"]);
+    dnf(&[
+        "-q",
+        "-y",
+        "--disableexcludes=kubernetes",
+        "install",
+        "kubeadm-1.34.5-150500.1.1",
+    ]);
+    let state = w1.node.dir.path().join("state/rollgate");
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::write(state.join("relock-kubeadm"), "").unwrap();
+    let installed = w1.package("kubeadm");
+    assert!(!w1.locks().iter().any(|l| l.starts_with("kubeadm-")));
+
+    let (code, out) = w1.node.run(&["--role", "worker", "--release", "1.34.5"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(w1.package("kubeadm"), installed, "kubeadm installed twice");
+    for pkg in ["kubeadm", "kubelet", "kubectl"] {
+        assert!(
+            w1.locks().contains(&format!("{pkg}-0:1.34.5-150500.1.1.*")),
+            "{pkg}: {:?}",
+            w1.locks()
+        );
+    }
+    assert!(!state.join("relock-kubeadm").exists());
 }

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use super::Rollgate;
 use super::etcd;
 use super::kube::{Change, FakeKube};
-use super::nodes::{FakeNode, SshClient};
+use super::nodes::{FakeNode, Packages, SshClient};
 use super::services::{MiniServer, Prometheus};
 use super::stacked::StackedEtcd;
 
@@ -83,26 +83,36 @@ impl Ground {
     /// A control plane `cp` with an external etcd member, and workers `w1..=workers`, all
     /// at `kubelet`.
     pub async fn start(kubelet: &str, workers: usize) -> Self {
-        Self::build(kubelet, &["cp".to_owned()], workers, Etcd::Plain, false).await
+        Self::build(kubelet, &["cp".to_owned()], workers, Etcd::Plain, |_| {
+            Packages::Stubs
+        })
+        .await
     }
 
-    /// As [`Ground::start`], every node's package tools Debian's own apt and dpkg over
-    /// repositories laid out as pkgs.k8s.io's (`nodes::real_apt`).
-    pub async fn start_on_real_apt(kubelet: &str, workers: usize) -> Self {
-        Self::build(kubelet, &["cp".to_owned()], workers, Etcd::Plain, true).await
+    /// As [`Ground::start`], each node with the real package tools `packages` gives it
+    /// (`nodes::real_apt`, `nodes::real_dnf`), over repositories laid out as pkgs.k8s.io's.
+    pub async fn start_with_packages(
+        kubelet: &str,
+        workers: usize,
+        packages: fn(&str) -> Packages,
+    ) -> Self {
+        Self::build(kubelet, &["cp".to_owned()], workers, Etcd::Plain, packages).await
     }
 
     /// As [`Ground::start`], its etcd member serving clients over TLS with client
     /// certificates, as a kubeadm control plane's etcd does.
     pub async fn start_etcd_tls(kubelet: &str, workers: usize) -> Self {
-        Self::build(kubelet, &["cp".to_owned()], workers, Etcd::Tls, false).await
+        Self::build(kubelet, &["cp".to_owned()], workers, Etcd::Tls, |_| {
+            Packages::Stubs
+        })
+        .await
     }
 
     /// Control planes `cp-1..=control_planes`, each with its stacked etcd member, and
     /// workers `w1..=workers`, all at `kubelet`.
     pub async fn start_ha(kubelet: &str, control_planes: usize, workers: usize) -> Self {
         let names: Vec<String> = (1..=control_planes).map(|i| format!("cp-{i}")).collect();
-        Self::build(kubelet, &names, workers, Etcd::Stacked, false).await
+        Self::build(kubelet, &names, workers, Etcd::Stacked, |_| Packages::Stubs).await
     }
 
     async fn build(
@@ -110,7 +120,7 @@ impl Ground {
         control_planes: &[String],
         workers: usize,
         etcd: Etcd,
-        real_apt: bool,
+        packages: fn(&str) -> Packages,
     ) -> Self {
         let stacked = matches!(etcd, Etcd::Stacked);
         let api = FakeKube::start().await;
@@ -137,7 +147,7 @@ impl Ground {
         let mut nodes = Vec::new();
         for name in control_planes.iter().chain(&worker_names) {
             api.add_node_agents(name);
-            let node = FakeNode::start_with(name, &api, &client, &minor, real_apt).await;
+            let node = FakeNode::start_with(name, &api, &client, &minor, packages(name)).await;
             if control_planes.contains(name) {
                 let ctl = match &etcd {
                     GroundEtcd::Stacked(e) => Some(e.member(name).ctl()),

@@ -73,6 +73,11 @@ tr -d '\n' < "$STUB_STATE/installed-$pkg"
         "kubeadm",
         r#"#!/bin/bash
 echo "kubeadm $*" >> "$STUB_LOG"
+# The installed version of $1, from the node's package database (rpm on a dnf node).
+version_of() {
+  if [ -n "${RPM_ROOT:-}" ]; then rpm -q --qf '%{VERSION}-%{RELEASE}' "$1"
+  else STUB_LOG=/dev/null dpkg-query -W -f='${Version}' "$1"; fi
+}
 if [ "$1" = upgrade ] && [ "$2" != plan ]; then
   echo "start $(date +%s.%N)" >> "$STUB_STATE/upgrade-spans"
   trap 'echo "end $(date +%s.%N)" >> "$STUB_STATE/upgrade-spans"' EXIT
@@ -88,7 +93,7 @@ if [ "$1" = upgrade ] && [ "$2" != plan ] && [ -f "$STUB_STATE/cut-session" ]; t
   kill -9 "$(ps -o ppid= -p "$sid" | tr -d ' ')" 2>/dev/null
   sleep 1
 fi
-installed=$(STUB_LOG=/dev/null dpkg-query -W -f='${Version}' kubeadm)
+installed=$(version_of kubeadm)
 static_pods() {
   [ -f "$STUB_STATE/control-plane" ] || return 0
   local v=${installed%%-*} c
@@ -121,6 +126,11 @@ esac
         "systemctl",
         r#"#!/bin/bash
 echo "systemctl $*" >> "$STUB_LOG"
+# The installed version of $1, from the node's package database (rpm on a dnf node).
+version_of() {
+  if [ -n "${RPM_ROOT:-}" ]; then rpm -q --qf '%{VERSION}-%{RELEASE}' "$1"
+  else STUB_LOG=/dev/null dpkg-query -W -f='${Version}' "$1"; fi
+}
 patch() {
   curl -sf -X PATCH -H 'Content-Type: application/merge-patch+json' \
     -H "Authorization: Bearer $FAKE_TOKEN" --data "$1" \
@@ -128,7 +138,7 @@ patch() {
 }
 case "$1 $2" in
   "restart kubelet")
-    v=$(STUB_LOG=/dev/null dpkg-query -W -f='${Version}' kubelet); ready=True
+    v=$(version_of kubelet); ready=True
     [ -f "$STUB_STATE/stay-not-ready" ] && ready=False
     patch "{\"status\":{\"nodeInfo\":{\"kubeletVersion\":\"v${v%%-*}\"},\"conditions\":[{\"type\":\"Ready\",\"status\":\"$ready\"}]}}" ;;
   "restart containerd")
@@ -192,6 +202,10 @@ const UBUNTU: &str = "NAME=\"Ubuntu\"\nVERSION_ID=\"24.04\"\nID=ubuntu\nID_LIKE=
 
 /// Rocky Linux's /etc/os-release, as its 9.4 release writes it.
 pub const ROCKY: &str = "NAME=\"Rocky Linux\"\nVERSION=\"9.4 (Blue Onyx)\"\nID=\"rocky\"\nID_LIKE=\"rhel centos fedora\"\nVERSION_ID=\"9.4\"\nPRETTY_NAME=\"Rocky Linux 9.4 (Blue Onyx)\"\n";
+
+/// openSUSE Leap's /etc/os-release, as its 15.6 release writes it: zypper, which the node
+/// script does not serve.
+pub const OPENSUSE: &str = "NAME=\"openSUSE Leap\"\nVERSION=\"15.6\"\nID=\"opensuse-leap\"\nID_LIKE=\"suse opensuse\"\nVERSION_ID=\"15.6\"\nPRETTY_NAME=\"openSUSE Leap 15.6\"\n";
 
 /// The client side: one key pair and one known_hosts file for every node.
 pub struct SshClient {
@@ -398,6 +412,148 @@ pub fn real_apt(
     admin
 }
 
+/// The node's package tools made RHEL's: Debian's own dnf and rpm, in a root of the
+/// node's own (dnf's `--installroot`, rpm's `--root`, through two wrappers on PATH that add
+/// only those), reading local repositories laid out as pkgs.k8s.io's
+/// (`core:/stable:/v1.NN/rpm/`, one per minor, every version of `REPOSITORY` as
+/// `1.NN.P-150500.1.1`), built with rpmbuild and createrepo_c. The repository file is the
+/// kubeadm docs': it excludes the Kubernetes packages. kubeadm, kubelet and kubectl are
+/// installed at `installed` and, with `versionlock`, locked there. The node runs Rocky
+/// Linux; apt's tools refuse to run. Returns the root.
+pub fn real_dnf(
+    d: &Path,
+    env: &mut Vec<(String, String)>,
+    minor: &str,
+    installed: &str,
+    versionlock: bool,
+) -> PathBuf {
+    let repo = d.join("repo");
+    let top = d.join("rpmbuild");
+    std::fs::create_dir_all(top.join("SPECS")).expect("rpmbuild");
+    for version in REPOSITORY {
+        let release = version.split('-').next().expect("1.MINOR.PATCH-1.1");
+        let minor_of = release.split('.').take(2).collect::<Vec<_>>().join(".");
+        let dir = repo.join(format!("core:/stable:/v{minor_of}/rpm"));
+        for pkg in ["kubeadm", "kubelet", "kubectl"] {
+            let spec = top.join(format!("SPECS/{pkg}-{release}.spec"));
+            std::fs::write(
+                &spec,
+                format!(
+                    "Name: {pkg}\nVersion: {release}\nRelease: 150500.1.1\nSummary: {pkg} stand-in\nLicense: Apache-2.0\nBuildArch: noarch\n%description\n{pkg} stand-in for the node script's tests\n%install\nmkdir -p %{{buildroot}}/usr/share/doc/{pkg}\necho {release} > %{{buildroot}}/usr/share/doc/{pkg}/version\n%files\n/usr/share/doc/{pkg}/version\n"
+                ),
+            )
+            .expect("spec");
+            run_ok(
+                Command::new("rpmbuild")
+                    .args(["-bb", "--quiet", "--define"])
+                    .arg(format!("_topdir {}", top.display()))
+                    .arg("--define")
+                    .arg(format!("_rpmdir {}", dir.display()))
+                    .args([
+                        "--define",
+                        "_build_name_fmt %%{NAME}-%%{VERSION}-%%{RELEASE}.%%{ARCH}.rpm",
+                    ])
+                    .arg(&spec),
+            );
+        }
+    }
+    for entry in std::fs::read_dir(repo.join("core:/stable:")).expect("minors") {
+        run_ok(
+            Command::new("createrepo_c")
+                .arg("-q")
+                .arg(entry.expect("minor").path().join("rpm")),
+        );
+    }
+    let root = d.join("root");
+    for sub in ["etc/yum.repos.d", "etc/dnf/plugins"] {
+        std::fs::create_dir_all(root.join(sub)).expect("root");
+    }
+    let source = root.join("etc/yum.repos.d/kubernetes.repo");
+    std::fs::write(
+        &source,
+        format!(
+            "[kubernetes]\nname=Kubernetes\nbaseurl=file://{}/core:/stable:/v{minor}/rpm/\nenabled=1\ngpgcheck=0\nexclude=kubelet kubeadm kubectl cri-tools kubernetes-cni\n",
+            repo.display()
+        ),
+    )
+    .expect("repo file");
+    std::fs::write(root.join("etc/dnf/dnf.conf"), "[main]\ngpgcheck=0\n").expect("dnf.conf");
+    std::fs::write(
+        root.join("etc/dnf/plugins/versionlock.conf"),
+        format!(
+            "[main]\nenabled = 1\nlocklist = {}/etc/dnf/plugins/versionlock.list\n",
+            root.display()
+        ),
+    )
+    .expect("versionlock.conf");
+    std::fs::write(root.join("etc/dnf/plugins/versionlock.list"), "").expect("versionlock.list");
+    let bin = d.join("bin");
+    let wrappers = [
+        (
+            "dnf",
+            "#!/bin/bash\nexec /usr/bin/dnf --installroot=\"$RPM_ROOT\" --releasever=9 --config=\"$RPM_ROOT/etc/dnf/dnf.conf\" --setopt=reposdir=\"$RPM_ROOT/etc/yum.repos.d\" --setopt=pluginconfpath=\"$RPM_ROOT/etc/dnf/plugins\" --disableplugin=local \"$@\"\n",
+        ),
+        (
+            "rpm",
+            "#!/bin/bash\nexec /usr/bin/rpm --root=\"$RPM_ROOT\" \"$@\"\n",
+        ),
+        ("apt-get", REFUSE),
+        ("apt-cache", REFUSE),
+        ("apt-mark", REFUSE),
+        ("dpkg-query", REFUSE),
+    ];
+    for (tool, text) in wrappers {
+        std::fs::write(bin.join(tool), text).expect("wrapper");
+        run_ok(Command::new("chmod").arg("+x").arg(bin.join(tool)));
+    }
+    std::fs::write(d.join("os-release"), ROCKY).expect("os-release");
+    let set = |env: &mut Vec<(String, String)>, key: &str, value: String| {
+        env.retain(|(k, _)| k != key);
+        env.push((key.to_owned(), value));
+    };
+    set(env, "RPM_ROOT", root.display().to_string());
+    set(env, "K8S_RPM_REPO", source.display().to_string());
+    let dnf = |args: &[&str]| {
+        run_ok(
+            Command::new(bin.join("dnf"))
+                .args(args)
+                .env("RPM_ROOT", &root),
+        )
+    };
+    let pins: Vec<String> = ["kubeadm", "kubelet", "kubectl"]
+        .iter()
+        .map(|pkg| format!("{pkg}-{installed}"))
+        .collect();
+    let mut install = vec!["-q", "-y", "--disableexcludes=kubernetes", "install"];
+    install.extend(pins.iter().map(String::as_str));
+    dnf(&install);
+    if versionlock {
+        dnf(&[
+            "-q",
+            "-y",
+            "versionlock",
+            "add",
+            "kubeadm",
+            "kubelet",
+            "kubectl",
+        ]);
+    }
+    root
+}
+
+/// A package tool that does not belong on this node: fails naming itself.
+const REFUSE: &str = "#!/bin/bash\necho \"$(basename \"$0\") is not on this node\" >&2\nexit 127\n";
+
+/// One field of `pkg` as rpm's database in `root` has it (`%{VERSION}-%{RELEASE}`, …).
+pub fn rpm_field(root: &Path, pkg: &str, format: &str) -> String {
+    let out = Command::new("rpm")
+        .arg(format!("--root={}", root.display()))
+        .args(["-q", "--qf", format, pkg])
+        .output()
+        .expect("rpm");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
 /// One field of `pkg` as dpkg's database at `admin` has it (empty when not installed).
 pub fn dpkg_field(admin: &Path, pkg: &str, field: &str) -> String {
     let out = Command::new("dpkg-query")
@@ -429,6 +585,18 @@ if [ -f "$STUB_STATE/down" ]; then echo "ssh: connect to host: Connection refuse
 exec bash -c "$SSH_ORIGINAL_COMMAND"
 "#;
 
+/// A fake node's package tools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Packages {
+    /// Stubs that record their calls (Ubuntu).
+    Stubs,
+    /// Debian's own apt and dpkg in the node's root (Ubuntu): [`real_apt`].
+    Apt,
+    /// Debian's own dnf and rpm in the node's root, versionlock in use (Rocky):
+    /// [`real_dnf`].
+    Dnf,
+}
+
 /// One fake node: an sshd with stub tools.
 pub struct FakeNode {
     pub name: String,
@@ -441,30 +609,35 @@ impl FakeNode {
     /// Starts the node's sshd, with stub package tools; adds its host key to the client's
     /// known_hosts.
     pub async fn start(name: &str, api: &FakeKube, client: &SshClient, minor: &str) -> Self {
-        Self::start_with(name, api, client, minor, false).await
+        Self::start_with(name, api, client, minor, Packages::Stubs).await
     }
 
-    /// As [`FakeNode::start`], with Debian's own apt and dpkg when `real_apt` (see
-    /// [`real_apt`]): kubeadm, kubelet and kubectl installed at the node's kubelet version
-    /// and held.
+    /// As [`FakeNode::start`], with the package tools `packages`: kubeadm, kubelet and
+    /// kubectl installed at the node's kubelet version and held.
     pub async fn start_with(
         name: &str,
         api: &FakeKube,
         client: &SshClient,
         minor: &str,
-        real_apt: bool,
+        packages: Packages,
     ) -> Self {
         std::fs::create_dir_all("/run/sshd").expect("/run/sshd");
         let dir = tempfile::tempdir().expect("temp dir");
         let d = dir.path();
         let mut env = node_files(d, name, api, minor);
-        if real_apt {
-            let kubelet = api.node(name)["status"]["nodeInfo"]["kubeletVersion"]
-                .as_str()
-                .expect("kubelet")
-                .trim_start_matches('v')
-                .to_owned();
-            self::real_apt(d, &mut env, minor, &format!("{kubelet}-1.1"));
+        let kubelet = api.node(name)["status"]["nodeInfo"]["kubeletVersion"]
+            .as_str()
+            .expect("kubelet")
+            .trim_start_matches('v')
+            .to_owned();
+        match packages {
+            Packages::Stubs => {}
+            Packages::Apt => {
+                real_apt(d, &mut env, minor, &format!("{kubelet}-1.1"));
+            }
+            Packages::Dnf => {
+                real_dnf(d, &mut env, minor, &format!("{kubelet}-150500.1.1"), true);
+            }
         }
         let session = d.join("bin/session");
         std::fs::write(&session, SESSION).expect("session");
@@ -712,6 +885,9 @@ impl FakeNode {
         if let Some(admin) = self.dpkg_admin() {
             return dpkg_field(&admin, pkg, "${Version}");
         }
+        if let Some(root) = self.rpm_root() {
+            return rpm_field(&root, pkg, "%{VERSION}-%{RELEASE}");
+        }
         std::fs::read_to_string(
             self.dir
                 .path()
@@ -723,23 +899,38 @@ impl FakeNode {
         .to_owned()
     }
 
+    /// The Kubernetes package repository the node's package manager reads: apt's source,
+    /// or dnf's repository file.
     pub fn apt_source(&self) -> String {
-        let real = self
-            .dir
-            .path()
-            .join("root/etc/apt/sources.list.d/kubernetes.list");
-        let path = if real.exists() {
-            real
-        } else {
-            self.dir.path().join("kubernetes.list")
-        };
+        let root = self.dir.path().join("root");
+        let path = [
+            root.join("etc/apt/sources.list.d/kubernetes.list"),
+            root.join("etc/yum.repos.d/kubernetes.repo"),
+        ]
+        .into_iter()
+        .find(|p| p.exists())
+        .unwrap_or_else(|| self.dir.path().join("kubernetes.list"));
         std::fs::read_to_string(path).unwrap_or_default()
     }
 
-    /// Whether dpkg's database holds `pkg` (`apt-mark hold`), on a node with the real apt.
+    /// Whether `pkg` is held at its installed version: by dpkg's database (`apt-mark
+    /// hold`) on a node with the real apt, by dnf's versionlock list on one with the real
+    /// dnf.
     pub fn held(&self, pkg: &str) -> bool {
-        let admin = self.dpkg_admin().expect("a node with the real apt");
-        dpkg_field(&admin, pkg, "${db:Status-Want}") == "hold"
+        if let Some(admin) = self.dpkg_admin() {
+            return dpkg_field(&admin, pkg, "${db:Status-Want}") == "hold";
+        }
+        let root = self.rpm_root().expect("a node with the real apt or dnf");
+        let locks = std::fs::read_to_string(root.join("etc/dnf/plugins/versionlock.list"))
+            .unwrap_or_default();
+        let want = format!("{pkg}-0:{}.*", self.installed(pkg));
+        locks.lines().any(|l| l == want)
+    }
+
+    /// The root of rpm's database, on a node with the real dnf.
+    fn rpm_root(&self) -> Option<PathBuf> {
+        let root = self.dir.path().join("root");
+        root.join("etc/yum.repos.d").exists().then_some(root)
     }
 
     /// dpkg's database, on a node with the real apt.

@@ -270,7 +270,7 @@ impl UpgradeSteps {
         let offered = parse_candidate(&out.stdout);
         match (request.kind, offered) {
             (UpgradeKind::Patch, None) => StepOutcome::failed(format!(
-                "the apt repository on {node} does not offer kubeadm {target} (apt-cache madison kubeadm)"
+                "the package repository on {node} does not offer kubeadm {target} (apt-cache madison kubeadm, or dnf list --showduplicates --disableexcludes=kubernetes kubeadm)"
             )),
             (UpgradeKind::Patch, Some(pkg)) => StepOutcome::done(format!(
                 "kubeadm upgrade plan passed its health checks; kubeadm {pkg} is available"
