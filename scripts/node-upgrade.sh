@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # node-upgrade.sh: upgrades kubeadm, kubelet and kubectl on one kubeadm node, with its own
-# package manager: apt (Debian, Ubuntu) or dnf (RHEL, Rocky, Alma, Fedora), read off
-# /etc/os-release. rollgate pipes it over SSH:  bash -s -- ACTION
+# package manager: apt (Debian, Ubuntu), dnf (RHEL, Rocky, Alma, Fedora) or zypper (SUSE,
+# openSUSE), read off /etc/os-release. rollgate pipes it over SSH:  bash -s -- ACTION
 #
 #   --role control-plane|worker --release X.Y.Z [--kubeadm apply|node]
 #                                                 upgrade this node: kubeadm upgrade apply on
@@ -10,7 +10,8 @@
 #                                                 other control planes and on workers
 #   --containerd X.Y.Z                            upgrade containerd to X.Y.Z
 #   --apt-minor 1.NN                              point the Kubernetes package repository
-#                                                 (apt's source or dnf's .repo) at v1.NN
+#                                                 (apt's source, dnf's or zypper's .repo)
+#                                                 at v1.NN
 #   --plan --release X.Y.Z                        kubeadm upgrade plan; report the package for X.Y.Z
 #   --check                                       prove the node answers, runs an OS the
 #                                                 script serves, has the tools, and (not
@@ -24,8 +25,9 @@
 # dnf, as the kubeadm docs set it up: the repository excludes the Kubernetes packages
 # (`exclude=kubelet kubeadm kubectl …`), so they are installed with
 # --disableexcludes=kubernetes and stay excluded; a package held by `dnf versionlock` is
-# unlocked for its install and locked again at the new version. apt: packages are held
-# with apt-mark, unheld for their install and held again.
+# unlocked for its install and locked again at the new version. zypper: a package locked
+# with `zypper addlock` is unlocked for its install and locked again. apt: packages are
+# held with apt-mark, unheld for their install and held again.
 #
 # Safe to re-run: each part checks what is installed before it changes anything, and
 # `kubeadm upgrade` runs once per release (a marker in ROLLGATE_STATE_DIR records it).
@@ -34,7 +36,8 @@
 # losing the session never kills kubeadm half-way.
 # Environment (for unusual layouts): K8S_APT_SOURCE (default
 # /etc/apt/sources.list.d/kubernetes.list), K8S_RPM_REPO (default
-# /etc/yum.repos.d/kubernetes.repo), CONTAINERD_PACKAGE (default containerd.io),
+# /etc/yum.repos.d/kubernetes.repo), K8S_ZYPP_REPO (default
+# /etc/zypp/repos.d/kubernetes.repo), CONTAINERD_PACKAGE (default containerd.io),
 # ROLLGATE_STATE_DIR (default /var/lib/rollgate), LOCK_WAIT (seconds, default 900),
 # OS_RELEASE (default /etc/os-release).
 # Exit status: 0 done; 2 refused or failed; 3 this node's OS is not one the script serves.
@@ -43,6 +46,7 @@ set -euo pipefail
 role="" release="" containerd="" apt_minor="" action="" kubeadm=""
 K8S_APT_SOURCE=${K8S_APT_SOURCE:-/etc/apt/sources.list.d/kubernetes.list}
 K8S_RPM_REPO=${K8S_RPM_REPO:-/etc/yum.repos.d/kubernetes.repo}
+K8S_ZYPP_REPO=${K8S_ZYPP_REPO:-/etc/zypp/repos.d/kubernetes.repo}
 CONTAINERD_PACKAGE=${CONTAINERD_PACKAGE:-containerd.io}
 ROLLGATE_STATE_DIR=${ROLLGATE_STATE_DIR:-/var/lib/rollgate}
 LOCK_WAIT=${LOCK_WAIT:-900}
@@ -81,14 +85,21 @@ candidate() {
     apt) apt-cache madison "$1" | awk -v want="$2" '!found && index($3, want "-") == 1 { print $3; found = 1 }' ;;
     dnf) dnf -q list --showduplicates --disableexcludes=kubernetes "$1" 2>/dev/null \
            | awk -v pkg="$1." -v want="$2" '!found && index($1, pkg) == 1 && index($2, want "-") == 1 { print $2; found = 1 }' ;;
+    zypper) zypper_versions "$1" | awk -v want="$2" '!found && index($1, want "-") == 1 { print $1; found = 1 }' ;;
   esac
+}
+
+# Every version of $1 zypper's repositories list, one per line with the repository.
+zypper_versions() {
+  zypper -q --non-interactive search -s --match-exact "$1" 2>/dev/null \
+    | awk -F'|' -v pkg="$1" '{ for (i = 1; i <= NF; i++) gsub(/^ +| +$/, "", $i) } $2 == pkg { print $4, $6 }'
 }
 
 # The installed version string of $1, empty when it is not installed.
 installed() {
   case "$manager" in
     apt) dpkg-query -W -f='${Version}' "$1" 2>/dev/null || true ;;
-    dnf) if rpm -q --quiet "$1"; then rpm -q --qf '%{VERSION}-%{RELEASE}' "$1"; fi ;;
+    dnf|zypper) if rpm -q --quiet "$1"; then rpm -q --qf '%{VERSION}-%{RELEASE}' "$1"; fi ;;
   esac
 }
 
@@ -97,6 +108,7 @@ repository() {
   case "$manager" in
     apt) echo "apt repository (apt-cache madison $1)" ;;
     dnf) echo "dnf repository (dnf list --showduplicates --disableexcludes=kubernetes $1)" ;;
+    zypper) echo "zypper repository (zypper search -s --match-exact $1)" ;;
   esac
 }
 
@@ -105,6 +117,7 @@ refresh() {
   case "$manager" in
     apt) $SUDO apt-get update -q ;;
     dnf) $SUDO dnf -q -y makecache >/dev/null ;;
+    zypper) $SUDO zypper --non-interactive refresh >/dev/null ;;
   esac
 }
 
@@ -122,8 +135,14 @@ lock_node() {
   fi
 }
 
-# Whether dnf's versionlock holds $1.
-locked() { dnf -q versionlock list 2>/dev/null | grep -q "^$1-[0-9]"; }
+# Whether dnf's versionlock, or zypper's locks, hold $1.
+locked() {
+  case "$manager" in
+    dnf) dnf -q versionlock list 2>/dev/null | grep -q "^$1-[0-9]" ;;
+    zypper) zypper --non-interactive locks 2>/dev/null | awk -F'|' -v pkg="$1" '{ gsub(/ /, "", $2) } $2 == pkg { found = 1 } END { exit !found }' ;;
+    *) return 1 ;;
+  esac
+}
 
 # Installs version $2 of $1, unholding it for the install and holding it again after. A
 # hold taken off is remembered in ROLLGATE_STATE_DIR until it stands again, so a redo after
@@ -146,6 +165,12 @@ install_pinned() {
         $SUDO dnf -q -y versionlock delete "$pkg" >/dev/null
       fi
       $SUDO dnf -y --disableexcludes=kubernetes install "$pkg-$version" 9>&- ;;
+    zypper)
+      if locked "$pkg"; then
+        touch "$relock"
+        $SUDO zypper --non-interactive removelock "$pkg" >/dev/null
+      fi
+      $SUDO zypper --non-interactive install -y --oldpackage "$pkg=$version" 9>&- ;;
   esac
   if [ -f "$relock" ]; then hold "$pkg"; rm -f "$relock"; fi
 }
@@ -155,6 +180,7 @@ hold() {
   case "$manager" in
     apt) $SUDO apt-mark hold "$1" >/dev/null ;;
     dnf) $SUDO dnf -q -y versionlock add "$1" >/dev/null ;;
+    zypper) $SUDO zypper --non-interactive addlock "$1" >/dev/null ;;
   esac
 }
 
@@ -208,6 +234,7 @@ rewrite_repo() {
   case "$manager" in
     apt) file=$K8S_APT_SOURCE kind=deb ;;
     dnf) file=$K8S_RPM_REPO kind=rpm ;;
+    zypper) file=$K8S_ZYPP_REPO kind=rpm ;;
   esac
   [ -f "$file" ] || die "$file does not exist"
   if grep -q "/v$apt_minor/$kind" "$file"; then
@@ -245,6 +272,7 @@ package_manager() {
   case " $(os_field ID) $(os_field ID_LIKE) " in
     *" debian "*|*" ubuntu "*) echo apt ;;
     *" rhel "*|*" fedora "*|*" centos "*) echo dnf ;;
+    *" suse "*|*" opensuse "*|*" sles "*) echo zypper ;;
     *) echo "" ;;
   esac
 }
@@ -253,11 +281,7 @@ package_manager() {
 # manager.
 supported_os() {
   [ -z "$manager" ] || return 0
-  local other="neither apt nor dnf"
-  case " $(os_field ID) $(os_field ID_LIKE) " in
-    *" suse "*|*" opensuse "*|*" sles "*) other=zypper ;;
-  esac
-  echo "node-upgrade: runs $(os_field NAME) $(os_field VERSION_ID) ($other): the kubeadm node script supports apt (Debian, Ubuntu) and dnf (RHEL, Rocky, Alma, Fedora) nodes" >&2 || true
+  echo "node-upgrade: runs $(os_field NAME) $(os_field VERSION_ID) (no apt, dnf or zypper): the kubeadm node script supports apt (Debian, Ubuntu), dnf (RHEL, Rocky, Alma, Fedora) and zypper (SUSE, openSUSE) nodes" >&2 || true
   exit 3
 }
 
@@ -274,6 +298,10 @@ sudo_rules() {
            "dnf -y --disableexcludes=kubernetes install kubeadm-1.0.0-150500.1.1"
            "dnf -q -y versionlock add kubeadm" "dnf -q -y versionlock delete kubeadm"
            "tee $K8S_RPM_REPO") ;;
+    zypper) packages=("zypper --non-interactive refresh"
+           "zypper --non-interactive install -y --oldpackage kubeadm=1.0.0-150500.1.1"
+           "zypper --non-interactive addlock kubeadm" "zypper --non-interactive removelock kubeadm"
+           "tee $K8S_ZYPP_REPO") ;;
   esac
   for rule in "${packages[@]}" \
       "kubeadm upgrade node" "kubeadm upgrade apply -y v1.0.0" "kubeadm upgrade plan" \
@@ -291,6 +319,7 @@ check() {
   case "$manager" in
     apt) tools="apt-get apt-cache apt-mark dpkg-query" ;;
     dnf) tools="dnf rpm" ;;
+    zypper) tools="zypper rpm" ;;
   esac
   for tool in $tools flock kubeadm systemctl timeout; do
     command -v "$tool" >/dev/null || die "$tool is missing on this node"
@@ -306,6 +335,7 @@ available() {
     apt) apt-cache madison kubeadm ;;
     dnf) dnf -q -C list --showduplicates --disableexcludes=kubernetes kubeadm 2>/dev/null \
            | awk '$1 ~ /^kubeadm\./ && $3 !~ /^@/ { print "   kubeadm | " $2 " | " $3 }' ;;
+    zypper) zypper_versions kubeadm | awk '{ print "   kubeadm | " $1 " | " $2 }' ;;
   esac
 }
 

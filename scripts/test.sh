@@ -17,10 +17,20 @@ apt_install etcd-server etcd-client
 # The Kubernetes upgrade tests: an sshd per fake node (started by the tests on loopback),
 # curl for the stub kubelet, shellcheck for scripts/node-upgrade.sh.
 apt_install openssh-server openssh-client curl shellcheck
-# The node script's tests run Debian's own apt and dpkg, and dnf and rpm (versionlock from
-# dnf-plugins-core), each in a root of their own, over repositories they build with
-# dpkg-deb and apt-ftparchive (apt-utils), rpmbuild and createrepo_c.
-apt_install apt-utils dnf dnf-plugins-core rpm createrepo-c
+# The node script's tests run Debian's own apt and dpkg, dnf and rpm, and zypper, each in
+# a root of their own, over repositories they build with dpkg-deb and apt-ftparchive
+# (apt-utils), rpmbuild and createrepo_c. dnf's versionlock comes from dnf-plugins-core,
+# which cannot be installed beside zypper: its package is unpacked where the tests' dnf
+# finds its plugins (tests/support/nodes.rs, DNF_PLUGINS).
+apt_install apt-utils dnf rpm createrepo-c zypper
+if [ ! -f /opt/rollgate-tests/dnf-plugins-core/usr/lib/python3/dist-packages/dnf-plugins/versionlock.py ]; then
+    fetched=$(mktemp -d)
+    chmod 0777 "$fetched"
+    (cd "$fetched" && apt-get download -q dnf-plugins-core)
+    mkdir -p /opt/rollgate-tests
+    dpkg-deb -x "$fetched"/dnf-plugins-core_*.deb /opt/rollgate-tests/dnf-plugins-core
+    rm -rf "$fetched"
+fi
 # sudo's visudo and sudo -l read deploy/node/sudoers (in a private mount namespace:
 # util-linux's unshare; the machine's own sudoers is never touched).
 apt_install sudo util-linux

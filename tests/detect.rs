@@ -322,13 +322,13 @@ async fn failures_have_their_exit_codes_and_ask_for_nothing() {
 
     // A control plane whose OS the node script does not serve: one line naming it and its
     // OS, nothing asked.
-    site.cp.runs_os(support::nodes::OPENSUSE);
+    site.cp.runs_os(support::nodes::FLATCAR);
     let (code, report, stderr) = site.detect(&[], &Site::to(&rg));
     assert_eq!(code, 3, "{stderr}");
     assert!(report.is_null(), "{report}");
     assert!(
         stderr.contains(
-            "cp runs openSUSE Leap 15.6 (zypper): the kubeadm node script supports apt (Debian, Ubuntu) and dnf (RHEL, Rocky, Alma, Fedora) nodes"
+            "cp runs Flatcar Container Linux by Kinvolk 4081.2.0 (no apt, dnf or zypper): the kubeadm node script supports apt (Debian, Ubuntu), dnf (RHEL, Rocky, Alma, Fedora) and zypper (SUSE, openSUSE) nodes"
         ),
         "{stderr}"
     );

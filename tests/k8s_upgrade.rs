@@ -290,17 +290,19 @@ async fn a_minor_upgrade_runs_end_to_end_amqp() {
 }
 
 /// A mixed cluster on real package managers: an Ubuntu control plane and worker on
-/// Debian's own apt and dpkg, two Rocky workers on Debian's own dnf and rpm (versionlock in
-/// use, the repository excluding the Kubernetes packages), each over repositories laid out
-/// as pkgs.k8s.io's. A patch and then a minor upgrade each finish in one run; every node's
-/// own package database reads the target for kubeadm, kubelet and kubectl, held (apt-mark)
-/// or locked (versionlock) again; after the minor every node's repository names the new
-/// minor, and the dnf nodes' still excludes the packages.
+/// Debian's own apt and dpkg, a Rocky worker on Debian's own dnf and rpm (versionlock in
+/// use, the repository excluding the Kubernetes packages), an openSUSE worker on Debian's
+/// own zypper and rpm (locks in use), each over repositories laid out as pkgs.k8s.io's. A
+/// patch and then a minor upgrade each finish in one run; every node's own package
+/// database reads the target for kubeadm, kubelet and kubectl, held or locked again; after
+/// the minor every node's repository names the new minor, and the dnf node's still
+/// excludes the packages.
 #[tokio::test]
-async fn a_patch_then_a_minor_upgrade_on_a_mixed_apt_and_dnf_cluster() {
+async fn a_patch_then_a_minor_upgrade_on_a_mixed_apt_dnf_and_zypper_cluster() {
     let ground = Ground::start_with_packages("1.34.2", 3, |name| match name {
         "cp" | "w1" => Packages::Apt,
-        _ => Packages::Dnf,
+        "w2" => Packages::Dnf,
+        _ => Packages::Zypper,
     })
     .await;
     let rg = start(&ground, &[]).await;
@@ -324,7 +326,8 @@ async fn a_patch_then_a_minor_upgrade_on_a_mixed_apt_and_dnf_cluster() {
         let repository = node.apt_source();
         let (want, excludes) = match node.name.as_str() {
             "cp" | "w1" => ("/core:/stable:/v1.35/deb/ /", false),
-            _ => ("/core:/stable:/v1.35/rpm/", true),
+            "w2" => ("/core:/stable:/v1.35/rpm/", true),
+            _ => ("/core:/stable:/v1.35/rpm/", false),
         };
         assert!(repository.contains(want), "{}: {repository}", node.name);
         assert_eq!(
@@ -1309,13 +1312,13 @@ async fn the_event_stream_loses_no_transition_across_a_restart_and_runs_watch_fo
     );
 }
 
-/// Issue 40: a worker whose OS the node script does not serve (openSUSE: zypper) fails
+/// Issue 40: a worker whose OS the node script does not serve (Flatcar) fails
 /// the `ssh-reachable` pre-flight at once, in one line naming it and its OS; no node is
 /// touched.
 #[tokio::test]
 async fn a_node_whose_os_the_script_does_not_serve_fails_the_preflight_naming_its_os() {
     let ground = Ground::start("1.34.2", 3).await;
-    ground.node("w3").runs_os(support::nodes::OPENSUSE);
+    ground.node("w3").runs_os(support::nodes::FLATCAR);
     let rg = ground.rollgate(&[]).await;
     let id = rg.detect("1.34.5", "patch").await;
     let run = rg
@@ -1324,7 +1327,7 @@ async fn a_node_whose_os_the_script_does_not_serve_fails_the_preflight_naming_it
     let reason = run["reason"].as_str().unwrap_or_default();
     assert!(
         reason.contains(
-            "w3 runs openSUSE Leap 15.6 (zypper): the kubeadm node script supports apt (Debian, Ubuntu) and dnf (RHEL, Rocky, Alma, Fedora) nodes"
+            "w3 runs Flatcar Container Linux by Kinvolk 4081.2.0 (no apt, dnf or zypper): the kubeadm node script supports apt (Debian, Ubuntu), dnf (RHEL, Rocky, Alma, Fedora) and zypper (SUSE, openSUSE) nodes"
         ),
         "{reason}"
     );

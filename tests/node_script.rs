@@ -358,11 +358,11 @@ async fn check_names_an_unsupported_os_and_every_missing_sudo_rule() {
     for (os, says) in [
         (
             "NAME=\"Alpine Linux\"\nID=alpine\nVERSION_ID=3.20.3\n",
-            "node-upgrade: runs Alpine Linux 3.20.3 (neither apt nor dnf): the kubeadm node script supports apt (Debian, Ubuntu) and dnf (RHEL, Rocky, Alma, Fedora) nodes\n",
+            "node-upgrade: runs Alpine Linux 3.20.3 (no apt, dnf or zypper): the kubeadm node script supports apt (Debian, Ubuntu), dnf (RHEL, Rocky, Alma, Fedora) and zypper (SUSE, openSUSE) nodes\n",
         ),
         (
-            "NAME=\"openSUSE Leap\"\nVERSION_ID=\"15.6\"\nID=\"opensuse-leap\"\nID_LIKE=\"suse opensuse\"\n",
-            "node-upgrade: runs openSUSE Leap 15.6 (zypper): the kubeadm node script supports apt (Debian, Ubuntu) and dnf (RHEL, Rocky, Alma, Fedora) nodes\n",
+            "NAME=\"Flatcar Container Linux by Kinvolk\"\nID=flatcar\nVERSION_ID=4081.2.0\n",
+            "node-upgrade: runs Flatcar Container Linux by Kinvolk 4081.2.0 (no apt, dnf or zypper): the kubeadm node script supports apt (Debian, Ubuntu), dnf (RHEL, Rocky, Alma, Fedora) and zypper (SUSE, openSUSE) nodes\n",
         ),
     ] {
         std::fs::write(w1.dir.path().join("os-release"), os).unwrap();
@@ -405,7 +405,11 @@ async fn the_shipped_sudoers_allows_what_the_node_script_asks_and_nothing_beside
         w1.env.push((key.into(), value.into()));
     }
     let mut asked: Vec<String> = Vec::new();
-    for os in [None, Some(support::nodes::ROCKY)] {
+    for os in [
+        None,
+        Some(support::nodes::ROCKY),
+        Some(support::nodes::OPENSUSE),
+    ] {
         if let Some(os) = os {
             std::fs::write(w1.dir.path().join("os-release"), os).unwrap();
         }
@@ -419,8 +423,9 @@ async fn the_shipped_sudoers_allows_what_the_node_script_asks_and_nothing_beside
         );
     }
     assert!(
-        asked.iter().any(|a| a.starts_with("dnf "))
-            && asked.iter().any(|a| a.starts_with("apt-get ")),
+        ["apt-get ", "dnf ", "zypper "]
+            .iter()
+            .all(|tool| asked.iter().any(|a| a.starts_with(tool))),
         "{asked:?}"
     );
 
@@ -433,6 +438,8 @@ async fn the_shipped_sudoers_allows_what_the_node_script_asks_and_nothing_beside
         "dnf -y --disableexcludes=kubernetes install nginx-1.0",
         "dnf -y remove kubelet",
         "dnf -q -y versionlock clear",
+        "zypper --non-interactive install -y --oldpackage nginx=1.0",
+        "zypper --non-interactive removelock sshd",
         "tee /etc/shadow",
         "kubeadm reset -f",
         "install -d -m 0755 -o rollgate /etc",
@@ -464,6 +471,7 @@ async fn the_shipped_sudoers_allows_what_the_node_script_asks_and_nothing_beside
         "apt-get",
         "apt-mark",
         "dnf",
+        "zypper",
         "tee",
         "install",
         "kubeadm",
@@ -654,20 +662,42 @@ async fn on_a_real_apt_a_minor_upgrade_moves_the_source_to_the_new_minor() {
     );
 }
 
-/// A Rocky node whose package tools are Debian's own dnf and rpm, in a root of its own,
-/// over repositories laid out as pkgs.k8s.io's, set up as the kubeadm docs say (the
-/// repository excludes the Kubernetes packages); kubeadm, kubelet and kubectl installed at
-/// `installed` and locked there by versionlock.
-struct DnfNode {
+/// An rpm node whose package tools are Debian's own dnf (Rocky) or zypper (openSUSE) and
+/// rpm, in a root of its own, over repositories laid out as pkgs.k8s.io's, set up as the
+/// kubeadm docs say (dnf's repository excludes the Kubernetes packages); kubeadm, kubelet
+/// and kubectl installed at `installed` and locked there (versionlock, `zypper addlock`).
+struct RpmNode {
     node: Node,
     root: std::path::PathBuf,
+    zypper: bool,
 }
 
+/// [`RpmNode`] with dnf.
+struct DnfNode;
+
 impl DnfNode {
-    async fn start(api: &FakeKube, name: &str, minor: &str, installed: &str) -> Self {
+    async fn start(api: &FakeKube, name: &str, minor: &str, installed: &str) -> RpmNode {
         let mut node = node(api, name, minor).await;
         let root = support::nodes::real_dnf(node.dir.path(), &mut node.env, minor, installed, true);
-        Self { node, root }
+        RpmNode {
+            node,
+            root,
+            zypper: false,
+        }
+    }
+}
+
+impl RpmNode {
+    /// [`RpmNode`] with zypper.
+    async fn zypper(api: &FakeKube, name: &str, minor: &str, installed: &str) -> Self {
+        let mut node = node(api, name, minor).await;
+        let root =
+            support::nodes::real_zypper(node.dir.path(), &mut node.env, minor, installed, true);
+        Self {
+            node,
+            root,
+            zypper: true,
+        }
     }
 
     /// rpm's database: the version of `pkg` and when it was installed.
@@ -678,8 +708,11 @@ impl DnfNode {
         )
     }
 
-    /// dnf's versionlock list, as the plugin keeps it.
+    /// dnf's versionlock list, as the plugin keeps it; zypper's locked names.
     fn locks(&self) -> Vec<String> {
+        if self.zypper {
+            return support::nodes::zypper_locks(&self.root);
+        }
         std::fs::read_to_string(self.root.join("etc/dnf/plugins/versionlock.list"))
             .unwrap_or_default()
             .lines()
@@ -689,8 +722,12 @@ impl DnfNode {
     }
 
     fn repo_file(&self) -> String {
-        std::fs::read_to_string(self.root.join("etc/yum.repos.d/kubernetes.repo"))
-            .unwrap_or_default()
+        let file = if self.zypper {
+            "etc/zypp/repos.d/kubernetes.repo"
+        } else {
+            "etc/yum.repos.d/kubernetes.repo"
+        };
+        std::fs::read_to_string(self.root.join(file)).unwrap_or_default()
     }
 }
 
@@ -864,4 +901,68 @@ async fn on_a_real_dnf_a_redo_after_a_kill_between_install_and_lock_puts_the_loc
         );
     }
     assert!(!state.join("relock-kubeadm").exists());
+}
+
+/// On Debian's own zypper and rpm (an openSUSE node): `--check` passes; a release the
+/// repository lacks is refused naming it, nothing installed; a patch upgrade installs the
+/// release for kubeadm, kubelet and kubectl and their locks stand again; a rerun installs
+/// nothing; the next minor installs once `--apt-minor` points the repository file at it;
+/// detection's list reads as madison lines.
+#[tokio::test]
+async fn on_a_real_zypper_a_patch_and_a_minor_upgrade_install_and_the_locks_stand_again() {
+    let api = FakeKube::start().await;
+    api.add_node("w1", false, "1.34.2", "1.7.20");
+    let w1 = RpmNode::zypper(&api, "w1", "1.34", "1.34.2-150500.1.1").await;
+    let (code, out) = w1.node.run(&["--check"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("ok: kubeadm 1.34.2-150500.1.1, kubelet 1.34.2-150500.1.1"),
+        "{out}"
+    );
+    let before = w1.package("kubeadm");
+    let (code, out) = w1.node.run(&["--role", "worker", "--release", "1.34.4"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("kubeadm 1.34.4 is not in the zypper repository"),
+        "{out}"
+    );
+    assert_eq!(w1.package("kubeadm"), before, "nothing installed");
+
+    let (code, out) = w1.node.run(&["--role", "worker", "--release", "1.34.5"]);
+    assert_eq!(code, 0, "{out}");
+    for pkg in ["kubeadm", "kubelet", "kubectl"] {
+        assert_eq!(w1.package(pkg).0, "1.34.5-150500.1.1", "{pkg}");
+    }
+    let mut locks = w1.locks();
+    locks.sort();
+    assert_eq!(locks, ["kubeadm", "kubectl", "kubelet"]);
+    assert_eq!(
+        api.node("w1")["status"]["nodeInfo"]["kubeletVersion"],
+        "v1.34.5"
+    );
+    let installed = w1.package("kubeadm");
+    let (code, out) = w1.node.run(&["--role", "worker", "--release", "1.34.5"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(w1.package("kubeadm"), installed, "a rerun installs nothing");
+
+    let (code, out) = w1.node.run(&["--available"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("   kubeadm | 1.34.5-150500.1.1 | Kubernetes"),
+        "{out}"
+    );
+
+    let (code, out) = w1.node.run(&["--apt-minor", "1.35"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        w1.repo_file().contains("/core:/stable:/v1.35/rpm/"),
+        "{}",
+        w1.repo_file()
+    );
+    let (code, out) = w1.node.run(&["--role", "worker", "--release", "1.35.0"]);
+    assert_eq!(code, 0, "{out}");
+    for pkg in ["kubeadm", "kubelet", "kubectl"] {
+        assert_eq!(w1.package(pkg).0, "1.35.0-150500.1.1", "{pkg}");
+    }
+    assert_eq!(w1.locks().len(), 3, "{:?}", w1.locks());
 }

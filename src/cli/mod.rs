@@ -74,8 +74,9 @@ pub enum Command {
     /// gates and what each step will do. Reads the cluster; changes nothing.
     Plan(PlanArgs),
     /// Detect the upgrade to make (what the daily CronJob runs): the running version, the
-    /// newest patch the control plane's apt repository offers, whether the next minor is
-    /// released; push the result to the Pushgateway and ask rollgate for the upgrade.
+    /// newest patch the control plane's package repository (apt, dnf or zypper) offers,
+    /// whether the next minor is released; push the result to the Pushgateway and ask
+    /// rollgate for the upgrade.
     /// Exit 0: done (nothing to do, asked for, already in flight, or held by another
     /// upgrade); 2: configuration; 3: some facts could not be read (that part pushed and
     /// asked nothing; with --reboots the other part was acted on); 4: rollgate did not take

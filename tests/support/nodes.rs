@@ -203,9 +203,12 @@ const UBUNTU: &str = "NAME=\"Ubuntu\"\nVERSION_ID=\"24.04\"\nID=ubuntu\nID_LIKE=
 /// Rocky Linux's /etc/os-release, as its 9.4 release writes it.
 pub const ROCKY: &str = "NAME=\"Rocky Linux\"\nVERSION=\"9.4 (Blue Onyx)\"\nID=\"rocky\"\nID_LIKE=\"rhel centos fedora\"\nVERSION_ID=\"9.4\"\nPRETTY_NAME=\"Rocky Linux 9.4 (Blue Onyx)\"\n";
 
-/// openSUSE Leap's /etc/os-release, as its 15.6 release writes it: zypper, which the node
-/// script does not serve.
+/// openSUSE Leap's /etc/os-release, as its 15.6 release writes it.
 pub const OPENSUSE: &str = "NAME=\"openSUSE Leap\"\nVERSION=\"15.6\"\nID=\"opensuse-leap\"\nID_LIKE=\"suse opensuse\"\nVERSION_ID=\"15.6\"\nPRETTY_NAME=\"openSUSE Leap 15.6\"\n";
+
+/// Flatcar Container Linux's /etc/os-release: no package manager the node script serves
+/// (its updates come whole, from update_engine).
+pub const FLATCAR: &str = "NAME=\"Flatcar Container Linux by Kinvolk\"\nID=flatcar\nID_LIKE=coreos\nVERSION=4081.2.0\nVERSION_ID=4081.2.0\nPRETTY_NAME=\"Flatcar Container Linux by Kinvolk 4081.2.0 (Oklo)\"\n";
 
 /// The client side: one key pair and one known_hosts file for every node.
 pub struct SshClient {
@@ -427,6 +430,176 @@ pub fn real_dnf(
     installed: &str,
     versionlock: bool,
 ) -> PathBuf {
+    let repo = rpm_repository(d);
+    let root = d.join("root");
+    for sub in ["etc/yum.repos.d", "etc/dnf/plugins"] {
+        std::fs::create_dir_all(root.join(sub)).expect("root");
+    }
+    let source = root.join("etc/yum.repos.d/kubernetes.repo");
+    std::fs::write(
+        &source,
+        format!(
+            "[kubernetes]\nname=Kubernetes\nbaseurl=file://{}/core:/stable:/v{minor}/rpm/\nenabled=1\ngpgcheck=0\nexclude=kubelet kubeadm kubectl cri-tools kubernetes-cni\n",
+            repo.display()
+        ),
+    )
+    .expect("repo file");
+    let plugins = Path::new(DNF_PLUGINS);
+    assert!(
+        plugins.join("dnf-plugins/versionlock.py").is_file(),
+        "{DNF_PLUGINS} has no versionlock plugin: scripts/test.sh unpacks Debian's dnf-plugins-core there"
+    );
+    std::fs::write(
+        root.join("etc/dnf/dnf.conf"),
+        format!("[main]\ngpgcheck=0\npluginpath={DNF_PLUGINS}/dnf-plugins\n"),
+    )
+    .expect("dnf.conf");
+    std::fs::write(
+        root.join("etc/dnf/plugins/versionlock.conf"),
+        format!(
+            "[main]\nenabled = 1\nlocklist = {}/etc/dnf/plugins/versionlock.list\n",
+            root.display()
+        ),
+    )
+    .expect("versionlock.conf");
+    std::fs::write(root.join("etc/dnf/plugins/versionlock.list"), "").expect("versionlock.list");
+    let bin = rpm_node(
+        d,
+        env,
+        &root,
+        ("dnf", DNF_WRAPPER),
+        ROCKY,
+        ("K8S_RPM_REPO", &source),
+    );
+    let dnf = |args: &[&str]| {
+        run_ok(
+            Command::new(bin.join("dnf"))
+                .args(args)
+                .env("RPM_ROOT", &root),
+        )
+    };
+    let pins: Vec<String> = ["kubeadm", "kubelet", "kubectl"]
+        .iter()
+        .map(|pkg| format!("{pkg}-{installed}"))
+        .collect();
+    let mut install = vec!["-q", "-y", "--disableexcludes=kubernetes", "install"];
+    install.extend(pins.iter().map(String::as_str));
+    dnf(&install);
+    if versionlock {
+        dnf(&[
+            "-q",
+            "-y",
+            "versionlock",
+            "add",
+            "kubeadm",
+            "kubelet",
+            "kubectl",
+        ]);
+    }
+    root
+}
+
+/// The node's package tools made SUSE's: Debian's own zypper and rpm, in a root of the
+/// node's own (`--root`, through two wrappers on PATH that add only it), reading the same
+/// local rpm repositories as [`real_dnf`], added as zypper adds a repository. kubeadm,
+/// kubelet and kubectl are installed at `installed` and, with `locks`, locked by
+/// `zypper addlock`. The node runs openSUSE Leap; apt's tools refuse to run. Returns the
+/// root.
+pub fn real_zypper(
+    d: &Path,
+    env: &mut Vec<(String, String)>,
+    minor: &str,
+    installed: &str,
+    locks: bool,
+) -> PathBuf {
+    let repo = rpm_repository(d);
+    let root = d.join("root");
+    std::fs::create_dir_all(root.join("etc/zypp/repos.d")).expect("root");
+    let source = root.join("etc/zypp/repos.d/kubernetes.repo");
+    std::fs::write(
+        &source,
+        format!(
+            "[kubernetes]\nname=Kubernetes\nbaseurl=file://{}/core:/stable:/v{minor}/rpm/\nenabled=1\nautorefresh=1\ngpgcheck=0\n",
+            repo.display()
+        ),
+    )
+    .expect("repo file");
+    let bin = rpm_node(
+        d,
+        env,
+        &root,
+        ("zypper", ZYPPER_WRAPPER),
+        OPENSUSE,
+        ("K8S_ZYPP_REPO", &source),
+    );
+    let zypper = |args: &[&str]| {
+        run_ok(
+            Command::new(bin.join("zypper"))
+                .arg("--non-interactive")
+                .args(args)
+                .env("RPM_ROOT", &root),
+        )
+    };
+    zypper(&["refresh"]);
+    let pins: Vec<String> = ["kubeadm", "kubelet", "kubectl"]
+        .iter()
+        .map(|pkg| format!("{pkg}={installed}"))
+        .collect();
+    let mut install = vec!["install", "-y"];
+    install.extend(pins.iter().map(String::as_str));
+    zypper(&install);
+    if locks {
+        zypper(&["addlock", "kubeadm", "kubelet", "kubectl"]);
+    }
+    root
+}
+
+/// dnf in the node's root, with Debian's dnf-plugins-core where it was unpacked.
+const DNF_WRAPPER: &str = "#!/bin/bash\nexport PYTHONPATH=/opt/rollgate-tests/dnf-plugins-core/usr/lib/python3/dist-packages\nexec /usr/bin/dnf --installroot=\"$RPM_ROOT\" --releasever=9 --config=\"$RPM_ROOT/etc/dnf/dnf.conf\" --setopt=reposdir=\"$RPM_ROOT/etc/yum.repos.d\" --setopt=pluginconfpath=\"$RPM_ROOT/etc/dnf/plugins\" --disableplugin=local \"$@\"\n";
+
+/// zypper in the node's root.
+const ZYPPER_WRAPPER: &str =
+    "#!/bin/bash\nexec /usr/bin/zypper --root \"$RPM_ROOT\" --no-gpg-checks \"$@\"\n";
+
+/// An rpm node's tools: `manager` (name, wrapper) and rpm, each the real one in `root`;
+/// apt's tools refusing; its os-release `os`; the session's environment naming the root
+/// and the repository file (`repo`: the script's variable and the file). Returns its bin.
+fn rpm_node(
+    d: &Path,
+    env: &mut Vec<(String, String)>,
+    root: &Path,
+    manager: (&str, &str),
+    os: &str,
+    repo: (&str, &Path),
+) -> PathBuf {
+    let bin = d.join("bin");
+    let wrappers = [
+        manager,
+        (
+            "rpm",
+            "#!/bin/bash\nexec /usr/bin/rpm --root=\"$RPM_ROOT\" \"$@\"\n",
+        ),
+        ("apt-get", REFUSE),
+        ("apt-cache", REFUSE),
+        ("apt-mark", REFUSE),
+        ("dpkg-query", REFUSE),
+    ];
+    for (tool, text) in wrappers {
+        std::fs::write(bin.join(tool), text).expect("wrapper");
+        run_ok(Command::new("chmod").arg("+x").arg(bin.join(tool)));
+    }
+    std::fs::write(d.join("os-release"), os).expect("os-release");
+    for (key, value) in [("RPM_ROOT", root), repo] {
+        env.retain(|(k, _)| k != key);
+        env.push((key.to_owned(), value.display().to_string()));
+    }
+    bin
+}
+
+/// Local repositories laid out as pkgs.k8s.io's rpm ones (`core:/stable:/v1.NN/rpm/`, one
+/// per minor, every version of `REPOSITORY` as `1.NN.P-150500.1.1`), built with rpmbuild
+/// and createrepo_c under `d/repo`, which it returns.
+fn rpm_repository(d: &Path) -> PathBuf {
     let repo = d.join("repo");
     let top = d.join("rpmbuild");
     std::fs::create_dir_all(top.join("SPECS")).expect("rpmbuild");
@@ -464,85 +637,25 @@ pub fn real_dnf(
                 .arg(entry.expect("minor").path().join("rpm")),
         );
     }
-    let root = d.join("root");
-    for sub in ["etc/yum.repos.d", "etc/dnf/plugins"] {
-        std::fs::create_dir_all(root.join(sub)).expect("root");
-    }
-    let source = root.join("etc/yum.repos.d/kubernetes.repo");
-    std::fs::write(
-        &source,
-        format!(
-            "[kubernetes]\nname=Kubernetes\nbaseurl=file://{}/core:/stable:/v{minor}/rpm/\nenabled=1\ngpgcheck=0\nexclude=kubelet kubeadm kubectl cri-tools kubernetes-cni\n",
-            repo.display()
-        ),
-    )
-    .expect("repo file");
-    std::fs::write(root.join("etc/dnf/dnf.conf"), "[main]\ngpgcheck=0\n").expect("dnf.conf");
-    std::fs::write(
-        root.join("etc/dnf/plugins/versionlock.conf"),
-        format!(
-            "[main]\nenabled = 1\nlocklist = {}/etc/dnf/plugins/versionlock.list\n",
-            root.display()
-        ),
-    )
-    .expect("versionlock.conf");
-    std::fs::write(root.join("etc/dnf/plugins/versionlock.list"), "").expect("versionlock.list");
-    let bin = d.join("bin");
-    let wrappers = [
-        (
-            "dnf",
-            "#!/bin/bash\nexec /usr/bin/dnf --installroot=\"$RPM_ROOT\" --releasever=9 --config=\"$RPM_ROOT/etc/dnf/dnf.conf\" --setopt=reposdir=\"$RPM_ROOT/etc/yum.repos.d\" --setopt=pluginconfpath=\"$RPM_ROOT/etc/dnf/plugins\" --disableplugin=local \"$@\"\n",
-        ),
-        (
-            "rpm",
-            "#!/bin/bash\nexec /usr/bin/rpm --root=\"$RPM_ROOT\" \"$@\"\n",
-        ),
-        ("apt-get", REFUSE),
-        ("apt-cache", REFUSE),
-        ("apt-mark", REFUSE),
-        ("dpkg-query", REFUSE),
-    ];
-    for (tool, text) in wrappers {
-        std::fs::write(bin.join(tool), text).expect("wrapper");
-        run_ok(Command::new("chmod").arg("+x").arg(bin.join(tool)));
-    }
-    std::fs::write(d.join("os-release"), ROCKY).expect("os-release");
-    let set = |env: &mut Vec<(String, String)>, key: &str, value: String| {
-        env.retain(|(k, _)| k != key);
-        env.push((key.to_owned(), value));
-    };
-    set(env, "RPM_ROOT", root.display().to_string());
-    set(env, "K8S_RPM_REPO", source.display().to_string());
-    let dnf = |args: &[&str]| {
-        run_ok(
-            Command::new(bin.join("dnf"))
-                .args(args)
-                .env("RPM_ROOT", &root),
-        )
-    };
-    let pins: Vec<String> = ["kubeadm", "kubelet", "kubectl"]
-        .iter()
-        .map(|pkg| format!("{pkg}-{installed}"))
-        .collect();
-    let mut install = vec!["-q", "-y", "--disableexcludes=kubernetes", "install"];
-    install.extend(pins.iter().map(String::as_str));
-    dnf(&install);
-    if versionlock {
-        dnf(&[
-            "-q",
-            "-y",
-            "versionlock",
-            "add",
-            "kubeadm",
-            "kubelet",
-            "kubectl",
-        ]);
-    }
-    root
+    repo
 }
+
+/// Debian's dnf-plugins-core (versionlock), unpacked by scripts/test.sh: it cannot be
+/// installed beside zypper.
+const DNF_PLUGINS: &str = "/opt/rollgate-tests/dnf-plugins-core/usr/lib/python3/dist-packages";
 
 /// A package tool that does not belong on this node: fails naming itself.
 const REFUSE: &str = "#!/bin/bash\necho \"$(basename \"$0\") is not on this node\" >&2\nexit 127\n";
+
+/// The packages zypper's locks file in `root` locks, by name (`zypper addlock`).
+pub fn zypper_locks(root: &Path) -> Vec<String> {
+    std::fs::read_to_string(root.join("etc/zypp/locks"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.strip_prefix("solvable_name: "))
+        .map(str::to_owned)
+        .collect()
+}
 
 /// One field of `pkg` as rpm's database in `root` has it (`%{VERSION}-%{RELEASE}`, …).
 pub fn rpm_field(root: &Path, pkg: &str, format: &str) -> String {
@@ -595,6 +708,9 @@ pub enum Packages {
     /// Debian's own dnf and rpm in the node's root, versionlock in use (Rocky):
     /// [`real_dnf`].
     Dnf,
+    /// Debian's own zypper and rpm in the node's root, locks in use (openSUSE):
+    /// [`real_zypper`].
+    Zypper,
 }
 
 /// One fake node: an sshd with stub tools.
@@ -637,6 +753,9 @@ impl FakeNode {
             }
             Packages::Dnf => {
                 real_dnf(d, &mut env, minor, &format!("{kubelet}-150500.1.1"), true);
+            }
+            Packages::Zypper => {
+                real_zypper(d, &mut env, minor, &format!("{kubelet}-150500.1.1"), true);
             }
         }
         let session = d.join("bin/session");
@@ -906,6 +1025,7 @@ impl FakeNode {
         let path = [
             root.join("etc/apt/sources.list.d/kubernetes.list"),
             root.join("etc/yum.repos.d/kubernetes.repo"),
+            root.join("etc/zypp/repos.d/kubernetes.repo"),
         ]
         .into_iter()
         .find(|p| p.exists())
@@ -915,22 +1035,28 @@ impl FakeNode {
 
     /// Whether `pkg` is held at its installed version: by dpkg's database (`apt-mark
     /// hold`) on a node with the real apt, by dnf's versionlock list on one with the real
-    /// dnf.
+    /// dnf, by zypper's locks file on one with the real zypper.
     pub fn held(&self, pkg: &str) -> bool {
         if let Some(admin) = self.dpkg_admin() {
             return dpkg_field(&admin, pkg, "${db:Status-Want}") == "hold";
         }
-        let root = self.rpm_root().expect("a node with the real apt or dnf");
+        let root = self
+            .rpm_root()
+            .expect("a node with the real apt, dnf or zypper");
+        if root.join("etc/zypp/repos.d").exists() {
+            return zypper_locks(&root).iter().any(|l| l == pkg);
+        }
         let locks = std::fs::read_to_string(root.join("etc/dnf/plugins/versionlock.list"))
             .unwrap_or_default();
         let want = format!("{pkg}-0:{}.*", self.installed(pkg));
         locks.lines().any(|l| l == want)
     }
 
-    /// The root of rpm's database, on a node with the real dnf.
+    /// The root of rpm's database, on a node with the real dnf or zypper.
     fn rpm_root(&self) -> Option<PathBuf> {
         let root = self.dir.path().join("root");
-        root.join("etc/yum.repos.d").exists().then_some(root)
+        (root.join("etc/yum.repos.d").exists() || root.join("etc/zypp/repos.d").exists())
+            .then_some(root)
     }
 
     /// dpkg's database, on a node with the real apt.

@@ -1,5 +1,5 @@
 //! `rollgate detect`, what the daily CronJob runs: read the running versions from the
-//! Kubernetes API, the patches the control plane's apt repository offers over SSH, and
+//! Kubernetes API, the patches the control plane's package repository offers over SSH, and
 //! (when no patch comes first) whether the next minor's repository carries a release;
 //! decide (`workflows::detect::plan::decide`); with reboots asked for, read every node's reboot
 //! sentinel over SSH; push the result to a Pushgateway; ask rollgate for the upgrade and

@@ -518,8 +518,12 @@ impl UpgradeSteps {
             S::AptRepo { node } => {
                 let minor = format!("{}.{}", target.major, target.minor);
                 let args = vec!["--apt-minor".into(), minor.clone()];
-                self.run_on(node, args, &format!("apt repository v{minor} on {node}"))
-                    .await
+                self.run_on(
+                    node,
+                    args,
+                    &format!("package repository v{minor} on {node}"),
+                )
+                .await
             }
             S::Drain { node, .. } => self.cycle.drain(run, index, node).await,
             S::Apply { node } => self.upgrade(node, "control-plane", "apply", target).await,

@@ -213,7 +213,7 @@ fn check_stages(
         if request.kind == UpgradeKind::Minor && !has(Stage::AptRepo) {
             return Err(stage_error(
                 selection,
-                "a minor upgrade of the control plane needs the apt repository of the new minor: add apt-repo",
+                "a minor upgrade of the control plane needs the package repository of the new minor: add apt-repo",
             ));
         }
     }
@@ -591,7 +591,7 @@ pub fn describe(step: &UpgradeStep, target: Version) -> String {
         ),
         S::Containerd { node } => format!("upgrade containerd on {node} to the workers' version"),
         S::AptRepo { node } => format!(
-            "point {node}'s Kubernetes apt repository at v{}.{}",
+            "point {node}'s Kubernetes package repository at v{}.{}",
             target.major, target.minor
         ),
         S::Drain { node, .. } => format!(
