@@ -32,6 +32,10 @@ pub enum SentinelPreset {
     /// SUSE, openSUSE: `zypper needs-rebooting` exits 102 when a reboot is needed, 0 when
     /// not.
     Zypper,
+    /// Flatcar Container Linux: `update_engine_client -status` says
+    /// `CURRENT_OP=UPDATE_STATUS_UPDATED_NEED_REBOOT` once an update is applied and waits
+    /// for the reboot.
+    Flatcar,
 }
 
 /// Node reboots (section `reboot`): what runs on a node to tell whether it needs a reboot
@@ -45,9 +49,9 @@ pub struct RebootConfig {
     /// A command run on the node instead of looking for the file: exit 0 means it needs a
     /// reboot, exit 1 that it does not; anything else is an error (default: none).
     pub sentinel_command: Option<String>,
-    /// `file` (default: `sentinel_file`), `needs-restarting` (RHEL family) or `zypper`
-    /// (SUSE): how the node's OS says it needs a reboot; their own exit codes are read as
-    /// theirs. Not with `sentinel_command`.
+    /// `file` (default: `sentinel_file`), `needs-restarting` (RHEL family), `zypper`
+    /// (SUSE) or `flatcar` (update_engine): how the node's OS says it needs a reboot; each
+    /// tool's own answer is read as its own. Not with `sentinel_command`.
     pub sentinel_preset: SentinelPreset,
     /// The command that reboots the node, over SSH (default `sudo -n systemctl reboot`:
     /// the SSH user is not root, and `deploy/node/sudoers` allows it exactly this). The
@@ -112,6 +116,7 @@ impl RebootConfig {
             (None, SentinelPreset::Zypper) => {
                 preset("zypper --non-interactive needs-rebooting", 102, 0)
             }
+            (None, SentinelPreset::Flatcar) => "status=$(update_engine_client -status 2>/dev/null) || exit 2\ncase \"$status\" in *CURRENT_OP=UPDATE_STATUS_UPDATED_NEED_REBOOT*) exit 0 ;; *CURRENT_OP=*) exit 1 ;; *) exit 2 ;; esac\n".to_owned(),
         }
     }
 
@@ -188,6 +193,7 @@ impl Section for RebootConfig {
             (None, SentinelPreset::File) => format!("file {}", self.sentinel_file.display()),
             (None, SentinelPreset::NeedsRestarting) => "needs-restarting -r".to_owned(),
             (None, SentinelPreset::Zypper) => "zypper needs-rebooting".to_owned(),
+            (None, SentinelPreset::Flatcar) => "update_engine_client -status".to_owned(),
         };
         let after = match self.after_upgrade {
             AfterUpgrade::Never => "never",
@@ -248,6 +254,49 @@ mod tests {
         }
         let file = RebootConfig::default().sentinel_script();
         assert_eq!(file, "test -e '/var/run/reboot-required'\n");
+    }
+
+    /// Flatcar's preset reads update_engine's status as it prints it: an applied update
+    /// waiting for its reboot needs one; any other operation does not; a tool that fails or
+    /// says no operation is an error.
+    #[test]
+    fn flatcars_preset_reads_update_engines_status() {
+        let cases = [
+            (
+                "LAST_CHECKED_TIME=1733300000\nPROGRESS=0.000000\nCURRENT_OP=UPDATE_STATUS_UPDATED_NEED_REBOOT\nNEW_VERSION=4081.2.1\nNEW_SIZE=123\n",
+                0,
+                0,
+            ),
+            (
+                "LAST_CHECKED_TIME=1733300000\nPROGRESS=0.000000\nCURRENT_OP=UPDATE_STATUS_IDLE\nNEW_VERSION=0.0.0\nNEW_SIZE=0\n",
+                0,
+                1,
+            ),
+            ("CURRENT_OP=UPDATE_STATUS_DOWNLOADING\n", 0, 1),
+            ("", 1, 2),
+            ("Failed to connect to update_engine\n", 0, 2),
+        ];
+        let config = RebootConfig {
+            sentinel_preset: SentinelPreset::Flatcar,
+            ..RebootConfig::default()
+        };
+        for (says, exits, want) in cases {
+            let bin = tempfile::tempdir().unwrap();
+            let path = bin.path().join("update_engine_client");
+            std::fs::write(&path, format!("#!/bin/sh\nprintf '{says}'\nexit {exits}\n")).unwrap();
+            std::process::Command::new("chmod")
+                .arg("+x")
+                .arg(&path)
+                .status()
+                .unwrap();
+            let status = std::process::Command::new("bash")
+                .arg("-c")
+                .arg(config.sentinel_script())
+                .env("PATH", format!("{}:/usr/bin:/bin", bin.path().display()))
+                .status()
+                .unwrap();
+            assert_eq!(status.code(), Some(want), "{says:?} exit {exits}");
+        }
     }
 
     #[test]
