@@ -672,22 +672,18 @@ struct RpmNode {
     zypper: bool,
 }
 
-/// [`RpmNode`] with dnf.
-struct DnfNode;
-
-impl DnfNode {
-    async fn start(api: &FakeKube, name: &str, minor: &str, installed: &str) -> RpmNode {
+impl RpmNode {
+    /// [`RpmNode`] with dnf.
+    async fn dnf(api: &FakeKube, name: &str, minor: &str, installed: &str) -> Self {
         let mut node = node(api, name, minor).await;
         let root = support::nodes::real_dnf(node.dir.path(), &mut node.env, minor, installed, true);
-        RpmNode {
+        Self {
             node,
             root,
             zypper: false,
         }
     }
-}
 
-impl RpmNode {
     /// [`RpmNode`] with zypper.
     async fn zypper(api: &FakeKube, name: &str, minor: &str, installed: &str) -> Self {
         let mut node = node(api, name, minor).await;
@@ -721,6 +717,55 @@ impl RpmNode {
             .collect()
     }
 
+    /// `--check` passes at 1.34.2; 1.34.4, which the repository lacks, is refused naming
+    /// `manager`'s repository with nothing installed; 1.34.5 installs for kubeadm, kubelet
+    /// and kubectl, and the kubelet reports it to the API server (the node is `w1`).
+    fn patch_from_1_34_2_to_1_34_5(&self, api: &FakeKube, manager: &str) {
+        let (code, out) = self.node.run(&["--check"]);
+        assert_eq!(code, 0, "{out}");
+        assert!(
+            out.contains("ok: kubeadm 1.34.2-150500.1.1, kubelet 1.34.2-150500.1.1"),
+            "{out}"
+        );
+        let before = self.package("kubeadm");
+        let (code, out) = self.node.run(&["--role", "worker", "--release", "1.34.4"]);
+        assert_eq!(code, 2, "{out}");
+        assert!(
+            out.contains(&format!(
+                "kubeadm 1.34.4 is not in the {manager} repository"
+            )),
+            "{out}"
+        );
+        assert_eq!(self.package("kubeadm"), before, "nothing installed");
+
+        let (code, out) = self.node.run(&["--role", "worker", "--release", "1.34.5"]);
+        assert_eq!(code, 0, "{out}");
+        for pkg in ["kubeadm", "kubelet", "kubectl"] {
+            assert_eq!(self.package(pkg).0, "1.34.5-150500.1.1", "{pkg}");
+        }
+        assert_eq!(
+            api.node("w1")["status"]["nodeInfo"]["kubeletVersion"],
+            "v1.34.5"
+        );
+    }
+
+    /// Running 1.34.5 again says it is installed and installs nothing (rpm's install time
+    /// stays).
+    fn rerun_installs_nothing(&self) {
+        let installed = self.package("kubeadm");
+        let (code, out) = self.node.run(&["--role", "worker", "--release", "1.34.5"]);
+        assert_eq!(code, 0, "{out}");
+        assert!(
+            out.contains("kubeadm 1.34.5-150500.1.1 already installed"),
+            "{out}"
+        );
+        assert_eq!(
+            self.package("kubeadm"),
+            installed,
+            "a rerun installs nothing"
+        );
+    }
+
     fn repo_file(&self) -> String {
         let file = if self.zypper {
             "etc/zypp/repos.d/kubernetes.repo"
@@ -740,28 +785,8 @@ impl RpmNode {
 async fn on_a_real_dnf_a_worker_upgrade_installs_the_release_and_the_locks_stand_again() {
     let api = FakeKube::start().await;
     api.add_node("w1", false, "1.34.2", "1.7.20");
-    let w1 = DnfNode::start(&api, "w1", "1.34", "1.34.2-150500.1.1").await;
-    let (code, out) = w1.node.run(&["--check"]);
-    assert_eq!(code, 0, "{out}");
-    assert!(
-        out.contains("ok: kubeadm 1.34.2-150500.1.1, kubelet 1.34.2-150500.1.1"),
-        "{out}"
-    );
-    let before = w1.package("kubeadm");
-
-    let (code, out) = w1.node.run(&["--role", "worker", "--release", "1.34.4"]);
-    assert_eq!(code, 2, "{out}");
-    assert!(
-        out.contains("kubeadm 1.34.4 is not in the dnf repository"),
-        "{out}"
-    );
-    assert_eq!(w1.package("kubeadm"), before, "nothing installed");
-
-    let (code, out) = w1.node.run(&["--role", "worker", "--release", "1.34.5"]);
-    assert_eq!(code, 0, "{out}");
-    for pkg in ["kubeadm", "kubelet", "kubectl"] {
-        assert_eq!(w1.package(pkg).0, "1.34.5-150500.1.1", "{pkg}");
-    }
+    let w1 = RpmNode::dnf(&api, "w1", "1.34", "1.34.2-150500.1.1").await;
+    w1.patch_from_1_34_2_to_1_34_5(&api, "dnf");
     let mut locks = w1.locks();
     locks.sort();
     assert_eq!(
@@ -778,19 +803,7 @@ async fn on_a_real_dnf_a_worker_upgrade_installs_the_release_and_the_locks_stand
         "{}",
         w1.repo_file()
     );
-    assert_eq!(
-        api.node("w1")["status"]["nodeInfo"]["kubeletVersion"],
-        "v1.34.5"
-    );
-
-    let installed = w1.package("kubeadm");
-    let (code, out) = w1.node.run(&["--role", "worker", "--release", "1.34.5"]);
-    assert_eq!(code, 0, "{out}");
-    assert!(
-        out.contains("kubeadm 1.34.5-150500.1.1 already installed"),
-        "{out}"
-    );
-    assert_eq!(w1.package("kubeadm"), installed, "a rerun installs nothing");
+    w1.rerun_installs_nothing();
 
     // What `rollgate detect` reads: dnf's lists, as `apt-cache madison` lines, which its
     // own reader takes.
@@ -815,7 +828,7 @@ async fn on_a_real_dnf_a_worker_upgrade_installs_the_release_and_the_locks_stand
 async fn on_a_real_dnf_a_minor_upgrade_moves_the_repository_to_the_new_minor() {
     let api = FakeKube::start().await;
     api.add_node("cp", true, "1.34.5", "1.7.20");
-    let cp = DnfNode::start(&api, "cp", "1.34", "1.34.5-150500.1.1").await;
+    let cp = RpmNode::dnf(&api, "cp", "1.34", "1.34.5-150500.1.1").await;
     let (code, out) = cp
         .node
         .run(&["--role", "control-plane", "--release", "1.35.0"]);
@@ -863,7 +876,7 @@ async fn on_a_real_dnf_a_minor_upgrade_moves_the_repository_to_the_new_minor() {
 async fn on_a_real_dnf_a_redo_after_a_kill_between_install_and_lock_puts_the_lock_back() {
     let api = FakeKube::start().await;
     api.add_node("w1", false, "1.34.2", "1.7.20");
-    let w1 = DnfNode::start(&api, "w1", "1.34", "1.34.2-150500.1.1").await;
+    let w1 = RpmNode::dnf(&api, "w1", "1.34", "1.34.2-150500.1.1").await;
     let dnf = |args: &[&str]| {
         let out = Command::new(w1.node.dir.path().join("bin/dnf"))
             .args(args)
@@ -913,37 +926,11 @@ async fn on_a_real_zypper_a_patch_and_a_minor_upgrade_install_and_the_locks_stan
     let api = FakeKube::start().await;
     api.add_node("w1", false, "1.34.2", "1.7.20");
     let w1 = RpmNode::zypper(&api, "w1", "1.34", "1.34.2-150500.1.1").await;
-    let (code, out) = w1.node.run(&["--check"]);
-    assert_eq!(code, 0, "{out}");
-    assert!(
-        out.contains("ok: kubeadm 1.34.2-150500.1.1, kubelet 1.34.2-150500.1.1"),
-        "{out}"
-    );
-    let before = w1.package("kubeadm");
-    let (code, out) = w1.node.run(&["--role", "worker", "--release", "1.34.4"]);
-    assert_eq!(code, 2, "{out}");
-    assert!(
-        out.contains("kubeadm 1.34.4 is not in the zypper repository"),
-        "{out}"
-    );
-    assert_eq!(w1.package("kubeadm"), before, "nothing installed");
-
-    let (code, out) = w1.node.run(&["--role", "worker", "--release", "1.34.5"]);
-    assert_eq!(code, 0, "{out}");
-    for pkg in ["kubeadm", "kubelet", "kubectl"] {
-        assert_eq!(w1.package(pkg).0, "1.34.5-150500.1.1", "{pkg}");
-    }
+    w1.patch_from_1_34_2_to_1_34_5(&api, "zypper");
     let mut locks = w1.locks();
     locks.sort();
     assert_eq!(locks, ["kubeadm", "kubectl", "kubelet"]);
-    assert_eq!(
-        api.node("w1")["status"]["nodeInfo"]["kubeletVersion"],
-        "v1.34.5"
-    );
-    let installed = w1.package("kubeadm");
-    let (code, out) = w1.node.run(&["--role", "worker", "--release", "1.34.5"]);
-    assert_eq!(code, 0, "{out}");
-    assert_eq!(w1.package("kubeadm"), installed, "a rerun installs nothing");
+    w1.rerun_installs_nothing();
 
     let (code, out) = w1.node.run(&["--available"]);
     assert_eq!(code, 0, "{out}");

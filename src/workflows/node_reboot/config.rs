@@ -215,6 +215,30 @@ impl Section for RebootConfig {
 mod tests {
     use super::*;
 
+    /// The exit status of `preset`'s script, run by bash with `tool` standing in as a
+    /// shell script of `body`.
+    fn answer(preset: SentinelPreset, tool: &str, body: &str) -> Option<i32> {
+        let bin = tempfile::tempdir().unwrap();
+        let path = bin.path().join(tool);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::process::Command::new("chmod")
+            .arg("+x")
+            .arg(&path)
+            .status()
+            .unwrap();
+        let config = RebootConfig {
+            sentinel_preset: preset,
+            ..RebootConfig::default()
+        };
+        std::process::Command::new("bash")
+            .arg("-c")
+            .arg(config.sentinel_script())
+            .env("PATH", format!("{}:/usr/bin:/bin", bin.path().display()))
+            .status()
+            .unwrap()
+            .code()
+    }
+
     /// Each preset's script, run by bash with the OS's tool standing in as a script that
     /// exits as the real one does: 0 needs a reboot, 1 not, 2 the tool failed.
     #[test]
@@ -228,26 +252,8 @@ mod tests {
             (SentinelPreset::Zypper, "zypper", 104, 2),
         ];
         for (preset, tool, exits, want) in cases {
-            let bin = tempfile::tempdir().unwrap();
-            let path = bin.path().join(tool);
-            std::fs::write(&path, format!("#!/bin/sh\nexit {exits}\n")).unwrap();
-            std::process::Command::new("chmod")
-                .arg("+x")
-                .arg(&path)
-                .status()
-                .unwrap();
-            let config = RebootConfig {
-                sentinel_preset: preset,
-                ..RebootConfig::default()
-            };
-            let status = std::process::Command::new("bash")
-                .arg("-c")
-                .arg(config.sentinel_script())
-                .env("PATH", format!("{}:/usr/bin:/bin", bin.path().display()))
-                .status()
-                .unwrap();
             assert_eq!(
-                status.code(),
+                answer(preset, tool, &format!("exit {exits}")),
                 Some(want),
                 "{preset:?}, {tool} exits {exits}"
             );
@@ -276,26 +282,13 @@ mod tests {
             ("", 1, 2),
             ("Failed to connect to update_engine\n", 0, 2),
         ];
-        let config = RebootConfig {
-            sentinel_preset: SentinelPreset::Flatcar,
-            ..RebootConfig::default()
-        };
         for (says, exits, want) in cases {
-            let bin = tempfile::tempdir().unwrap();
-            let path = bin.path().join("update_engine_client");
-            std::fs::write(&path, format!("#!/bin/sh\nprintf '{says}'\nexit {exits}\n")).unwrap();
-            std::process::Command::new("chmod")
-                .arg("+x")
-                .arg(&path)
-                .status()
-                .unwrap();
-            let status = std::process::Command::new("bash")
-                .arg("-c")
-                .arg(config.sentinel_script())
-                .env("PATH", format!("{}:/usr/bin:/bin", bin.path().display()))
-                .status()
-                .unwrap();
-            assert_eq!(status.code(), Some(want), "{says:?} exit {exits}");
+            let tool = format!("printf '{says}'\nexit {exits}");
+            assert_eq!(
+                answer(SentinelPreset::Flatcar, "update_engine_client", &tool),
+                Some(want),
+                "{says:?} exit {exits}"
+            );
         }
     }
 
