@@ -132,6 +132,7 @@ fn request() -> DetectionRequest {
         kind: UpgradeKind::Patch,
         dry_run: false,
         stages: StageSelection::all(),
+        build: None,
     }
 }
 
@@ -144,6 +145,7 @@ async fn planned_run(kube: &Kube) -> Run {
         failure_budget: Default::default(),
         etcd_max_lag: 1000,
         reboot_after_upgrade: false,
+        distribution: Default::default(),
     };
     let plan = k8s_upgrade::plan(&request(), &facts, None, &settings).expect("plan");
     let mut run = rollgate::workflows::k8s_upgrade::plan::new_run(

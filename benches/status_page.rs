@@ -46,6 +46,7 @@ fn half_done_run(i: usize) -> Run {
         name,
         role,
         kubelet: version("1.34.2"),
+        distribution: Default::default(),
         containerd: Some(version("1.7.20")),
         ready: true,
         address: None,

@@ -45,6 +45,7 @@ use crate::workflows::gate::{Gate, GateStep, QuietPeriodStep};
 use crate::workflows::intake::Intake;
 use crate::workflows::k8s_upgrade::plan::PlanSettings;
 use crate::workflows::k8s_upgrade::{UpgradeExecutors, UpgradeSettings, UpgradeSteps};
+use crate::workflows::node_cycle::driver::NodeDriver;
 use crate::workflows::node_cycle::{CycleSettings, NodeCycle, SelfSilences};
 use crate::workflows::node_reboot::config::{AfterUpgrade, RebootConfig};
 use crate::workflows::node_reboot::{NodeReboots, RebootAction, RebootPlanSettings, RebootSteps};
@@ -475,6 +476,7 @@ pub async fn build_upgrade_steps(
             health_timeout: c.control_plane_health_timeout,
             transfer_timeout: settings.etcd.transfer_timeout,
             etcd_max_lag: settings.etcd.max_lag,
+            distribution: c.distribution,
         },
         metrics: metrics.clone(),
     };
@@ -497,6 +499,7 @@ pub async fn build_upgrade_steps(
         cluster: kube.clone(),
         marks: kube.clone(),
         exec: exec.clone(),
+        driver: node_driver(settings),
         snapshots,
         control_planes: control_planes.clone(),
         settings: UpgradeSettings {
@@ -559,6 +562,14 @@ pub fn reboot_plan_settings(settings: &Settings) -> RebootPlanSettings {
     }
 }
 
+/// The driver of the cluster's nodes (`cluster.distribution`, `cluster.release_mirror`).
+pub fn node_driver(settings: &Settings) -> NodeDriver {
+    NodeDriver {
+        distribution: settings.cluster.distribution,
+        mirror: settings.cluster.release_mirror().to_owned(),
+    }
+}
+
 /// The planner's choices from the settings.
 pub fn plan_settings(settings: &Settings) -> PlanSettings {
     PlanSettings {
@@ -567,6 +578,7 @@ pub fn plan_settings(settings: &Settings) -> PlanSettings {
         failure_budget: settings.cluster.failure_budget,
         etcd_max_lag: settings.etcd.max_lag,
         reboot_after_upgrade: settings.workflows.reboot.after_upgrade == AfterUpgrade::IfRequired,
+        distribution: settings.cluster.distribution,
     }
 }
 

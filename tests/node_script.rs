@@ -7,12 +7,20 @@ mod support;
 
 use std::path::Path;
 use std::process::Command;
+use support::k3s::{self, Distro, ReleaseMirror};
 use support::kube::FakeKube;
 use support::nodes::{dpkg_field, node_files, rpm_field};
 
 fn script() -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("scripts/node-upgrade.sh")
+        .display()
+        .to_string()
+}
+
+fn k3s_script() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("scripts/node-k3s.sh")
         .display()
         .to_string()
 }
@@ -24,8 +32,12 @@ struct Node {
 
 impl Node {
     fn run(&self, args: &[&str]) -> (i32, String) {
+        self.run_script(&script(), args)
+    }
+
+    fn run_script(&self, script: &str, args: &[&str]) -> (i32, String) {
         let out = Command::new("bash")
-            .arg(script())
+            .arg(script)
             .args(args)
             .env_clear()
             .envs(self.env.iter().cloned())
@@ -41,7 +53,15 @@ impl Node {
 
     /// Starts the script with `args` on its own thread.
     fn spawn(&self, args: &[&str]) -> std::thread::JoinHandle<std::process::Output> {
-        let (script, env) = (script(), self.env.clone());
+        self.spawn_script(&script(), args)
+    }
+
+    fn spawn_script(
+        &self,
+        script: &str,
+        args: &[&str],
+    ) -> std::thread::JoinHandle<std::process::Output> {
+        let (script, env) = (script.to_owned(), self.env.clone());
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
         std::thread::spawn(move || {
             Command::new("bash")
@@ -75,9 +95,10 @@ async fn node(api: &FakeKube, name: &str, minor: &str) -> Node {
 }
 
 #[test]
-fn the_script_is_shellcheck_clean() {
+fn the_scripts_are_shellcheck_clean() {
     let out = Command::new("shellcheck")
         .arg(script())
+        .arg(k3s_script())
         .output()
         .expect("shellcheck (Debian package shellcheck) is installed");
     assert!(
@@ -422,10 +443,37 @@ async fn the_shipped_sudoers_allows_what_the_node_script_asks_and_nothing_beside
                 .filter_map(|c| c.strip_prefix("sudo -n -l ").map(str::to_owned)),
         );
     }
+    // A k3s and an RKE2 node, its binary where the installer puts it (missing here: the
+    // check names it after asking sudo).
+    w1.env
+        .push(("ROLLGATE_BIN_DIR".into(), "/usr/local/bin".into()));
+    for distribution in ["k3s", "rke2"] {
+        w1.clear_calls();
+        let (code, out) =
+            w1.run_script(&k3s_script(), &["--check", "--distribution", distribution]);
+        assert_eq!(code, 2, "{out}");
+        assert!(
+            out.contains(&format!(
+                "/usr/local/bin/{distribution} is missing: this is not a {distribution} node"
+            )),
+            "{out}"
+        );
+        asked.extend(
+            w1.calls()
+                .iter()
+                .filter_map(|c| c.strip_prefix("sudo -n -l ").map(str::to_owned)),
+        );
+    }
     assert!(
-        ["apt-get ", "dnf ", "zypper "]
-            .iter()
-            .all(|tool| asked.iter().any(|a| a.starts_with(tool))),
+        [
+            "apt-get ",
+            "dnf ",
+            "zypper ",
+            "mv -f /usr/local/bin/k3s.new",
+            "systemctl restart rke2-agent"
+        ]
+        .iter()
+        .all(|tool| asked.iter().any(|a| a.starts_with(tool))),
         "{asked:?}"
     );
 
@@ -443,6 +491,12 @@ async fn the_shipped_sudoers_allows_what_the_node_script_asks_and_nothing_beside
         "tee /etc/shadow",
         "kubeadm reset -f",
         "install -d -m 0755 -o rollgate /etc",
+        "install -m 0755 /tmp/evil /usr/local/bin/k3s.new",
+        "install -m 0755 /var/lib/rollgate/stage/v1/k3s /usr/local/bin/kubelet",
+        "mv -f /tmp/evil /usr/local/bin/k3s",
+        "ln -f /etc/shadow /usr/local/bin/k3s.previous",
+        "systemctl restart k3s-evil",
+        "systemctl stop rke2-server",
         "bash",
     ];
     let root = tempfile::tempdir().unwrap();
@@ -474,6 +528,8 @@ async fn the_shipped_sudoers_allows_what_the_node_script_asks_and_nothing_beside
         "zypper",
         "tee",
         "install",
+        "ln",
+        "mv",
         "kubeadm",
         "systemctl",
         "bash",
@@ -952,4 +1008,273 @@ async fn on_a_real_zypper_a_patch_and_a_minor_upgrade_install_and_the_locks_stan
         assert_eq!(w1.package(pkg).0, "1.35.0-150500.1.1", "{pkg}");
     }
     assert_eq!(w1.locks().len(), 3, "{:?}", w1.locks());
+}
+
+/// A node of `distro` at `from` (`1.34.2`), and a mirror of every release.
+async fn k3s_node(api: &FakeKube, name: &str, distro: Distro, from: &str) -> (Node, ReleaseMirror) {
+    api.add_node(name, false, &distro.release(from)[1..], "1.7.20");
+    let mut node = node(api, name, "1.34").await;
+    support::k3s::install(
+        node.dir.path(),
+        &mut node.env,
+        distro,
+        &distro.release(from),
+    );
+    (node, ReleaseMirror::start(distro))
+}
+
+fn k3s_args<'a>(
+    action: &'a str,
+    distro: Distro,
+    release: &'a str,
+    mirror: &'a str,
+) -> Vec<&'a str> {
+    vec![
+        action,
+        "--distribution",
+        distro.name(),
+        "--release",
+        release,
+        "--mirror",
+        mirror,
+    ]
+}
+
+fn restarts(node: &Node) -> Vec<String> {
+    std::fs::read_to_string(node.dir.path().join("state/restarts"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| l.rsplit_once(' ').map_or(l, |(head, _)| head).to_owned())
+        .collect()
+}
+
+/// k3s: the release is downloaded once and checked against its sha256sum file; apply
+/// swaps the binary atomically keeping the previous one, restarts the agent once, and the
+/// kubelet reports the release; a rerun downloads, swaps and restarts nothing.
+#[tokio::test]
+async fn a_k3s_agent_is_staged_then_swapped_keeping_the_previous_binary_and_restarted_once() {
+    let api = FakeKube::start().await;
+    let (agent, mirror) = k3s_node(&api, "agent-1", Distro::K3s, "1.34.2").await;
+    let (to, url) = (Distro::K3s.release("1.34.5"), mirror.url());
+    let (code, out) = agent.run_script(&k3s_script(), &k3s_args("--stage", Distro::K3s, &to, &url));
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains(&format!("sha256 {}", mirror.artifact_sum(&to))),
+        "{out}"
+    );
+    let (code, out) = agent.run_script(&k3s_script(), &k3s_args("--stage", Distro::K3s, &to, &url));
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(mirror.downloads(&to), 1, "a verified stage is kept");
+    assert_eq!(
+        k3s::installed(agent.dir.path(), Distro::K3s),
+        "v1.34.2+k3s1",
+        "staging installs nothing"
+    );
+    assert!(restarts(&agent).is_empty());
+
+    let mut apply = k3s_args("--apply", Distro::K3s, &to, &url);
+    apply.extend(["--role", "agent"]);
+    let (code, out) = agent.run_script(&k3s_script(), &apply);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(k3s::installed(agent.dir.path(), Distro::K3s), to);
+    assert_eq!(
+        k3s::previous(agent.dir.path(), Distro::K3s).as_deref(),
+        Some("v1.34.2+k3s1")
+    );
+    assert_eq!(restarts(&agent), [format!("k3s-agent {to}")]);
+    assert_eq!(
+        api.node("agent-1")["status"]["nodeInfo"]["kubeletVersion"],
+        to.as_str()
+    );
+
+    let (code, out) = agent.run_script(&k3s_script(), &apply);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("already at"), "{out}");
+    assert_eq!(restarts(&agent).len(), 1, "no second restart");
+    assert_eq!(mirror.downloads(&to), 1, "no second download");
+    assert_eq!(
+        k3s::previous(agent.dir.path(), Distro::K3s).as_deref(),
+        Some("v1.34.2+k3s1")
+    );
+}
+
+/// A download that does not match the release's sha256sum file is refused (exit 4) naming
+/// the file and both sums; nothing is kept, installed or restarted, by stage or by apply.
+#[tokio::test]
+async fn a_checksum_that_does_not_match_is_refused_naming_the_file_and_both_sums() {
+    let api = FakeKube::start().await;
+    let (agent, mirror) = k3s_node(&api, "agent-1", Distro::K3s, "1.34.2").await;
+    let (to, url) = (Distro::K3s.release("1.34.5"), mirror.url());
+    let published = mirror.artifact_sum(&to);
+    mirror.corrupt(&to);
+    let served = mirror.artifact_sum(&to);
+    let mut apply = k3s_args("--apply", Distro::K3s, &to, &url);
+    apply.extend(["--role", "agent"]);
+    for args in [k3s_args("--stage", Distro::K3s, &to, &url), apply] {
+        let (code, out) = agent.run_script(&k3s_script(), &args);
+        assert_eq!(code, 4, "{out}");
+        assert!(
+            out.contains(&format!("checksum mismatch for {url}/v1.34.5%2Bk3s1/k3s")),
+            "{out}"
+        );
+        assert!(
+            out.contains(&format!(
+                "sha256sum-amd64.txt says {published}, the download is {served}"
+            )),
+            "{out}"
+        );
+    }
+    let staged = agent.dir.path().join("state/rollgate/stage").join(&to);
+    assert!(!staged.join("k3s").exists() && !staged.join("verified").exists());
+    assert_eq!(
+        k3s::installed(agent.dir.path(), Distro::K3s),
+        "v1.34.2+k3s1"
+    );
+    assert!(restarts(&agent).is_empty());
+}
+
+/// A release the mirror lacks is refused by the pre-flight check (exit 4), naming the URL.
+#[tokio::test]
+async fn a_release_missing_from_the_mirror_is_refused_by_the_check_naming_the_url() {
+    let api = FakeKube::start().await;
+    let (agent, mirror) = k3s_node(&api, "agent-1", Distro::K3s, "1.34.2").await;
+    let to = Distro::K3s.release("1.34.5");
+    let (code, out) = agent.run_script(
+        &k3s_script(),
+        &k3s_args("--check", Distro::K3s, &to, &mirror.url()),
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("ok: k3s v1.34.2+k3s1"), "{out}");
+    mirror.withdraw(&to);
+    let (code, out) = agent.run_script(
+        &k3s_script(),
+        &k3s_args("--check", Distro::K3s, &to, &mirror.url()),
+    );
+    assert_eq!(code, 4, "{out}");
+    assert!(
+        out.contains(&format!(
+            "the mirror has no release {to}: {}/v1.34.5%2Bk3s1/sha256sum-amd64.txt does not answer",
+            mirror.url()
+        )),
+        "{out}"
+    );
+}
+
+/// RKE2: the binary comes out of the release tarball; a server restarts rke2-server.
+#[tokio::test]
+async fn an_rke2_server_takes_its_binary_out_of_the_release_tarball() {
+    let api = FakeKube::start().await;
+    let (server, mirror) = k3s_node(&api, "server-1", Distro::Rke2, "1.34.2").await;
+    api.add_static_pods("server-1", "1.34.2-rke2r1", false);
+    let (to, url) = (Distro::Rke2.release("1.34.5"), mirror.url());
+    let mut apply = k3s_args("--apply", Distro::Rke2, &to, &url);
+    apply.extend(["--role", "server"]);
+    let (code, out) = server.run_script(&k3s_script(), &apply);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(k3s::installed(server.dir.path(), Distro::Rke2), to);
+    assert_eq!(
+        k3s::previous(server.dir.path(), Distro::Rke2).as_deref(),
+        Some("v1.34.2+rke2r1")
+    );
+    assert_eq!(restarts(&server), [format!("rke2-server {to}")]);
+    assert_eq!(
+        api.pod_in("kube-system", "kube-apiserver-server-1")["spec"]["containers"][0]["image"],
+        "docker.io/rancher/hardened-kubernetes:v1.34.5-rke2r1-build20250101"
+    );
+}
+
+/// A redo while the first apply still runs (its SSH session dropped) waits for it on the
+/// node's lock and then swaps and restarts nothing more.
+#[tokio::test]
+async fn a_redo_during_an_apply_waits_for_it_and_restarts_nothing_twice() {
+    let api = FakeKube::start().await;
+    let (agent, mirror) = k3s_node(&api, "agent-1", Distro::K3s, "1.34.2").await;
+    let (to, url) = (Distro::K3s.release("1.34.5"), mirror.url());
+    let mut apply = k3s_args("--apply", Distro::K3s, &to, &url);
+    apply.extend(["--role", "agent"]);
+    let hold = agent.dir.path().join("state/hold-restart");
+    std::fs::write(&hold, "").unwrap();
+    let first = agent.spawn_script(&k3s_script(), &apply);
+    support::eventually(
+        "the first apply to swap the binary",
+        std::time::Duration::from_secs(20),
+        || async { (k3s::installed(agent.dir.path(), Distro::K3s) == to).then_some(()) },
+    )
+    .await;
+    let redo = agent.spawn_script(&k3s_script(), &apply);
+    std::fs::remove_file(&hold).unwrap();
+    let (first, redo) = (first.join().unwrap(), redo.join().unwrap());
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    assert!(
+        redo.status.success(),
+        "{}",
+        String::from_utf8_lossy(&redo.stderr)
+    );
+    let said = String::from_utf8_lossy(&redo.stdout);
+    assert!(said.contains("already at"), "{said}");
+    assert_eq!(restarts(&agent), [format!("k3s-agent {to}")]);
+    assert_eq!(mirror.downloads(&to), 1);
+    assert_eq!(
+        k3s::previous(agent.dir.path(), Distro::K3s).as_deref(),
+        Some("v1.34.2+k3s1")
+    );
+}
+
+/// Anything but a release and a mirror URL as rollgate validates them stops the script
+/// before it downloads or changes anything.
+#[tokio::test]
+async fn bad_k3s_arguments_stop_the_script_before_anything_runs() {
+    let api = FakeKube::start().await;
+    let (agent, mirror) = k3s_node(&api, "agent-1", Distro::K3s, "1.34.2").await;
+    let url = mirror.url();
+    for (args, says) in [
+        (
+            k3s_args("--stage", Distro::K3s, "v1.34.5+k3s1;reboot", &url),
+            "--release must be",
+        ),
+        (
+            k3s_args("--stage", Distro::K3s, "v1.34.5+rke2r1", &url),
+            "--release must be",
+        ),
+        (
+            k3s_args("--stage", Distro::K3s, "v1.34.5+k3s1", "file:///etc"),
+            "--mirror must be",
+        ),
+        (
+            k3s_args("--stage", Distro::K3s, "v1.34.5+k3s1", "http://x/../y"),
+            "--mirror must be",
+        ),
+        (
+            vec!["--stage", "--distribution", "kubeadm"],
+            "--distribution must be",
+        ),
+        (
+            vec![
+                "--apply",
+                "--distribution",
+                "k3s",
+                "--release",
+                "v1.34.5+k3s1",
+                "--mirror",
+                &url,
+                "--role",
+                "root",
+            ],
+            "--role must be",
+        ),
+    ] {
+        let (code, out) = agent.run_script(&k3s_script(), &args);
+        assert_eq!(code, 2, "{args:?}: {out}");
+        assert!(out.contains(says), "{args:?}: {out}");
+    }
+    assert!(mirror.requests.lock().unwrap().is_empty());
+    assert!(restarts(&agent).is_empty());
+    assert_eq!(
+        k3s::installed(agent.dir.path(), Distro::K3s),
+        "v1.34.2+k3s1"
+    );
 }

@@ -352,6 +352,7 @@ fn thousand_node_run(workers: usize) -> rollgate::domain::run::Run {
         name,
         role,
         kubelet: v("1.34.2"),
+        distribution: Default::default(),
         containerd: None,
         ready: true,
         address: None,
@@ -363,6 +364,7 @@ fn thousand_node_run(workers: usize) -> rollgate::domain::run::Run {
         kind: UpgradeKind::Patch,
         dry_run: false,
         stages: StageSelection::all(),
+        build: None,
     };
     let settings = PlanSettings {
         max_unavailable: MaxUnavailable::Count(4),

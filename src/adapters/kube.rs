@@ -4,6 +4,7 @@
 //! Every verb used here is listed in [`API_USE`], which the RBAC manifests are checked
 //! against.
 
+use crate::domain::distribution::Distribution;
 use futures_util::future::join_all;
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
@@ -161,6 +162,7 @@ fn node_facts(node: &Node) -> Result<NodeFacts, ClusterError> {
         },
         name,
         kubelet,
+        distribution: Distribution::of_reported(&info.kubelet_version),
         containerd,
         ready,
         address,

@@ -45,9 +45,12 @@ pub(super) async fn plan(settings: &Settings, args: PlanArgs) -> anyhow::Result<
         kind,
         dry_run: args.dry_run,
         stages,
+        build: None,
     };
     let etcd = match crate::app::etcd_client(settings)? {
-        Some(etcd) => Some(crate::workflows::k8s_upgrade::read_etcd(&etcd).await?),
+        Some(etcd) => Some(
+            crate::workflows::k8s_upgrade::read_etcd(&etcd, settings.cluster.distribution).await?,
+        ),
         None => None,
     };
     let planned = plan::plan(
@@ -59,6 +62,7 @@ pub(super) async fn plan(settings: &Settings, args: PlanArgs) -> anyhow::Result<
     .map_err(|e| PlanRefused(e.to_string()))?;
     let mut steps = plan::initial_steps(&request, !settings.workflows.fleet.upstreams.is_empty());
     steps.extend(planned.steps);
+    let driver = crate::app::node_driver(settings);
     let mut out = String::new();
     let kind_name = match kind {
         UpgradeKind::Patch => "patch",
@@ -97,7 +101,7 @@ pub(super) async fn plan(settings: &Settings, args: PlanArgs) -> anyhow::Result<
             step.label(),
             step.kind
                 .get::<UpgradeStep>()
-                .map_or_else(String::new, |kind| plan::describe(kind, target))
+                .map_or_else(String::new, |kind| plan::describe(kind, target, &driver))
         )?;
     }
     Ok(out)

@@ -562,6 +562,17 @@ pub struct ClusterSettings {
     pub context: Option<String>,
     /// Use the pod's service account.
     pub in_cluster: bool,
+    /// How the nodes are installed, and so how rollgate upgrades them: `kubeadm` (the
+    /// pkgs.k8s.io packages through apt, dnf or zypper, `scripts/node-upgrade.sh`), `k3s` or
+    /// `rke2` (the release binary from `release_mirror`, checked against the release's
+    /// sha256sum file before a node is drained, swapped keeping the previous one,
+    /// `scripts/node-k3s.sh`). A node whose kubelet reports another distribution is refused
+    /// at planning.
+    pub distribution: crate::domain::distribution::Distribution,
+    /// With `distribution` k3s or rke2: where the release artifacts are, laid out as the
+    /// project's GitHub releases (`MIRROR/v1.31.4%2Bk3s1/sha256sum-amd64.txt`); unset, the
+    /// project's own GitHub releases. Every node downloads from it.
+    pub release_mirror: Option<String>,
     /// Namespace that carries the in-flight annotations.
     pub namespace: String,
     /// Prefix of rollgate's annotations.
@@ -645,6 +656,8 @@ impl Default for ClusterSettings {
             kubeconfig: None,
             context: None,
             in_cluster: false,
+            distribution: Default::default(),
+            release_mirror: None,
             namespace: "k8s-upgrade".into(),
             annotation_prefix: "rollgate.io".into(),
             worker_order: Vec::new(),
@@ -672,8 +685,29 @@ impl ClusterSettings {
         (values::is_dns_name(ns) && values::is_dns_name(name)).then_some((ns, name))
     }
 
+    /// Where nodes download k3s or RKE2 releases from.
+    pub fn release_mirror(&self) -> &str {
+        self.release_mirror
+            .as_deref()
+            .unwrap_or(self.distribution.default_mirror())
+    }
+
     fn check(&self, p: &mut Problems) {
         p.path("kubeconfig", self.kubeconfig.as_ref());
+        if let Some(mirror) = &self.release_mirror {
+            use crate::domain::distribution::Distribution;
+            if self.distribution == Distribution::Kubeadm {
+                p.add(
+                    "release_mirror",
+                    "is for k3s and rke2 clusters; kubeadm nodes upgrade from their package repository",
+                );
+            } else if !crate::domain::distribution::is_mirror_url(mirror) {
+                p.add(
+                    "release_mirror",
+                    format!("{mirror:?} is not an http(s) URL of letters, digits and ._:/@%-"),
+                );
+            }
+        }
         if self.kubeconfig.is_some() && self.in_cluster {
             p.add(
                 "in_cluster",

@@ -94,6 +94,10 @@ pub struct DetectionRequest {
     /// The stages to run.
     #[schema(value_type = String, example = "all")]
     pub stages: StageSelection,
+    /// On a k3s or RKE2 cluster, the build of the target: the 2 of `v1.34.5+k3s2`. None:
+    /// the first build.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build: Option<u32>,
 }
 
 /// The body of `POST /v1/detections` (and the `data` of a `rollgate.detection.v1`
@@ -115,6 +119,10 @@ pub struct DetectionBody {
     /// apt-repo, control-plane, workers, postflight.
     #[schema(required = false, value_type = String, default = "all", example = "preflight,snapshot")]
     pub stages: Option<String>,
+    /// On a k3s or RKE2 cluster (`cluster.distribution`), the build of the target release:
+    /// the 2 of `v1.34.5+k3s2`, 1 to 999; default 1. A kubeadm cluster refuses it.
+    #[schema(required = false, value_type = u32, example = 1)]
+    pub build: Option<u32>,
 }
 
 impl DetectionRequest {
@@ -141,12 +149,21 @@ impl DetectionRequest {
                 .map_err(|e| errors.push("stages", e))
                 .ok(),
         };
+        if let Some(build) = read.build
+            && !(1..=crate::domain::distribution::MAX_BUILD).contains(&build)
+        {
+            errors.push(
+                "build",
+                format!("{build} is not a build number from 1 to 999 (the 2 of v1.34.5+k3s2)"),
+            );
+        }
         match (target_version, read.kind, stages) {
             (Some(target_version), Some(kind), Some(stages)) if errors.is_empty() => Ok(Self {
                 target_version,
                 kind,
                 dry_run: read.dry_run.unwrap_or(false),
                 stages,
+                build: read.build,
             }),
             _ => Err(errors),
         }
@@ -154,12 +171,16 @@ impl DetectionRequest {
 
     /// The JSON body this request came from, as the HTTP endpoint takes it.
     pub fn to_json(&self) -> Value {
-        serde_json::json!({
+        let mut body = serde_json::json!({
             "target_version": self.target_version.to_string(),
             "kind": self.kind,
             "dry_run": self.dry_run,
             "stages": self.stages.to_text(),
-        })
+        });
+        if let Some(build) = self.build {
+            body["build"] = build.into();
+        }
+        body
     }
 }
 
@@ -585,11 +606,29 @@ mod tests {
             "target_version: must be a string",
             "kind: \"major\" is not `patch` or `minor`",
             "dry_run: must be true or false",
-            "extra: is not a known field (known: target_version, kind, dry_run, stages)",
+            "extra: is not a known field (known: target_version, kind, dry_run, stages, build)",
         ] {
             assert!(got.iter().any(|g| g == want), "{want:?} not in {got:?}");
         }
         assert_eq!(got.len(), 4, "{got:?}");
+    }
+
+    #[test]
+    fn a_build_is_a_number_from_1_to_999_and_round_trips() {
+        let body =
+            |build: Value| json!({"target_version": "1.34.5", "kind": "patch", "build": build});
+        let request = DetectionRequest::from_json(&body(json!(2))).expect("build 2");
+        assert_eq!(request.build, Some(2));
+        assert_eq!(DetectionRequest::from_json(&request.to_json()), Ok(request));
+        for bad in [json!(0), json!(1000), json!("k3s1"), json!(-1)] {
+            let errors = DetectionRequest::from_json(&body(bad.clone())).expect_err("refused");
+            assert!(errors.iter().all(|e| e.field == "build"), "{bad}: {errors}");
+        }
+        let plain =
+            DetectionRequest::from_json(&json!({"target_version": "1.34.5", "kind": "patch"}))
+                .expect("no build");
+        assert_eq!(plain.build, None);
+        assert!(plain.to_json().get("build").is_none());
     }
 
     #[test]

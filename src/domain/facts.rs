@@ -4,6 +4,7 @@
 
 use std::fmt;
 
+use super::distribution::Distribution;
 use super::version::Version;
 
 /// What a node is for.
@@ -24,6 +25,8 @@ pub struct NodeFacts {
     pub role: Role,
     /// The kubelet version it reports.
     pub kubelet: Version,
+    /// The distribution its kubelet version shows (`+k3s1`, `+rke2r1`, else kubeadm).
+    pub distribution: Distribution,
     /// The containerd version it reports, when its runtime is containerd.
     pub containerd: Option<Version>,
     /// Its Ready condition is True.

@@ -3,6 +3,7 @@
 pub mod alert;
 pub mod backoff;
 pub mod budget;
+pub mod distribution;
 pub mod engine;
 pub mod etcd_order;
 pub mod event;

@@ -119,6 +119,14 @@ pub enum UpgradeStep {
     },
     /// Stage 4: `node`'s apt repository pointed at the new minor.
     AptRepo { node: String },
+    /// Before `node`'s drain: its driver downloads the release and checks it against the
+    /// release's checksums (k3s, RKE2), so that a bad release is refused before anything
+    /// is disturbed and the node is out of service no longer than its upgrade.
+    Fetch {
+        /// `control-plane` or `workers`.
+        stage: Stage,
+        node: String,
+    },
     /// Cordon `node` and evict its pods.
     Drain {
         /// `control-plane` or `workers`.
@@ -207,6 +215,7 @@ impl UpgradeStep {
             Self::EtcdSnapshot => "etcd-snapshot",
             Self::Containerd { .. } => "containerd",
             Self::AptRepo { .. } => "apt-repo",
+            Self::Fetch { .. } => "fetch",
             Self::Drain { .. } => "drain",
             Self::Upgrade { .. } => "upgrade",
             Self::Reboot { .. } => "reboot-if-required",
@@ -238,6 +247,7 @@ impl UpgradeStep {
             | Self::Apply { .. } => Some(Stage::ControlPlane),
             Self::Gate { stage, .. }
             | Self::Soak { stage, .. }
+            | Self::Fetch { stage, .. }
             | Self::Drain { stage, .. }
             | Self::Upgrade { stage, .. }
             | Self::Reboot { stage, .. }
@@ -276,7 +286,8 @@ impl UpgradeStep {
     /// `None` for every step that runs alone (control planes included).
     pub fn lane(&self) -> Option<&str> {
         match self {
-            Self::Drain { stage, node }
+            Self::Fetch { stage, node }
+            | Self::Drain { stage, node }
             | Self::Upgrade { stage, node }
             | Self::Reboot { stage, node }
             | Self::Verify { stage, node }
@@ -295,6 +306,7 @@ impl UpgradeStep {
             Self::KubeadmPlan { node }
             | Self::Containerd { node }
             | Self::AptRepo { node }
+            | Self::Fetch { node, .. }
             | Self::Drain { node, .. }
             | Self::Upgrade { node, .. }
             | Self::Reboot { node, .. }
@@ -340,6 +352,7 @@ impl UpgradeStep {
             _ => None,
         };
         let on_staged_node: Option<fn(Stage, String) -> Self> = match name {
+            "fetch" => Some(|stage, node| Self::Fetch { stage, node }),
             "drain" => Some(|stage, node| Self::Drain { stage, node }),
             "upgrade" => Some(|stage, node| Self::Upgrade { stage, node }),
             "reboot-if-required" => Some(|stage, node| Self::Reboot { stage, node }),

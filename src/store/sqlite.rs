@@ -844,6 +844,7 @@ mod tests {
             name: name.into(),
             role,
             kubelet: Version::parse("1.34.2").unwrap(),
+            distribution: Default::default(),
             containerd: Version::parse(containerd).ok(),
             ready: true,
             address: None,
@@ -858,6 +859,7 @@ mod tests {
             kind: UpgradeKind::Minor,
             dry_run: false,
             stages: StageSelection::all(),
+            build: None,
         };
         let facts = ClusterFacts {
             nodes: vec![
@@ -883,13 +885,19 @@ mod tests {
                 .unwrap()
                 .steps,
         );
-        for kubeadm in [Kubeadm::Apply, Kubeadm::Node] {
+        use crate::domain::distribution::Distribution;
+        for (kubeadm, distribution) in [
+            (Kubeadm::Apply, Distribution::Kubeadm),
+            (Kubeadm::Node, Distribution::Kubeadm),
+            (Kubeadm::Apply, Distribution::K3s),
+        ] {
             steps.extend(plan::control_plane_steps(
                 &ControlPlaneAction::Upgrade {
                     node: "cp".into(),
                     kubeadm,
                 },
                 true,
+                distribution,
             ));
         }
         steps.extend(plan::control_plane_steps(
@@ -898,6 +906,7 @@ mod tests {
                 to: "cp".into(),
             },
             false,
+            Distribution::Kubeadm,
         ));
         steps
     }
@@ -921,7 +930,7 @@ mod tests {
         let upgrade = run_of(crate::domain::upgrade_step::K8S_UPGRADE, full_plan());
         let names: std::collections::BTreeSet<&str> =
             upgrade.steps.iter().map(|s| s.kind.name()).collect();
-        assert_eq!(names.len(), 25, "every upgrade step kind: {names:?}");
+        assert_eq!(names.len(), 26, "every upgrade step kind: {names:?}");
         let mut roll_steps = roll_steps();
         for action in [
             Action::Restart {

@@ -8,6 +8,7 @@ pub mod disk;
 pub mod etcd;
 pub mod etcd_pods;
 pub mod ground;
+pub mod k3s;
 pub mod kube;
 pub mod manifests;
 pub mod nodes;

@@ -143,6 +143,26 @@ case "$1 $2" in
     patch "{\"status\":{\"nodeInfo\":{\"kubeletVersion\":\"v${v%%-*}\"},\"conditions\":[{\"type\":\"Ready\",\"status\":\"$ready\"}]}}" ;;
   "restart containerd")
     v=$(cat "$STUB_STATE/installed-containerd.io"); patch "{\"status\":{\"nodeInfo\":{\"containerRuntimeVersion\":\"containerd://${v%%-*}\"}}}" ;;
+  "restart k3s"|"restart k3s-agent"|"restart rke2-server"|"restart rke2-agent")
+    while [ -f "$STUB_STATE/hold-restart" ]; do sleep 0.1; done
+    # The service starts the binary now installed; the kubelet inside reports its release.
+    r=$("$ROLLGATE_BIN_DIR/${2%%-*}" --version | awk 'NR == 1 { print $3 }')
+    echo "$2 $r $(date +%s.%N)" >> "$STUB_STATE/restarts"
+    # A server's embedded etcd member stops and starts with its service.
+    if [ -x "$STUB_STATE/etcd-ctl" ]; then
+      if [ -f "$STUB_STATE/etcd-broken" ]; then "$STUB_STATE/etcd-ctl" stop; else "$STUB_STATE/etcd-ctl" restart; fi
+    fi
+    # An RKE2 server's control plane runs as static pods of the release's image.
+    if [ "$2" = rke2-server ]; then
+      for c in kube-apiserver kube-controller-manager kube-scheduler; do
+        curl -sf -X PATCH -H 'Content-Type: application/merge-patch+json' -H "Authorization: Bearer $FAKE_TOKEN" \
+          --data "{\"spec\":{\"containers\":[{\"name\":\"$c\",\"image\":\"docker.io/rancher/hardened-kubernetes:${r/+/-}-build20250101\"}]}}" \
+          "$FAKE_API/api/v1/namespaces/kube-system/pods/$c-$FAKE_NODE" > /dev/null || { echo "static pod $c-$FAKE_NODE not updated" >&2; exit 1; }
+      done
+    fi
+    ready=True
+    [ -f "$STUB_STATE/stay-not-ready" ] && ready=False
+    patch "{\"status\":{\"nodeInfo\":{\"kubeletVersion\":\"$r\"},\"conditions\":[{\"type\":\"Ready\",\"status\":\"$ready\"}]}}" ;;
   "reboot "*)
     # The node goes down: NotReady, no SSH, this session cut; it comes back after the
     # delay with the next boot id, Ready, and no sentinel (unless told never to).
@@ -711,6 +731,9 @@ pub enum Packages {
     /// Debian's own zypper and rpm in the node's root, locks in use (openSUSE):
     /// [`real_zypper`].
     Zypper,
+    /// A k3s or RKE2 node: its binary at the release its kubelet reports
+    /// ([`super::k3s::install`]).
+    Release(super::k3s::Distro),
 }
 
 /// One fake node: an sshd with stub tools.
@@ -756,6 +779,9 @@ impl FakeNode {
             }
             Packages::Zypper => {
                 real_zypper(d, &mut env, minor, &format!("{kubelet}-150500.1.1"), true);
+            }
+            Packages::Release(distro) => {
+                super::k3s::install(d, &mut env, distro, &format!("v{kubelet}"));
             }
         }
         let session = d.join("bin/session");

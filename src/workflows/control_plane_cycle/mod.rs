@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing::{info, warn};
 
+use crate::domain::distribution::Distribution;
 use crate::domain::engine::StepOutcome;
 use crate::domain::etcd_order::Refusal;
 use crate::domain::facts::agreed_leader;
@@ -39,6 +40,9 @@ pub struct ControlPlaneSettings {
     pub transfer_timeout: Duration,
     /// How far a member may trail the leader's raft index before anything is touched.
     pub etcd_max_lag: u64,
+    /// The distribution: how its etcd members are named, whether its control plane runs
+    /// as static pods.
+    pub distribution: Distribution,
 }
 
 /// The ports the control planes' cycle reads and moves.
@@ -77,8 +81,12 @@ impl Now {
 }
 
 /// What etcd says about itself: the member list, each member's own status, the leader a
-/// majority follows, and the alarms.
-pub async fn read_etcd(etcd: &dyn EtcdMembers) -> Result<EtcdFacts, EtcdError> {
+/// majority follows, and the alarms. Each member is named after its node, as
+/// `distribution` names them (k3s's `server-1-3f2a9c1d` is `server-1`'s).
+pub async fn read_etcd(
+    etcd: &dyn EtcdMembers,
+    distribution: Distribution,
+) -> Result<EtcdFacts, EtcdError> {
     let members = etcd.members().await?;
     let statuses = etcd.answering().await;
     let alarms = etcd.alarms().await?;
@@ -89,7 +97,7 @@ pub async fn read_etcd(etcd: &dyn EtcdMembers) -> Result<EtcdFacts, EtcdError> {
             let status = statuses.iter().find(|s| s.id == m.id);
             EtcdMemberFacts {
                 id: m.id,
-                name: m.name,
+                name: distribution.member_node(&m.name).to_owned(),
                 answering: status.is_some(),
                 raft_index: status.map_or(0, |s| s.raft_index),
                 raft_term: status.map_or(0, |s| s.raft_term),
@@ -124,7 +132,7 @@ impl ControlPlaneCycle {
     pub async fn etcd_facts(&self) -> Result<Option<EtcdFacts>, String> {
         match &self.etcd {
             None => Ok(None),
-            Some(etcd) => read_etcd(&**etcd)
+            Some(etcd) => read_etcd(&**etcd, self.settings.distribution)
                 .await
                 .map(Some)
                 .map_err(|e| error_chain(&e)),
@@ -311,7 +319,15 @@ impl ControlPlaneCycle {
             }
         }
         let max_lag = self.settings.etcd_max_lag;
-        let problems = cps::problems(&cps, &pods, now.layout, now.etcd.as_ref(), target, max_lag);
+        let static_pods = self.settings.distribution.has_static_pods();
+        let problems = cps::problems(
+            &cps,
+            static_pods.then_some(pods.as_slice()),
+            now.layout,
+            now.etcd.as_ref(),
+            target,
+            max_lag,
+        );
         if problems.is_empty() {
             return StepOutcome::done(format!(
                 "{} control plane(s) Ready with their static pods; etcd {}{}",

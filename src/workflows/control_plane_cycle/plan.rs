@@ -413,10 +413,10 @@ impl fmt::Display for Unhealthy {
 /// control-plane node Ready; its static pods there and Ready, and at `target` once its
 /// kubelet is (when there is a `target`: a reboot has none); every etcd member answering,
 /// listed, without alarms and within `max_lag` of the leader; quorum kept with one member
-/// down. Empty: healthy.
+/// down. Empty: healthy. `pods` is `None` where the control plane runs no static pods.
 pub fn problems(
     cps: &[&NodeFacts],
-    pods: &[StaticPod],
+    pods: Option<&[StaticPod]>,
     layout: EtcdLayout,
     etcd: Option<&EtcdFacts>,
     target: Option<Version>,
@@ -428,9 +428,12 @@ pub fn problems(
         if !node.ready {
             out.push(Unhealthy::NodeNotReady(node.name.clone()));
         }
+        // Without static pods (k3s runs its control plane in its own process), the node's
+        // Ready, its kubelet version and its etcd member say it all.
         let upgraded = target.filter(|t| node.kubelet == *t);
         let components = COMPONENTS.iter().chain(stacked.then_some(&"etcd"));
-        for component in components {
+        for component in components.filter(|_| pods.is_some()) {
+            let pods = pods.unwrap_or_default();
             let pod = pods
                 .iter()
                 .find(|p| p.node == node.name && p.component == *component);
@@ -513,6 +516,7 @@ mod tests {
             name: name.into(),
             role: Role::ControlPlane,
             kubelet: v(kubelet),
+            distribution: Default::default(),
             containerd: None,
             ready: true,
             address: None,
@@ -834,7 +838,7 @@ mod tests {
             let cps = control_planes(&all);
             let got: Vec<String> = problems(
                 &cps,
-                &static_pods,
+                Some(&static_pods),
                 EtcdLayout::Stacked,
                 Some(&e),
                 Some(v(TO)),
@@ -881,7 +885,7 @@ mod tests {
         assert!(
             problems(
                 &cps,
-                &static_pods,
+                Some(&static_pods),
                 EtcdLayout::External,
                 Some(&e),
                 Some(v(TO)),

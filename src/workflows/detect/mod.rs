@@ -306,6 +306,7 @@ pub async fn detect(
             kind: *kind,
             dry_run: false,
             stages: stages.clone(),
+            build: None,
         };
         match submit
             .submit(&super::k8s_upgrade::intake::DOOR, Arc::new(request))

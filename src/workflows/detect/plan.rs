@@ -328,6 +328,7 @@ mod tests {
             name: name.into(),
             role,
             kubelet: v(kubelet),
+            distribution: Default::default(),
             containerd: None,
             ready: true,
             address: None,

@@ -55,7 +55,11 @@ impl UpgradeSteps {
                     next => {
                         let cps = cps::control_planes(&now.facts.nodes);
                         let action = cps::upgrade_action(&cps, next, target);
-                        let steps = control_plane_steps(&action, self.reboot_after.is_some());
+                        let steps = control_plane_steps(
+                            &action,
+                            self.reboot_after.is_some(),
+                            self.settings.plan.distribution,
+                        );
                         Some((action, steps))
                     }
                 });

@@ -112,7 +112,7 @@ impl Intake for UpgradeIntake {
         })?;
         let etcd = match &self.etcd {
             None => None,
-            Some(etcd) => Some(super::read_etcd(&**etcd).await.map_err(|e| {
+            Some(etcd) => Some(super::read_etcd(&**etcd, self.plan.distribution).await.map_err(|e| {
                 tracing::warn!(error = %crate::error_chain(&e), "cannot read etcd to check a detection");
                 Refusal::Unavailable(format!(
                     "cannot read etcd to check the request; retry later ({e})"

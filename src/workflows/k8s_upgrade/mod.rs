@@ -32,15 +32,15 @@ use crate::ports::{
 use crate::workflows::control_plane_cycle::ControlPlaneCycle;
 use crate::workflows::k8s_upgrade::plan::{PlanSettings, Role};
 use crate::workflows::node_cycle::NodeCycle;
+use crate::workflows::node_cycle::driver::{NodeDriver, NodeRole};
 use crate::workflows::node_reboot::NodeReboots;
 
-/// The script run on nodes, piped to `bash -s`.
-pub const NODE_SCRIPT: &str = include_str!("../../../scripts/node-upgrade.sh");
+/// The kubeadm node script, piped to `bash -s`.
+pub use crate::workflows::node_cycle::driver::KUBEADM_SCRIPT as NODE_SCRIPT;
+pub use crate::workflows::node_cycle::driver::UNSUPPORTED_OS;
 
 /// Lines of script output kept in the run history.
 const TAIL_LINES: usize = 6;
-/// The node script's exit status for a node whose OS it does not serve.
-pub const UNSUPPORTED_OS: i32 = 3;
 
 /// Upgrade settings the steps need.
 #[derive(Debug, Clone)]
@@ -63,8 +63,10 @@ pub struct UpgradeSteps {
     pub cluster: Arc<dyn ClusterRead>,
     /// In-flight annotations.
     pub marks: Arc<dyn InFlightMarks>,
-    /// The node script over SSH.
+    /// The node scripts over SSH.
     pub exec: Arc<dyn NodeExec>,
+    /// Which script upgrades a node, and with what arguments.
+    pub driver: NodeDriver,
     /// etcd snapshots; `None` when no etcd endpoint is configured.
     pub snapshots: Option<Arc<dyn Snapshots>>,
     /// The control planes one at a time: etcd's health and leadership, health checks.
@@ -117,34 +119,48 @@ impl UpgradeSteps {
         Ok(NodeTarget::from(node))
     }
 
-    /// The node script's output on `node`, or the outcome when it could not run.
+    /// The driver's script's output on `node`, or the outcome when it could not run.
     async fn script_on(&self, node: &str, args: &[String]) -> Result<ExecOutput, StepOutcome> {
         let target = self
             .target_node(node)
             .await
             .map_err(|e| StepOutcome::retry(error_chain(&e)))?;
         self.exec
-            .run_script(&target, NODE_SCRIPT, args)
+            .run_script(&target, self.driver.script(), args)
             .await
             .map_err(exec_failure)
     }
 
-    /// The node script's upgrade of `node` as `role`, with `kubeadm upgrade <kubeadm>`.
-    async fn upgrade(&self, node: &str, role: &str, kubeadm: &str, target: Version) -> StepOutcome {
-        let args = vec![
-            "--role".into(),
-            role.into(),
-            "--kubeadm".into(),
-            kubeadm.into(),
-            "--release".into(),
-            target.to_string(),
-        ];
-        self.run_on(node, args, &format!("node-upgrade.sh on {node}"))
-            .await
+    /// The driver's upgrade of `node` as `role`.
+    async fn upgrade(&self, node: &str, role: NodeRole, request: &DetectionRequest) -> StepOutcome {
+        let args = self
+            .driver
+            .apply(role, request.target_version, request.build);
+        let what = format!("{} on {node}", self.driver.script_name());
+        self.run_on(node, args, &what).await
+    }
+
+    /// The driver's download and check of the release on `node`, before its drain.
+    async fn fetch(&self, node: &str, request: &DetectionRequest) -> StepOutcome {
+        let Some(args) = self.driver.stage(request.target_version, request.build) else {
+            return StepOutcome::done(format!(
+                "{}: the package manager fetches inside the upgrade",
+                self.driver.distribution
+            ));
+        };
+        let what = format!(
+            "release {} on {node}",
+            self.driver.release(request.target_version, request.build)
+        );
+        self.run_on(node, args, &what).await
     }
 
     async fn run_on(&self, node: &str, args: Vec<String>, what: &str) -> StepOutcome {
         match self.script_on(node, &args).await {
+            Ok(out) if self.driver.refusal(out.status).is_some() => StepOutcome::failed(format!(
+                "{what}: {}",
+                refused_line(&out.stderr, self.driver.script_name())
+            )),
             Ok(out) => script_result(what, out),
             Err(outcome) => outcome,
         }
@@ -215,18 +231,21 @@ impl UpgradeSteps {
         }
     }
 
-    async fn ssh_reachable(&self) -> StepOutcome {
+    async fn ssh_reachable(&self, request: &DetectionRequest) -> StepOutcome {
         let facts = match self.cluster.facts().await {
             Ok(f) => f,
             Err(e) => return StepOutcome::retry(error_chain(&e)),
         };
+        let args = self.driver.check(request.target_version, request.build);
         let checks = facts.nodes.iter().map(|node| {
             let target = NodeTarget::from(node);
+            let args = &args;
             async move {
-                let args = ["--check".to_owned()];
                 (
                     target.name.clone(),
-                    self.exec.run_script(&target, NODE_SCRIPT, &args).await,
+                    self.exec
+                        .run_script(&target, self.driver.script(), args)
+                        .await,
                 )
             }
         });
@@ -234,12 +253,11 @@ impl UpgradeSteps {
         for (name, result) in futures_util::future::join_all(checks).await {
             match result {
                 Ok(out) if out.status == Some(0) => answered.push(name),
-                // An OS the script does not serve: no retry makes it one.
-                Ok(out) if out.status == Some(UNSUPPORTED_OS) => {
-                    let said = out.stderr.lines().last().unwrap_or_default();
+                // An OS no driver serves, a release the mirror lacks: no retry mends them.
+                Ok(out) if self.driver.refusal(out.status).is_some() => {
                     return StepOutcome::failed(format!(
                         "{name} {}",
-                        said.trim_start_matches("node-upgrade: ")
+                        refused_line(&out.stderr, self.driver.script_name())
                     ));
                 }
                 Ok(out) => {
@@ -511,7 +529,7 @@ impl UpgradeSteps {
                 Err(e) => StepOutcome::retry(error_chain(&e)),
             },
             S::NodesReady => self.nodes_ready().await,
-            S::SshReachable => self.ssh_reachable().await,
+            S::SshReachable => self.ssh_reachable(request).await,
             S::KubeadmPlan { node } => self.kubeadm_plan(request, node).await,
             S::EtcdSnapshot => self.snapshot(run, target).await,
             S::Containerd { node } => self.containerd(node).await,
@@ -525,15 +543,19 @@ impl UpgradeSteps {
                 )
                 .await
             }
+            S::Fetch { node, .. } => self.fetch(node, request).await,
             S::Drain { node, .. } => self.cycle.drain(run, index, node).await,
-            S::Apply { node } => self.upgrade(node, "control-plane", "apply", target).await,
+            S::Apply { node } => {
+                self.upgrade(node, NodeRole::FirstControlPlane, request)
+                    .await
+            }
             S::Upgrade { stage, node } => {
                 let role = if *stage == Stage::ControlPlane {
-                    "control-plane"
+                    NodeRole::ControlPlane
                 } else {
-                    "worker"
+                    NodeRole::Worker
                 };
-                self.upgrade(node, role, "node", target).await
+                self.upgrade(node, role, request).await
             }
             S::EtcdHealthy => self.control_planes.etcd_healthy(step).await,
             S::ControlPlaneNext => self.control_plane_next(run, step, target).await,
@@ -559,6 +581,13 @@ impl UpgradeSteps {
             S::Upstreams => StepOutcome::failed(format!("{} is the fleet's step", step.label())),
         }
     }
+}
+
+/// The script's last line on stderr, without the script's own prefix: the refusal.
+fn refused_line(stderr: &str, script: &str) -> String {
+    let prefix = format!("{}: ", script.trim_end_matches(".sh"));
+    let said = stderr.lines().last().unwrap_or_default();
+    said.trim_start_matches(prefix.as_str()).to_owned()
 }
 
 /// The kubeadm package version the node script found for the target, if any.

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeSet;
 
+use crate::domain::distribution::Distribution;
 use crate::domain::event::{DetectionRequest, Stage, StageSelection, UpgradeKind};
 use crate::domain::run::Step;
 use crate::domain::run::{FailurePolicy, Run};
@@ -12,6 +13,7 @@ use crate::domain::version::Version;
 use crate::workflows::control_plane_cycle::plan::{
     self as cps, ControlPlaneAction, EtcdFacts, EtcdLayout, Kubeadm, LayoutError,
 };
+use crate::workflows::node_cycle::driver::NodeDriver;
 use crate::workflows::node_cycle::plan::{self as node_cycle, Part};
 use chrono::{DateTime, Utc};
 
@@ -35,6 +37,8 @@ pub struct PlanSettings {
     /// After each node's script, reboot the node inside its drain when the script left
     /// its sentinel set (`reboot.after_upgrade = "if-required"`).
     pub reboot_after_upgrade: bool,
+    /// The distribution the nodes run (`cluster.distribution`).
+    pub distribution: Distribution,
 }
 
 /// Why a request cannot be planned against these facts. Each message says what to change.
@@ -55,6 +59,9 @@ pub enum PlanError {
     /// The target breaks the version rules.
     #[error("{0}")]
     Version(String),
+    /// The nodes do not run the configured distribution, or the request does not fit it.
+    #[error("{0}")]
+    Distribution(String),
     /// The stage subset does not make sense.
     #[error("stages {stages}: {why}")]
     Stages {
@@ -114,6 +121,27 @@ pub fn initial_steps(request: &DetectionRequest, upstreams: bool) -> Vec<Step> {
 
 fn version_error(msg: String) -> PlanError {
     PlanError::Version(msg)
+}
+
+/// Checks that every node runs `distribution`, as its kubelet version shows, and that a
+/// build is asked of k3s and RKE2 only.
+pub fn check_distribution(
+    request: &DetectionRequest,
+    facts: &ClusterFacts,
+    distribution: Distribution,
+) -> Result<(), PlanError> {
+    if let Some(other) = facts.nodes.iter().find(|n| n.distribution != distribution) {
+        return Err(PlanError::Distribution(format!(
+            "node {} runs {} (its kubelet version says so), and cluster.distribution is {distribution}: set cluster.distribution to the cluster's",
+            other.name, other.distribution
+        )));
+    }
+    if request.build.is_some() && distribution == Distribution::Kubeadm {
+        return Err(PlanError::Distribution(
+            "build names a k3s or RKE2 build, and this cluster runs kubeadm: leave it out".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Checks `target` against the control plane's `current` version and every node.
@@ -302,22 +330,37 @@ fn node_steps(
     steps
 }
 
-/// The workers' node cycle: the node script is its action; with `REBOOT`, a reboot
-/// follows it when the script left the node needing one.
-struct WorkerCycle<const REBOOT: bool>;
+/// The workers' node cycle: the node script is its action; with `FETCH`, the driver's
+/// download and check of the release come before the drain; with `REBOOT`, a reboot
+/// follows the script when it left the node needing one.
+struct WorkerCycle<const FETCH: bool, const REBOOT: bool>;
 
-impl<const REBOOT: bool> node_cycle::CycleSteps for WorkerCycle<REBOOT> {
+impl<const FETCH: bool, const REBOOT: bool> node_cycle::CycleSteps for WorkerCycle<FETCH, REBOOT> {
     type Step = UpgradeStep;
-    const PARTS: &'static [Part] = if REBOOT {
-        &[
+    const PARTS: &'static [Part] = match (FETCH, REBOOT) {
+        (false, false) => &[Part::Drain, Part::Action, Part::Verify, Part::Uncordon],
+        (false, true) => &[
             Part::Drain,
             Part::Action,
             Part::RebootIfRequired,
             Part::Verify,
             Part::Uncordon,
-        ]
-    } else {
-        &[Part::Drain, Part::Action, Part::Verify, Part::Uncordon]
+        ],
+        (true, false) => &[
+            Part::Fetch,
+            Part::Drain,
+            Part::Action,
+            Part::Verify,
+            Part::Uncordon,
+        ],
+        (true, true) => &[
+            Part::Fetch,
+            Part::Drain,
+            Part::Action,
+            Part::RebootIfRequired,
+            Part::Verify,
+            Part::Uncordon,
+        ],
     };
 
     fn gate(node: &str) -> UpgradeStep {
@@ -332,6 +375,7 @@ impl<const REBOOT: bool> node_cycle::CycleSteps for WorkerCycle<REBOOT> {
         match part {
             // The workers' cycle has no check part (PARTS): a drain begins it.
             Part::Check | Part::Drain => UpgradeStep::Drain { stage, node },
+            Part::Fetch => UpgradeStep::Fetch { stage, node },
             Part::Action => UpgradeStep::Upgrade { stage, node },
             Part::RebootIfRequired => UpgradeStep::Reboot { stage, node },
             Part::Verify => UpgradeStep::Verify { stage, node },
@@ -353,7 +397,11 @@ impl<const REBOOT: bool> node_cycle::CycleSteps for WorkerCycle<REBOOT> {
 ///
 /// With `reboot`, the control plane is rebooted after its script when the script left
 /// its sentinel set.
-pub fn control_plane_steps(action: &ControlPlaneAction, reboot: bool) -> Vec<Step> {
+pub fn control_plane_steps(
+    action: &ControlPlaneAction,
+    reboot: bool,
+    distribution: Distribution,
+) -> Vec<Step> {
     let stage = Stage::ControlPlane;
     let steps = match action {
         ControlPlaneAction::Done => Vec::new(),
@@ -362,9 +410,12 @@ pub fn control_plane_steps(action: &ControlPlaneAction, reboot: bool) -> Vec<Ste
             UpgradeStep::ControlPlaneNext,
         ],
         ControlPlaneAction::Upgrade { node, kubeadm } => {
-            let upgrade = match kubeadm {
-                Kubeadm::Apply => UpgradeStep::Apply { node: node.clone() },
-                Kubeadm::Node => UpgradeStep::Upgrade {
+            // k3s and RKE2 servers all take the same upgrade: there is no `apply` first.
+            let upgrade = match (kubeadm, distribution) {
+                (Kubeadm::Apply, Distribution::Kubeadm) => {
+                    UpgradeStep::Apply { node: node.clone() }
+                }
+                _ => UpgradeStep::Upgrade {
                     stage,
                     node: node.clone(),
                 },
@@ -373,7 +424,14 @@ pub fn control_plane_steps(action: &ControlPlaneAction, reboot: bool) -> Vec<Ste
                 node: node.clone(),
                 after,
             };
-            let mut steps = vec![healthy(false)];
+            let mut steps = Vec::new();
+            if distribution != Distribution::Kubeadm {
+                steps.push(UpgradeStep::Fetch {
+                    stage,
+                    node: node.clone(),
+                });
+            }
+            steps.push(healthy(false));
             steps.extend(node_steps(
                 stage,
                 node,
@@ -404,6 +462,7 @@ pub fn plan(
         .ok_or(PlanError::NoControlPlane)?;
     let layout = cps::layout(&control_planes, etcd)?;
     let target = request.target_version;
+    check_distribution(request, facts, settings.distribution)?;
     check_target(request.kind, target, current, facts)?;
     let order = worker_order(facts, settings)?;
     let mut skipped = Vec::new();
@@ -448,6 +507,7 @@ pub fn plan(
         .unwrap_or_default();
 
     let has = |s: Stage| request.stages.0.contains(&s);
+    let kubeadm = settings.distribution == Distribution::Kubeadm;
     let mut out = Vec::new();
     let preflight = |out: &mut Vec<Step>| {
         out.push(Step::new(UpgradeStep::NodesReady));
@@ -455,9 +515,13 @@ pub fn plan(
         if etcd.is_some() {
             out.push(Step::new(UpgradeStep::EtcdHealthy));
         }
-        out.push(Step::new(UpgradeStep::KubeadmPlan {
-            node: applies_on.clone(),
-        }));
+        // k3s and RKE2 have no upgrade plan to ask: ssh-reachable found the release on
+        // the mirror, and each node's fetch checks it before its drain.
+        if kubeadm {
+            out.push(Step::new(UpgradeStep::KubeadmPlan {
+                node: applies_on.clone(),
+            }));
+        }
     };
     let worker_count = facts
         .nodes
@@ -490,7 +554,12 @@ pub fn plan(
     if has(Stage::Snapshot) {
         out.push(Step::new(UpgradeStep::EtcdSnapshot));
     }
-    if has(Stage::Containerd) {
+    if has(Stage::Containerd) && !kubeadm {
+        skipped.push(format!(
+            "containerd: {} bundles its own, upgraded with the release",
+            settings.distribution
+        ));
+    } else if has(Stage::Containerd) {
         let newest_worker = facts
             .nodes
             .iter()
@@ -515,7 +584,12 @@ pub fn plan(
             }
         }
     }
-    if has(Stage::AptRepo) && request.kind == UpgradeKind::Minor {
+    if has(Stage::AptRepo) && !kubeadm {
+        skipped.push(format!(
+            "apt-repo: {} nodes take the release from cluster.release_mirror",
+            settings.distribution
+        ));
+    } else if has(Stage::AptRepo) && request.kind == UpgradeKind::Minor {
         let nodes = behind
             .iter()
             .map(|n| n.name.clone())
@@ -531,11 +605,13 @@ pub fn plan(
     }
     if has(Stage::Workers) {
         for batch in workers.chunks(batch_size) {
+            let fetch = settings.distribution != Distribution::Kubeadm;
             out.extend(
-                if settings.reboot_after_upgrade {
-                    node_cycle::worker_batch::<WorkerCycle<true>>(batch)
-                } else {
-                    node_cycle::worker_batch::<WorkerCycle<false>>(batch)
+                match (fetch, settings.reboot_after_upgrade) {
+                    (false, false) => node_cycle::worker_batch::<WorkerCycle<false, false>>(batch),
+                    (false, true) => node_cycle::worker_batch::<WorkerCycle<false, true>>(batch),
+                    (true, false) => node_cycle::worker_batch::<WorkerCycle<true, false>>(batch),
+                    (true, true) => node_cycle::worker_batch::<WorkerCycle<true, true>>(batch),
                 }
                 .into_iter()
                 .map(Step::new),
@@ -554,10 +630,27 @@ pub fn plan(
     Ok(finish(out, skipped))
 }
 
-/// What `step` will do, in words, for `rollgate plan`.
-pub fn describe(step: &UpgradeStep, target: Version) -> String {
+/// What `step` will do, in words, for `rollgate plan`, with `driver` upgrading the nodes.
+pub fn describe(step: &UpgradeStep, target: Version, driver: &NodeDriver) -> String {
     use UpgradeStep as S;
+    let k3s = driver.distribution != Distribution::Kubeadm;
+    let release = driver.release(target, None);
     match step {
+        S::Fetch { node, .. } => format!(
+            "download {release} from {} to {node} and check it against the release's sha256sum file, before its drain",
+            driver.mirror
+        ),
+        S::Upgrade { node, stage } if k3s => {
+            let (role, unit) = match (stage, driver.distribution) {
+                (Stage::ControlPlane, Distribution::Rke2) => ("server", "rke2-server"),
+                (_, Distribution::Rke2) => ("agent", "rke2-agent"),
+                (Stage::ControlPlane, _) => ("server", "k3s"),
+                _ => ("agent", "k3s-agent"),
+            };
+            format!(
+                "run node-k3s.sh --apply --role {role} --release {release} on {node}: swap the binary (the previous kept beside it), systemctl restart {unit}"
+            )
+        }
         S::Plan => "read the nodes and plan the run".into(),
         S::Upstreams => format!(
             "wait until every upstream cluster (fleet.upstreams) runs {target} and stayed quiet for fleet.soak"
@@ -654,6 +747,7 @@ mod tests {
             name: name.into(),
             role,
             kubelet: v(kubelet),
+            distribution: Default::default(),
             containerd: Some(v(containerd)),
             ready: true,
             address: None,
@@ -674,6 +768,7 @@ mod tests {
             kind,
             dry_run: false,
             stages: StageSelection::parse(stages).unwrap(),
+            build: None,
         }
     }
 
@@ -683,6 +778,117 @@ mod tests {
 
     /// Expected: `Ok(())`, or an error whose message holds this text.
     type Want = Result<(), &'static str>;
+
+    fn on(distribution: Distribution, mut facts: ClusterFacts) -> ClusterFacts {
+        for n in &mut facts.nodes {
+            n.distribution = distribution;
+        }
+        facts
+    }
+
+    #[test]
+    fn a_k3s_plan_fetches_before_each_drain_and_has_no_kubeadm_stages() {
+        let settings = PlanSettings {
+            distribution: Distribution::K3s,
+            ..PlanSettings::default()
+        };
+        let facts = on(Distribution::K3s, cluster("1.34.2", &["1.34.2", "1.34.2"]));
+        let p = plan(
+            &request("1.35.0", UpgradeKind::Minor, "all"),
+            &facts,
+            None,
+            &settings,
+        )
+        .expect("plan");
+        let labels = labels(&p);
+        assert!(
+            !labels.iter().any(|l| l.contains("kubeadm-plan")),
+            "{labels:?}"
+        );
+        assert!(
+            !labels.iter().any(|l| l.contains("containerd/")),
+            "{labels:?}"
+        );
+        assert!(
+            !labels.iter().any(|l| l.contains("apt-repo/")),
+            "{labels:?}"
+        );
+        for w in ["w1", "w2"] {
+            let at = |name: &str| {
+                labels
+                    .iter()
+                    .position(|l| *l == format!("workers/{name}@{w}"))
+                    .unwrap_or_else(|| panic!("workers/{name}@{w} in {labels:?}"))
+            };
+            assert!(at("fetch") < at("drain"), "{labels:?}");
+        }
+        assert!(
+            p.skipped.iter().any(|s| s.contains("bundles its own")),
+            "{:?}",
+            p.skipped
+        );
+        let action = ControlPlaneAction::Upgrade {
+            node: "cp".into(),
+            kubeadm: Kubeadm::Apply,
+        };
+        let cp: Vec<String> = control_plane_steps(&action, false, Distribution::K3s)
+            .iter()
+            .map(Step::label)
+            .collect();
+        assert_eq!(cp[0], "control-plane/fetch@cp", "{cp:?}");
+        assert!(
+            cp.contains(&"control-plane/upgrade@cp".to_owned()),
+            "{cp:?}"
+        );
+        assert!(!cp.iter().any(|l| l.contains("apply")), "{cp:?}");
+    }
+
+    #[test]
+    fn nodes_of_another_distribution_or_a_stray_build_are_refused() {
+        let kubeadm = PlanSettings::default();
+        let k3s = PlanSettings {
+            distribution: Distribution::K3s,
+            ..PlanSettings::default()
+        };
+        let mut with_build = request("1.34.5", UpgradeKind::Patch, "all");
+        with_build.build = Some(2);
+        let cases: [(&PlanSettings, ClusterFacts, &DetectionRequest, Want); 4] = [
+            (
+                &kubeadm,
+                on(Distribution::K3s, cluster("1.34.2", &["1.34.2"])),
+                &request("1.34.5", UpgradeKind::Patch, "all"),
+                Err(
+                    "node cp runs k3s (its kubelet version says so), and cluster.distribution is kubeadm",
+                ),
+            ),
+            (
+                &k3s,
+                on(Distribution::Rke2, cluster("1.34.2", &["1.34.2"])),
+                &request("1.34.5", UpgradeKind::Patch, "all"),
+                Err("node cp runs rke2"),
+            ),
+            (
+                &kubeadm,
+                cluster("1.34.2", &["1.34.2"]),
+                &with_build,
+                Err("build names a k3s or RKE2 build"),
+            ),
+            (
+                &k3s,
+                on(Distribution::K3s, cluster("1.34.2", &["1.34.2"])),
+                &with_build,
+                Ok(()),
+            ),
+        ];
+        for (settings, facts, request, want) in cases {
+            let got = plan(request, &facts, None, settings).map(drop);
+            match (got, want) {
+                (Ok(()), Ok(())) => {}
+                (Err(e), Err(text)) => assert!(e.to_string().contains(text), "{e}"),
+                (got, want) => panic!("got {got:?}, want {want:?}"),
+            }
+        }
+    }
 
     #[test]
     fn version_rules() {
@@ -822,7 +1028,7 @@ mod tests {
                 node: "cp".into(),
                 kubeadm: Kubeadm::Node,
             };
-            let cp_steps: Vec<String> = control_plane_steps(&cp, reboot)
+            let cp_steps: Vec<String> = control_plane_steps(&cp, reboot, Distribution::Kubeadm)
                 .iter()
                 .map(Step::label)
                 .collect();
@@ -1149,7 +1355,7 @@ mod tests {
             kubeadm: Kubeadm::Apply,
         };
         assert_eq!(
-            names(control_plane_steps(&upgrade, false)),
+            names(control_plane_steps(&upgrade, false, Distribution::Kubeadm)),
             [
                 "control-plane/healthy-before@cp-2",
                 "control-plane/gate@cp-2",
@@ -1167,7 +1373,7 @@ mod tests {
             kubeadm: Kubeadm::Node,
         };
         assert!(
-            names(control_plane_steps(&node, false))
+            names(control_plane_steps(&node, false, Distribution::Kubeadm))
                 .contains(&"control-plane/upgrade@cp-1".to_owned())
         );
         let transfer = ControlPlaneAction::MoveLeader {
@@ -1175,9 +1381,11 @@ mod tests {
             to: "cp-2".into(),
         };
         assert_eq!(
-            names(control_plane_steps(&transfer, false)),
+            names(control_plane_steps(&transfer, false, Distribution::Kubeadm)),
             ["control-plane/move-leader@cp-2", "control-plane/next"]
         );
-        assert!(control_plane_steps(&ControlPlaneAction::Done, false).is_empty());
+        assert!(
+            control_plane_steps(&ControlPlaneAction::Done, false, Distribution::Kubeadm).is_empty()
+        );
     }
 }

@@ -4,6 +4,7 @@
 //! story. A workflow brings its action (the node script, a reboot) and calls these for
 //! the rest.
 
+pub mod driver;
 pub mod holds;
 pub mod plan;
 

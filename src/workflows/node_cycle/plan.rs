@@ -11,6 +11,9 @@ pub enum Part {
     /// A check at the node's turn that may skip the rest of its cycle (a reboot whose
     /// sentinel has cleared).
     Check,
+    /// Preparation that disturbs nothing, before the drain: the release downloaded and
+    /// verified on the node.
+    Fetch,
     /// Cordon and drain.
     Drain,
     /// The workflow's action: the node script, a reboot.

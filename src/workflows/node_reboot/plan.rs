@@ -207,7 +207,8 @@ impl CycleSteps for RebootCycle {
         let node = node.to_owned();
         match part {
             Part::Check => RebootStep::Required { node },
-            Part::Drain => RebootStep::Drain { node },
+            // A reboot fetches nothing (not in PARTS): its drain begins it.
+            Part::Fetch | Part::Drain => RebootStep::Drain { node },
             // A reboot's own action is a reboot: no second one after it (not in PARTS).
             Part::Action | Part::RebootIfRequired => RebootStep::Reboot { node },
             Part::Verify => RebootStep::Back { node },
@@ -285,6 +286,7 @@ mod tests {
             name: (*name).to_owned(),
             role,
             kubelet: Version::parse("1.34.2").unwrap(),
+            distribution: Default::default(),
             containerd: None,
             ready: true,
             address: None,
@@ -306,6 +308,7 @@ mod tests {
                 failure_budget: FailureBudget::None,
                 etcd_max_lag: 1000,
                 reboot_after_upgrade: false,
+                distribution: Default::default(),
             },
             control_planes: false,
         }

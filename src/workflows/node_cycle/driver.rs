@@ -1,0 +1,253 @@
+//! Node drivers: how one node is checked, staged, upgraded and restarted, by the
+//! distribution it runs. Every driver is a script piped over SSH (`bash -s -- ARGS`); the
+//! driver says which script and which arguments, and what its exit statuses mean. The
+//! arguments are built here from validated values only (versions, releases, a mirror URL
+//! checked by `check-config`), so nothing else reaches a node's shell.
+//!
+//! | | kubeadm | k3s, RKE2 |
+//! |---|---|---|
+//! | detect | `/etc/os-release`: apt, dnf or zypper; kubeadm, kubelet installed | the binary's `--version` |
+//! | stage | the package manager downloads and verifies inside `apply` | the release artifact, checked against its `sha256sum` file, before the drain |
+//! | apply | `kubeadm upgrade apply\|node`, then kubelet and kubectl, held again | the binary swapped atomically, the previous kept as `NAME.previous` |
+//! | restart | `systemctl restart kubelet` | `systemctl restart k3s\|k3s-agent\|rke2-server\|rke2-agent` |
+//! | verify | the node reports the version and Ready (rollgate's verify step) | the same |
+//! | roll back | no: kubeadm does not downgrade | the previous binary stays beside the new one |
+
+use crate::domain::distribution::{Distribution, Release};
+use crate::domain::version::Version;
+
+/// The kubeadm node script.
+pub const KUBEADM_SCRIPT: &str = include_str!("../../../scripts/node-upgrade.sh");
+/// The k3s and RKE2 node script.
+pub const K3S_SCRIPT: &str = include_str!("../../../scripts/node-k3s.sh");
+
+/// The exit status of the kubeadm script on a node whose OS it does not serve.
+pub const UNSUPPORTED_OS: i32 = 3;
+/// The exit status of the k3s script when the release is missing from the mirror or does
+/// not match its checksum: no retry makes it right.
+pub const RELEASE_REFUSED: i32 = 4;
+
+/// What a node is to the upgrade.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeRole {
+    /// The first control plane (kubeadm's `upgrade apply`).
+    FirstControlPlane,
+    /// Another control plane (a k3s or RKE2 server).
+    ControlPlane,
+    /// A worker (a k3s or RKE2 agent).
+    Worker,
+}
+
+/// The driver of a cluster's nodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeDriver {
+    /// The distribution the nodes run.
+    pub distribution: Distribution,
+    /// Where k3s and RKE2 releases are downloaded from (a URL `check-config` validated).
+    pub mirror: String,
+}
+
+impl NodeDriver {
+    /// The kubeadm driver.
+    pub fn kubeadm() -> Self {
+        Self {
+            distribution: Distribution::Kubeadm,
+            mirror: String::new(),
+        }
+    }
+
+    /// The script piped to the node.
+    pub fn script(&self) -> &'static str {
+        match self.distribution {
+            Distribution::Kubeadm => KUBEADM_SCRIPT,
+            Distribution::K3s | Distribution::Rke2 => K3S_SCRIPT,
+        }
+    }
+
+    /// The script's name, for messages.
+    pub fn script_name(&self) -> &'static str {
+        match self.distribution {
+            Distribution::Kubeadm => "node-upgrade.sh",
+            Distribution::K3s | Distribution::Rke2 => "node-k3s.sh",
+        }
+    }
+
+    /// The release a node is upgraded to: kubeadm's is the version itself, k3s's and
+    /// RKE2's a build of it (`build` 1 when the request names none).
+    pub fn release(&self, target: Version, build: Option<u32>) -> String {
+        match self.distribution {
+            Distribution::Kubeadm => target.to_string(),
+            d => Release {
+                distribution: d,
+                version: target,
+                build: build.unwrap_or(1),
+            }
+            .to_string(),
+        }
+    }
+
+    /// Whether the node keeps what it ran before, so that an operator can go back to it.
+    pub fn can_roll_back(&self) -> bool {
+        self.distribution != Distribution::Kubeadm
+    }
+
+    /// Whether the release is downloaded and verified before the node is drained.
+    pub fn stages(&self) -> bool {
+        self.distribution != Distribution::Kubeadm
+    }
+
+    fn k3s_args(&self, action: &str, release: &str) -> Vec<String> {
+        [
+            action,
+            "--distribution",
+            self.distribution.name(),
+            "--release",
+            release,
+            "--mirror",
+            &self.mirror,
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    }
+
+    /// Pre-flight on every node: it answers, runs what the driver serves, has the tools
+    /// and sudo rules; for k3s and RKE2, the mirror has the release.
+    pub fn check(&self, target: Version, build: Option<u32>) -> Vec<String> {
+        match self.distribution {
+            Distribution::Kubeadm => vec!["--check".into()],
+            _ => self.k3s_args("--check", &self.release(target, build)),
+        }
+    }
+
+    /// Before the drain: download and verify the release; `None` when the driver has
+    /// nothing to stage.
+    pub fn stage(&self, target: Version, build: Option<u32>) -> Option<Vec<String>> {
+        self.stages()
+            .then(|| self.k3s_args("--stage", &self.release(target, build)))
+    }
+
+    /// The upgrade of a node as `role`: apply, restart.
+    pub fn apply(&self, role: NodeRole, target: Version, build: Option<u32>) -> Vec<String> {
+        match self.distribution {
+            Distribution::Kubeadm => {
+                let (role, kubeadm) = match role {
+                    NodeRole::FirstControlPlane => ("control-plane", "apply"),
+                    NodeRole::ControlPlane => ("control-plane", "node"),
+                    NodeRole::Worker => ("worker", "node"),
+                };
+                ["--role", role, "--kubeadm", kubeadm, "--release"]
+                    .map(str::to_owned)
+                    .into_iter()
+                    .chain([target.to_string()])
+                    .collect()
+            }
+            _ => {
+                let role = match role {
+                    NodeRole::FirstControlPlane | NodeRole::ControlPlane => "server",
+                    NodeRole::Worker => "agent",
+                };
+                let mut args = self.k3s_args("--apply", &self.release(target, build));
+                args.extend(["--role".to_owned(), role.to_owned()]);
+                args
+            }
+        }
+    }
+
+    /// What a refusal from the script means, when it is one no retry mends.
+    pub fn refusal(&self, status: Option<i32>) -> Option<&'static str> {
+        match (self.distribution, status) {
+            (Distribution::Kubeadm, Some(UNSUPPORTED_OS)) => Some("runs an OS no driver serves"),
+            (Distribution::K3s | Distribution::Rke2, Some(RELEASE_REFUSED)) => {
+                Some("the release is refused")
+            }
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(s: &str) -> Version {
+        Version::parse(s).expect("version")
+    }
+
+    fn k3s() -> NodeDriver {
+        NodeDriver {
+            distribution: Distribution::K3s,
+            mirror: "http://127.0.0.1:9/m".into(),
+        }
+    }
+
+    #[test]
+    fn each_driver_says_what_its_script_does() {
+        let kubeadm = NodeDriver::kubeadm();
+        let rke2 = NodeDriver {
+            distribution: Distribution::Rke2,
+            ..k3s()
+        };
+        let cases: [(&NodeDriver, NodeRole, Option<u32>, &str); 6] = [
+            (
+                &kubeadm,
+                NodeRole::FirstControlPlane,
+                None,
+                "--role control-plane --kubeadm apply --release 1.34.5",
+            ),
+            (
+                &kubeadm,
+                NodeRole::ControlPlane,
+                None,
+                "--role control-plane --kubeadm node --release 1.34.5",
+            ),
+            (
+                &kubeadm,
+                NodeRole::Worker,
+                None,
+                "--role worker --kubeadm node --release 1.34.5",
+            ),
+            (
+                &k3s(),
+                NodeRole::FirstControlPlane,
+                None,
+                "--apply --distribution k3s --release v1.34.5+k3s1 --mirror http://127.0.0.1:9/m --role server",
+            ),
+            (
+                &k3s(),
+                NodeRole::Worker,
+                Some(2),
+                "--apply --distribution k3s --release v1.34.5+k3s2 --mirror http://127.0.0.1:9/m --role agent",
+            ),
+            (
+                &rke2,
+                NodeRole::ControlPlane,
+                None,
+                "--apply --distribution rke2 --release v1.34.5+rke2r1 --mirror http://127.0.0.1:9/m --role server",
+            ),
+        ];
+        for (driver, role, build, want) in cases {
+            assert_eq!(driver.apply(role, v("1.34.5"), build).join(" "), want);
+        }
+        assert_eq!(kubeadm.stage(v("1.34.5"), None), None);
+        assert_eq!(kubeadm.check(v("1.34.5"), None), ["--check"]);
+        assert_eq!(
+            k3s()
+                .stage(v("1.34.5"), None)
+                .map(|a| a.join(" "))
+                .as_deref(),
+            Some("--stage --distribution k3s --release v1.34.5+k3s1 --mirror http://127.0.0.1:9/m")
+        );
+        assert!(!kubeadm.can_roll_back() && k3s().can_roll_back());
+        assert_eq!(kubeadm.script_name(), "node-upgrade.sh");
+        assert_eq!(rke2.script(), K3S_SCRIPT);
+    }
+
+    #[test]
+    fn only_its_own_refusals_stop_a_run() {
+        assert!(NodeDriver::kubeadm().refusal(Some(3)).is_some());
+        assert!(NodeDriver::kubeadm().refusal(Some(4)).is_none());
+        assert!(k3s().refusal(Some(4)).is_some());
+        assert!(k3s().refusal(Some(2)).is_none());
+        assert!(k3s().refusal(None).is_none());
+    }
+}
