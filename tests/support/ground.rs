@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 use super::Rollgate;
 use super::etcd;
+use super::k3s::{Distro, ReleaseMirror};
 use super::kube::{Change, FakeKube};
 use super::nodes::{FakeNode, Packages, SshClient};
 use super::services::{MiniServer, Prometheus};
@@ -66,6 +67,8 @@ enum Etcd {
 }
 
 pub struct Ground {
+    /// With k3s or RKE2 nodes: the mirror of their releases.
+    pub mirror: Option<ReleaseMirror>,
     pub api: FakeKube,
     pub nodes: Vec<FakeNode>,
     pub client: SshClient,
@@ -115,6 +118,35 @@ impl Ground {
         Self::build(kubelet, &names, workers, Etcd::Stacked, |_| Packages::Stubs).await
     }
 
+    /// A k3s or RKE2 cluster at `version` (its first build): servers
+    /// `server-1..=servers`, each with its embedded etcd member (named as the distribution
+    /// names it, `server-1-` and 8 hex digits), and agents `agent-1..=agents`; the nodes
+    /// labelled and annotated as the distribution does; a mirror of its releases.
+    pub async fn start_release(
+        distro: Distro,
+        version: &str,
+        servers: usize,
+        agents: usize,
+    ) -> Self {
+        let servers: Vec<String> = (1..=servers).map(|i| format!("server-{i}")).collect();
+        let agents: Vec<String> = (1..=agents).map(|i| format!("agent-{i}")).collect();
+        let release = distro.release(version);
+        let mut ground = Self::build_nodes(
+            &release[1..],
+            &servers,
+            &agents,
+            Etcd::Stacked,
+            match distro {
+                Distro::K3s => |_: &str| Packages::Release(Distro::K3s),
+                Distro::Rke2 => |_: &str| Packages::Release(Distro::Rke2),
+            },
+            Some(distro),
+        )
+        .await;
+        ground.mirror = Some(ReleaseMirror::start(distro));
+        ground
+    }
+
     async fn build(
         kubelet: &str,
         control_planes: &[String],
@@ -122,16 +154,50 @@ impl Ground {
         etcd: Etcd,
         packages: fn(&str) -> Packages,
     ) -> Self {
+        let worker_names: Vec<String> = (1..=workers).map(|i| format!("w{i}")).collect();
+        Self::build_nodes(kubelet, control_planes, &worker_names, etcd, packages, None).await
+    }
+
+    async fn build_nodes(
+        kubelet: &str,
+        control_planes: &[String],
+        worker_names: &[String],
+        etcd: Etcd,
+        packages: fn(&str) -> Packages,
+        distro: Option<Distro>,
+    ) -> Self {
         let stacked = matches!(etcd, Etcd::Stacked);
         let api = FakeKube::start().await;
         api.add_namespace("k8s-upgrade");
+        // k3s runs its control plane in its own process: no static pods.
+        let static_pods = distro != Some(Distro::K3s);
+        let version = kubelet.split('+').next().unwrap_or(kubelet);
         for cp in control_planes {
             api.add_node(cp, true, kubelet, "1.7.20");
-            api.add_static_pods(cp, kubelet, stacked);
+            if static_pods {
+                api.add_static_pods(cp, version, stacked);
+            }
         }
-        let worker_names: Vec<String> = (1..=workers).map(|i| format!("w{i}")).collect();
-        for w in &worker_names {
+        for w in worker_names {
             api.add_node(w, false, kubelet, "1.7.20");
+        }
+        let member_name = move |node: &str| match distro {
+            None => node.to_owned(),
+            // As k3s and RKE2 name a member: the node and 8 hex digits of its own.
+            Some(_) => {
+                let digest = <sha2::Sha256 as sha2::Digest>::digest(node.as_bytes());
+                format!(
+                    "{node}-{:02x}{:02x}{:02x}{:02x}",
+                    digest[0], digest[1], digest[2], digest[3]
+                )
+            }
+        };
+        if let Some(distro) = distro {
+            for name in control_planes.iter().chain(worker_names) {
+                let server = control_planes.contains(name);
+                let member = member_name(name);
+                api.edit_node(name, |n| super::k3s::label_node(n, distro, server, &member));
+            }
         }
         let minor = kubelet
             .rsplit_once('.')
@@ -139,13 +205,15 @@ impl Ground {
             .unwrap_or(kubelet)
             .to_owned();
         let etcd = match etcd {
-            Etcd::Stacked => GroundEtcd::Stacked(StackedEtcd::start(control_planes).await),
+            Etcd::Stacked => {
+                GroundEtcd::Stacked(StackedEtcd::start_as(control_planes, member_name).await)
+            }
             Etcd::Plain => GroundEtcd::External(etcd::Cluster::start(1).await),
             Etcd::Tls => GroundEtcd::External(etcd::Cluster::start_tls(1).await),
         };
         let client = SshClient::new();
         let mut nodes = Vec::new();
-        for name in control_planes.iter().chain(&worker_names) {
+        for name in control_planes.iter().chain(worker_names) {
             api.add_node_agents(name);
             let node = FakeNode::start_with(name, &api, &client, &minor, packages(name)).await;
             if control_planes.contains(name) {
@@ -169,6 +237,7 @@ impl Ground {
         )
         .expect("slack url");
         Self {
+            mirror: None,
             api,
             nodes,
             client,
@@ -244,6 +313,15 @@ impl Ground {
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
+        .chain(self.mirror.iter().flat_map(|m| {
+            [
+                (
+                    "ROLLGATE__CLUSTER__DISTRIBUTION".to_owned(),
+                    m.distro.name().to_owned(),
+                ),
+                ("ROLLGATE__CLUSTER__RELEASE_MIRROR".to_owned(), m.url()),
+            ]
+        }))
         .collect()
     }
 
@@ -301,7 +379,7 @@ impl Ground {
         let (mut most, mut peaks) = (0, Vec::new());
         for change in self.api.changes() {
             match change {
-                Change::Cordon(n) if n.starts_with('w') => {
+                Change::Cordon(n) if n.starts_with('w') || n.starts_with("agent-") => {
                     out.insert(n);
                 }
                 Change::Uncordon(n) => {
@@ -392,7 +470,14 @@ impl Ground {
         );
         for node in &self.nodes {
             let upgraded = node.calls().iter().any(|c| {
-                c.starts_with("kubeadm upgrade apply") || c.starts_with("kubeadm upgrade node")
+                [
+                    "kubeadm upgrade apply",
+                    "kubeadm upgrade node",
+                    "systemctl restart k3s",
+                ]
+                .iter()
+                .chain(&["systemctl restart rke2"])
+                .any(|started| c.starts_with(started))
             });
             if upgraded || node.reboots() > 0 {
                 assert_eq!(

@@ -269,3 +269,40 @@ pub fn previous(d: &Path, distro: Distro) -> Option<String> {
             .to_owned()
     })
 }
+
+/// Labels and annotates node `n` as `distro` does: a server carries the control-plane,
+/// etcd and master roles set to "true", and names its etcd member (`member`).
+pub fn label_node(n: &mut serde_json::Value, distro: Distro, server: bool, member: &str) {
+    let (prefix, etcd) = match distro {
+        Distro::K3s => ("k3s.io", "etcd.k3s.cattle.io"),
+        Distro::Rke2 => ("rke2.io", "etcd.rke2.cattle.io"),
+    };
+    let labels = &mut n["metadata"]["labels"];
+    labels["node.kubernetes.io/instance-type"] = distro.name().into();
+    if server {
+        for role in ["control-plane", "etcd", "master"] {
+            labels[format!("node-role.kubernetes.io/{role}")] = "true".into();
+        }
+    }
+    let name = n["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let annotations = &mut n["metadata"]["annotations"];
+    if !annotations.is_object() {
+        *annotations = serde_json::json!({});
+    }
+    annotations[format!("{prefix}/hostname")] = name.into();
+    annotations[format!("{prefix}/internal-ip")] = "127.0.0.1".into();
+    annotations[format!("{prefix}/node-args")] = if server {
+        r#"["server","--cluster-init"]"#
+    } else {
+        r#"["agent"]"#
+    }
+    .into();
+    annotations[format!("{prefix}/node-config-hash")] = "C6Q4TZ5NMZNQAGB4FCGHNXYT5NSIRGGM".into();
+    if server {
+        annotations[format!("{etcd}/node-name")] = member.into();
+        annotations[format!("{etcd}/node-address")] = "127.0.0.1".into();
+    }
+}

@@ -51,6 +51,9 @@ esac
 
 pub struct StackedMember {
     pub name: String,
+    /// The node it runs on: its name (kubeadm), or its name without the 8 hex digits k3s
+    /// and RKE2 add.
+    pub node: String,
     pub client_port: u16,
     /// Holds `ctl`, `args`, `pid`, `etcd.log` and the data dir.
     pub dir: PathBuf,
@@ -135,6 +138,14 @@ fn write_executable(path: &Path, text: &str) {
 impl StackedEtcd {
     /// One member per name in `names`, started, with a leader elected.
     pub async fn start(names: &[String]) -> Self {
+        Self::start_as(names, |node| node.to_owned()).await
+    }
+
+    /// One member per node in `nodes`, named `member_name(node)` (k3s and RKE2 add 8 hex
+    /// digits: `server-1-3f2a9c1d`), started, with a leader elected. Members are found and
+    /// led by their node's name.
+    pub async fn start_as(nodes: &[String], member_name: impl Fn(&str) -> String) -> Self {
+        let names: Vec<String> = nodes.iter().map(|n| member_name(n)).collect();
         let dir = tempfile::tempdir().expect("tempdir");
         let token = format!("rg-{}", uuid::Uuid::now_v7().simple());
         let ports: Vec<(u16, u16)> = names.iter().map(|_| (free_port(), free_port())).collect();
@@ -145,8 +156,9 @@ impl StackedEtcd {
             .collect();
         let members: Vec<StackedMember> = names
             .iter()
+            .zip(nodes)
             .zip(&ports)
-            .map(|(name, (client, peer))| {
+            .map(|((name, node), (client, peer))| {
                 let d = dir.path().join(name);
                 std::fs::create_dir_all(&d).expect("member dir");
                 let args = member_args(
@@ -160,6 +172,7 @@ impl StackedEtcd {
                 write_executable(&d.join("ctl"), CTL);
                 StackedMember {
                     name: name.clone(),
+                    node: node.clone(),
                     client_port: *client,
                     dir: d,
                 }
@@ -189,13 +202,15 @@ impl StackedEtcd {
         .expect("client")
     }
 
-    pub fn member(&self, name: &str) -> &StackedMember {
+    /// The member of node `node`.
+    pub fn member(&self, node: &str) -> &StackedMember {
         self.members
             .iter()
-            .find(|m| m.name == name)
-            .unwrap_or_else(|| panic!("no member {name}"))
+            .find(|m| m.node == node)
+            .unwrap_or_else(|| panic!("no member on {node}"))
     }
 
+    /// The node whose member leads, once one does.
     pub async fn wait_for_leader(&self) -> String {
         let etcd = self.client();
         let started = Instant::now();
@@ -212,13 +227,19 @@ impl StackedEtcd {
     }
 
     async fn name_of(&self, etcd: &Etcd, id: u64) -> String {
-        etcd.members()
+        let name = etcd
+            .members()
             .await
             .expect("member list")
             .into_iter()
             .find(|m| m.id == id)
             .map(|m| m.name)
-            .expect("the leader is a member")
+            .expect("the leader is a member");
+        self.members
+            .iter()
+            .find(|m| m.name == name)
+            .map(|m| m.node.clone())
+            .expect("a member of this cluster")
     }
 
     /// The highest raft term the members report, read from etcd itself.
@@ -232,18 +253,20 @@ impl StackedEtcd {
             .expect("a member answers")
     }
 
-    /// Moves leadership to `name` (before a run: the ground's starting leader).
-    pub async fn lead(&self, name: &str) {
+    /// Moves leadership to the member of node `node` (before a run: the ground's starting
+    /// leader).
+    pub async fn lead(&self, node: &str) {
         let etcd = self.client();
+        let member = &self.member(node).name;
         let id = etcd
             .members()
             .await
             .expect("member list")
             .into_iter()
-            .find(|m| m.name == name)
+            .find(|m| m.name == *member)
             .map(|m| m.id)
             .expect("member");
         super::etcd::lead_to(&etcd, id).await;
-        assert_eq!(self.wait_for_leader().await, name);
+        assert_eq!(self.wait_for_leader().await, node);
     }
 }
