@@ -652,3 +652,19 @@ async fn k3s_nodes_under_a_kubeadm_setting_are_refused_naming_the_setting() {
     );
     ground.assert_nothing_drained();
 }
+
+/// The SSH session drops while an agent's service restarts: the step is redone, the redo
+/// waits for the first run on the node's lock and repeats nothing: one download, one swap,
+/// one restart.
+#[tokio::test]
+async fn an_ssh_cut_during_a_k3s_apply_is_redone_without_a_second_swap_or_restart() {
+    let ground = Ground::start_release(Distro::K3s, FROM, 1, 2).await;
+    ground.node("agent-1").cut_session_during_upgrade();
+    let term_before = ground.etcd.stacked().term().await;
+    let rg = ground.rollgate(&[]).await;
+    let id = detect(&rg).await;
+    let run = rg.wait_status(&id, "succeeded", RUN_DEADLINE).await;
+    assert_release_upgraded(&ground, &run, Distro::K3s, "server-1", term_before).await;
+    let upgrade = support::find_step(&run, "workers/upgrade@agent-1").expect("upgrade@agent-1");
+    assert_eq!(upgrade["attempts"], 2, "{upgrade}");
+}

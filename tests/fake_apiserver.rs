@@ -776,3 +776,68 @@ async fn the_fake_as_a_program_prints_a_kubeconfig_that_kubectl_uses() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("0% to 100%"));
 }
+
+/// k3s's nodes as the fake keeps them (tests/support/k3s.rs): kubectl reads their roles
+/// from the labels, their release as their version, selects the servers by the etcd role,
+/// and reads the etcd member each server's annotation names; a merge patch of the kubelet
+/// version (what the stub service does on restart) shows in its next read.
+#[tokio::test]
+async fn kubectl_reads_k3s_nodes_roles_release_and_etcd_member_annotations() {
+    use support::k3s::{Distro, label_node};
+    let fake = FakeKube::start().await;
+    fake.add_node("server-1", true, "1.34.2+k3s1", "1.7.24");
+    fake.add_node("agent-1", false, "1.34.2+k3s1", "1.7.24");
+    fake.edit_node("server-1", |n| {
+        label_node(n, Distro::K3s, true, "server-1-3f2a9c1d")
+    });
+    fake.edit_node("agent-1", |n| label_node(n, Distro::K3s, false, ""));
+    let kubectl = Kubectl::new(&fake);
+
+    let wide = kubectl.ok(&["get", "nodes", "-o", "wide"]).await;
+    let row = |name: &str| {
+        wide.lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("{name} in {wide}"))
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(row("server-1")[2], "control-plane,etcd,master", "{wide}");
+    assert_eq!(row("server-1")[4], "v1.34.2+k3s1", "{wide}");
+    assert_eq!(row("agent-1")[2], "<none>", "{wide}");
+
+    let servers = kubectl
+        .ok(&["get", "nodes", "-l", "node-role.kubernetes.io/etcd=true", "-o", "name"])
+        .await;
+    assert_eq!(servers.trim(), "node/server-1");
+    let member = kubectl
+        .ok(&[
+            "get",
+            "node",
+            "server-1",
+            "-o",
+            r"jsonpath={.metadata.annotations.etcd\.k3s\.cattle\.io/node-name}",
+        ])
+        .await;
+    assert_eq!(member, "server-1-3f2a9c1d");
+    let args = kubectl
+        .ok(&["get", "node", "agent-1", "-o", r"jsonpath={.metadata.annotations.k3s\.io/node-args}"])
+        .await;
+    assert_eq!(args, r#"["agent"]"#);
+
+    kubectl
+        .ok(&[
+            "patch",
+            "node",
+            "agent-1",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"nodeInfo":{"kubeletVersion":"v1.34.5+k3s1"}}}"#,
+        ])
+        .await;
+    let version = kubectl
+        .ok(&["get", "node", "agent-1", "-o", "jsonpath={.status.nodeInfo.kubeletVersion}"])
+        .await;
+    assert_eq!(version, "v1.34.5+k3s1");
+}

@@ -145,6 +145,14 @@ case "$1 $2" in
     v=$(cat "$STUB_STATE/installed-containerd.io"); patch "{\"status\":{\"nodeInfo\":{\"containerRuntimeVersion\":\"containerd://${v%%-*}\"}}}" ;;
   "restart k3s"|"restart k3s-agent"|"restart rke2-server"|"restart rke2-agent")
     while [ -f "$STUB_STATE/hold-restart" ]; do sleep 0.1; done
+    if [ -f "$STUB_STATE/cut-session" ]; then
+      # The SSH session drops while the service restarts: this connection's sshd dies;
+      # the restart goes on to its end a moment later.
+      rm -f "$STUB_STATE/cut-session"
+      sid=$(ps -o sid= -p $$ | tr -d ' ')
+      kill -9 "$(ps -o ppid= -p "$sid" | tr -d ' ')" 2>/dev/null
+      sleep 1
+    fi
     # The service starts the binary now installed; the kubelet inside reports its release.
     r=$("$ROLLGATE_BIN_DIR/${2%%-*}" --version | awk 'NR == 1 { print $3 }')
     echo "$2 $r $(date +%s.%N)" >> "$STUB_STATE/restarts"
