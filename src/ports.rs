@@ -655,10 +655,30 @@ pub trait PackageRepository: Send + Sync {
     async fn releases(&self, minor: Minor) -> Result<Vec<Version>, RepoError>;
 }
 
-/// The package repository could not be read.
+/// One release channel as a k3s or RKE2 channel server lists it (`stable`, `v1.34`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Channel {
+    /// Its name.
+    pub name: String,
+    /// The release it names as its latest, as the server wrote it (validated by the
+    /// reader).
+    pub latest: String,
+}
+
+/// The release channels of k3s or RKE2 that `rollgate detect` reads: the channel server
+/// (`https://update.k3s.io/v1-release/channels`).
+#[async_trait::async_trait]
+pub trait ReleaseChannels: Send + Sync {
+    /// Every channel the server lists.
+    async fn channels(&self) -> Result<Vec<Channel>, RepoError>;
+}
+
+/// The package repository, or the channel server, could not be read.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("package repository {url}: {failure}")]
+#[error("{what} {url}: {failure}")]
 pub struct RepoError {
+    /// What it is: `package repository`, `channel server`.
+    pub what: &'static str,
     /// What was asked.
     pub url: String,
     /// What went wrong.

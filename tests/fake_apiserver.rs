@@ -807,7 +807,14 @@ async fn kubectl_reads_k3s_nodes_roles_release_and_etcd_member_annotations() {
     assert_eq!(row("agent-1")[2], "<none>", "{wide}");
 
     let servers = kubectl
-        .ok(&["get", "nodes", "-l", "node-role.kubernetes.io/etcd=true", "-o", "name"])
+        .ok(&[
+            "get",
+            "nodes",
+            "-l",
+            "node-role.kubernetes.io/etcd=true",
+            "-o",
+            "name",
+        ])
         .await;
     assert_eq!(servers.trim(), "node/server-1");
     let member = kubectl
@@ -821,7 +828,13 @@ async fn kubectl_reads_k3s_nodes_roles_release_and_etcd_member_annotations() {
         .await;
     assert_eq!(member, "server-1-3f2a9c1d");
     let args = kubectl
-        .ok(&["get", "node", "agent-1", "-o", r"jsonpath={.metadata.annotations.k3s\.io/node-args}"])
+        .ok(&[
+            "get",
+            "node",
+            "agent-1",
+            "-o",
+            r"jsonpath={.metadata.annotations.k3s\.io/node-args}",
+        ])
         .await;
     assert_eq!(args, r#"["agent"]"#);
 
@@ -837,7 +850,13 @@ async fn kubectl_reads_k3s_nodes_roles_release_and_etcd_member_annotations() {
         ])
         .await;
     let version = kubectl
-        .ok(&["get", "node", "agent-1", "-o", "jsonpath={.status.nodeInfo.kubeletVersion}"])
+        .ok(&[
+            "get",
+            "node",
+            "agent-1",
+            "-o",
+            "jsonpath={.status.nodeInfo.kubeletVersion}",
+        ])
         .await;
     assert_eq!(version, "v1.34.5+k3s1");
 }

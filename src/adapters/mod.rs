@@ -1,6 +1,7 @@
 //! Adapters: the ports implemented against real systems.
 
 pub mod alertmanager;
+pub mod channels;
 pub mod etcd;
 pub mod fleet_peer;
 pub mod http_client;

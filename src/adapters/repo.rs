@@ -37,6 +37,7 @@ impl PackageRepo {
 
 fn repo_error(url: &str, error: reqwest::Error) -> RepoError {
     RepoError {
+        what: "package repository",
         url: url.to_owned(),
         failure: Failure::caused("no answer", error.without_url()),
     }
@@ -44,6 +45,7 @@ fn repo_error(url: &str, error: reqwest::Error) -> RepoError {
 
 fn repo_refused(url: &str, what: impl Into<String>) -> RepoError {
     RepoError {
+        what: "package repository",
         url: url.to_owned(),
         failure: Failure::new(what),
     }

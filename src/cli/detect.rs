@@ -8,11 +8,13 @@ use crate::config::Settings;
 /// `rollgate detect`: the report as JSON on stdout, the exit code of what happened.
 /// Errors are configuration problems (exit 2).
 pub(super) async fn detect(settings: &Settings, args: DetectArgs) -> anyhow::Result<u8> {
+    use crate::adapters::channels::ChannelServer;
     use crate::adapters::http_client::HttpSource;
     use crate::adapters::pushgateway::Pushgateway;
     use crate::adapters::repo::PackageRepo;
     use crate::adapters::submit::{AmqpSubmitter, HttpSubmitter};
     use crate::config::DetectSubmit;
+    use crate::domain::distribution::Distribution;
     use crate::domain::event::StageSelection;
     use crate::ports::Submitter;
     use crate::workflows::detect::Sources;
@@ -25,6 +27,18 @@ pub(super) async fn detect(settings: &Settings, args: DetectArgs) -> anyhow::Res
         cluster: Arc::new(kube),
         exec: Arc::new(crate::app::ssh_client(settings)?),
         repo: Arc::new(PackageRepo::new(&d.repo_url, d.timeout)?),
+        channels: match settings.cluster.distribution {
+            Distribution::Kubeadm => None,
+            distribution => {
+                let url = d
+                    .channel_url
+                    .as_deref()
+                    .unwrap_or(distribution.default_channel_url());
+                let server: Arc<dyn crate::ports::ReleaseChannels> =
+                    Arc::new(ChannelServer::new(url, d.timeout)?);
+                Some((distribution, server))
+            }
+        },
     };
     let stages = StageSelection::parse(&d.stages).map_err(|e| anyhow::anyhow!(e))?;
     let push = match &d.pushgateway_url {

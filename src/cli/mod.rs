@@ -574,9 +574,19 @@ pub fn run(cli: Cli) -> ExitCode {
                 println!("  {label:<11} {text}");
             }
             let d = &settings.detect;
+            let source = match settings.cluster.distribution {
+                crate::domain::distribution::Distribution::Kubeadm => {
+                    format!("repository {}", d.repo_url)
+                }
+                distribution => format!(
+                    "{distribution} channels {}",
+                    d.channel_url
+                        .as_deref()
+                        .unwrap_or(distribution.default_channel_url())
+                ),
+            };
             println!(
-                "  detect      repository {}, pushgateway {}, submit {} to {}",
-                d.repo_url,
+                "  detect      {source}, pushgateway {}, submit {} to {}",
                 d.pushgateway_url.as_deref().unwrap_or("none"),
                 match d.submit {
                     crate::config::DetectSubmit::Http => "http",

@@ -911,6 +911,11 @@ pub struct DetectConfig {
     /// Base of the Kubernetes package repositories; `/v1.NN/deb/Release` and
     /// `/v1.NN/deb/Packages` are appended (default `https://pkgs.k8s.io/core:/stable:`).
     pub repo_url: String,
+    /// With `cluster.distribution` k3s or rke2: the channel server whose channels (one per
+    /// minor, `v1.34`) name the latest release, read in place of the package repository
+    /// (default `https://update.k3s.io/v1-release/channels`, or
+    /// `https://update.rke2.io/v1-release/channels`).
+    pub channel_url: Option<String>,
     /// Where the detection metrics go (default: none, not pushed).
     pub pushgateway_url: Option<String>,
     /// The Pushgateway job (default `k8s_version_check`).
@@ -942,6 +947,7 @@ impl Default for DetectConfig {
     fn default() -> Self {
         Self {
             repo_url: "https://pkgs.k8s.io/core:/stable:".into(),
+            channel_url: None,
             pushgateway_url: None,
             pushgateway_job: "k8s_version_check".into(),
             submit: DetectSubmit::Http,
@@ -976,6 +982,9 @@ impl DetectConfig {
 
     fn check(&self, p: &mut Problems) {
         p.http_url("repo_url", &self.repo_url);
+        if let Some(url) = &self.channel_url {
+            p.http_url("channel_url", url);
+        }
         p.http_url("rollgate_url", &self.rollgate_url);
         p.path("rollgate_ca_file", self.rollgate_ca_file.as_ref());
         p.path("rollgate_cert_file", self.rollgate_cert_file.as_ref());

@@ -65,6 +65,15 @@ impl Distribution {
         }
     }
 
+    /// The channel server `rollgate detect` reads when `detect.channel_url` is unset.
+    pub fn default_channel_url(self) -> &'static str {
+        match self {
+            Self::Kubeadm => "",
+            Self::K3s => "https://update.k3s.io/v1-release/channels",
+            Self::Rke2 => "https://update.rke2.io/v1-release/channels",
+        }
+    }
+
     /// Whether its control plane runs as static pods rollgate can read (kubeadm, RKE2); k3s
     /// runs it inside its own process.
     pub fn has_static_pods(self) -> bool {

@@ -144,6 +144,11 @@ impl ReleaseMirror {
         .expect("sums");
     }
 
+    /// Publishes one more release (another build: `v1.34.5+k3s2`).
+    pub fn publish_release(&self, release: &str) {
+        Self::publish(self.root.path(), self.distro, release);
+    }
+
     /// The URL rollgate is given (`cluster.release_mirror`).
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}/releases", self.port)

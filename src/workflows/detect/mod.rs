@@ -12,11 +12,12 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::domain::distribution::Distribution;
 use crate::domain::event::{DetectionRequest, StageSelection};
 use crate::error_chain;
 use crate::ports::{
     ClusterError, ClusterRead, Failure, MetricsPush, NodeExec, NodeTarget, PackageRepository,
-    RepoError, Submitted, Submitter,
+    ReleaseChannels, RepoError, Submitted, Submitter,
 };
 use crate::workflows::k8s_upgrade::NODE_SCRIPT;
 use crate::workflows::k8s_upgrade::plan::{ClusterFacts, Role};
@@ -30,8 +31,11 @@ pub struct Sources {
     pub cluster: Arc<dyn ClusterRead>,
     /// SSH to the control plane.
     pub exec: Arc<dyn NodeExec>,
-    /// The package repository.
+    /// The package repository (kubeadm).
     pub repo: Arc<dyn PackageRepository>,
+    /// On k3s and RKE2: the distribution and its channel server, read in place of the
+    /// control plane's packages and the repository.
+    pub channels: Option<(Distribution, Arc<dyn ReleaseChannels>)>,
 }
 
 /// Why detection stopped. Each kind has its exit code (see [`DetectError::exit_code`]).
@@ -164,6 +168,9 @@ async fn reboot_findings(
 pub async fn findings(sources: &Sources, facts: &ClusterFacts) -> Result<Findings, DetectError> {
     let api_server = sources.cluster.api_server_version().await?;
     let (running, behind) = plan::running(facts, api_server)?;
+    if let Some((distribution, channels)) = &sources.channels {
+        return channel_findings(&**channels, *distribution, running, behind).await;
+    }
     let plane = facts
         .nodes
         .iter()
@@ -216,6 +223,48 @@ pub async fn findings(sources: &Sources, facts: &ClusterFacts) -> Result<Finding
         behind,
         latest_patch,
         next_minor,
+        builds: Default::default(),
+    })
+}
+
+/// What a k3s or RKE2 channel server offers a cluster at `running`: the latest release of
+/// its minor's channel (`v1.34`), and the next minor's channel when no patch comes first.
+async fn channel_findings(
+    channels: &dyn ReleaseChannels,
+    distribution: Distribution,
+    running: crate::domain::version::Version,
+    behind: Vec<String>,
+) -> Result<Findings, DetectError> {
+    let listed = channels.channels().await?;
+    let refused = |why: String| {
+        DetectError::Repo(RepoError {
+            what: "channel server",
+            url: format!("of {distribution}"),
+            failure: Failure::new(why),
+        })
+    };
+    let mut builds = BTreeMap::new();
+    let patch = plan::channel_latest(&listed, distribution, minor_of(running)).map_err(refused)?;
+    builds.extend(patch.map(|r| (r.version.to_string(), r.build)));
+    let latest_patch = patch.map(|r| r.version);
+    let patch_first = latest_patch.is_some_and(|l| l > running) || !behind.is_empty();
+    let next_minor = if patch_first {
+        NextMinor::NotChecked
+    } else {
+        match plan::channel_latest(&listed, distribution, next_minor(running)).map_err(refused)? {
+            Some(release) => {
+                builds.insert(release.version.to_string(), release.build);
+                NextMinor::Released(release.version)
+            }
+            None => NextMinor::NotPublished,
+        }
+    };
+    Ok(Findings {
+        running,
+        behind,
+        latest_patch,
+        next_minor,
+        builds,
     })
 }
 
@@ -298,7 +347,7 @@ pub async fn detect(
     }
     let mut submit_error = None;
     let mut submitted = None;
-    if let (Some((_, Decision::Upgrade { kind, target, .. })), Some(submit)) =
+    if let (Some((found, Decision::Upgrade { kind, target, .. })), Some(submit)) =
         (&upgrade_part, submit)
     {
         let request = DetectionRequest {
@@ -306,7 +355,7 @@ pub async fn detect(
             kind: *kind,
             dry_run: false,
             stages: stages.clone(),
-            build: None,
+            build: found.builds.get(&target.to_string()).copied(),
         };
         match submit
             .submit(&super::k8s_upgrade::intake::DOOR, Arc::new(request))
@@ -442,6 +491,7 @@ mod tests {
             ),
             (
                 DetectError::Repo(crate::ports::RepoError {
+                    what: "package repository",
                     url: "u".into(),
                     failure: Failure::new("x"),
                 }),

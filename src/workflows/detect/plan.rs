@@ -4,10 +4,12 @@
 
 use serde::Serialize;
 
+use crate::domain::distribution::{Distribution, Release};
 use crate::domain::event::UpgradeKind;
 use crate::domain::facts::{ClusterFacts, Role};
 pub use crate::domain::facts::{Minor, minor_of, next_minor};
 use crate::domain::version::{Version, debian_release};
+use crate::ports::Channel;
 
 /// What detection found out.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -20,6 +22,10 @@ pub struct Findings {
     pub latest_patch: Option<Version>,
     /// The next minor's repository.
     pub next_minor: NextMinor,
+    /// On k3s and RKE2, the build of each release found (`1.34.5` → 2 for `v1.34.5+k3s2`),
+    /// which the request asks for.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub builds: std::collections::BTreeMap<String, u32>,
 }
 
 /// Whether the next minor can be upgraded to.
@@ -102,6 +108,29 @@ pub fn running(
         .map(|n| n.name.clone())
         .collect();
     Ok((running, behind))
+}
+
+/// The release the channel of `minor` (`v1.34`) names as its latest on a k3s or RKE2
+/// channel server; `None` when the server has no such channel (the minor is not out). A
+/// latest that is not a release of `distribution` and of that minor is an error: the
+/// server is not to be followed.
+pub fn channel_latest(
+    channels: &[Channel],
+    distribution: Distribution,
+    minor: Minor,
+) -> Result<Option<Release>, String> {
+    let name = minor.to_string();
+    let Some(channel) = channels.iter().find(|c| c.name == name) else {
+        return Ok(None);
+    };
+    let release = Release::parse(&channel.latest, distribution)
+        .map_err(|e| format!("channel {name}: {e}"))?;
+    if minor_of(release.version) != minor {
+        return Err(format!(
+            "channel {name} names {release}, which is not of {name}"
+        ));
+    }
+    Ok(Some(release))
 }
 
 /// Patch first when behind on patch; then finishing a part-done rollout; then the next
@@ -220,8 +249,54 @@ mod tests {
         Version::parse(s).unwrap()
     }
 
+    #[test]
+    fn the_channel_of_a_minor_names_its_latest_release() {
+        let channels = |pairs: &[(&str, &str)]| -> Vec<Channel> {
+            pairs
+                .iter()
+                .map(|(name, latest)| Channel {
+                    name: (*name).into(),
+                    latest: (*latest).into(),
+                })
+                .collect()
+        };
+        let minor = minor_of(v("1.34.2"));
+        let served = channels(&[("stable", "v1.33.5+k3s1"), ("v1.34", "v1.34.5+k3s2")]);
+        let cases: [(&[Channel], Distribution, Result<Option<&str>, &str>); 6] = [
+            (&served, Distribution::K3s, Ok(Some("v1.34.5+k3s2"))),
+            (&served[..1], Distribution::K3s, Ok(None)),
+            (&served, Distribution::Rke2, Err("is not a rke2 release")),
+            (
+                &channels(&[("v1.34", "v1.35.0+k3s1")]),
+                Distribution::K3s,
+                Err("which is not of v1.34"),
+            ),
+            (
+                &channels(&[("v1.34", "v1.34.5+k3s1; reboot")]),
+                Distribution::K3s,
+                Err("is not a k3s release"),
+            ),
+            (
+                &channels(&[("v1.34", "")]),
+                Distribution::K3s,
+                Err("is not a k3s release"),
+            ),
+        ];
+        for (channels, distribution, want) in cases {
+            let got = channel_latest(channels, distribution, minor);
+            match (got, want) {
+                (Ok(got), Ok(want)) => {
+                    assert_eq!(got.map(|r| r.to_string()).as_deref(), want)
+                }
+                (Err(e), Err(text)) => assert!(e.contains(text), "{e}"),
+                (got, want) => panic!("got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
     fn findings(latest: Option<&str>, next: NextMinor, behind: &[&str]) -> Findings {
         Findings {
+            builds: Default::default(),
             running: v("1.34.2"),
             behind: behind.iter().map(|s| s.to_string()).collect(),
             latest_patch: latest.map(v),
