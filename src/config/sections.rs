@@ -912,9 +912,9 @@ pub struct DetectConfig {
     /// `/v1.NN/deb/Packages` are appended (default `https://pkgs.k8s.io/core:/stable:`).
     pub repo_url: String,
     /// With `cluster.distribution` k3s or rke2: the channel server whose channels (one per
-    /// minor, `v1.34`) name the latest release, read in place of the package repository
-    /// (default `https://update.k3s.io/v1-release/channels`, or
-    /// `https://update.rke2.io/v1-release/channels`).
+    /// minor, `v1.34`) name the latest release, read in place of the package repository.
+    /// Unset, the project's own: https://update.k3s.io/v1-release/channels for k3s,
+    /// https://update.rke2.io/v1-release/channels for RKE2.
     pub channel_url: Option<String>,
     /// Where the detection metrics go (default: none, not pushed).
     pub pushgateway_url: Option<String>,
