@@ -9,6 +9,7 @@ mod support;
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
+use support::k3s::Distro;
 use support::rehearsal::{self, Rehearsal, SCALE};
 use support::{eventually, find_step, history_has};
 
@@ -169,6 +170,55 @@ async fn a_healthy_upgrade_of_one_control_plane_and_six_workers_closes_no_gate_o
             .await
             .contains("k8s_upgrade_node_in_hand{"),
         "no node in hand after the run"
+    );
+}
+
+/// The same clock on k3s: 1 server over a real etcd member and 6 agents, the release
+/// fetched and checked before each drain, the service restarted: no gate of its own closes
+/// although the cluster runs two releases for longer than the skew rule's scaled wait.
+#[tokio::test]
+async fn a_healthy_k3s_upgrade_of_one_server_and_six_agents_closes_no_gate_of_its_own() {
+    let r = Rehearsal::start_release_alone(Distro::K3s, "1.34.2", 1, 6).await;
+    let started = Instant::now();
+    let id = detect(&r, "1.34.5", "all").await;
+    let run = r.rg.wait_status(&id, "succeeded", RUN_DEADLINE).await;
+    let window = started.elapsed().as_secs() + 1;
+    for node in &r.ground.nodes {
+        assert_eq!(
+            r.ground.api.node(&node.name)["status"]["nodeInfo"]["kubeletVersion"],
+            "v1.34.5+k3s1",
+            "{}",
+            node.name
+        );
+    }
+    r.ground.assert_drained_once();
+    assert!(!history_has(&run, "gate closed"), "{run}");
+    assert!(!history_has(&run, "halted"), "{run}");
+    let fired = label_values(
+        &r,
+        &format!(r#"max_over_time(ALERTS{{alertstate="firing",upgrade_gate="true"}}[{window}s])"#),
+        "alertname",
+    )
+    .await;
+    assert!(
+        fired.is_empty(),
+        "gate alerts fired during the run: {fired:?}"
+    );
+    let (_, board) = r.rg.get("/v1/alerts").await;
+    assert_eq!(board, json!([]), "rollgate's board");
+    let skew = r
+        .query(&format!(
+            r#"count_over_time((count(count by (git_version) (kubernetes_build_info{{job=~"apiserver|kubelet"}})) > 1)[{window}s:250ms]) * 0.25"#
+        ))
+        .await;
+    let skew_seconds: f64 = skew[0]["value"][1]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .expect("skew seconds");
+    let rule_for = Duration::from_secs(1800).mul_f64(SCALE).as_secs_f64();
+    assert!(
+        skew_seconds > rule_for,
+        "skew lasted {skew_seconds}s, the rule waits {rule_for}s: this run proves nothing"
     );
 }
 

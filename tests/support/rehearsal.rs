@@ -277,13 +277,34 @@ impl Rehearsal {
         Self::start_taking(AT_ONCE as u32, kubelet, workers).await
     }
 
-    async fn start_taking(slots: u32, kubelet: &str, workers: usize) -> Self {
-        let slot = SLOTS
+    /// As [`Rehearsal::start_alone`], on a k3s or RKE2 cluster at `version`: `servers`
+    /// over real etcd members, `agents`, a mirror of its releases.
+    pub async fn start_release_alone(
+        distro: super::k3s::Distro,
+        version: &str,
+        servers: usize,
+        agents: usize,
+    ) -> Self {
+        let slot = Self::slots(AT_ONCE as u32).await;
+        let ground = Ground::start_release(distro, version, servers, agents).await;
+        Self::start_on(slot, ground).await
+    }
+
+    async fn slots(slots: u32) -> tokio::sync::OwnedSemaphorePermit {
+        SLOTS
             .clone()
             .acquire_many_owned(slots)
             .await
-            .expect("the rehearsal slots");
+            .expect("the rehearsal slots")
+    }
+
+    async fn start_taking(slots: u32, kubelet: &str, workers: usize) -> Self {
+        let slot = Self::slots(slots).await;
         let ground = Ground::start(kubelet, workers).await;
+        Self::start_on(slot, ground).await
+    }
+
+    async fn start_on(slot: tokio::sync::OwnedSemaphorePermit, ground: Ground) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let d = dir.path();
         let (rg_port, prometheus_port, alertmanager_port) = (free_port(), free_port(), free_port());

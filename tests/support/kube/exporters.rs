@@ -26,12 +26,31 @@ pub fn exposition(s: &State, path: &[&str]) -> Option<String> {
                     continue;
                 }
                 let image = pod["spec"]["containers"][0]["image"].as_str().unwrap_or("");
-                let version = image.rsplit_once(':').map_or("", |(_, v)| v);
+                let tag = image.rsplit_once(':').map_or("", |(_, v)| v);
+                let version = git_version_of_tag(tag);
                 line(
                     "kubernetes_build_info",
-                    &[("git_version", version), ("node", node)],
+                    &[("git_version", &version), ("node", node)],
                     1.0,
                 );
+            }
+            // k3s serves the API from the process that runs the server's kubelet: its
+            // version is the node's.
+            for node in s.all("nodes") {
+                let name = node["metadata"]["name"].as_str().unwrap_or("");
+                let k3s_server = node["metadata"]["annotations"]["k3s.io/hostname"].is_string()
+                    && node["metadata"]["labels"]["node-role.kubernetes.io/control-plane"]
+                        == "true";
+                if k3s_server {
+                    let version = node["status"]["nodeInfo"]["kubeletVersion"]
+                        .as_str()
+                        .unwrap_or("");
+                    line(
+                        "kubernetes_build_info",
+                        &[("git_version", version), ("node", name)],
+                        1.0,
+                    );
+                }
             }
         }
         ["kubelet"] => {
@@ -102,4 +121,17 @@ pub fn exposition(s: &State, path: &[&str]) -> Option<String> {
         _ => return None,
     }
     Some(out)
+}
+
+/// The version an API server running image tag `tag` reports: RKE2's hardened images are
+/// tagged `v1.34.5-rke2r1-build20250101` and report `v1.34.5+rke2r1`; any other tag is
+/// the version itself.
+fn git_version_of_tag(tag: &str) -> String {
+    match tag.split_once("-rke2r") {
+        Some((version, rest)) => {
+            let build = rest.split('-').next().unwrap_or(rest);
+            format!("{version}+rke2r{build}")
+        }
+        None => tag.to_owned(),
+    }
 }
