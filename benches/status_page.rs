@@ -47,6 +47,7 @@ fn half_done_run(i: usize) -> Run {
         role,
         kubelet: version("1.34.2"),
         distribution: Default::default(),
+        package_manager: None,
         containerd: Some(version("1.7.20")),
         ready: true,
         address: None,

@@ -21,6 +21,10 @@
 #   --available                                   list the kubeadm packages the repository
 #                                                 offers, as `apt-cache madison` lines
 #                                                 (read-only)
+#   --manager apt|dnf|zypper                      with any of the above: the package manager
+#                                                 to use, in place of the one /etc/os-release
+#                                                 suggests (the node's
+#                                                 rollgate.io/package-manager label)
 #
 # dnf, as the kubeadm docs set it up: the repository excludes the Kubernetes packages
 # (`exclude=kubelet kubeadm kubectl …`), so they are installed with
@@ -43,7 +47,7 @@
 # Exit status: 0 done; 2 refused or failed; 3 this node's OS is not one the script serves.
 set -euo pipefail
 
-role="" release="" containerd="" apt_minor="" action="" kubeadm=""
+role="" release="" containerd="" apt_minor="" action="" kubeadm="" manager_named=""
 K8S_APT_SOURCE=${K8S_APT_SOURCE:-/etc/apt/sources.list.d/kubernetes.list}
 K8S_RPM_REPO=${K8S_RPM_REPO:-/etc/yum.repos.d/kubernetes.repo}
 K8S_ZYPP_REPO=${K8S_ZYPP_REPO:-/etc/zypp/repos.d/kubernetes.repo}
@@ -66,6 +70,7 @@ while [ $# -gt 0 ]; do
     --plan) action=plan; shift ;;
     --check) action=check; shift ;;
     --available) action=available; shift ;;
+    --manager) manager_named=${2:-}; shift 2 || die "--manager needs a value" ;;
     *) die "unknown argument: $1" ;;
   esac
 done
@@ -339,7 +344,11 @@ available() {
   esac
 }
 
-manager=$(package_manager)
+case "$manager_named" in
+  "") manager=$(package_manager) ;;
+  apt|dnf|zypper) manager=$manager_named ;;
+  *) die "--manager must be apt, dnf or zypper, got '$manager_named'" ;;
+esac
 supported_os
 case "$action" in
   "") lock_node; upgrade_node ;;

@@ -290,13 +290,17 @@ async fn a_minor_upgrade_runs_end_to_end_amqp() {
 }
 
 /// A mixed cluster on real package managers: an Ubuntu control plane and worker on
-/// Debian's own apt and dpkg, a Rocky worker on Debian's own dnf and rpm (versionlock in
-/// use, the repository excluding the Kubernetes packages), an openSUSE worker on Debian's
-/// own zypper and rpm (locks in use), each over repositories laid out as pkgs.k8s.io's. A
-/// patch and then a minor upgrade each finish in one run; every node's own package
+/// Debian's own apt and dpkg, an openEuler worker on Debian's own dnf and rpm (versionlock
+/// in use, the repository excluding the Kubernetes packages; its os-release names no family
+/// the script knows, its `rollgate.io/package-manager` label names dnf), an openSUSE worker
+/// on Debian's own zypper and rpm (locks in use), each over repositories laid out as
+/// pkgs.k8s.io's. A patch and then a minor upgrade each finish in one run; every node's own package
 /// database reads the target for kubeadm, kubelet and kubectl, held or locked again; after
 /// the minor every node's repository names the new minor, and the dnf node's still
 /// excludes the packages.
+/// openEuler's /etc/os-release: dnf, though it names no family the node script knows.
+const OPEN_EULER: &str = "NAME=\"openEuler\"\nID=\"openEuler\"\nVERSION_ID=\"24.03\"\nPRETTY_NAME=\"openEuler 24.03 (LTS)\"\n";
+
 #[tokio::test]
 async fn a_patch_then_a_minor_upgrade_on_a_mixed_apt_dnf_and_zypper_cluster() {
     let ground = Ground::start_with_packages("1.34.2", 3, |name| match name {
@@ -305,6 +309,12 @@ async fn a_patch_then_a_minor_upgrade_on_a_mixed_apt_dnf_and_zypper_cluster() {
         _ => Packages::Zypper,
     })
     .await;
+    // w2 runs openEuler, a dnf distribution its os-release does not show: its label names
+    // the package manager.
+    ground.node("w2").runs_os(OPEN_EULER);
+    ground.api.edit_node("w2", |n| {
+        n["metadata"]["labels"]["rollgate.io/package-manager"] = json!("dnf");
+    });
     let rg = start(&ground, &[]).await;
     for (target, kind) in [("1.34.5", "patch"), ("1.35.0", "minor")] {
         let id = detect(&rg, target, kind).await;

@@ -877,6 +877,46 @@ async fn on_a_real_dnf_a_worker_upgrade_installs_the_release_and_the_locks_stand
     assert_eq!(releases, ["1.34.2", "1.34.3", "1.34.5"], "{out}");
 }
 
+/// openEuler's /etc/os-release names no family the script knows (its ID_LIKE is empty), yet
+/// its package manager is dnf: refused as an unknown OS, then served with `--manager dnf`
+/// (what the node's `rollgate.io/package-manager=dnf` label makes rollgate pass), on
+/// Debian's own dnf; a manager the script does not drive is refused before anything runs.
+#[tokio::test]
+async fn a_named_package_manager_serves_an_os_the_script_does_not_know() {
+    let api = FakeKube::start().await;
+    api.add_node("w1", false, "1.34.2", "1.34.2");
+    let w1 = RpmNode::dnf(&api, "w1", "1.34", "1.34.2-150500.1.1").await;
+    std::fs::write(
+        w1.node.dir.path().join("os-release"),
+        "NAME=\"openEuler\"\nVERSION=\"24.03 (LTS)\"\nID=\"openEuler\"\nVERSION_ID=\"24.03\"\nPRETTY_NAME=\"openEuler 24.03 (LTS)\"\n",
+    )
+    .unwrap();
+    let (code, out) = w1.node.run(&["--check"]);
+    assert_eq!(code, 3, "{out}");
+    assert!(
+        out.contains("runs openEuler 24.03 (no apt, dnf or zypper)"),
+        "{out}"
+    );
+    let (code, out) = w1.node.run(&["--manager", "pacman", "--check"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("--manager must be apt, dnf or zypper, got 'pacman'"),
+        "{out}"
+    );
+    let (code, out) = w1.node.run(&["--check", "--manager", "dnf"]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = w1.node.run(&[
+        "--role",
+        "worker",
+        "--release",
+        "1.34.5",
+        "--manager",
+        "dnf",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(w1.package("kubelet").0, "1.34.5-150500.1.1");
+}
+
 /// On Debian's own dnf: the release of the next minor is not in the node's repository
 /// until `--apt-minor` points the repository file at it (its exclude kept); then it
 /// installs, and the locks stand at it.

@@ -353,6 +353,7 @@ fn thousand_node_run(workers: usize) -> rollgate::domain::run::Run {
         role,
         kubelet: v("1.34.2"),
         distribution: Default::default(),
+        package_manager: None,
         containerd: None,
         ready: true,
         address: None,

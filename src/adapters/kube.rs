@@ -163,6 +163,9 @@ fn node_facts(node: &Node) -> Result<NodeFacts, ClusterError> {
         name,
         kubelet,
         distribution: Distribution::of_reported(&info.kubelet_version),
+        package_manager: labels
+            .get(crate::domain::facts::PACKAGE_MANAGER_LABEL)
+            .cloned(),
         containerd,
         ready,
         address,

@@ -27,6 +27,9 @@ pub struct NodeFacts {
     pub kubelet: Version,
     /// The distribution its kubelet version shows (`+k3s1`, `+rke2r1`, else kubeadm).
     pub distribution: Distribution,
+    /// The package manager its `rollgate.io/package-manager` label names, in place of the
+    /// one the node script reads off `/etc/os-release` (as written: the planner checks it).
+    pub package_manager: Option<String>,
     /// The containerd version it reports, when its runtime is containerd.
     pub containerd: Option<Version>,
     /// Its Ready condition is True.
@@ -34,6 +37,12 @@ pub struct NodeFacts {
     /// Its InternalIP, if it reports one.
     pub address: Option<String>,
 }
+
+/// The label that names a kubeadm node's package manager, overriding `/etc/os-release`.
+pub const PACKAGE_MANAGER_LABEL: &str = "rollgate.io/package-manager";
+
+/// The package managers the kubeadm node script drives.
+pub const PACKAGE_MANAGERS: [&str; 3] = ["apt", "dnf", "zypper"];
 
 /// What the cluster says about itself.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

@@ -845,6 +845,7 @@ mod tests {
             role,
             kubelet: Version::parse("1.34.2").unwrap(),
             distribution: Default::default(),
+            package_manager: None,
             containerd: Version::parse(containerd).ok(),
             ready: true,
             address: None,

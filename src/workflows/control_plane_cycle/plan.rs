@@ -517,6 +517,7 @@ mod tests {
             role: Role::ControlPlane,
             kubelet: v(kubelet),
             distribution: Default::default(),
+            package_manager: None,
             containerd: None,
             ready: true,
             address: None,

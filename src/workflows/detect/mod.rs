@@ -21,6 +21,7 @@ use crate::ports::{
 };
 use crate::workflows::k8s_upgrade::NODE_SCRIPT;
 use crate::workflows::k8s_upgrade::plan::{ClusterFacts, Role};
+use crate::workflows::node_cycle::driver::NodeDriver;
 use crate::workflows::node_reboot::RebootRequest;
 use crate::workflows::node_reboot::sentinel;
 use plan::{Decision, Findings, NextMinor, RunningError, madison_releases, minor_of, next_minor};
@@ -181,9 +182,10 @@ pub async fn findings(sources: &Sources, facts: &ClusterFacts) -> Result<Finding
         node: plane.name.clone(),
         error,
     };
+    let args = NodeDriver::kubeadm().on_node(plane, vec!["--available".to_owned()]);
     let out = sources
         .exec
-        .run_script(&target, NODE_SCRIPT, &["--available".to_owned()])
+        .run_script(&target, NODE_SCRIPT, &args)
         .await
         .map_err(|e| ssh_error(Failure::caused("the node script did not run", e)))?;
     if out.status == Some(crate::workflows::k8s_upgrade::UNSUPPORTED_OS) {

@@ -404,6 +404,7 @@ mod tests {
             role,
             kubelet: v(kubelet),
             distribution: Default::default(),
+            package_manager: None,
             containerd: None,
             ready: true,
             address: None,

@@ -30,7 +30,7 @@ use crate::ports::{
     NodeTarget, Snapshots, StepExecutor,
 };
 use crate::workflows::control_plane_cycle::ControlPlaneCycle;
-use crate::workflows::k8s_upgrade::plan::{PlanSettings, Role};
+use crate::workflows::k8s_upgrade::plan::{NodeFacts, PlanSettings, Role};
 use crate::workflows::node_cycle::NodeCycle;
 use crate::workflows::node_cycle::driver::{NodeDriver, NodeRole};
 use crate::workflows::node_reboot::NodeReboots;
@@ -111,22 +111,23 @@ fn script_result(what: &str, out: ExecOutput) -> StepOutcome {
 }
 
 impl UpgradeSteps {
-    async fn target_node(&self, name: &str) -> Result<NodeTarget, ClusterError> {
+    async fn node_facts(&self, name: &str) -> Result<NodeFacts, ClusterError> {
         let facts = self.cluster.facts().await?;
-        let node = facts
+        facts
             .node(name)
-            .ok_or_else(|| ClusterError::new(format!("node {name} is no longer in the cluster")))?;
-        Ok(NodeTarget::from(node))
+            .cloned()
+            .ok_or_else(|| ClusterError::new(format!("node {name} is no longer in the cluster")))
     }
 
     /// The driver's script's output on `node`, or the outcome when it could not run.
     async fn script_on(&self, node: &str, args: &[String]) -> Result<ExecOutput, StepOutcome> {
-        let target = self
-            .target_node(node)
+        let node = self
+            .node_facts(node)
             .await
             .map_err(|e| StepOutcome::retry(error_chain(&e)))?;
+        let args = self.driver.on_node(&node, args.to_vec());
         self.exec
-            .run_script(&target, self.driver.script(), args)
+            .run_script(&NodeTarget::from(&node), self.driver.script(), &args)
             .await
             .map_err(exec_failure)
     }
@@ -239,12 +240,12 @@ impl UpgradeSteps {
         let args = self.driver.check(request.target_version, request.build);
         let checks = facts.nodes.iter().map(|node| {
             let target = NodeTarget::from(node);
-            let args = &args;
+            let args = self.driver.on_node(node, args.clone());
             async move {
                 (
                     target.name.clone(),
                     self.exec
-                        .run_script(&target, self.driver.script(), args)
+                        .run_script(&target, self.driver.script(), &args)
                         .await,
                 )
             }

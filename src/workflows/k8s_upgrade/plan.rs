@@ -136,6 +136,24 @@ pub fn check_distribution(
             other.name, other.distribution
         )));
     }
+    for node in &facts.nodes {
+        let Some(named) = &node.package_manager else {
+            continue;
+        };
+        let label = crate::domain::facts::PACKAGE_MANAGER_LABEL;
+        if distribution != Distribution::Kubeadm {
+            return Err(PlanError::Distribution(format!(
+                "node {} has the label {label}={named:?}, which is for kubeadm nodes; {distribution} nodes take their release from cluster.release_mirror: remove the label",
+                node.name
+            )));
+        }
+        if !crate::domain::facts::PACKAGE_MANAGERS.contains(&named.as_str()) {
+            return Err(PlanError::Distribution(format!(
+                "node {} has the label {label}={named:?}: it must be apt, dnf or zypper",
+                node.name
+            )));
+        }
+    }
     if request.build.is_some() && distribution == Distribution::Kubeadm {
         return Err(PlanError::Distribution(
             "build names a k3s or RKE2 build, and this cluster runs kubeadm: leave it out".into(),
@@ -748,6 +766,7 @@ mod tests {
             role,
             kubelet: v(kubelet),
             distribution: Default::default(),
+            package_manager: None,
             containerd: Some(v(containerd)),
             ready: true,
             address: None,
@@ -852,7 +871,33 @@ mod tests {
         };
         let mut with_build = request("1.34.5", UpgradeKind::Patch, "all");
         with_build.build = Some(2);
-        let cases: [(&PlanSettings, ClusterFacts, &DetectionRequest, Want); 4] = [
+        let labelled = |distribution, manager: &str| {
+            let mut facts = on(distribution, cluster("1.34.2", &["1.34.2"]));
+            facts.nodes[1].package_manager = Some(manager.to_owned());
+            facts
+        };
+        let patch = request("1.34.5", UpgradeKind::Patch, "all");
+        let cases: [(&PlanSettings, ClusterFacts, &DetectionRequest, Want); 7] = [
+            (
+                &kubeadm,
+                labelled(Distribution::Kubeadm, "dnf"),
+                &patch,
+                Ok(()),
+            ),
+            (
+                &kubeadm,
+                labelled(Distribution::Kubeadm, "yum"),
+                &patch,
+                Err(
+                    "node w1 has the label rollgate.io/package-manager=\"yum\": it must be apt, dnf or zypper",
+                ),
+            ),
+            (
+                &k3s,
+                labelled(Distribution::K3s, "apt"),
+                &patch,
+                Err("which is for kubeadm nodes"),
+            ),
             (
                 &kubeadm,
                 on(Distribution::K3s, cluster("1.34.2", &["1.34.2"])),

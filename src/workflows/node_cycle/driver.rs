@@ -14,6 +14,7 @@
 //! | roll back | no: kubeadm does not downgrade | the previous binary stays beside the new one |
 
 use crate::domain::distribution::{Distribution, Release};
+use crate::domain::facts::{NodeFacts, PACKAGE_MANAGERS};
 use crate::domain::version::Version;
 
 /// The kubeadm node script.
@@ -153,6 +154,20 @@ impl NodeDriver {
         }
     }
 
+    /// `args` for `node`: on kubeadm, the package manager its label names
+    /// (`rollgate.io/package-manager`, checked by the planner) goes with them, in place of
+    /// the one its `/etc/os-release` suggests.
+    pub fn on_node(&self, node: &NodeFacts, mut args: Vec<String>) -> Vec<String> {
+        let named = node
+            .package_manager
+            .as_deref()
+            .filter(|m| PACKAGE_MANAGERS.contains(m));
+        if let (Distribution::Kubeadm, Some(manager)) = (self.distribution, named) {
+            args.extend(["--manager".to_owned(), manager.to_owned()]);
+        }
+        args
+    }
+
     /// What a refusal from the script means, when it is one no retry mends.
     pub fn refusal(&self, status: Option<i32>) -> Option<&'static str> {
         match (self.distribution, status) {
@@ -240,6 +255,39 @@ mod tests {
         assert!(!kubeadm.can_roll_back() && k3s().can_roll_back());
         assert_eq!(kubeadm.script_name(), "node-upgrade.sh");
         assert_eq!(rke2.script(), K3S_SCRIPT);
+    }
+
+    #[test]
+    fn a_node_label_names_the_package_manager_on_kubeadm_only() {
+        let node = |label: Option<&str>| NodeFacts {
+            name: "w1".into(),
+            role: crate::domain::facts::Role::Worker,
+            kubelet: v("1.34.2"),
+            distribution: Distribution::Kubeadm,
+            package_manager: label.map(str::to_owned),
+            containerd: None,
+            ready: true,
+            address: None,
+        };
+        let check = || vec!["--check".to_owned()];
+        let cases: [(&NodeDriver, Option<&str>, &str); 5] = [
+            (&NodeDriver::kubeadm(), None, "--check"),
+            (&NodeDriver::kubeadm(), Some("dnf"), "--check --manager dnf"),
+            (
+                &NodeDriver::kubeadm(),
+                Some("zypper"),
+                "--check --manager zypper",
+            ),
+            (&NodeDriver::kubeadm(), Some("pacman; reboot"), "--check"),
+            (&k3s(), Some("dnf"), "--check"),
+        ];
+        for (driver, label, want) in cases {
+            assert_eq!(
+                driver.on_node(&node(label), check()).join(" "),
+                want,
+                "{label:?}"
+            );
+        }
     }
 
     #[test]

@@ -287,6 +287,7 @@ mod tests {
             role,
             kubelet: Version::parse("1.34.2").unwrap(),
             distribution: Default::default(),
+            package_manager: None,
             containerd: None,
             ready: true,
             address: None,
