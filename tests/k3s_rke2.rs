@@ -382,3 +382,21 @@ async fn detect_follows_the_k3s_channel_server_and_the_run_installs_the_build_it
     }
     assert_eq!(mirror.downloads(&release), ground.nodes.len());
 }
+
+/// k3s on Flatcar with locksmithd running: the upgrade's pre-flight names the agent and
+/// what to change, before anything is drained.
+#[tokio::test]
+async fn a_k3s_node_whose_locksmithd_would_reboot_it_is_refused_in_pre_flight() {
+    let ground = Ground::start_release(Distro::K3s, FROM, 1, 1).await;
+    ground.node("agent-1").runs_os(support::nodes::FLATCAR);
+    ground.node("agent-1").activate("locksmithd.service");
+    let rg = ground.rollgate(&[]).await;
+    let id = detect(&rg).await;
+    let run = rg.wait_status(&id, "halted", RUN_DEADLINE).await;
+    let check = outcome_of(&run, "preflight/ssh-reachable");
+    assert!(
+        check.starts_with("agent-1: locksmithd is active"),
+        "{check}"
+    );
+    ground.assert_nothing_drained();
+}

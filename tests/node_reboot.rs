@@ -982,3 +982,25 @@ async fn kured_lock_is_honoured_while_kured_holds_it_and_held_while_rollgate_wor
     .await;
     assert_rebooted_once(&ground, "w2");
 }
+
+/// A node whose own reboot manager (Flatcar's locksmithd) would reboot it besides rollgate
+/// is refused at planning, named with what to change; nothing is drained or rebooted.
+#[tokio::test]
+async fn a_node_with_a_reboot_manager_of_its_own_is_refused_at_planning() {
+    let ground = Ground::start("1.34.2", 2).await;
+    for name in ["w1", "w2"] {
+        ground.node(name).need_reboot();
+    }
+    ground.node("w2").activate("locksmithd.service");
+    let rg = reboot_rollgate(&ground, &[]).await;
+    let id = ask(&rg, json!({})).await;
+    let run = rg.wait_status(&id, "halted", RUN_DEADLINE).await;
+    let reason = run["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("w2: locksmithd is active: Flatcar reboots the node itself")
+            && reason.contains("REBOOT_STRATEGY=off"),
+        "{reason}"
+    );
+    ground.assert_nothing_drained();
+    assert_eq!(ground.node("w1").reboots() + ground.node("w2").reboots(), 0);
+}

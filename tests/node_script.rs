@@ -99,6 +99,7 @@ fn the_scripts_are_shellcheck_clean() {
     let out = Command::new("shellcheck")
         .arg(script())
         .arg(k3s_script())
+        .arg(reboot_managers_script())
         .output()
         .expect("shellcheck (Debian package shellcheck) is installed");
     assert!(
@@ -1317,4 +1318,77 @@ async fn bad_k3s_arguments_stop_the_script_before_anything_runs() {
         k3s::installed(agent.dir.path(), Distro::K3s),
         "v1.34.2+k3s1"
     );
+}
+
+fn reboot_managers_script() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("scripts/reboot-managers.sh")
+        .display()
+        .to_string()
+}
+
+/// A node's own reboot managers, each found only when its unit is active and its setting
+/// reboots: locksmithd (Flatcar), unattended-upgrades with Automatic-Reboot (read by apt's
+/// own apt-config), dnf-automatic with `reboot = when-needed`.
+#[tokio::test]
+async fn reboot_managers_names_each_reboot_manager_of_the_nodes_own() {
+    let api = FakeKube::start().await;
+    api.add_node("w1", false, "1.34.2", "1.7.20");
+    let mut w1 = node(&api, "w1", "1.34").await;
+    let d = w1.dir.path().to_owned();
+    let apt_conf = d.join("apt.conf");
+    std::fs::write(
+        &apt_conf,
+        "Unattended-Upgrade::Automatic-Reboot \"true\";\n",
+    )
+    .unwrap();
+    let dnf_conf = d.join("automatic.conf");
+    std::fs::write(
+        &dnf_conf,
+        "[commands]\napply_updates = yes\nreboot = when-needed\n",
+    )
+    .unwrap();
+    w1.env
+        .push(("APT_CONFIG".into(), apt_conf.display().to_string()));
+    w1.env
+        .push(("DNF_AUTOMATIC_CONF".into(), dnf_conf.display().to_string()));
+    let activate = |unit: &str| std::fs::write(d.join(format!("state/active-{unit}")), "").unwrap();
+
+    // Settings that reboot, but no unit running them: nothing.
+    let (code, out) = w1.run_script(&reboot_managers_script(), &[]);
+    assert_eq!((code, out.as_str()), (0, ""));
+    activate("locksmithd.service");
+    activate("apt-daily-upgrade.timer");
+    activate("dnf-automatic-install.timer");
+    let (code, out) = w1.run_script(&reboot_managers_script(), &[]);
+    assert_eq!(code, 5, "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    assert!(
+        lines[0].starts_with("locksmithd is active: Flatcar reboots the node itself"),
+        "{out}"
+    );
+    assert!(
+        lines[1].contains("Unattended-Upgrade::Automatic-Reboot \"true\""),
+        "{out}"
+    );
+    assert!(
+        lines[2].contains(&format!(
+            "reboot = when-needed or when-changed in {}",
+            dnf_conf.display()
+        )),
+        "{out}"
+    );
+
+    // The settings that do not reboot: only locksmithd, whose running is its setting.
+    std::fs::write(
+        &apt_conf,
+        "Unattended-Upgrade::Automatic-Reboot \"false\";\n",
+    )
+    .unwrap();
+    std::fs::write(&dnf_conf, "[commands]\nreboot = never\n").unwrap();
+    let (code, out) = w1.run_script(&reboot_managers_script(), &[]);
+    assert_eq!(code, 5, "{out}");
+    assert_eq!(out.lines().count(), 1, "{out}");
+    assert!(out.starts_with("locksmithd"), "{out}");
 }

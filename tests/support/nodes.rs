@@ -171,6 +171,10 @@ case "$1 $2" in
     ready=True
     [ -f "$STUB_STATE/stay-not-ready" ] && ready=False
     patch "{\"status\":{\"nodeInfo\":{\"kubeletVersion\":\"$r\"},\"conditions\":[{\"type\":\"Ready\",\"status\":\"$ready\"}]}}" ;;
+  "is-active "*)
+    # A unit is active when the test made it so (FakeNode::activate).
+    [ -f "$STUB_STATE/active-${!#}" ] && exit 0
+    exit 3 ;;
   "reboot "*)
     # The node goes down: NotReady, no SSH, this session cut; it comes back after the
     # delay with the next boot id, Ready, and no sentinel (unless told never to).
@@ -875,6 +879,11 @@ impl FakeNode {
         if let Some(ctl) = etcd_ctl {
             std::os::unix::fs::symlink(ctl, state.join("etcd-ctl")).expect("etcd-ctl");
         }
+    }
+
+    /// Makes systemd unit `unit` active on this node (`systemctl is-active` says so).
+    pub fn activate(&self, unit: &str) {
+        std::fs::write(self.dir.path().join(format!("state/active-{unit}")), "").expect("unit");
     }
 
     /// Makes this node's etcd member not come back from its upgrade.

@@ -31,8 +31,8 @@ use crate::ports::{
 };
 use crate::workflows::control_plane_cycle::ControlPlaneCycle;
 use crate::workflows::k8s_upgrade::plan::{NodeFacts, PlanSettings, Role};
-use crate::workflows::node_cycle::NodeCycle;
 use crate::workflows::node_cycle::driver::{NodeDriver, NodeRole};
+use crate::workflows::node_cycle::{NodeCycle, own_reboot_managers};
 use crate::workflows::node_reboot::NodeReboots;
 
 /// The kubeadm node script, piped to `bash -s`.
@@ -242,35 +242,54 @@ impl UpgradeSteps {
             let target = NodeTarget::from(node);
             let args = self.driver.on_node(node, args.clone());
             async move {
-                (
-                    target.name.clone(),
-                    self.exec
-                        .run_script(&target, self.driver.script(), &args)
-                        .await,
-                )
+                let checked = self
+                    .exec
+                    .run_script(&target, self.driver.script(), &args)
+                    .await;
+                let managers = match &checked {
+                    Ok(out) if out.status == Some(0) => {
+                        Some(own_reboot_managers(&*self.exec, &target).await)
+                    }
+                    _ => None,
+                };
+                (target.name.clone(), checked, managers)
             }
         });
         let mut answered = Vec::new();
-        for (name, result) in futures_util::future::join_all(checks).await {
-            match result {
-                Ok(out) if out.status == Some(0) => answered.push(name),
-                // An OS no driver serves, a release the mirror lacks: no retry mends them.
-                Ok(out) if self.driver.refusal(out.status).is_some() => {
-                    return StepOutcome::failed(format!(
-                        "{name} {}",
-                        refused_line(&out.stderr, self.driver.script_name())
-                    ));
+        for (name, result, managers) in futures_util::future::join_all(checks).await {
+            match (result, managers) {
+                // A reboot manager of the node's own would reboot it under the upgrade.
+                (Ok(_), Some(Ok(found))) if !found.is_empty() => {
+                    return StepOutcome::failed(format!("{name}: {}", found.join("; ")));
                 }
-                Ok(out) => {
+                (Ok(_), Some(Err(e))) => {
                     return StepOutcome::retry(format!(
-                        "node check on {name} failed: {}",
-                        out.tail(TAIL_LINES)
+                        "cannot tell {name}'s own reboot managers: {e}"
                     ));
                 }
-                Err(e) => return exec_failure(e),
+                (result, _) => match result {
+                    Ok(out) if out.status == Some(0) => answered.push(name),
+                    // An OS no driver serves, a release the mirror lacks: no retry mends them.
+                    Ok(out) if self.driver.refusal(out.status).is_some() => {
+                        return StepOutcome::failed(format!(
+                            "{name} {}",
+                            refused_line(&out.stderr, self.driver.script_name())
+                        ));
+                    }
+                    Ok(out) => {
+                        return StepOutcome::retry(format!(
+                            "node check on {name} failed: {}",
+                            out.tail(TAIL_LINES)
+                        ));
+                    }
+                    Err(e) => return exec_failure(e),
+                },
             }
         }
-        StepOutcome::done(format!("answered over SSH: {}", answered.join(", ")))
+        StepOutcome::done(format!(
+            "answered over SSH, no reboot manager of their own: {}",
+            answered.join(", ")
+        ))
     }
 
     async fn kubeadm_plan(&self, request: &DetectionRequest, node: &str) -> StepOutcome {

@@ -22,6 +22,31 @@ pub const KUBEADM_SCRIPT: &str = include_str!("../../../scripts/node-upgrade.sh"
 /// The k3s and RKE2 node script.
 pub const K3S_SCRIPT: &str = include_str!("../../../scripts/node-k3s.sh");
 
+/// The script that names a node's own reboot managers (locksmithd, unattended-upgrades or
+/// dnf-automatic set to reboot), which would reboot it while rollgate has it in hand.
+pub const REBOOT_MANAGERS_SCRIPT: &str = include_str!("../../../scripts/reboot-managers.sh");
+/// Its exit status when it found some.
+pub const REBOOT_MANAGERS_FOUND: i32 = 5;
+
+/// What [`REBOOT_MANAGERS_SCRIPT`] says of a node: `Ok` with the managers found (none: an
+/// empty list), or `Err` when its answer makes no sense (not 0 or 5), so that pre-flight
+/// does not pass on a node it could not read.
+pub fn reboot_managers(status: Option<i32>, stdout: &str) -> Result<Vec<String>, String> {
+    match status {
+        Some(0) => Ok(Vec::new()),
+        Some(REBOOT_MANAGERS_FOUND) => Ok(stdout
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect()),
+        other => Err(format!(
+            "reboot-managers.sh exited with {}",
+            other.map_or("a signal".into(), |s| s.to_string())
+        )),
+    }
+}
+
 /// The exit status of the kubeadm script on a node whose OS it does not serve.
 pub const UNSUPPORTED_OS: i32 = 3;
 /// The exit status of the k3s script when the release is missing from the mirror or does
@@ -288,6 +313,23 @@ mod tests {
                 "{label:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_nodes_own_reboot_managers_are_read_from_the_script() {
+        assert_eq!(reboot_managers(Some(0), ""), Ok(vec![]));
+        assert_eq!(
+            reboot_managers(
+                Some(5),
+                "locksmithd is active: x\n\nunattended-upgrades y\n"
+            ),
+            Ok(vec![
+                "locksmithd is active: x".into(),
+                "unattended-upgrades y".into()
+            ])
+        );
+        assert!(reboot_managers(Some(2), "").is_err());
+        assert!(reboot_managers(None, "").is_err());
     }
 
     #[test]

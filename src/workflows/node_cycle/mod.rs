@@ -18,10 +18,26 @@ use crate::domain::run::{Run, Step};
 use crate::domain::self_silence::{self, SilenceMatcher};
 use crate::error_chain;
 use crate::metrics::Metrics;
-use crate::ports::{ClusterError, Cordon, DrainError, DrainOptions, NodeDrain, Silences};
+use crate::ports::{
+    ClusterError, Cordon, DrainError, DrainOptions, NodeDrain, NodeExec, NodeTarget, Silences,
+};
 use crate::workflows::events::EventSink;
 use crate::workflows::node_cycle::holds as drain_holds;
 use crate::workflows::node_cycle::plan as node_cycle;
+
+/// The node's own reboot managers that would reboot it while rollgate has it in hand
+/// ([`driver::REBOOT_MANAGERS_SCRIPT`]), each a line saying what to change; `Err` when the
+/// node could not be read.
+pub async fn own_reboot_managers(
+    exec: &dyn NodeExec,
+    target: &NodeTarget,
+) -> Result<Vec<String>, String> {
+    let out = exec
+        .run_script(target, driver::REBOOT_MANAGERS_SCRIPT, &[])
+        .await
+        .map_err(|e| error_chain(&e))?;
+    driver::reboot_managers(out.status, &out.stdout)
+}
 
 /// How the cycle drains and soaks.
 #[derive(Debug, Clone)]

@@ -19,6 +19,7 @@ use crate::workflows::control_plane_cycle::ControlPlaneCycle;
 use crate::workflows::control_plane_cycle::plan::NextControlPlane;
 use crate::workflows::k8s_upgrade::plan::{ClusterFacts, NodeFacts, Role};
 use crate::workflows::node_cycle::NodeCycle;
+use crate::workflows::node_cycle::own_reboot_managers;
 use crate::workflows::node_reboot::RebootRequest;
 
 /// The ports the reboot steps drive.
@@ -52,16 +53,29 @@ impl RebootSteps {
                 let target = NodeTarget::from(n);
                 async move {
                     let needs = self.reboots.read_sentinel(&target).await;
-                    (target.name, needs)
+                    let managers = match needs {
+                        Ok(true) => own_reboot_managers(&*self.reboots.exec, &target).await,
+                        _ => Ok(Vec::new()),
+                    };
+                    (target.name, needs, managers)
                 }
             });
         let mut needs = BTreeMap::new();
-        for (name, answer) in futures_util::future::join_all(checks).await {
-            match answer {
-                Ok(set) => {
+        for (name, answer, managers) in futures_util::future::join_all(checks).await {
+            match (answer, managers) {
+                // A reboot manager of the node's own would reboot it besides rollgate.
+                (Ok(_), Ok(found)) if !found.is_empty() => {
+                    return StepOutcome::failed(format!("{name}: {}", found.join("; ")));
+                }
+                (Ok(_), Err(e)) => {
+                    return StepOutcome::retry(format!(
+                        "cannot tell {name}'s own reboot managers: {e}"
+                    ));
+                }
+                (Ok(set), Ok(_)) => {
                     needs.insert(name, set);
                 }
-                Err(outcome) => return outcome,
+                (Err(outcome), _) => return outcome,
             }
         }
         match plan::plan(request, &facts, &needs, &self.plan) {
