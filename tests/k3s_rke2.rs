@@ -172,7 +172,7 @@ async fn k3s_three_servers_one_at_a_time_with_one_leadership_change_then_six_age
         .flatten()
         .filter(|s| step_label(s).as_deref() == Some("control-plane/next"))
         .filter_map(|s| s["outcome"].as_str())
-        .last()
+        .next_back()
         .expect("the last next step's report")
         .to_owned();
     assert!(

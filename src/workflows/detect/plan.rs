@@ -262,7 +262,9 @@ mod tests {
         };
         let minor = minor_of(v("1.34.2"));
         let served = channels(&[("stable", "v1.33.5+k3s1"), ("v1.34", "v1.34.5+k3s2")]);
-        let cases: [(&[Channel], Distribution, Result<Option<&str>, &str>); 6] = [
+        /// The release a channel names, or the error's words.
+        type Want<'a> = Result<Option<&'a str>, &'a str>;
+        let cases: [(&[Channel], Distribution, Want); 6] = [
             (&served, Distribution::K3s, Ok(Some("v1.34.5+k3s2"))),
             (&served[..1], Distribution::K3s, Ok(None)),
             (&served, Distribution::Rke2, Err("is not a rke2 release")),
