@@ -10,22 +10,11 @@ use serde_json::{Value, json};
 use std::time::Duration;
 use support::ground::Ground;
 use support::k3s::{self, Distro};
-use support::{Rollgate, find_step, step_label};
+use support::{find_step, step_label};
 
 const RUN_DEADLINE: Duration = Duration::from_secs(240);
 const FROM: &str = "1.34.2";
 const TO: &str = "1.34.5";
-
-async fn detect(rg: &Rollgate) -> String {
-    let (status, body) = rg
-        .post(
-            "/v1/detections",
-            &json!({"target_version": TO, "kind": "patch", "stages": "all"}),
-        )
-        .await;
-    assert_eq!(status, 202, "{body}");
-    body["run_id"].as_str().expect("run id").to_owned()
-}
 
 fn labels(run: &Value) -> Vec<String> {
     run["steps"]
@@ -158,7 +147,7 @@ async fn k3s_three_servers_one_at_a_time_with_one_leadership_change_then_six_age
     let rg = ground
         .rollgate(&[("ROLLGATE__CLUSTER__MAX_UNAVAILABLE", "2".into())])
         .await;
-    let id = detect(&rg).await;
+    let id = rg.detect(TO, "patch").await;
     let run = rg.wait_status(&id, "succeeded", RUN_DEADLINE).await;
     assert_release_upgraded(&ground, &run, Distro::K3s, "server-2", term_before).await;
     let (most, _) = ground.most_workers_cordoned_at_once();
@@ -189,7 +178,7 @@ async fn rke2_one_server_then_its_agents() {
     let ground = Ground::start_release(Distro::Rke2, FROM, 1, 2).await;
     let term_before = ground.etcd.stacked().term().await;
     let rg = ground.rollgate(&[]).await;
-    let id = detect(&rg).await;
+    let id = rg.detect(TO, "patch").await;
     let run = rg.wait_status(&id, "succeeded", RUN_DEADLINE).await;
     assert_release_upgraded(&ground, &run, Distro::Rke2, "server-1", term_before).await;
     let pod = ground.api.pod_in("kube-system", "kube-apiserver-server-1");
@@ -210,7 +199,7 @@ async fn a_k3s_release_that_fails_its_checksum_halts_the_run_before_any_drain() 
     let published = mirror.artifact_sum(&to);
     mirror.corrupt(&to);
     let rg = ground.rollgate(&[]).await;
-    let id = detect(&rg).await;
+    let id = rg.detect(TO, "patch").await;
     let run = rg.wait_status(&id, "halted", RUN_DEADLINE).await;
     let fetch = outcome_of(&run, "control-plane/fetch@server-1");
     assert!(fetch.contains("checksum mismatch for"), "{fetch}");
@@ -246,7 +235,7 @@ async fn a_k3s_release_missing_from_the_mirror_is_refused_in_pre_flight() {
     let mirror = ground.mirror.as_ref().expect("mirror");
     mirror.withdraw(&Distro::K3s.release(TO));
     let rg = ground.rollgate(&[]).await;
-    let id = detect(&rg).await;
+    let id = rg.detect(TO, "patch").await;
     let run = rg.wait_status(&id, "halted", RUN_DEADLINE).await;
     let check = outcome_of(&run, "preflight/ssh-reachable");
     assert!(
@@ -301,7 +290,7 @@ async fn an_ssh_cut_during_a_k3s_apply_is_redone_without_a_second_swap_or_restar
     ground.node("agent-1").cut_session_during_upgrade();
     let term_before = ground.etcd.stacked().term().await;
     let rg = ground.rollgate(&[]).await;
-    let id = detect(&rg).await;
+    let id = rg.detect(TO, "patch").await;
     let run = rg.wait_status(&id, "succeeded", RUN_DEADLINE).await;
     assert_release_upgraded(&ground, &run, Distro::K3s, "server-1", term_before).await;
     let upgrade = find_step(&run, "workers/upgrade@agent-1").expect("upgrade@agent-1");
@@ -391,7 +380,7 @@ async fn a_k3s_node_whose_locksmithd_would_reboot_it_is_refused_in_pre_flight() 
     ground.node("agent-1").runs_os(support::nodes::FLATCAR);
     ground.node("agent-1").activate("locksmithd.service");
     let rg = ground.rollgate(&[]).await;
-    let id = detect(&rg).await;
+    let id = rg.detect(TO, "patch").await;
     let run = rg.wait_status(&id, "halted", RUN_DEADLINE).await;
     let check = outcome_of(&run, "preflight/ssh-reachable");
     assert!(

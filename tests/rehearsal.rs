@@ -48,6 +48,42 @@ async fn label_values(r: &Rehearsal, promql: &str, label: &str) -> BTreeSet<Stri
         .collect()
 }
 
+/// What a healthy upgrade leaves, over the last `window` seconds: no gate closed and no
+/// halt in its history; no gate alert fired at any moment, in Prometheus or at
+/// Alertmanager's receiver (rollgate's board); and not for want of skew: the cluster ran
+/// two versions for longer than the rule's scaled 30 minutes, which without `unless in
+/// flight` would have fired and closed the gate.
+async fn assert_no_gate_of_its_own(r: &Rehearsal, run: &Value, window: u64) {
+    assert!(!history_has(run, "gate closed"), "{run}");
+    assert!(!history_has(run, "halted"), "{run}");
+    let fired = label_values(
+        r,
+        &format!(r#"max_over_time(ALERTS{{alertstate="firing",upgrade_gate="true"}}[{window}s])"#),
+        "alertname",
+    )
+    .await;
+    assert!(
+        fired.is_empty(),
+        "gate alerts fired during the run: {fired:?}"
+    );
+    let (_, board) = r.rg.get("/v1/alerts").await;
+    assert_eq!(board, json!([]), "rollgate's board");
+    let skew = r
+        .query(&format!(
+            r#"count_over_time((count(count by (git_version) (kubernetes_build_info{{job=~"apiserver|kubelet"}})) > 1)[{window}s:250ms]) * 0.25"#
+        ))
+        .await;
+    let skew_seconds: f64 = skew[0]["value"][1]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .expect("skew seconds");
+    let rule_for = Duration::from_secs(1800).mul_f64(SCALE).as_secs_f64();
+    assert!(
+        skew_seconds > rule_for,
+        "skew lasted {skew_seconds}s, the rule waits {rule_for}s: this run proves nothing"
+    );
+}
+
 #[test]
 fn the_rules_scale_by_one_factor() {
     assert_eq!(SCALE, 1.0 / 120.0);
@@ -119,38 +155,7 @@ async fn a_healthy_upgrade_of_one_control_plane_and_six_workers_closes_no_gate_o
 
     r.ground.assert_all_at("1.34.5");
     r.ground.assert_drained_once();
-    assert!(!history_has(&run, "gate closed"), "{run}");
-    assert!(!history_has(&run, "halted"), "{run}");
-    // No gate alert fired at any moment of the run, in Prometheus or at Alertmanager's
-    // receiver (rollgate's board).
-    let fired = label_values(
-        &r,
-        &format!(r#"max_over_time(ALERTS{{alertstate="firing",upgrade_gate="true"}}[{window}s])"#),
-        "alertname",
-    )
-    .await;
-    assert!(
-        fired.is_empty(),
-        "gate alerts fired during the run: {fired:?}"
-    );
-    let (_, board) = r.rg.get("/v1/alerts").await;
-    assert_eq!(board, json!([]), "rollgate's board");
-    // Not for want of skew: the cluster ran two versions for longer than the rule's scaled
-    // 30 minutes, which without `unless in flight` would have fired and closed the gate.
-    let skew = r
-        .query(&format!(
-            r#"count_over_time((count(count by (git_version) (kubernetes_build_info{{job=~"apiserver|kubelet"}})) > 1)[{window}s:250ms]) * 0.25"#
-        ))
-        .await;
-    let skew_seconds: f64 = skew[0]["value"][1]
-        .as_str()
-        .and_then(|v| v.parse().ok())
-        .expect("skew seconds");
-    let rule_for = Duration::from_secs(1800).mul_f64(SCALE).as_secs_f64();
-    assert!(
-        skew_seconds > rule_for,
-        "skew lasted {skew_seconds}s, the rule waits {rule_for}s: this run proves nothing"
-    );
+    assert_no_gate_of_its_own(&r, &run, window).await;
     // The node in hand was exported and its inhibition source fired for real nodes.
     let in_hand = label_values(
         &r,
@@ -192,34 +197,7 @@ async fn a_healthy_k3s_upgrade_of_one_server_and_six_agents_closes_no_gate_of_it
         );
     }
     r.ground.assert_drained_once();
-    assert!(!history_has(&run, "gate closed"), "{run}");
-    assert!(!history_has(&run, "halted"), "{run}");
-    let fired = label_values(
-        &r,
-        &format!(r#"max_over_time(ALERTS{{alertstate="firing",upgrade_gate="true"}}[{window}s])"#),
-        "alertname",
-    )
-    .await;
-    assert!(
-        fired.is_empty(),
-        "gate alerts fired during the run: {fired:?}"
-    );
-    let (_, board) = r.rg.get("/v1/alerts").await;
-    assert_eq!(board, json!([]), "rollgate's board");
-    let skew = r
-        .query(&format!(
-            r#"count_over_time((count(count by (git_version) (kubernetes_build_info{{job=~"apiserver|kubelet"}})) > 1)[{window}s:250ms]) * 0.25"#
-        ))
-        .await;
-    let skew_seconds: f64 = skew[0]["value"][1]
-        .as_str()
-        .and_then(|v| v.parse().ok())
-        .expect("skew seconds");
-    let rule_for = Duration::from_secs(1800).mul_f64(SCALE).as_secs_f64();
-    assert!(
-        skew_seconds > rule_for,
-        "skew lasted {skew_seconds}s, the rule waits {rule_for}s: this run proves nothing"
-    );
+    assert_no_gate_of_its_own(&r, &run, window).await;
 }
 
 #[tokio::test]

@@ -13,6 +13,8 @@ use std::sync::{Arc, Mutex};
 
 use sha2::{Digest, Sha256};
 
+use super::stacked::write_executable;
+
 /// The releases every mirror holds, by version.
 pub const VERSIONS: &[&str] = &["1.34.2", "1.34.3", "1.34.5", "1.35.0", "1.35.1"];
 
@@ -54,17 +56,6 @@ pub fn binary(distro: Distro, release: &str) -> String {
         "#!/bin/bash\nif [ \"$1\" = --version ]; then echo \"{} version {release} (0000000)\"; echo \"go version go1.23.4\"; fi\n",
         distro.name()
     )
-}
-
-fn write_executable(path: &Path, text: &str) {
-    std::fs::write(path, text).expect("write");
-    let ok = Command::new("chmod")
-        .arg("+x")
-        .arg(path)
-        .status()
-        .expect("chmod")
-        .success();
-    assert!(ok, "chmod {}", path.display());
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
@@ -246,7 +237,20 @@ pub fn install(d: &Path, env: &mut Vec<(String, String)>, distro: Distro, releas
 
 /// The release the node's installed binary reports.
 pub fn installed(d: &Path, distro: Distro) -> String {
-    let out = Command::new(d.join("usr-local-bin").join(distro.name()))
+    reported(&d.join("usr-local-bin").join(distro.name()))
+}
+
+/// The release the node's previous binary (kept beside by the swap) reports, if any.
+pub fn previous(d: &Path, distro: Distro) -> Option<String> {
+    let path = d
+        .join("usr-local-bin")
+        .join(format!("{}.previous", distro.name()));
+    path.exists().then(|| reported(&path))
+}
+
+/// What `binary --version` says its release is.
+fn reported(binary: &Path) -> String {
+    let out = Command::new(binary)
         .arg("--version")
         .output()
         .expect("the binary runs");
@@ -255,24 +259,6 @@ pub fn installed(d: &Path, distro: Distro) -> String {
         .nth(2)
         .unwrap_or_default()
         .to_owned()
-}
-
-/// The release the node's previous binary (kept beside by the swap) reports, if any.
-pub fn previous(d: &Path, distro: Distro) -> Option<String> {
-    let path = d
-        .join("usr-local-bin")
-        .join(format!("{}.previous", distro.name()));
-    path.exists().then(|| {
-        let out = Command::new(path)
-            .arg("--version")
-            .output()
-            .expect("the binary runs");
-        String::from_utf8_lossy(&out.stdout)
-            .split_whitespace()
-            .nth(2)
-            .unwrap_or_default()
-            .to_owned()
-    })
 }
 
 /// Labels and annotates node `n` as `distro` does: a server carries the control-plane,

@@ -124,7 +124,8 @@ impl Drop for StackedEtcd {
     }
 }
 
-fn write_executable(path: &Path, text: &str) {
+/// Writes `text` to `path` and makes it executable.
+pub fn write_executable(path: &Path, text: &str) {
     std::fs::write(path, text).expect("write");
     let ok = std::process::Command::new("chmod")
         .arg("+x")

@@ -36,36 +36,13 @@ pub fn exposition(s: &State, path: &[&str]) -> Option<String> {
             }
             // k3s serves the API from the process that runs the server's kubelet: its
             // version is the node's.
-            for node in s.all("nodes") {
-                let name = node["metadata"]["name"].as_str().unwrap_or("");
-                let k3s_server = node["metadata"]["annotations"]["k3s.io/hostname"].is_string()
-                    && node["metadata"]["labels"]["node-role.kubernetes.io/control-plane"]
-                        == "true";
-                if k3s_server {
-                    let version = node["status"]["nodeInfo"]["kubeletVersion"]
-                        .as_str()
-                        .unwrap_or("");
-                    line(
-                        "kubernetes_build_info",
-                        &[("git_version", version), ("node", name)],
-                        1.0,
-                    );
-                }
-            }
+            let k3s_server = |node: &serde_json::Value| {
+                node["metadata"]["annotations"]["k3s.io/hostname"].is_string()
+                    && node["metadata"]["labels"]["node-role.kubernetes.io/control-plane"] == "true"
+            };
+            kubelet_build_info(s, &mut line, k3s_server);
         }
-        ["kubelet"] => {
-            for node in s.all("nodes") {
-                let name = node["metadata"]["name"].as_str().unwrap_or("");
-                let version = node["status"]["nodeInfo"]["kubeletVersion"]
-                    .as_str()
-                    .unwrap_or("");
-                line(
-                    "kubernetes_build_info",
-                    &[("git_version", version), ("node", name)],
-                    1.0,
-                );
-            }
-        }
+        ["kubelet"] => kubelet_build_info(s, &mut line, |_| true),
         ["kube-state"] => {
             for node in s.all("nodes") {
                 let name = node["metadata"]["name"].as_str().unwrap_or("");
@@ -133,5 +110,24 @@ fn git_version_of_tag(tag: &str) -> String {
             format!("{version}+rke2r{build}")
         }
         None => tag.to_owned(),
+    }
+}
+
+/// `kubernetes_build_info` of the kubelet of every node `of` picks, as its node reports it.
+fn kubelet_build_info(
+    s: &State,
+    line: &mut impl FnMut(&str, &[(&str, &str)], f64),
+    of: impl Fn(&serde_json::Value) -> bool,
+) {
+    for node in s.all("nodes").filter(|n| of(n)) {
+        let name = node["metadata"]["name"].as_str().unwrap_or("");
+        let version = node["status"]["nodeInfo"]["kubeletVersion"]
+            .as_str()
+            .unwrap_or("");
+        line(
+            "kubernetes_build_info",
+            &[("git_version", version), ("node", name)],
+            1.0,
+        );
     }
 }
