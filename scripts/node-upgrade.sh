@@ -13,11 +13,12 @@
 #                                                 (apt's source, dnf's or zypper's .repo)
 #                                                 at v1.NN
 #   --plan --release X.Y.Z                        kubeadm upgrade plan; report the package for X.Y.Z
-#   --check                                       prove the node answers, runs an OS the
+#   --check [--release X.Y.Z]                     prove the node answers, runs an OS the
 #                                                 script serves, has the tools, and (not
 #                                                 as root) that sudo lets it run what it
 #                                                 needs without a password
-#                                                 (deploy/node/sudoers)
+#                                                 (deploy/node/sudoers); with a release,
+#                                                 that its repository offers it
 #   --available                                   list the kubeadm packages the repository
 #                                                 offers, as `apt-cache madison` lines
 #                                                 (read-only)
@@ -44,7 +45,8 @@
 # /etc/zypp/repos.d/kubernetes.repo), CONTAINERD_PACKAGE (default containerd.io),
 # ROLLGATE_STATE_DIR (default /var/lib/rollgate), LOCK_WAIT (seconds, default 900),
 # OS_RELEASE (default /etc/os-release).
-# Exit status: 0 done; 2 refused or failed; 3 this node's OS is not one the script serves.
+# Exit status: 0 done; 2 refused or failed; 3 this node's OS is not one the script serves;
+# 4 the node's repository does not offer the release (--check).
 set -euo pipefail
 
 role="" release="" containerd="" apt_minor="" action="" kubeadm="" manager_named=""
@@ -58,6 +60,7 @@ OS_RELEASE=${OS_RELEASE:-/etc/os-release}
 
 # Once the session is gone nobody reads the output: a failed write is not a failure.
 die() { echo "node-upgrade: $*" >&2 || true; exit 2; }
+refuse() { echo "node-upgrade: $*" >&2 || true; exit 4; }
 log() { echo "node-upgrade: $*" || true; }
 
 while [ $# -gt 0 ]; do
@@ -330,12 +333,19 @@ check() {
     command -v "$tool" >/dev/null || die "$tool is missing on this node"
   done
   sudo_rules
+  if [ -n "$release" ]; then
+    is_version "$release" || die "--release must be MAJOR.MINOR.PATCH, got '$release'"
+    [ -n "$(candidate kubeadm "$release")" ] \
+      || refuse "kubeadm $release is not in the $(repository kubeadm), as its lists stand"
+  fi
   log "ok: kubeadm $(installed kubeadm), kubelet $(installed kubelet)"
 }
 
 # What `rollgate detect` reads, as `apt-cache madison` lines (`kubeadm | VERSION | FROM`):
-# the lists as the node's own periodic refresh left them.
+# the lists as the node's own periodic refresh left them; first, the package manager, so
+# that detection reads the next minor's repository in the layout this node reads.
 available() {
+  echo "rollgate: package-manager $manager"
   case "$manager" in
     apt) apt-cache madison kubeadm ;;
     dnf) dnf -q -C list --showduplicates --disableexcludes=kubernetes kubeadm 2>/dev/null \

@@ -646,13 +646,25 @@ pub struct PodState {
     pub ready: bool,
 }
 
+/// Which of pkgs.k8s.io's two layouts a repository is read in: the one the control plane's
+/// package manager reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RepoFormat {
+    /// apt's: `/v1.NN/deb/Release` and `Packages`.
+    Deb,
+    /// dnf's and zypper's: `/v1.NN/rpm/repodata/repomd.xml` and the primary metadata it
+    /// names.
+    Rpm,
+}
+
 /// The Kubernetes package repository `rollgate detect` reads.
 #[async_trait::async_trait]
 pub trait PackageRepository: Send + Sync {
-    /// Whether `minor`'s repository is published (its Release file exists).
-    async fn published(&self, minor: Minor) -> Result<bool, RepoError>;
-    /// The kubeadm releases `minor`'s repository holds.
-    async fn releases(&self, minor: Minor) -> Result<Vec<Version>, RepoError>;
+    /// Whether `minor`'s repository is published in `format` (its `Release` file, or its
+    /// `repodata/repomd.xml`, exists).
+    async fn published(&self, minor: Minor, format: RepoFormat) -> Result<bool, RepoError>;
+    /// The kubeadm releases `minor`'s repository holds, read from its own metadata.
+    async fn releases(&self, minor: Minor, format: RepoFormat) -> Result<Vec<Version>, RepoError>;
 }
 
 /// One release channel as a k3s or RKE2 channel server lists it (`stable`, `v1.34`).

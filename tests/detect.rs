@@ -12,7 +12,7 @@ use std::process::Command;
 use support::cluster::IntakeCluster;
 use support::kube::FakeKube;
 use support::manifests::{assert_granted, cluster_role};
-use support::nodes::{FakeNode, SshClient};
+use support::nodes::{FakeNode, Packages, SshClient};
 use support::rabbit::{self, Names};
 use support::services::{Pushgateway, RepoServer};
 use support::{Rollgate, eventually};
@@ -31,6 +31,11 @@ struct Site {
 
 impl Site {
     async fn start(running: &str, workers: &[&str]) -> Self {
+        Self::start_with(running, workers, Packages::Stubs).await
+    }
+
+    /// As [`Site::start`], the control plane's package tools `packages`.
+    async fn start_with(running: &str, workers: &[&str], packages: Packages) -> Self {
         let api = FakeKube::start().await;
         api.add_node("cp", true, running, "1.7.20");
         for (i, kubelet) in workers.iter().enumerate() {
@@ -38,7 +43,7 @@ impl Site {
         }
         let client = SshClient::new();
         let minor = running.rsplit_once('.').unwrap().0;
-        let cp = FakeNode::start("cp", &api, &client, minor).await;
+        let cp = FakeNode::start_with("cp", &api, &client, minor, packages).await;
         let cp_host = cp.host_entry();
         let dir = tempfile::tempdir().unwrap();
         api.write_kubeconfig(&dir.path().join("kubeconfig"));
@@ -256,6 +261,43 @@ async fn nothing_to_do_when_the_next_minor_is_unpublished_or_holds_no_release() 
     assert_eq!(report["decision"]["decision"], "nothing");
     assert!(runs(&rg).await.is_empty(), "nothing was asked for");
     site.check_rbac();
+}
+
+/// A control plane on dnf (Debian's own, over rpm repositories built with rpmbuild and
+/// createrepo_c): its patches come from dnf's own lists, and the next minor from the rpm
+/// repository's own metadata (`repodata/repomd.xml`, then the gzip primary metadata it
+/// names); no apt index is published at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_dnf_control_plane_the_next_minor_is_read_from_the_rpm_repositorys_own_metadata() {
+    let site = Site::start_with("1.34.5", &["1.34.5"], Packages::Dnf).await;
+    let work = tempfile::tempdir().unwrap();
+    // The rpm layout of every minor (`/v1.NN/rpm/`, `repodata/` as createrepo_c writes it).
+    support::nodes::rpm_repository_in(site.repo.dir.path(), work.path());
+    let served = site.repo.dir.path().join("core:/stable:/v1.35");
+    assert!(served.join("rpm/repodata/repomd.xml").is_file());
+    assert!(!served.join("deb").exists(), "no apt layout to read");
+    let (code, report, stderr) = site.detect(&["--dry-run"], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(report["findings"]["latest_patch"], "1.34.5", "{report}");
+    assert_eq!(
+        report["findings"]["next_minor"]["state"], "released",
+        "{report}"
+    );
+    assert_eq!(
+        report["findings"]["next_minor"]["latest"], "1.35.1",
+        "{report}"
+    );
+    assert_eq!(report["decision"]["kind"], "minor", "{report}");
+    assert_eq!(report["decision"]["target"], "1.35.1", "{report}");
+
+    // Its next minor taken away: not published, read in the rpm layout.
+    std::fs::remove_dir_all(&served).unwrap();
+    let (code, report, stderr) = site.detect(&["--dry-run"], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        report["findings"]["next_minor"]["state"], "not_published",
+        "{report}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

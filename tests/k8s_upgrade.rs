@@ -349,6 +349,32 @@ async fn a_patch_then_a_minor_upgrade_on_a_mixed_apt_dnf_and_zypper_cluster() {
     }
 }
 
+/// A worker whose repository lacks the patch (its mirror behind the others'): pre-flight
+/// refuses the run on the spot, naming the worker and its repository; nothing is drained or
+/// installed.
+#[tokio::test]
+async fn a_worker_whose_repository_lacks_the_patch_is_refused_in_pre_flight() {
+    let ground = Ground::start("1.34.2", 3).await;
+    let repo = ground.node("w2").dir.path().join("state/repo");
+    let listed = std::fs::read_to_string(&repo).unwrap();
+    std::fs::write(&repo, listed.replace("1.34.5-1.1\n", "")).unwrap();
+    let rg = start(&ground, &[]).await;
+    let id = detect(&rg, "1.34.5", "patch").await;
+    let run = wait_status(&rg, &id, "halted").await;
+    let check = step(&run, "preflight/ssh-reachable")["outcome"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        check.contains(
+            "w2 kubeadm 1.34.5 is not in the apt repository (apt-cache madison kubeadm), as its lists stand"
+        ),
+        "{check}"
+    );
+    ground.assert_nothing_drained();
+    ground.assert_nothing_installed();
+}
+
 fn done_steps(run: &Value) -> usize {
     run["steps"]
         .as_array()

@@ -633,7 +633,12 @@ fn rpm_node(
 /// and createrepo_c under `d/repo`, which it returns.
 fn rpm_repository(d: &Path) -> PathBuf {
     let repo = d.join("repo");
-    let top = d.join("rpmbuild");
+    rpm_repository_in(&repo, &d.join("rpmbuild"));
+    repo
+}
+
+/// [`rpm_repository`]'s repositories under `repo`, built in `top`.
+pub fn rpm_repository_in(repo: &Path, top: &Path) {
     std::fs::create_dir_all(top.join("SPECS")).expect("rpmbuild");
     for version in REPOSITORY {
         let release = version.split('-').next().expect("1.MINOR.PATCH-1.1");
@@ -669,7 +674,6 @@ fn rpm_repository(d: &Path) -> PathBuf {
                 .arg(entry.expect("minor").path().join("rpm")),
         );
     }
-    repo
 }
 
 /// Debian's dnf-plugins-core (versionlock), unpacked by scripts/test.sh: it cannot be

@@ -21,17 +21,37 @@ use super::services::{Alertmanager, Process, rules_dir, wait_http_ok};
 /// Rehearsal time over real time: 10 minutes of soak take 5 seconds.
 pub const SCALE: f64 = 1.0 / 120.0;
 
-/// `real`, scaled, as a duration Prometheus, Alertmanager and rollgate all read.
-pub fn scaled(real: Duration) -> String {
-    format!(
-        "{}ms",
-        ((real.as_secs_f64() * SCALE) * 1000.0).round().max(1.0) as u64
-    )
+/// A rehearsal's time over real time. Most rehearse at [`SCALE`]; one whose timeline
+/// holds a restart that no setting scales (an embedded etcd member's, seconds of real time
+/// whatever the factor) rehearses at a factor where that restart keeps its real share of
+/// the rules' waits.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scale(pub f64);
+
+impl Default for Scale {
+    fn default() -> Self {
+        Self(SCALE)
+    }
 }
 
-/// `real`, scaled, as a Duration.
-pub fn scaled_duration(real: Duration) -> Duration {
-    real.mul_f64(SCALE)
+/// `real` at [`SCALE`], as a duration Prometheus, Alertmanager and rollgate all read.
+pub fn scaled(real: Duration) -> String {
+    Scale::default().text(real)
+}
+
+/// `expr` at [`SCALE`]: [`Scale::ranges`].
+pub fn scale_ranges(expr: &str) -> String {
+    Scale::default().ranges(expr)
+}
+
+/// `expr` at [`SCALE`]: [`Scale::time_constants`].
+pub fn scale_time_constants(expr: &str) -> String {
+    Scale::default().time_constants(expr)
+}
+
+/// The shipped rules at [`SCALE`]: [`Scale::rules`].
+pub fn scaled_rules() -> String {
+    Scale::default().rules()
 }
 
 /// A Prometheus duration (`30m`, `1h`, `90s`, `2d`) in seconds.
@@ -49,126 +69,144 @@ fn prometheus_seconds(text: &str) -> u64 {
     }
 }
 
-/// `expr` with every range selector `[D]` scaled.
-pub fn scale_ranges(expr: &str) -> String {
-    let mut out = String::new();
-    let mut rest = expr;
-    while let Some(open) = rest.find('[') {
-        let close = rest[open..].find(']').expect("a closed range") + open;
-        out.push_str(&rest[..open]);
-        let seconds = prometheus_seconds(&rest[open + 1..close]);
-        out.push('[');
-        out.push_str(&scaled(Duration::from_secs(seconds)));
-        out.push(']');
-        rest = &rest[close + 1..];
+impl Scale {
+    /// `real`, scaled, as a duration Prometheus, Alertmanager and rollgate all read.
+    pub fn text(self, real: Duration) -> String {
+        format!(
+            "{}ms",
+            ((real.as_secs_f64() * self.0) * 1000.0).round().max(1.0) as u64
+        )
     }
-    out.push_str(rest);
-    out
-}
 
-/// `expr` with the number every `time() - X` is compared with (`> 3 * 3600`, `< 600`)
-/// scaled; panics unless each `time()` had one, so a new form fails here, loudly.
-pub fn scale_time_constants(expr: &str) -> String {
-    let mut out = String::new();
-    let mut rest = expr;
-    while let Some(at) = rest.find("time()") {
-        let cmp = rest[at..]
-            .find(['<', '>'])
-            .unwrap_or_else(|| panic!("time() without a comparison in {expr:?}"))
-            + at
-            + 1;
-        let tail = &rest[cmp..];
-        let digits = tail.trim_start();
-        let len = digits
-            .find(|c: char| !(c.is_ascii_digit() || c == ' ' || c == '*'))
-            .unwrap_or(digits.len());
-        let constant = digits[..len].trim();
-        let seconds: u64 = constant
-            .split('*')
-            .map(|f| {
-                f.trim()
-                    .parse::<u64>()
-                    .unwrap_or_else(|_| panic!("{constant:?} in {expr:?}"))
-            })
-            .product();
-        out.push_str(&rest[..cmp]);
-        out.push_str(&format!(" {} ", seconds as f64 * SCALE));
-        rest = &digits[constant.len()..];
+    /// `real`, scaled, as a Duration.
+    pub fn duration(self, real: Duration) -> Duration {
+        real.mul_f64(self.0)
     }
-    out.push_str(rest);
-    out
-}
 
-/// The shipped rules (`rules/upgrade-gates.yml`) with every `for:`, range and time
-/// constant scaled, as YAML.
-pub fn scaled_rules() -> String {
-    let text = std::fs::read_to_string(rules_dir().join("upgrade-gates.yml")).expect("rules");
-    let mut doc: Value = serde_norway::from_str(&text).expect("rules parse");
-    for group in doc["groups"].as_array_mut().expect("groups") {
-        for rule in group["rules"].as_array_mut().expect("rules") {
-            if let Some(f) = rule["for"].as_str() {
-                rule["for"] = scaled(Duration::from_secs(prometheus_seconds(f))).into();
-            }
-            let expr = rule["expr"].as_str().expect("expr");
-            rule["expr"] = scale_time_constants(&scale_ranges(expr)).into();
+    /// `expr` with every range selector `[D]` scaled.
+    pub fn ranges(self, expr: &str) -> String {
+        let mut out = String::new();
+        let mut rest = expr;
+        while let Some(open) = rest.find('[') {
+            let close = rest[open..].find(']').expect("a closed range") + open;
+            out.push_str(&rest[..open]);
+            let seconds = prometheus_seconds(&rest[open + 1..close]);
+            out.push('[');
+            out.push_str(&self.text(Duration::from_secs(seconds)));
+            out.push(']');
+            rest = &rest[close + 1..];
         }
+        out.push_str(rest);
+        out
     }
-    serde_norway::to_string(&doc).expect("yaml")
-}
 
-/// What rollgate's configuration would be in production, scaled: every timeline duration
-/// at its default times [`SCALE`].
-pub fn scaled_rollgate_env() -> Vec<(&'static str, String)> {
-    let cluster = rollgate::config::ClusterSettings::default();
-    let gate = rollgate::config::GateSettings::default();
-    let ssh = rollgate::config::SshConfig::default();
-    let etcd = rollgate::config::EtcdConfig::default();
-    let queue = rollgate::config::QueueSettings::default();
-    let reboot = rollgate::workflows::node_reboot::config::RebootConfig::default();
-    vec![
-        ("ROLLGATE__CLUSTER__SOAK", scaled(cluster.soak)),
-        (
-            "ROLLGATE__CLUSTER__VERIFY_TIMEOUT",
-            scaled(cluster.verify_timeout),
-        ),
-        (
-            "ROLLGATE__CLUSTER__CONTROL_PLANE_HEALTH_TIMEOUT",
-            scaled(cluster.control_plane_health_timeout),
-        ),
-        (
-            "ROLLGATE__CLUSTER__DRAIN_TIMEOUT",
-            scaled(cluster.drain_timeout),
-        ),
-        (
-            "ROLLGATE__CLUSTER__EVICTION_RETRY",
-            scaled(cluster.eviction_retry),
-        ),
-        ("ROLLGATE__GATE__POLL_INTERVAL", scaled(gate.poll_interval)),
-        ("ROLLGATE__GATE__HALT_AFTER", scaled(gate.halt_after)),
-        (
-            "ROLLGATE__GATE__QUIET_QUERY",
-            scale_ranges(&gate.quiet_query),
-        ),
-        (
-            "ROLLGATE__SSH__COMMAND_TIMEOUT",
-            scaled(ssh.command_timeout),
-        ),
-        (
-            "ROLLGATE__ETCD__TRANSFER_TIMEOUT",
-            scaled(etcd.transfer_timeout),
-        ),
-        ("ROLLGATE__QUEUE__LEASE", scaled(queue.lease)),
-        ("ROLLGATE__REBOOT__TIMEOUT", scaled(reboot.timeout)),
-        // The fake node's sentinel (reboot.sentinel_file's place on a real one).
-        (
-            "ROLLGATE__REBOOT__SENTINEL_COMMAND",
-            "test -e \"$STUB_STATE/reboot-required\"".to_owned(),
-        ),
-    ]
+    /// `expr` with the number every `time() - X` is compared with (`> 3 * 3600`, `< 600`)
+    /// scaled; panics unless each `time()` had one, so a new form fails here, loudly.
+    pub fn time_constants(self, expr: &str) -> String {
+        let mut out = String::new();
+        let mut rest = expr;
+        while let Some(at) = rest.find("time()") {
+            let cmp = rest[at..]
+                .find(['<', '>'])
+                .unwrap_or_else(|| panic!("time() without a comparison in {expr:?}"))
+                + at
+                + 1;
+            let tail = &rest[cmp..];
+            let digits = tail.trim_start();
+            let len = digits
+                .find(|c: char| !(c.is_ascii_digit() || c == ' ' || c == '*'))
+                .unwrap_or(digits.len());
+            let constant = digits[..len].trim();
+            let seconds: u64 = constant
+                .split('*')
+                .map(|f| {
+                    f.trim()
+                        .parse::<u64>()
+                        .unwrap_or_else(|_| panic!("{constant:?} in {expr:?}"))
+                })
+                .product();
+            out.push_str(&rest[..cmp]);
+            out.push_str(&format!(" {} ", seconds as f64 * self.0));
+            rest = &digits[constant.len()..];
+        }
+        out.push_str(rest);
+        out
+    }
+
+    /// The shipped rules (`rules/upgrade-gates.yml`) with every `for:`, range and time
+    /// constant scaled, as YAML.
+    pub fn rules(self) -> String {
+        let text = std::fs::read_to_string(rules_dir().join("upgrade-gates.yml")).expect("rules");
+        let mut doc: Value = serde_norway::from_str(&text).expect("rules parse");
+        for group in doc["groups"].as_array_mut().expect("groups") {
+            for rule in group["rules"].as_array_mut().expect("rules") {
+                if let Some(f) = rule["for"].as_str() {
+                    rule["for"] = self.text(Duration::from_secs(prometheus_seconds(f))).into();
+                }
+                let expr = rule["expr"].as_str().expect("expr");
+                rule["expr"] = self.time_constants(&self.ranges(expr)).into();
+            }
+        }
+        serde_norway::to_string(&doc).expect("yaml")
+    }
+
+    /// What rollgate's configuration would be in production, scaled: every timeline
+    /// duration at its default times this factor.
+    pub fn rollgate_env(self) -> Vec<(&'static str, String)> {
+        let scaled = |d| self.text(d);
+        let cluster = rollgate::config::ClusterSettings::default();
+        let gate = rollgate::config::GateSettings::default();
+        let ssh = rollgate::config::SshConfig::default();
+        let etcd = rollgate::config::EtcdConfig::default();
+        let queue = rollgate::config::QueueSettings::default();
+        let reboot = rollgate::workflows::node_reboot::config::RebootConfig::default();
+        vec![
+            ("ROLLGATE__CLUSTER__SOAK", scaled(cluster.soak)),
+            (
+                "ROLLGATE__CLUSTER__VERIFY_TIMEOUT",
+                scaled(cluster.verify_timeout),
+            ),
+            (
+                "ROLLGATE__CLUSTER__CONTROL_PLANE_HEALTH_TIMEOUT",
+                scaled(cluster.control_plane_health_timeout),
+            ),
+            (
+                "ROLLGATE__CLUSTER__DRAIN_TIMEOUT",
+                scaled(cluster.drain_timeout),
+            ),
+            (
+                "ROLLGATE__CLUSTER__EVICTION_RETRY",
+                scaled(cluster.eviction_retry),
+            ),
+            ("ROLLGATE__GATE__POLL_INTERVAL", scaled(gate.poll_interval)),
+            ("ROLLGATE__GATE__HALT_AFTER", scaled(gate.halt_after)),
+            (
+                "ROLLGATE__GATE__QUIET_QUERY",
+                self.ranges(&gate.quiet_query),
+            ),
+            (
+                "ROLLGATE__SSH__COMMAND_TIMEOUT",
+                scaled(ssh.command_timeout),
+            ),
+            (
+                "ROLLGATE__ETCD__TRANSFER_TIMEOUT",
+                scaled(etcd.transfer_timeout),
+            ),
+            ("ROLLGATE__QUEUE__LEASE", scaled(queue.lease)),
+            ("ROLLGATE__REBOOT__TIMEOUT", scaled(reboot.timeout)),
+            // The fake node's sentinel (reboot.sentinel_file's place on a real one).
+            (
+                "ROLLGATE__REBOOT__SENTINEL_COMMAND",
+                "test -e \"$STUB_STATE/reboot-required\"".to_owned(),
+            ),
+        ]
+    }
 }
 
 /// The ground, rollgate, and the Prometheus and Alertmanager that watch them.
 pub struct Rehearsal {
+    /// Its time over real time.
+    pub scale: Scale,
     pub ground: Ground,
     pub rg: Rollgate,
     pub prometheus: Process,
@@ -279,15 +317,16 @@ impl Rehearsal {
 
     /// As [`Rehearsal::start_alone`], on a k3s or RKE2 cluster at `version`: `servers`
     /// over real etcd members, `agents`, a mirror of its releases.
+    /// At `scale`, with `extra` settings on top.
     pub async fn start_release_alone(
-        distro: super::k3s::Distro,
-        version: &str,
-        servers: usize,
-        agents: usize,
+        scale: Scale,
+        (distro, version): (super::k3s::Distro, &str),
+        (servers, agents): (usize, usize),
+        extra: &[(&str, &str)],
     ) -> Self {
         let slot = Self::slots(AT_ONCE as u32).await;
         let ground = Ground::start_release(distro, version, servers, agents).await;
-        Self::start_on(slot, ground).await
+        Self::start_on(slot, scale, ground, extra).await
     }
 
     async fn slots(slots: u32) -> tokio::sync::OwnedSemaphorePermit {
@@ -301,23 +340,34 @@ impl Rehearsal {
     async fn start_taking(slots: u32, kubelet: &str, workers: usize) -> Self {
         let slot = Self::slots(slots).await;
         let ground = Ground::start(kubelet, workers).await;
-        Self::start_on(slot, ground).await
+        Self::start_on(slot, Scale::default(), ground, &[]).await
     }
 
-    async fn start_on(slot: tokio::sync::OwnedSemaphorePermit, ground: Ground) -> Self {
+    async fn start_on(
+        slot: tokio::sync::OwnedSemaphorePermit,
+        scale: Scale,
+        ground: Ground,
+        extra: &[(&str, &str)],
+    ) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let d = dir.path();
         let (rg_port, prometheus_port, alertmanager_port) = (free_port(), free_port(), free_port());
 
-        std::fs::write(d.join("rules.yml"), scaled_rules()).expect("rules");
+        std::fs::write(d.join("rules.yml"), scale.rules()).expect("rules");
         std::fs::write(d.join("kube-token"), &ground.api.token).expect("token");
         let listener = Listener::write(d);
-        let prometheus =
-            start_prometheus(d, &ground, rg_port, prometheus_port, alertmanager_port).await;
+        let prometheus = start_prometheus(
+            d,
+            &ground,
+            (rg_port, prometheus_port, alertmanager_port),
+            scale,
+        )
+        .await;
 
         let mut env = ground.env();
         env.extend(
-            scaled_rollgate_env()
+            scale
+                .rollgate_env()
                 .into_iter()
                 .map(|(k, v)| (k.to_owned(), v)),
         );
@@ -326,6 +376,7 @@ impl Rehearsal {
             format!("http://127.0.0.1:{prometheus_port}"),
         ));
         env.extend(listener.env());
+        env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let mut rg = Rollgate::start_with(rg_port, &env, "https", listener.client()).await;
         rg.token = ADMIN_TOKEN.to_owned();
@@ -333,13 +384,14 @@ impl Rehearsal {
         let alertmanager = Alertmanager::with_config(
             &alertmanager_config(
                 &format!("{}/v1/alerts", rg.base()),
-                &listener.alertmanager_token,
-                &listener.ca_file,
+                (&listener.alertmanager_token, &listener.ca_file),
+                scale,
             ),
             alertmanager_port,
         )
         .await;
         let r = Self {
+            scale,
             ground,
             rg,
             prometheus,
@@ -439,10 +491,10 @@ impl Rehearsal {
 async fn start_prometheus(
     d: &Path,
     ground: &Ground,
-    rg_port: u16,
-    port: u16,
-    alertmanager_port: u16,
+    (rg_port, port, alertmanager_port): (u16, u16, u16),
+    scale: Scale,
 ) -> Process {
+    let scaled = |d| scale.text(d);
     let api = host_port(&ground.api.url());
     let etcd = host_port(&ground.etcd.endpoints()[0]);
     let kube = |job: &str, path: &str| {
@@ -501,7 +553,12 @@ async fn start_prometheus(
 
 /// The shipped Alertmanager example (`deploy/examples/alertmanager-receiver.yaml`), its
 /// receiver pointed at `webhook` with `token_file`, its timings scaled.
-pub fn alertmanager_config(webhook: &str, token_file: &Path, ca_file: &Path) -> String {
+pub fn alertmanager_config(
+    webhook: &str,
+    (token_file, ca_file): (&Path, &Path),
+    scale: Scale,
+) -> String {
+    let scaled = |d| scale.text(d);
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("deploy/examples/alertmanager-receiver.yaml");
     let text = std::fs::read_to_string(path).expect("example");

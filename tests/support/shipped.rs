@@ -31,7 +31,7 @@ use super::manifests::kustomize;
 use super::pki::TestCa;
 use super::postgres::Postgres;
 use super::rabbit;
-use super::rehearsal::{alertmanager_config, scale_ranges, scaled, scaled_rollgate_env};
+use super::rehearsal::{Scale, alertmanager_config, scale_ranges, scaled};
 use super::services::{Alertmanager, Pushgateway};
 
 /// An overlay as `kubectl kustomize` built it.
@@ -182,8 +182,8 @@ impl Site {
         let alertmanager = Alertmanager::with_config(
             &alertmanager_config(
                 &format!("https://127.0.0.1:{port}/v1/alerts"),
-                &d.join("clients/alertmanager"),
-                &d.join("tls/ca.crt"),
+                (&d.join("clients/alertmanager"), &d.join("tls/ca.crt")),
+                Scale::default(),
             ),
             am_port,
         )
@@ -521,9 +521,9 @@ fn map_paths(dir: &Path, config: &mut toml::Table) {
 }
 
 /// Every timeline duration the rehearsal scales, scaled: the site's own value where it
-/// sets one, else the default (as [`scaled_rollgate_env`] gives it).
+/// sets one, else the default (as [`Scale::rollgate_env`] gives it).
 fn scale_timeline(config: &mut toml::Table) {
-    for (env, default_scaled) in scaled_rollgate_env() {
+    for (env, default_scaled) in Scale::default().rollgate_env() {
         let mut path = env
             .trim_start_matches("ROLLGATE__")
             .split("__")

@@ -205,14 +205,15 @@ pub async fn findings(sources: &Sources, facts: &ClusterFacts) -> Result<Finding
     let latest_patch = madison_releases(&out.stdout, minor_of(running))
         .last()
         .copied();
+    let format = plan::repo_format(&out.stdout);
     // A patch (or a part-done rollout) comes first: the next minor need not be read.
     let patch_first = latest_patch.is_some_and(|l| l > running) || !behind.is_empty();
     let next_minor = if patch_first {
         NextMinor::NotChecked
     } else {
         let next = next_minor(running);
-        if sources.repo.published(next).await? {
-            match sources.repo.releases(next).await?.last() {
+        if sources.repo.published(next, format).await? {
+            match sources.repo.releases(next, format).await?.last() {
                 Some(latest) => NextMinor::Released(*latest),
                 None => NextMinor::NoRelease,
             }

@@ -9,7 +9,7 @@ use crate::domain::event::UpgradeKind;
 use crate::domain::facts::{ClusterFacts, Role};
 pub use crate::domain::facts::{Minor, minor_of, next_minor};
 use crate::domain::version::{Version, debian_release};
-use crate::ports::Channel;
+use crate::ports::{Channel, RepoFormat};
 
 /// What detection found out.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -108,6 +108,19 @@ pub fn running(
         .map(|n| n.name.clone())
         .collect();
     Ok((running, behind))
+}
+
+/// The repository layout the control plane reads, from the node script's `--available`
+/// output (`rollgate: package-manager dnf`): rpm for dnf and zypper, deb for apt.
+pub fn repo_format(available: &str) -> RepoFormat {
+    let manager = available
+        .lines()
+        .find_map(|l| l.strip_prefix("rollgate: package-manager "))
+        .map(str::trim);
+    match manager {
+        Some("dnf" | "zypper") => RepoFormat::Rpm,
+        _ => RepoFormat::Deb,
+    }
 }
 
 /// The release the channel of `minor` (`v1.34`) names as its latest on a k3s or RKE2
@@ -247,6 +260,24 @@ mod tests {
 
     fn v(s: &str) -> Version {
         Version::parse(s).unwrap()
+    }
+
+    #[test]
+    fn the_layout_read_is_the_control_planes_package_managers() {
+        for (stdout, want) in [
+            (
+                "rollgate: package-manager dnf\n   kubeadm | 1.34.5-150500.1.1 | kubernetes\n",
+                RepoFormat::Rpm,
+            ),
+            ("rollgate: package-manager zypper\n", RepoFormat::Rpm),
+            (
+                "rollgate: package-manager apt\n   kubeadm | 1.34.5-1.1 | https://pkgs.k8s.io/core:/stable:/v1.34/deb  Packages\n",
+                RepoFormat::Deb,
+            ),
+            ("   kubeadm | 1.34.5-1.1 | https://x\n", RepoFormat::Deb),
+        ] {
+            assert_eq!(repo_format(stdout), want, "{stdout}");
+        }
     }
 
     #[test]

@@ -237,7 +237,10 @@ impl UpgradeSteps {
             Ok(f) => f,
             Err(e) => return StepOutcome::retry(error_chain(&e)),
         };
-        let args = self.driver.check(request.target_version, request.build);
+        let patch = request.kind == UpgradeKind::Patch;
+        let args = self
+            .driver
+            .check(request.target_version, request.build, patch);
         let checks = facts.nodes.iter().map(|node| {
             let target = NodeTarget::from(node);
             let args = self.driver.on_node(node, args.clone());

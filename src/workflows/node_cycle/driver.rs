@@ -50,7 +50,8 @@ pub fn reboot_managers(status: Option<i32>, stdout: &str) -> Result<Vec<String>,
 /// The exit status of the kubeadm script on a node whose OS it does not serve.
 pub const UNSUPPORTED_OS: i32 = 3;
 /// The exit status of the k3s script when the release is missing from the mirror or does
-/// not match its checksum: no retry makes it right.
+/// not match its checksum, and of the kubeadm script when the node's repository does not
+/// offer the release: no retry makes it right.
 pub const RELEASE_REFUSED: i32 = 4;
 
 /// What a node is to the upgrade.
@@ -138,8 +139,13 @@ impl NodeDriver {
 
     /// Pre-flight on every node: it answers, runs what the driver serves, has the tools
     /// and sudo rules; for k3s and RKE2, the mirror has the release.
-    pub fn check(&self, target: Version, build: Option<u32>) -> Vec<String> {
+    /// On kubeadm, a patch release is looked for in each node's repository as its lists
+    /// stand (`patch`); a minor's repository is set only at the apt-repo stage.
+    pub fn check(&self, target: Version, build: Option<u32>, patch: bool) -> Vec<String> {
         match self.distribution {
+            Distribution::Kubeadm if patch => {
+                vec!["--check".into(), "--release".into(), target.to_string()]
+            }
             Distribution::Kubeadm => vec!["--check".into()],
             _ => self.k3s_args("--check", &self.release(target, build)),
         }
@@ -197,6 +203,9 @@ impl NodeDriver {
     pub fn refusal(&self, status: Option<i32>) -> Option<&'static str> {
         match (self.distribution, status) {
             (Distribution::Kubeadm, Some(UNSUPPORTED_OS)) => Some("runs an OS no driver serves"),
+            (Distribution::Kubeadm, Some(RELEASE_REFUSED)) => {
+                Some("its repository does not offer the release")
+            }
             (Distribution::K3s | Distribution::Rke2, Some(RELEASE_REFUSED)) => {
                 Some("the release is refused")
             }
@@ -269,7 +278,11 @@ mod tests {
             assert_eq!(driver.apply(role, v("1.34.5"), build).join(" "), want);
         }
         assert_eq!(kubeadm.stage(v("1.34.5"), None), None);
-        assert_eq!(kubeadm.check(v("1.34.5"), None), ["--check"]);
+        assert_eq!(kubeadm.check(v("1.35.0"), None, false), ["--check"]);
+        assert_eq!(
+            kubeadm.check(v("1.34.5"), None, true),
+            ["--check", "--release", "1.34.5"]
+        );
         assert_eq!(
             k3s()
                 .stage(v("1.34.5"), None)
@@ -335,7 +348,8 @@ mod tests {
     #[test]
     fn only_its_own_refusals_stop_a_run() {
         assert!(NodeDriver::kubeadm().refusal(Some(3)).is_some());
-        assert!(NodeDriver::kubeadm().refusal(Some(4)).is_none());
+        assert!(NodeDriver::kubeadm().refusal(Some(4)).is_some());
+        assert!(NodeDriver::kubeadm().refusal(Some(2)).is_none());
         assert!(k3s().refusal(Some(4)).is_some());
         assert!(k3s().refusal(Some(2)).is_none());
         assert!(k3s().refusal(None).is_none());
