@@ -8,6 +8,11 @@
 #                                                 the first control plane (the default for
 #                                                 control-plane), kubeadm upgrade node on the
 #                                                 other control planes and on workers
+#   --stage --release X.Y.Z                       download kubeadm, kubelet and kubectl X.Y.Z
+#                                                 into the package manager's cache, each
+#                                                 checked against the repository's
+#                                                 checksums, before the node is drained;
+#                                                 installs nothing, holds stay
 #   --containerd X.Y.Z                            upgrade containerd to X.Y.Z
 #   --apt-minor 1.NN                              point the Kubernetes package repository
 #                                                 (apt's source, dnf's or zypper's .repo)
@@ -46,7 +51,8 @@
 # ROLLGATE_STATE_DIR (default /var/lib/rollgate), LOCK_WAIT (seconds, default 900),
 # OS_RELEASE (default /etc/os-release).
 # Exit status: 0 done; 2 refused or failed; 3 this node's OS is not one the script serves;
-# 4 the node's repository does not offer the release (--check).
+# 4 the node's repository does not offer the release (--check, --stage), or a package
+# does not match the repository's checksum (--stage).
 set -euo pipefail
 
 role="" release="" containerd="" apt_minor="" action="" kubeadm="" manager_named=""
@@ -71,6 +77,7 @@ while [ $# -gt 0 ]; do
     --containerd) containerd=${2:-}; action=containerd; shift 2 || die "--containerd needs a value" ;;
     --apt-minor) apt_minor=${2:-}; action=apt-minor; shift 2 || die "--apt-minor needs a value" ;;
     --plan) action=plan; shift ;;
+    --stage) action=stage; shift ;;
     --check) action=check; shift ;;
     --available) action=available; shift ;;
     --manager) manager_named=${2:-}; shift 2 || die "--manager needs a value" ;;
@@ -223,6 +230,81 @@ upgrade_node() {
   log "node at $release ($role, kubeadm upgrade $kubeadm)"
 }
 
+# Downloads release $release of kubeadm, kubelet and kubectl into the package manager's
+# cache, where the install finds them; the package manager checks each against the
+# repository's metadata. Nothing is installed and no hold or lock is touched: apt and dnf
+# are told to look past them for this download only; zypper downloads without its solver.
+# A package that does not match its checksum is refused, naming it and both sums.
+stage_packages() {
+  is_version "$release" || die "--release must be MAJOR.MINOR.PATCH, got '$release'"
+  refresh
+  local pkg out status=0
+  pkg=$(candidate kubeadm "$release")
+  [ -n "$pkg" ] || refuse "kubeadm $release is not in the $(repository kubeadm)"
+  case "$manager" in
+    apt) out=$($SUDO apt-get install -y --download-only --allow-change-held-packages \
+           "kubeadm=$pkg" "kubelet=$pkg" "kubectl=$pkg" 9>&- 2>&1) || status=$? ;;
+    dnf) out=$($SUDO dnf -y --disableexcludes=kubernetes --disableplugin=versionlock install \
+           --downloadonly "kubeadm-$pkg" "kubelet-$pkg" "kubectl-$pkg" 9>&- 2>&1) || status=$? ;;
+    zypper) out=$($SUDO zypper --non-interactive download \
+           "kubeadm=$pkg" "kubelet=$pkg" "kubectl=$pkg" 9>&- 2>&1) || status=$? ;;
+  esac
+  printf '%s\n' "$out"
+  # zypper discards a package that fails its digest and still exits 0: the output says.
+  local mismatch
+  mismatch=$(checksum_mismatch <<<"$out")
+  [ -n "$mismatch" ] || mismatch=$(local_rpm_mismatch <<<"$out")
+  [ -z "$mismatch" ] || refuse "$mismatch"
+  if [ "$status" -ne 0 ] || grep -q "^ABORT request" <<<"$out"; then
+    die "$manager could not download kubeadm, kubelet and kubectl $pkg (exit $status)"
+  fi
+  log "kubeadm, kubelet and kubectl $pkg staged and verified"
+}
+
+# One line naming the file and both sums, out of a package manager's report of a download
+# that does not match its checksum: apt's "Hash Sum mismatch" with its expected and
+# received hashes, dnf's "checksum doesn't match. Calculated: … Expected: …", zypper's
+# "Digest verification failed" with its expected and computed digests.
+checksum_mismatch() {
+  awk '
+    /Failed to fetch/ { f = $0; sub(/.*Failed to fetch +/, "", f); sub(/ .*/, "", f); sub(/.*\//, "", f); file = f }
+    /Hashes of expected file/ { side = "expected" }
+    /Hashes of received file/ { side = "received" }
+    side != "" && /SHA256:/ && !(side in sum) { s = $0; sub(/.*SHA256:/, "", s); sum[side] = s }
+    /checksum doesn.t match/ {
+      f = $0; sub(/:.*/, "", f); sub(/^.*\] */, "", f); file = f
+      c = $0; sub(/.*Calculated: */, "", c); sub(/ .*/, "", c); sum["received"] = c
+      e = $0; sub(/.*Expected: */, "", e); sub(/ .*/, "", e); sum["expected"] = e
+    }
+    /Digest verification failed for/ { f = $0; sub(/.*failed for file /, "", f); gsub(/[^A-Za-z0-9._+~-]/, "", f); file = f; digest = 1 }
+    digest && /expected/ { e = $0; sub(/.*expected */, "", e); sum["expected"] = e }
+    digest && /but got/ { g = $0; sub(/.*but got */, "", g); sum["received"] = g }
+    END {
+      if ("expected" in sum && "received" in sum)
+        printf "%s does not match its checksum: the repository says %s, the download is %s\n", (file == "" ? "a package" : file), sum["expected"], sum["received"]
+    }'
+}
+
+# dnf reads a local (file://) repository's packages in place and says only which one "has
+# incorrect checksum": the sums are read here, the expected one from the repository's
+# primary metadata, the other off the file.
+local_rpm_mismatch() {
+  local nevra dir primary expected actual
+  nevra=$(sed -n 's/^Package "\([^"]*\)" from local repository.*incorrect checksum.*/\1/p' | head -n 1)
+  [ -n "$nevra" ] || return 0
+  dir=$(sed -n 's#^baseurl *= *file://##p' "$K8S_RPM_REPO" | head -n 1)
+  for primary in "$dir"/repodata/*primary.xml.gz; do break; done
+  if [ -z "$dir" ] || [ ! -f "$primary" ] || [ ! -f "$dir/$nevra.rpm" ]; then
+    echo "$nevra.rpm does not match its checksum in $dir"
+    return 0
+  fi
+  expected=$(zcat "$primary" | awk -v want="$nevra.rpm" '
+    /<checksum / { c = $0; sub(/.*<checksum[^>]*>/, "", c); sub(/<.*/, "", c) }
+    /<location / && index($0, "\"" want "\"") { print c; exit }')
+  actual=$(sha256sum "$dir/$nevra.rpm" | awk '{ print $1 }')
+  echo "$nevra.rpm does not match its checksum: the repository says $expected, the download is $actual"
+}
+
 upgrade_containerd() {
   is_version "$containerd" || die "--containerd must be MAJOR.MINOR.PATCH, got '$containerd'"
   refresh
@@ -301,13 +383,16 @@ sudo_rules() {
   case "$manager" in
     apt) packages=("apt-get update -q"
            "apt-get install -y --allow-change-held-packages kubeadm=1.0.0-1.1"
+           "apt-get install -y --download-only --allow-change-held-packages kubeadm=1.0.0-1.1 kubelet=1.0.0-1.1 kubectl=1.0.0-1.1"
            "apt-mark hold kubeadm" "apt-mark unhold kubeadm" "tee $K8S_APT_SOURCE") ;;
     dnf) packages=("dnf -q -y makecache"
            "dnf -y --disableexcludes=kubernetes install kubeadm-1.0.0-150500.1.1"
+           "dnf -y --disableexcludes=kubernetes --disableplugin=versionlock install --downloadonly kubeadm-1.0.0-150500.1.1 kubelet-1.0.0-150500.1.1 kubectl-1.0.0-150500.1.1"
            "dnf -q -y versionlock add kubeadm" "dnf -q -y versionlock delete kubeadm"
            "tee $K8S_RPM_REPO") ;;
     zypper) packages=("zypper --non-interactive refresh"
            "zypper --non-interactive install -y --oldpackage kubeadm=1.0.0-150500.1.1"
+           "zypper --non-interactive download kubeadm=1.0.0-150500.1.1 kubelet=1.0.0-150500.1.1 kubectl=1.0.0-150500.1.1"
            "zypper --non-interactive addlock kubeadm" "zypper --non-interactive removelock kubeadm"
            "tee $K8S_ZYPP_REPO") ;;
   esac
@@ -366,5 +451,6 @@ case "$action" in
   containerd) lock_node; upgrade_containerd ;;
   apt-minor) lock_node; rewrite_repo ;;
   plan) plan ;;
+  stage) lock_node; stage_packages ;;
   check) check ;;
 esac

@@ -676,9 +676,9 @@ async fn kubeadm_started(ground: &Ground, node: &str) {
 /// the new binary.
 fn kubelet_restarted_on_the_new_binary(node: &support::nodes::FakeNode) -> bool {
     let calls = node.calls();
-    let installed = calls
-        .iter()
-        .rposition(|c| c.starts_with("apt-get install") && c.contains("kubelet="));
+    let installed = calls.iter().rposition(|c| {
+        c.starts_with("apt-get install") && !c.contains("--download-only") && c.contains("kubelet=")
+    });
     let restarted = calls.iter().rposition(|c| c == "systemctl restart kubelet");
     matches!((installed, restarted), (Some(i), Some(r)) if r > i)
 }

@@ -375,6 +375,59 @@ async fn a_worker_whose_repository_lacks_the_patch_is_refused_in_pre_flight() {
     ground.assert_nothing_installed();
 }
 
+/// A package in the control plane's repository that does not match the repository's
+/// checksum (a mirror serving a corrupt file) is refused at the control plane's fetch,
+/// before its health check, gate or drain: the run halts naming the file and both sums,
+/// which sha256sum reads independently off the file as published and as served. apt,
+/// Debian's own, checks it; nothing is drained or installed, and the node's own package
+/// database still reads the old version.
+#[tokio::test]
+async fn a_package_that_does_not_match_its_checksum_is_refused_before_the_drain() {
+    let ground = Ground::start_with_packages("1.34.2", 1, |_| Packages::Apt).await;
+    let deb = ground
+        .node("cp")
+        .dir
+        .path()
+        .join("repo/core:/stable:/v1.34/deb/kubelet_1.34.5-1.1_all.deb");
+    let sha256 = |path: &std::path::Path| {
+        let out = std::process::Command::new("sha256sum")
+            .arg(path)
+            .output()
+            .expect("sha256sum");
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let published = sha256(&deb);
+    // The same size, other bytes: only the checksum tells.
+    let mut bytes = std::fs::read(&deb).expect("deb");
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    std::fs::write(&deb, bytes).expect("corrupt deb");
+    let served = sha256(&deb);
+
+    let rg = start(&ground, &[]).await;
+    let id = detect(&rg, "1.34.5", "patch").await;
+    let run = wait_status(&rg, &id, "halted").await;
+    let fetch = step(&run, "control-plane/fetch@cp");
+    let said = fetch["outcome"].as_str().unwrap_or_default();
+    assert!(
+        said.contains(&format!(
+            "kubelet_1.34.5-1.1_all.deb does not match its checksum: the repository says {published}, the download is {served}"
+        )),
+        "{fetch}"
+    );
+    assert!(run["reason"].to_string().contains("fetch@cp"), "{run}");
+    ground.assert_nothing_drained();
+    for pkg in ["kubeadm", "kubelet", "kubectl"] {
+        let installed = ground.node("cp").installed(pkg);
+        assert_eq!(installed, "1.34.2-1.1", "cp {pkg}");
+        assert!(ground.node("cp").held(pkg), "cp {pkg} is not held");
+    }
+}
+
 fn done_steps(run: &Value) -> usize {
     run["steps"]
         .as_array()

@@ -510,6 +510,7 @@ async fn an_upgrade_that_leaves_the_sentinel_reboots_the_node_inside_its_one_dra
     assert_eq!(
         labels,
         [
+            "fetch",
             "gate",
             "drain",
             "upgrade",
@@ -1003,4 +1004,60 @@ async fn a_node_with_a_reboot_manager_of_its_own_is_refused_at_planning() {
     );
     ground.assert_nothing_drained();
     assert_eq!(ground.node("w1").reboots() + ground.node("w2").reboots(), 0);
+}
+
+/// `reboot.sentinel_preset = "auto"` on a cluster of four OSes: each node's sentinel is
+/// read with its own OS's tool, chosen by its os-release. Ubuntu's sentinel file, Rocky's
+/// `needs-restarting -r` and Flatcar's update_engine say a reboot is needed; openSUSE's
+/// `zypper needs-rebooting` says not. Every tool answers from its own node's state, so the
+/// wrong tool on a node (the shared file on openSUSE, say) would reboot the wrong node; the
+/// witnesses are the nodes' own reboot logs and boot ids.
+#[tokio::test]
+async fn auto_reads_each_nodes_sentinel_with_its_own_oss_tool() {
+    let ground = Ground::start("1.34.2", 4).await;
+    let shared = tempfile::tempdir().expect("temp dir");
+    let sentinel_file = shared.path().join("reboot-required");
+    std::os::unix::fs::symlink(
+        ground.node("w1").dir.path().join("state/reboot-required"),
+        &sentinel_file,
+    )
+    .expect("symlink");
+    ground.node("w2").runs_os(support::nodes::ROCKY);
+    ground.node("w2").add_tool(
+        "needs-restarting",
+        "#!/bin/sh\n[ \"$1\" = -r ] || exit 9\ntest -e \"$STUB_STATE/reboot-required\" && { echo 'Reboot is required'; exit 1; }\nexit 0\n",
+    );
+    ground.node("w3").runs_os(support::nodes::OPENSUSE);
+    ground.node("w4").runs_os(support::nodes::FLATCAR);
+    ground.node("w3").add_tool(
+        "zypper",
+        "#!/bin/sh\n[ \"$2\" = needs-rebooting ] || exit 9\ntest -e \"$STUB_STATE/reboot-required\" && exit 102\nexit 0\n",
+    );
+    ground.node("w4").add_tool(
+        "update_engine_client",
+        "#!/bin/sh\nif test -e \"$STUB_STATE/reboot-required\"; then op=UPDATED_NEED_REBOOT; else op=IDLE; fi\nprintf 'LAST_CHECKED_TIME=1733300000\\nCURRENT_OP=UPDATE_STATUS_%s\\n' \"$op\"\n",
+    );
+    for node in ["w1", "w2", "w4"] {
+        ground.node(node).need_reboot();
+    }
+    let rg = ground
+        .rollgate(&[
+            ("ROLLGATE__REBOOT__SENTINEL_PRESET", "auto".to_owned()),
+            (
+                "ROLLGATE__REBOOT__SENTINEL_FILE",
+                sentinel_file.display().to_string(),
+            ),
+            ("ROLLGATE__REBOOT__TIMEOUT", "60s".to_owned()),
+        ])
+        .await;
+    let id = ask(&rg, json!({})).await;
+    let run = rg.wait_status(&id, "succeeded", RUN_DEADLINE).await;
+
+    for node in ["w1", "w2", "w4"] {
+        assert_rebooted_once(&ground, node);
+    }
+    assert_eq!(ground.node("w3").reboots(), 0, "openSUSE w3 was rebooted");
+    let mut rebooted = labels(&run, "reboot");
+    rebooted.sort();
+    assert_eq!(rebooted, ["w1", "w2", "w4"]);
 }

@@ -1392,3 +1392,64 @@ async fn reboot_managers_names_each_reboot_manager_of_the_nodes_own() {
     assert_eq!(out.lines().count(), 1, "{out}");
     assert!(out.starts_with("locksmithd"), "{out}");
 }
+
+/// The sha256 of `path`, read by sha256sum.
+fn sha256(path: &std::path::Path) -> String {
+    let out = std::process::Command::new("sha256sum")
+        .arg(path)
+        .output()
+        .expect("sha256sum");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// `--stage` on Debian's own dnf and zypper: the release is downloaded into the package
+/// manager's cache past the locks, installing nothing; a package in the repository that
+/// does not match the repository's checksum (the same size, other bytes) is refused with
+/// exit 4, naming the file and both sums, which sha256sum reads independently; the locks
+/// stand and the node's own rpm database still reads the old version.
+#[tokio::test]
+async fn on_real_dnf_and_zypper_stage_downloads_past_the_locks_and_refuses_a_corrupt_package() {
+    let api = FakeKube::start().await;
+    api.add_node("w1", false, "1.34.2", "1.7.20");
+    for zypper in [false, true] {
+        let w1 = if zypper {
+            RpmNode::zypper(&api, "w1", "1.34", "1.34.2-150500.1.1").await
+        } else {
+            RpmNode::dnf(&api, "w1", "1.34", "1.34.2-150500.1.1").await
+        };
+        let locks = w1.locks();
+        let (code, out) = w1.node.run(&["--stage", "--release", "1.34.5"]);
+        assert_eq!(code, 0, "zypper {zypper}: {out}");
+        assert!(
+            out.contains("kubeadm, kubelet and kubectl 1.34.5-150500.1.1 staged and verified"),
+            "{out}"
+        );
+        assert_eq!(w1.package("kubelet").0, "1.34.2-150500.1.1");
+
+        let rpm = w1
+            .node
+            .dir
+            .path()
+            .join("repo/core:/stable:/v1.34/rpm/kubelet-1.34.5-150500.1.1.noarch.rpm");
+        let published = sha256(&rpm);
+        let mut bytes = std::fs::read(&rpm).expect("rpm");
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0xff;
+        std::fs::write(&rpm, bytes).expect("corrupt rpm");
+        let served = sha256(&rpm);
+        let (code, out) = w1.node.run(&["--stage", "--release", "1.34.5"]);
+        assert_eq!(code, 4, "zypper {zypper}: {out}");
+        assert!(
+            out.contains(&format!("kubelet-1.34.5-150500.1.1.noarch.rpm does not match its checksum: the repository says {published}, the download is {served}")),
+            "zypper {zypper}: {out}"
+        );
+        for pkg in ["kubeadm", "kubelet", "kubectl"] {
+            assert_eq!(w1.package(pkg).0, "1.34.2-150500.1.1", "{pkg}");
+        }
+        assert_eq!(w1.locks(), locks, "zypper {zypper}");
+    }
+}

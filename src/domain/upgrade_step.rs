@@ -119,9 +119,10 @@ pub enum UpgradeStep {
     },
     /// Stage 4: `node`'s apt repository pointed at the new minor.
     AptRepo { node: String },
-    /// Before `node`'s drain: its driver downloads the release and checks it against the
-    /// release's checksums (k3s, RKE2), so that a bad release is refused before anything
-    /// is disturbed and the node is out of service no longer than its upgrade.
+    /// Before `node`'s drain: its driver downloads the release and checks it against its
+    /// checksums (the package repository's on kubeadm, the release's `sha256sum` file on
+    /// k3s and RKE2), so that a bad release is refused before anything is disturbed and
+    /// the node is out of service no longer than its upgrade.
     Fetch {
         /// `control-plane` or `workers`.
         stage: Stage,

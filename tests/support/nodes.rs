@@ -30,11 +30,14 @@ const STUBS: &[(&str, &str)] = &[
         r#"#!/bin/bash
 echo "apt-get $*" >> "$STUB_LOG"
 [ "$1" = update ] && exit 0
+# --download-only fetches into the cache: nothing is installed.
+into=installed
+case " $* " in *" --download-only "*) into=downloaded ;; esac
 for a in "$@"; do
   case "$a" in
     *=*) pkg=${a%%=*}; ver=${a#*=}
          STUB_LOG=/dev/null apt-cache madison "$pkg" | awk '{print $3}' | grep -qx -- "$ver" || { echo "E: Version '$ver' for '$pkg' was not found" >&2; exit 100; }
-         echo "$ver" > "$STUB_STATE/installed-$pkg" ;;
+         echo "$ver" > "$STUB_STATE/$into-$pkg" ;;
   esac
 done
 "#,
@@ -890,6 +893,12 @@ impl FakeNode {
         std::fs::write(self.dir.path().join(format!("state/active-{unit}")), "").expect("unit");
     }
 
+    /// Gives this node a tool of its own, `name`, the shell script `text` (an OS's own
+    /// tool, say, that the machine lacks).
+    pub fn add_tool(&self, name: &str, text: &str) {
+        super::stacked::write_executable(&self.dir.path().join("bin").join(name), text);
+    }
+
     /// Makes this node's etcd member not come back from its upgrade.
     pub fn break_etcd(&self) {
         std::fs::write(self.dir.path().join("state/etcd-broken"), "").expect("broken");
@@ -921,11 +930,21 @@ impl FakeNode {
         std::fs::write(self.dir.path().join("state/cut-session"), "").expect("marker");
     }
 
-    /// The times the node script ran its upgrade on this node (its `apt-get update`s).
+    /// The times the node script ran its upgrade on this node: its `apt-get update`s, but
+    /// for those of the download before the drain (`--stage`, which downloads only).
     pub fn script_runs(&self) -> usize {
-        self.calls()
-            .iter()
-            .filter(|c| c.starts_with("apt-get update"))
+        // Each run's calls, from its update to the next.
+        let mut runs: Vec<Vec<String>> = Vec::new();
+        for call in self.calls() {
+            if call.starts_with("apt-get update") {
+                runs.push(Vec::new());
+            }
+            if let Some(run) = runs.last_mut() {
+                run.push(call);
+            }
+        }
+        runs.iter()
+            .filter(|run| !run.iter().any(|c| c.contains("--download-only")))
             .count()
     }
 

@@ -143,12 +143,7 @@ impl UpgradeSteps {
 
     /// The driver's download and check of the release on `node`, before its drain.
     async fn fetch(&self, node: &str, request: &DetectionRequest) -> StepOutcome {
-        let Some(args) = self.driver.stage(request.target_version, request.build) else {
-            return StepOutcome::done(format!(
-                "{}: the package manager fetches inside the upgrade",
-                self.driver.distribution
-            ));
-        };
+        let args = self.driver.stage(request.target_version, request.build);
         let what = format!(
             "release {} on {node}",
             self.driver.release(request.target_version, request.build)

@@ -348,37 +348,30 @@ fn node_steps(
     steps
 }
 
-/// The workers' node cycle: the node script is its action; with `FETCH`, the driver's
-/// download and check of the release come before the drain; with `REBOOT`, a reboot
-/// follows the script when it left the node needing one.
-struct WorkerCycle<const FETCH: bool, const REBOOT: bool>;
+/// The workers' node cycle: the driver's download and check of the release come before the
+/// drain, the node script is its action; with `REBOOT`, a reboot follows the script when
+/// it left the node needing one.
+struct WorkerCycle<const REBOOT: bool>;
 
-impl<const FETCH: bool, const REBOOT: bool> node_cycle::CycleSteps for WorkerCycle<FETCH, REBOOT> {
+impl<const REBOOT: bool> node_cycle::CycleSteps for WorkerCycle<REBOOT> {
     type Step = UpgradeStep;
-    const PARTS: &'static [Part] = match (FETCH, REBOOT) {
-        (false, false) => &[Part::Drain, Part::Action, Part::Verify, Part::Uncordon],
-        (false, true) => &[
-            Part::Drain,
-            Part::Action,
-            Part::RebootIfRequired,
-            Part::Verify,
-            Part::Uncordon,
-        ],
-        (true, false) => &[
-            Part::Fetch,
-            Part::Drain,
-            Part::Action,
-            Part::Verify,
-            Part::Uncordon,
-        ],
-        (true, true) => &[
+    const PARTS: &'static [Part] = if REBOOT {
+        &[
             Part::Fetch,
             Part::Drain,
             Part::Action,
             Part::RebootIfRequired,
             Part::Verify,
             Part::Uncordon,
-        ],
+        ]
+    } else {
+        &[
+            Part::Fetch,
+            Part::Drain,
+            Part::Action,
+            Part::Verify,
+            Part::Uncordon,
+        ]
     };
 
     fn gate(node: &str) -> UpgradeStep {
@@ -442,14 +435,13 @@ pub fn control_plane_steps(
                 node: node.clone(),
                 after,
             };
-            let mut steps = Vec::new();
-            if distribution != Distribution::Kubeadm {
-                steps.push(UpgradeStep::Fetch {
+            let mut steps = vec![
+                UpgradeStep::Fetch {
                     stage,
                     node: node.clone(),
-                });
-            }
-            steps.push(healthy(false));
+                },
+                healthy(false),
+            ];
             steps.extend(node_steps(
                 stage,
                 node,
@@ -623,13 +615,11 @@ pub fn plan(
     }
     if has(Stage::Workers) {
         for batch in workers.chunks(batch_size) {
-            let fetch = settings.distribution != Distribution::Kubeadm;
             out.extend(
-                match (fetch, settings.reboot_after_upgrade) {
-                    (false, false) => node_cycle::worker_batch::<WorkerCycle<false, false>>(batch),
-                    (false, true) => node_cycle::worker_batch::<WorkerCycle<false, true>>(batch),
-                    (true, false) => node_cycle::worker_batch::<WorkerCycle<true, false>>(batch),
-                    (true, true) => node_cycle::worker_batch::<WorkerCycle<true, true>>(batch),
+                if settings.reboot_after_upgrade {
+                    node_cycle::worker_batch::<WorkerCycle<true>>(batch)
+                } else {
+                    node_cycle::worker_batch::<WorkerCycle<false>>(batch)
                 }
                 .into_iter()
                 .map(Step::new),
@@ -654,9 +644,12 @@ pub fn describe(step: &UpgradeStep, target: Version, driver: &NodeDriver) -> Str
     let k3s = driver.distribution != Distribution::Kubeadm;
     let release = driver.release(target, None);
     match step {
-        S::Fetch { node, .. } => format!(
+        S::Fetch { node, .. } if k3s => format!(
             "download {release} from {} to {node} and check it against the release's sha256sum file, before its drain",
             driver.mirror
+        ),
+        S::Fetch { node, .. } => format!(
+            "download kubeadm, kubelet and kubectl {release} into {node}'s package cache, checked against its repository's checksums, before its drain"
         ),
         S::Upgrade { node, stage } if k3s => {
             let (role, unit) = match (stage, driver.distribution) {
@@ -1019,6 +1012,7 @@ mod tests {
             "preflight/kubeadm-plan@cp",
             "snapshot/etcd-snapshot",
             "control-plane/next",
+            "workers/fetch@w3",
             "workers/gate@w3",
             "workers/drain@w3",
         ];
@@ -1059,7 +1053,12 @@ mod tests {
                 .into_iter()
                 .filter(|l| l.ends_with("@w1"))
                 .collect();
-            let mut want = vec!["workers/gate@w1", "workers/drain@w1", "workers/upgrade@w1"];
+            let mut want = vec![
+                "workers/fetch@w1",
+                "workers/gate@w1",
+                "workers/drain@w1",
+                "workers/upgrade@w1",
+            ];
             if reboot {
                 want.push("workers/reboot-if-required@w1");
             }
@@ -1100,6 +1099,8 @@ mod tests {
             .collect();
         let batch = |a: &str, b: &str| {
             [
+                format!("workers/fetch@{a}"),
+                format!("workers/fetch@{b}"),
                 format!("workers/gate@{a}"),
                 format!("workers/drain@{a}"),
                 format!("workers/upgrade@{a}"),
@@ -1116,6 +1117,7 @@ mod tests {
         want.extend(batch("w3", "w4"));
         want.extend(
             [
+                "workers/fetch@w5",
                 "workers/gate@w5",
                 "workers/drain@w5",
                 "workers/upgrade@w5",
@@ -1402,6 +1404,7 @@ mod tests {
         assert_eq!(
             names(control_plane_steps(&upgrade, false, Distribution::Kubeadm)),
             [
+                "control-plane/fetch@cp-2",
                 "control-plane/healthy-before@cp-2",
                 "control-plane/gate@cp-2",
                 "control-plane/drain@cp-2",

@@ -7,7 +7,7 @@
 //! | | kubeadm | k3s, RKE2 |
 //! |---|---|---|
 //! | detect | `/etc/os-release`: apt, dnf or zypper; kubeadm, kubelet installed | the binary's `--version` |
-//! | stage | the package manager downloads and verifies inside `apply` | the release artifact, checked against its `sha256sum` file, before the drain |
+//! | stage | kubeadm, kubelet and kubectl downloaded into the package manager's cache, checked against the repository's checksums, before the drain | the release artifact, checked against its `sha256sum` file, before the drain |
 //! | apply | `kubeadm upgrade apply\|node`, then kubelet and kubectl, held again | the binary swapped atomically, the previous kept as `NAME.previous` |
 //! | restart | `systemctl restart kubelet` | `systemctl restart k3s\|k3s-agent\|rke2-server\|rke2-agent` |
 //! | verify | the node reports the version and Ready (rollgate's verify step) | the same |
@@ -118,11 +118,6 @@ impl NodeDriver {
         self.distribution != Distribution::Kubeadm
     }
 
-    /// Whether the release is downloaded and verified before the node is drained.
-    pub fn stages(&self) -> bool {
-        self.distribution != Distribution::Kubeadm
-    }
-
     fn k3s_args(&self, action: &str, release: &str) -> Vec<String> {
         [
             action,
@@ -151,11 +146,15 @@ impl NodeDriver {
         }
     }
 
-    /// Before the drain: download and verify the release; `None` when the driver has
-    /// nothing to stage.
-    pub fn stage(&self, target: Version, build: Option<u32>) -> Option<Vec<String>> {
-        self.stages()
-            .then(|| self.k3s_args("--stage", &self.release(target, build)))
+    /// Before the drain: download the release and check it against its checksums, so that
+    /// the node is drained only for the install and a bad download is refused undrained.
+    pub fn stage(&self, target: Version, build: Option<u32>) -> Vec<String> {
+        match self.distribution {
+            Distribution::Kubeadm => {
+                vec!["--stage".into(), "--release".into(), target.to_string()]
+            }
+            _ => self.k3s_args("--stage", &self.release(target, build)),
+        }
     }
 
     /// The upgrade of a node as `role`: apply, restart.
@@ -277,18 +276,18 @@ mod tests {
         for (driver, role, build, want) in cases {
             assert_eq!(driver.apply(role, v("1.34.5"), build).join(" "), want);
         }
-        assert_eq!(kubeadm.stage(v("1.34.5"), None), None);
+        assert_eq!(
+            kubeadm.stage(v("1.34.5"), None),
+            ["--stage", "--release", "1.34.5"]
+        );
         assert_eq!(kubeadm.check(v("1.35.0"), None, false), ["--check"]);
         assert_eq!(
             kubeadm.check(v("1.34.5"), None, true),
             ["--check", "--release", "1.34.5"]
         );
         assert_eq!(
-            k3s()
-                .stage(v("1.34.5"), None)
-                .map(|a| a.join(" "))
-                .as_deref(),
-            Some("--stage --distribution k3s --release v1.34.5+k3s1 --mirror http://127.0.0.1:9/m")
+            k3s().stage(v("1.34.5"), None).join(" "),
+            "--stage --distribution k3s --release v1.34.5+k3s1 --mirror http://127.0.0.1:9/m"
         );
         assert!(!kubeadm.can_roll_back() && k3s().can_roll_back());
         assert_eq!(kubeadm.script_name(), "node-upgrade.sh");

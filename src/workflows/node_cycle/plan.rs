@@ -1,6 +1,6 @@
 //! The node cycle: how every workflow that takes nodes out of service plans it. Workers
-//! go in batches: one gate before a batch, each worker's cycle (its parts in order), the
-//! batch's cycles side by side, one soak after it. The workflow names the parts' steps;
+//! go in batches: the batch's fetches side by side, one gate, each worker's cycle (its
+//! other parts in order), the batch's cycles side by side, one soak after it. The workflow names the parts' steps;
 //! what differs between workflows is the action in the middle (the node script, a reboot).
 
 use crate::domain::run::{Step, StepStatus};
@@ -11,8 +11,10 @@ pub enum Part {
     /// A check at the node's turn that may skip the rest of its cycle (a reboot whose
     /// sentinel has cleared).
     Check,
-    /// Preparation that disturbs nothing, before the drain: the release downloaded and
-    /// verified on the node.
+    /// Preparation that disturbs nothing: the release downloaded and verified on the
+    /// node. Every node of a batch fetches before the batch's gate, so that one bad
+    /// download is refused before any node of the batch is drained, and the batch's
+    /// drains still begin together.
     Fetch,
     /// Cordon and drain.
     Drain,
@@ -41,16 +43,26 @@ pub trait CycleSteps {
     fn soak(node: &str) -> Self::Step;
 }
 
-/// The steps of one batch of workers: one gate, then each worker's cycle, the batch's
-/// cycles going on together so that its workers are out of service together and none
-/// longer than its own cycle; one soak after the batch.
+/// The steps of one batch of workers: every worker's fetch, side by side; one gate; then
+/// each worker's cycle, the batch's cycles going on together so that its workers are out
+/// of service together and none longer than its own cycle; one soak after the batch.
 pub fn worker_batch<C: CycleSteps>(batch: &[String]) -> Vec<C::Step> {
     let (Some(first), Some(last)) = (batch.first(), batch.last()) else {
         return Vec::new();
     };
-    let mut steps = vec![C::gate(first)];
+    let fetch = |part: &&Part| **part == Part::Fetch;
+    let mut steps: Vec<C::Step> = batch
+        .iter()
+        .flat_map(|node| C::PARTS.iter().filter(fetch).map(|&p| C::part(p, node)))
+        .collect();
+    steps.push(C::gate(first));
     for node in batch {
-        steps.extend(C::PARTS.iter().map(|&part| C::part(part, node)));
+        steps.extend(
+            C::PARTS
+                .iter()
+                .filter(|p| !fetch(p))
+                .map(|&part| C::part(part, node)),
+        );
     }
     steps.push(C::soak(last));
     steps

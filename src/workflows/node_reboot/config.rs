@@ -36,6 +36,11 @@ pub enum SentinelPreset {
     /// `CURRENT_OP=UPDATE_STATUS_UPDATED_NEED_REBOOT` once an update is applied and waits
     /// for the reboot.
     Flatcar,
+    /// Each node's own, read off its `/etc/os-release` (`ID`, then `ID_LIKE`) when the
+    /// sentinel is read: `file` on Debian and Ubuntu, `needs-restarting` on the RHEL
+    /// family, `zypper` on SUSE, `flatcar` on Flatcar. A node of another OS is an error
+    /// naming it, never "no reboot needed". For a cluster of mixed OSes.
+    Auto,
 }
 
 /// Node reboots (section `reboot`): what runs on a node to tell whether it needs a reboot
@@ -50,8 +55,9 @@ pub struct RebootConfig {
     /// reboot, exit 1 that it does not; anything else is an error (default: none).
     pub sentinel_command: Option<String>,
     /// `file` (default: `sentinel_file`), `needs-restarting` (RHEL family), `zypper`
-    /// (SUSE) or `flatcar` (update_engine): how the node's OS says it needs a reboot; each
-    /// tool's own answer is read as its own. Not with `sentinel_command`.
+    /// (SUSE), `flatcar` (update_engine), or `auto`, each node's own by its os-release:
+    /// how a node's OS says it needs a reboot; each tool's own answer is read as its own.
+    /// Not with `sentinel_command`.
     pub sentinel_preset: SentinelPreset,
     /// The command that reboots the node, over SSH (default `sudo -n systemctl reboot`:
     /// the SSH user is not root, and `deploy/node/sudoers` allows it exactly this). The
@@ -100,24 +106,69 @@ impl Default for RebootConfig {
 }
 
 impl RebootConfig {
-    /// The script that tells whether a node needs a reboot: exit 0 yes, 1 no.
+    /// The script that tells whether a node needs a reboot: exit 0 yes, 1 no, anything
+    /// else an error.
     pub fn sentinel_script(&self) -> String {
-        // Each preset's own answer, turned into this one's: 0 needs a reboot, 1 not, else
-        // an error.
-        let preset = |command: &str, needed: u8, not_needed: u8| {
+        match (&self.sentinel_command, self.sentinel_preset) {
+            (Some(command), _) => format!("{command}\n"),
+            (None, SentinelPreset::Auto) => self.auto_script(),
+            (None, preset) => self.preset_script(preset),
+        }
+    }
+
+    /// `preset`'s own question, its answer turned into this one's: 0 needs a reboot, 1
+    /// not, else an error.
+    fn preset_script(&self, preset: SentinelPreset) -> String {
+        let ask = |command: &str, needed: u8, not_needed: u8| {
             format!(
                 "{command} >/dev/null 2>&1\ncase $? in {needed}) exit 0 ;; {not_needed}) exit 1 ;; *) exit 2 ;; esac\n"
             )
         };
-        match (&self.sentinel_command, self.sentinel_preset) {
-            (Some(command), _) => format!("{command}\n"),
-            (None, SentinelPreset::File) => format!("test -e '{}'\n", self.sentinel_file.display()),
-            (None, SentinelPreset::NeedsRestarting) => preset("needs-restarting -r", 1, 0),
-            (None, SentinelPreset::Zypper) => {
-                preset("zypper --non-interactive needs-rebooting", 102, 0)
+        match preset {
+            SentinelPreset::File | SentinelPreset::Auto => {
+                format!("test -e '{}'\n", self.sentinel_file.display())
             }
-            (None, SentinelPreset::Flatcar) => "status=$(update_engine_client -status 2>/dev/null) || exit 2\ncase \"$status\" in *CURRENT_OP=UPDATE_STATUS_UPDATED_NEED_REBOOT*) exit 0 ;; *CURRENT_OP=*) exit 1 ;; *) exit 2 ;; esac\n".to_owned(),
+            SentinelPreset::NeedsRestarting => ask("needs-restarting -r", 1, 0),
+            SentinelPreset::Zypper => ask("zypper --non-interactive needs-rebooting", 102, 0),
+            SentinelPreset::Flatcar => "status=$(update_engine_client -status 2>/dev/null) || exit 2\ncase \"$status\" in *CURRENT_OP=UPDATE_STATUS_UPDATED_NEED_REBOOT*) exit 0 ;; *CURRENT_OP=*) exit 1 ;; *) exit 2 ;; esac\n".to_owned(),
         }
+    }
+
+    /// The preset of the node's own OS, chosen on the node from its os-release (the file
+    /// `OS_RELEASE` names, else `/etc/os-release`): its `ID` first, then each of
+    /// `ID_LIKE`, so a derivative (Pop!_OS, Oracle Linux, SLES) takes its family's.
+    fn auto_script(&self) -> String {
+        let branch = |patterns: &str, preset: SentinelPreset| {
+            let body = self.preset_script(preset).replace('\n', "\n    ");
+            format!("  {patterns})\n    {}\n    exit $? ;;\n", body.trim_end())
+        };
+        let mut script = String::from(
+            "os=${OS_RELEASE:-/etc/os-release}\n\
+             [ -r \"$os\" ] || { echo \"$os is not readable: no reboot sentinel is known for this node\" >&2; exit 2; }\n\
+             ids=$(. \"$os\" && echo \"${ID:-} ${ID_LIKE:-}\")\n\
+             for id in $ids; do\n\
+             case \"$id\" in\n",
+        );
+        for (patterns, preset) in [
+            ("debian|ubuntu", SentinelPreset::File),
+            (
+                "rhel|centos|fedora|rocky|almalinux|ol",
+                SentinelPreset::NeedsRestarting,
+            ),
+            (
+                "suse|opensuse|opensuse-*|sles|sles_sap|sle-micro",
+                SentinelPreset::Zypper,
+            ),
+            ("flatcar", SentinelPreset::Flatcar),
+        ] {
+            script.push_str(&branch(patterns, preset));
+        }
+        script.push_str(
+            "esac\ndone\n\
+             echo \"no reboot sentinel is known for this OS ($(. \"$os\" && echo \"${PRETTY_NAME:-${ID:-unknown}}\")): set reboot.sentinel_preset or reboot.sentinel_command\" >&2\n\
+             exit 2\n",
+        );
+        script
     }
 
     /// `labels` as (key, value) pairs (`check` has refused any that does not parse).
@@ -194,6 +245,10 @@ impl Section for RebootConfig {
             (None, SentinelPreset::NeedsRestarting) => "needs-restarting -r".to_owned(),
             (None, SentinelPreset::Zypper) => "zypper needs-rebooting".to_owned(),
             (None, SentinelPreset::Flatcar) => "update_engine_client -status".to_owned(),
+            (None, SentinelPreset::Auto) => format!(
+                "each node's own by its os-release (file {} on Debian and Ubuntu)",
+                self.sentinel_file.display()
+            ),
         };
         let after = match self.after_upgrade {
             AfterUpgrade::Never => "never",
@@ -215,28 +270,43 @@ impl Section for RebootConfig {
 mod tests {
     use super::*;
 
-    /// The exit status of `preset`'s script, run by bash with `tool` standing in as a
-    /// shell script of `body`.
-    fn answer(preset: SentinelPreset, tool: &str, body: &str) -> Option<i32> {
-        let bin = tempfile::tempdir().unwrap();
-        let path = bin.path().join(tool);
-        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
-        std::process::Command::new("chmod")
-            .arg("+x")
-            .arg(&path)
-            .status()
-            .unwrap();
+    /// The exit status and standard error of `preset`'s script, run by bash on a node
+    /// whose os-release reads `os` and whose `tools` (name, shell body) stand in for the
+    /// OS's own.
+    fn ask(preset: SentinelPreset, os: &str, tools: &[(&str, &str)]) -> (Option<i32>, String) {
+        let node = tempfile::tempdir().unwrap();
+        for (tool, body) in tools {
+            let path = node.path().join(tool);
+            std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+            std::process::Command::new("chmod")
+                .arg("+x")
+                .arg(&path)
+                .status()
+                .unwrap();
+        }
+        std::fs::write(node.path().join("os-release"), os).unwrap();
         let config = RebootConfig {
             sentinel_preset: preset,
+            sentinel_file: node.path().join("reboot-required"),
             ..RebootConfig::default()
         };
-        std::process::Command::new("bash")
+        let out = std::process::Command::new("bash")
             .arg("-c")
             .arg(config.sentinel_script())
-            .env("PATH", format!("{}:/usr/bin:/bin", bin.path().display()))
-            .status()
-            .unwrap()
-            .code()
+            .env("PATH", format!("{}:/usr/bin:/bin", node.path().display()))
+            .env("OS_RELEASE", node.path().join("os-release"))
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// The exit status of `preset`'s script with `tool` standing in as a shell script of
+    /// `body`.
+    fn answer(preset: SentinelPreset, tool: &str, body: &str) -> Option<i32> {
+        ask(preset, "", &[(tool, body)]).0
     }
 
     /// Each preset's script, run by bash with the OS's tool standing in as a script that
@@ -307,5 +377,75 @@ mod tests {
             format!("{:?}", found[0]).contains("sentinel_preset"),
             "{found:?}"
         );
+    }
+
+    /// `auto` asks each node's own tool by its os-release, `ID` first, then `ID_LIKE`: the
+    /// tools stand in answering "needed" where the node's own would be asked, and "not
+    /// needed" (or failing) everywhere else, so a wrong choice shows. An OS it does not
+    /// know is an error naming the OS, never "no reboot needed".
+    #[test]
+    fn auto_reads_each_nodes_own_sentinel_by_its_os_release() {
+        let os = |id: &str, like: &str| {
+            format!("PRETTY_NAME=\"{id} test\"\nID={id}\nID_LIKE=\"{like}\"\n")
+        };
+        let needed = |tool: &str| -> Vec<(&'static str, &'static str)> {
+            let mut tools = vec![
+                ("needs-restarting", "exit 0"),
+                ("zypper", "exit 0"),
+                ("update_engine_client", "echo CURRENT_OP=UPDATE_STATUS_IDLE"),
+            ];
+            match tool {
+                "needs-restarting" => tools[0].1 = "exit 1",
+                "zypper" => tools[1].1 = "exit 102",
+                "flatcar" => tools[2].1 = "echo CURRENT_OP=UPDATE_STATUS_UPDATED_NEED_REBOOT",
+                _ => {}
+            }
+            tools
+        };
+        let cases = [
+            (os("rocky", "rhel centos fedora"), "needs-restarting", 0),
+            (os("ol", "fedora"), "needs-restarting", 0),
+            (os("almalinux", ""), "needs-restarting", 0),
+            (os("opensuse-leap", "suse opensuse"), "zypper", 0),
+            (os("sles", ""), "zypper", 0),
+            (os("flatcar", "coreos"), "flatcar", 0),
+            (os("pop", "ubuntu debian"), "file", 1),
+            (os("ubuntu", "debian"), "needs-restarting", 1),
+            (os("rocky", "rhel"), "zypper", 1),
+        ];
+        for (release, tool, want) in cases {
+            let (status, err) = ask(SentinelPreset::Auto, &release, &needed(tool));
+            assert_eq!(status, Some(want), "{release:?} with {tool}: {err}");
+        }
+
+        // Debian and Ubuntu read `sentinel_file`, here beside the node's os-release.
+        let node = tempfile::tempdir().unwrap();
+        std::fs::write(node.path().join("os-release"), os("debian", "")).unwrap();
+        let config = RebootConfig {
+            sentinel_preset: SentinelPreset::Auto,
+            sentinel_file: node.path().join("reboot-required"),
+            ..RebootConfig::default()
+        };
+        let status = |config: &RebootConfig| {
+            std::process::Command::new("bash")
+                .arg("-c")
+                .arg(config.sentinel_script())
+                .env("OS_RELEASE", node.path().join("os-release"))
+                .status()
+                .unwrap()
+                .code()
+        };
+        assert_eq!(status(&config), Some(1));
+        std::fs::write(node.path().join("reboot-required"), "").unwrap();
+        assert_eq!(status(&config), Some(0));
+
+        let (status, err) = ask(SentinelPreset::Auto, &os("alpine", ""), &needed("file"));
+        assert_eq!(status, Some(2));
+        assert!(
+            err.contains("no reboot sentinel is known for this OS (alpine test)"),
+            "{err}"
+        );
+        let (status, err) = ask(SentinelPreset::Auto, "", &[]);
+        assert_eq!(status, Some(2), "{err}");
     }
 }
