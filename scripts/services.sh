@@ -29,3 +29,21 @@ ensure_rabbitmq() {
     timeout 120 rabbitmqctl -q await_startup
     echo "rabbitmq-server is up"
 }
+
+# What the sandbox (cargo run --example sandbox, scripts/serve.sh) runs: etcd, Prometheus
+# (with promtool), Alertmanager (with amtool), the Pushgateway, an sshd per node, curl for
+# the stub kubelet, and kubectl to look at the sandbox's cluster. apt-get update runs only
+# when something is missing.
+ensure_sandbox_tools() {
+    local pkgs=(etcd-server etcd-client prometheus prometheus-alertmanager prometheus-pushgateway
+        openssh-server openssh-client curl jq)
+    command -v kubectl >/dev/null || pkgs+=(kubernetes-client)
+    local pkg
+    for pkg in "${pkgs[@]}"; do
+        if ! dpkg -s "$pkg" >/dev/null 2>&1; then
+            DEBIAN_FRONTEND=noninteractive apt-get update -q
+            break
+        fi
+    done
+    apt_install "${pkgs[@]}"
+}

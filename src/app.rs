@@ -232,6 +232,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         writes: writes.clone(),
         asks_upstreams: fleet.has_upstreams(),
         views: vec![fleet.clone()],
+        banner: settings.server.banner.clone(),
     });
     let served = state.clone();
     let server = HttpServer::new(move || {

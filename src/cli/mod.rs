@@ -327,6 +327,10 @@ pub enum RunsAction {
     Watch {
         /// The run's id, as `runs list` shows it.
         id: String,
+        /// Stop as soon as the run is held (waiting on a closed or unknown gate, naming
+        /// what holds it): exit 0 then, 6 when it ends without being held.
+        #[arg(long)]
+        until_held: bool,
     },
     /// Finish the current step, then hold.
     Halt {

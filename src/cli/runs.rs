@@ -123,10 +123,15 @@ pub(super) async fn runs(
 ) -> anyhow::Result<ExitCode> {
     let api = Api::new(settings, args)?;
     let (base, token) = (&api.base, &api.token);
-    if let RunsAction::Watch { id } = &action {
+    if let RunsAction::Watch { id, until_held } = &action {
         // The event stream stays open: only connecting is bounded.
         let client = api.builder()?.build()?;
-        return super::watch::watch(&client, base, token, id).await;
+        let until = if *until_held {
+            super::watch::Until::Held
+        } else {
+            super::watch::Until::Ended
+        };
+        return super::watch::watch(&client, base, token, id, until).await;
     }
     let client = api.client()?;
     let (method, target, body) = runs_request(base, &action)?;
@@ -170,7 +175,7 @@ fn runs_request(
             drop(query);
             (reqwest::Method::GET, None)
         }
-        RunsAction::Show { id } | RunsAction::Watch { id } => {
+        RunsAction::Show { id } | RunsAction::Watch { id, .. } => {
             segments.push(id);
             (reqwest::Method::GET, None)
         }

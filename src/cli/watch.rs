@@ -1,7 +1,8 @@
 //! `rollgate runs watch ID`: follows one run through the event stream (`GET /v1/events`)
 //! until it ends, a line per transition with the run's progress, the current stage's
 //! nodes and what holds it; reconnects (with `Last-Event-ID`) when rollgate restarts.
-//! The exit status says how the run ended.
+//! The exit status says how the run ended; with `--until-held` it stops when the run is
+//! held.
 
 use anyhow::{Context as _, bail};
 use serde_json::Value;
@@ -69,6 +70,46 @@ pub fn exit_code(status: &str) -> Option<u8> {
         "failed" => Some(4),
         "aborted" => Some(5),
         _ => None,
+    }
+}
+
+/// What ends a watch besides the run's own end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Until {
+    /// Only the run's end.
+    Ended,
+    /// Also the run being held (exit 0); its end first is exit [`NEVER_HELD`].
+    Held,
+}
+
+/// The exit status of `watch --until-held` when the run ended without being held.
+pub const NEVER_HELD: u8 = 6;
+
+/// Whether `run` is held now: waiting, with what holds it named (a closed gate's alerts,
+/// an unknown gate's reason).
+pub fn held_now(run: &Value) -> bool {
+    run["status"] == "waiting" && run["blockers"].as_array().is_some_and(|b| !b.is_empty())
+}
+
+/// Prints each gate verdict once while it repeats: a held run's gate is asked every poll.
+#[derive(Default)]
+pub struct Repeats {
+    last: Option<String>,
+}
+
+impl Repeats {
+    /// `line` the first time, and again only after another line came between.
+    pub fn fresh(&mut self, line: String) -> Option<String> {
+        if self.last.as_deref() == Some(line.as_str()) {
+            return None;
+        }
+        self.last = Some(line.clone());
+        Some(line)
+    }
+
+    /// A transition came between: the next verdict prints again.
+    pub fn reset(&mut self) {
+        self.last = None;
     }
 }
 
@@ -144,6 +185,7 @@ pub(super) async fn watch(
     base: &reqwest::Url,
     token: &str,
     id: &str,
+    until: Until,
 ) -> anyhow::Result<ExitCode> {
     let run_url = super::api_url(base, &["v1", "runs", id])?;
     let fetch = || async {
@@ -169,6 +211,22 @@ pub(super) async fn watch(
         run["kind"].as_str().unwrap_or("-"),
         run["target"].as_str().unwrap_or("")
     );
+    let held = |run: &Value| {
+        let names: Vec<&str> = run["blockers"]
+            .as_array()
+            .map(|b| b.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        println!(
+            "held: {}\n          by: {}",
+            run["reason"].as_str().unwrap_or_default(),
+            names.join("; ")
+        );
+        Ok(ExitCode::SUCCESS)
+    };
+    if until == Until::Held && held_now(&run) {
+        return held(&run);
+    }
+    let mut gates = Repeats::default();
     let mut last_id = String::from("0");
     let mut reader = FrameReader::default();
     let mut lost_since: Option<Instant> = None;
@@ -208,6 +266,12 @@ pub(super) async fn watch(
                         if let Some(run) = &run {
                             println!("          {}", progress(run));
                         }
+                        gates.reset();
+                        if until == Until::Held
+                            && let Some(run) = run.as_ref().filter(|r| held_now(r))
+                        {
+                            return held(run);
+                        }
                         // Halted may be resumed: it ends the watch only when it is where
                         // the run stands now (the log is replayed from its start).
                         let ended = match (to, &run) {
@@ -216,15 +280,21 @@ pub(super) async fn watch(
                             _ => exit_code(to),
                         };
                         if let Some(code) = ended {
-                            return Ok(ExitCode::from(code));
+                            return Ok(ExitCode::from(match until {
+                                Until::Held => NEVER_HELD,
+                                Until::Ended => code,
+                            }));
                         }
                     }
                     "gate" => {
                         let report: Value = serde_json::from_str(&frame.data).unwrap_or_default();
-                        println!(
+                        let line = format!(
                             "          gate {}",
                             report["verdict"]["verdict"].as_str().unwrap_or("-")
                         );
+                        if let Some(line) = gates.fresh(line) {
+                            println!("{line}");
+                        }
                     }
                     _ => {}
                 }
@@ -287,6 +357,43 @@ mod tests {
             "[###########.........] 4/7 steps  stage workers: +w1 >w2 .w3"
         );
         assert_eq!(bar(0, 0, 4), "####");
+    }
+
+    #[test]
+    fn a_run_is_held_when_it_waits_naming_what_holds_it() {
+        let cases = [
+            (
+                json!({"status": "waiting", "blockers": ["EtcdNoLeader"]}),
+                true,
+            ),
+            (json!({"status": "waiting", "blockers": []}), false),
+            (json!({"status": "waiting"}), false),
+            (json!({"status": "running", "blockers": ["x"]}), false),
+            (json!({"status": "halted", "blockers": ["x"]}), false),
+        ];
+        for (run, held) in cases {
+            assert_eq!(held_now(&run), held, "{run}");
+        }
+    }
+
+    #[test]
+    fn a_repeated_verdict_prints_once_until_something_comes_between() {
+        let mut r = Repeats::default();
+        let mut printed = Vec::new();
+        for (line, transition_before) in [
+            ("closed", false),
+            ("closed", false),
+            ("closed", false),
+            ("open", false),
+            ("open", true),
+            ("open", false),
+        ] {
+            if transition_before {
+                r.reset();
+            }
+            printed.extend(r.fresh(line.to_owned()));
+        }
+        assert_eq!(printed, ["closed", "open", "open"]);
     }
 
     #[test]

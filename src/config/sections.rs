@@ -166,6 +166,10 @@ pub struct ServerSettings {
     /// CA bundle (PEM) for mutual TLS: when set, only clients with a certificate it signed
     /// may connect (their bearer token is still required).
     pub client_ca_file: Option<PathBuf>,
+    /// A line the status page shows above everything, and `GET /v1/whoami` returns (default
+    /// none), e.g. "STAGING: practice here". One line, at most 200 characters. The sandbox
+    /// sets it to say that its cluster is a local one.
+    pub banner: Option<String>,
 }
 
 impl Default for ServerSettings {
@@ -181,6 +185,7 @@ impl Default for ServerSettings {
             tls_cert_file: None,
             tls_key_file: None,
             client_ca_file: None,
+            banner: None,
         }
     }
 }
@@ -218,12 +223,30 @@ impl ServerSettings {
                 "tls_cert_file and tls_key_file go together: set both, or neither for plain HTTP",
             );
         }
+        if let Some(banner) = &self.banner
+            && let Some(problem) = banner_problem(banner)
+        {
+            p.add("banner", problem);
+        }
         if self.client_ca_file.is_some() && self.tls_cert_file.is_none() {
             p.add(
                 "client_ca_file",
                 "mutual TLS needs TLS: set tls_cert_file and tls_key_file too",
             );
         }
+    }
+}
+
+/// What is wrong with `server.banner`, if anything: the status page shows it on one line.
+fn banner_problem(banner: &str) -> Option<&'static str> {
+    if banner.trim().is_empty() {
+        Some("is empty: leave it out for no banner")
+    } else if banner.contains(['\n', '\r']) {
+        Some("is more than one line: the status page shows one")
+    } else if banner.chars().count() > 200 {
+        Some("is longer than 200 characters")
+    } else {
+        None
     }
 }
 

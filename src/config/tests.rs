@@ -250,3 +250,31 @@ fn defaults_written_in_doc_comments_are_the_defaults() {
     }
     assert!(compared >= 20, "only {compared} defaults compared");
 }
+
+#[test]
+fn a_banner_is_one_short_line() {
+    let long = "x".repeat(201);
+    let cases: [(&str, Option<&str>); 5] = [
+        ("LOCAL SANDBOX: nothing here is a real cluster", None),
+        ("", Some("is empty")),
+        ("two\nlines", Some("more than one line")),
+        (&long, Some("longer than 200")),
+        (&long[..200], None),
+    ];
+    for (banner, problem) in cases {
+        let loaded = Settings::load_from(None, env(&[("ROLLGATE__SERVER__BANNER", banner)]));
+        match problem {
+            None => assert_eq!(
+                loaded.unwrap().server.banner.as_deref(),
+                Some(banner),
+                "{banner:?}"
+            ),
+            Some(wanted) => {
+                let err = loaded.unwrap_err();
+                assert_eq!(err.0.len(), 1, "{err}");
+                assert_eq!(err.0[0].key, "server.banner");
+                assert!(err.0[0].message.contains(wanted), "{banner:?}: {err}");
+            }
+        }
+    }
+}

@@ -49,6 +49,8 @@ pub struct AppState {
     pub asks_upstreams: bool,
     /// What answers each of the workflows' views (`workflows::VIEWS`).
     pub views: Vec<Arc<dyn crate::workflows::view::View>>,
+    /// `server.banner`: the line the status page shows above everything.
+    pub banner: Option<String>,
 }
 
 impl AppState {

@@ -57,6 +57,9 @@ pub struct Whoami {
     /// What it may do.
     #[schema(value_type = Vec<String>)]
     pub scopes: Vec<crate::domain::scope::Scope>,
+    /// `server.banner`, the line the status page shows above everything, when set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub banner: Option<String>,
 }
 
 /// Reads a JSON body: 415 unless JSON, 413 over the limit, 400 unless it parses.
@@ -230,12 +233,13 @@ pub async fn get_alerts(state: State) -> Result<HttpResponse, ApiError> {
 /// `GET /v1/whoami`: the client the token names and its scopes; any known client may ask.
 #[utoipa::path(get, path = "/v1/whoami", responses((status = 200, body = Whoami), (status = 401, body = super::error::ErrorBody)),
     security(("bearer" = [])))]
-pub async fn whoami(req: HttpRequest) -> Result<HttpResponse, ApiError> {
+pub async fn whoami(state: State, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let caller = super::auth::Caller::of(&req)
         .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "no client"))?;
     Ok(HttpResponse::Ok().json(Whoami {
         client: caller.name.clone(),
         scopes: caller.scopes.iter().copied().collect(),
+        banner: state.banner.clone(),
     }))
 }
 

@@ -335,7 +335,7 @@ impl Ground {
 
     /// `rollgate plan ARGS` against this ground: exit code, stdout, stderr.
     pub fn rollgate_plan(&self, args: &[&str]) -> (Option<i32>, String, String) {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
+        let out = std::process::Command::new(super::rollgate_bin())
             .arg("plan")
             .args(args)
             .env_clear()

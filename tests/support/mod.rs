@@ -18,6 +18,7 @@ pub mod postgres;
 pub mod rabbit;
 pub mod rehearsal;
 pub mod replicas;
+pub mod sandbox;
 pub mod scripted;
 pub mod services;
 pub mod shipped;
@@ -28,9 +29,23 @@ pub mod witness;
 use serde_json::{Value, json};
 use std::future::Future;
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
+
+/// The `rollgate` binary: the one cargo built for this test, or, for the sandbox example
+/// (`target/<profile>/examples/sandbox`), the one beside its directory.
+pub fn rollgate_bin() -> PathBuf {
+    if let Some(bin) = option_env!("CARGO_BIN_EXE_rollgate") {
+        return PathBuf::from(bin);
+    }
+    let exe = std::env::current_exe().expect("this program's path");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/examples/");
+    profile_dir.join("rollgate")
+}
 
 /// libfaketime, which scripts/test.sh installs: steps a process's wall clock.
 pub const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
@@ -216,7 +231,7 @@ impl Rollgate {
             .append(true)
             .open(self.log_path())
             .expect("log file");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_rollgate"));
+        let mut cmd = Command::new(rollgate_bin());
         cmd.arg("serve")
             .current_dir(self.dir.path())
             .env_clear()
@@ -593,7 +608,7 @@ pub fn held_at_preflight_gate(run: &Value) -> bool {
 
 /// `rollgate check-config` with only `env` (and a data dir under `dir`): its output.
 pub fn check_config(dir: &std::path::Path, env: &[(String, String)]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_rollgate"))
+    Command::new(rollgate_bin())
         .arg("check-config")
         .env_clear()
         .env("ROLLGATE__DATA_DIR", dir.join("data"))

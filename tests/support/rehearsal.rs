@@ -359,7 +359,12 @@ impl Rehearsal {
         let prometheus = start_prometheus(
             d,
             &ground,
-            (rg_port, prometheus_port, alertmanager_port),
+            (prometheus_port, alertmanager_port),
+            &Scrapes {
+                rollgate_port: rg_port,
+                rollgate_https: true,
+                pushgateway: None,
+            },
             scale,
         )
         .await;
@@ -384,7 +389,7 @@ impl Rehearsal {
         let alertmanager = Alertmanager::with_config(
             &alertmanager_config(
                 &format!("{}/v1/alerts", rg.base()),
-                (&listener.alertmanager_token, &listener.ca_file),
+                (&listener.alertmanager_token, Some(&listener.ca_file)),
                 scale,
             ),
             alertmanager_port,
@@ -400,76 +405,13 @@ impl Rehearsal {
             _dir: dir,
             _slot: slot,
         };
-        r.load_rules_once_scraped().await;
+        load_rules_once_scraped(r._dir.path(), r.prometheus_port, (5, 5)).await;
         r
-    }
-
-    /// Loads the rules once every target is up. Prometheus applies discovered targets
-    /// only every 5 s, a delay no setting scales: before the first scrape `up` is absent,
-    /// which a real `for: 2m` outlasts but a scaled one does not.
-    async fn load_rules_once_scraped(&self) {
-        let d = self._dir.path();
-        super::eventually(
-            "every target scraped and up",
-            Duration::from_secs(30),
-            || async {
-                let up = self.query("up").await;
-                (up.len() == 5 && up.iter().all(|s| s["value"][1] == "1")).then_some(())
-            },
-        )
-        .await;
-        let file = d.join("prometheus.yml");
-        let config = std::fs::read_to_string(&file).expect("prometheus.yml");
-        let with_rules = config.replacen(
-            "scrape_configs:",
-            &format!(
-                "rule_files:\n  - {}\nscrape_configs:",
-                d.join("rules.yml").display()
-            ),
-            1,
-        );
-        std::fs::write(&file, with_rules).expect("prometheus.yml");
-        let http = reqwest::Client::new();
-        let base = format!("http://127.0.0.1:{}", self.prometheus_port);
-        let reload = http
-            .post(format!("{base}/-/reload"))
-            .send()
-            .await
-            .expect("prometheus reloads");
-        assert!(reload.status().is_success(), "reload: {}", reload.status());
-        super::eventually("the rules to load", Duration::from_secs(30), || async {
-            let rules: Value = http
-                .get(format!("{base}/api/v1/rules"))
-                .send()
-                .await
-                .ok()?
-                .json()
-                .await
-                .ok()?;
-            (rules["data"]["groups"].as_array()?.len() == 2).then_some(())
-        })
-        .await;
     }
 
     /// The instant query `promql` now: its result vector.
     pub async fn query(&self, promql: &str) -> Vec<Value> {
-        let body: Value = reqwest::Client::new()
-            .get(format!(
-                "http://127.0.0.1:{}/api/v1/query",
-                self.prometheus_port
-            ))
-            .query(&[("query", promql)])
-            .send()
-            .await
-            .expect("prometheus answers")
-            .json()
-            .await
-            .expect("json");
-        assert_eq!(body["status"], "success", "{promql}: {body}");
-        body["data"]["result"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
+        query(self.prometheus_port, promql).await
     }
 
     /// The alerts firing in Prometheus now, as `name{node}` (node when labelled).
@@ -488,12 +430,99 @@ impl Rehearsal {
     }
 }
 
-async fn start_prometheus(
+/// Loads the shipped rules into the Prometheus at `prometheus_port` (config under `d`)
+/// once `up` has `targets` series of which `up_wanted` are 1. Prometheus applies
+/// discovered targets only every 5 s, a delay no setting scales: before the first scrape
+/// `up` is absent, which a real `for: 2m` outlasts but a scaled one does not.
+pub async fn load_rules_once_scraped(
+    d: &Path,
+    prometheus_port: u16,
+    (up_wanted, targets): (usize, usize),
+) {
+    super::eventually(
+        "every target scraped, and up",
+        Duration::from_secs(30),
+        || async {
+            let up = query(prometheus_port, "up").await;
+            let ups = up.iter().filter(|s| s["value"][1] == "1").count();
+            (up.len() == targets && ups == up_wanted).then_some(())
+        },
+    )
+    .await;
+    let file = d.join("prometheus.yml");
+    let config = std::fs::read_to_string(&file).expect("prometheus.yml");
+    let with_rules = config.replacen(
+        "scrape_configs:",
+        &format!(
+            "rule_files:\n  - {}\nscrape_configs:",
+            d.join("rules.yml").display()
+        ),
+        1,
+    );
+    std::fs::write(&file, with_rules).expect("prometheus.yml");
+    let http = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{}", prometheus_port);
+    let reload = http
+        .post(format!("{base}/-/reload"))
+        .send()
+        .await
+        .expect("prometheus reloads");
+    assert!(reload.status().is_success(), "reload: {}", reload.status());
+    super::eventually("the rules to load", Duration::from_secs(30), || async {
+        let rules: Value = http
+            .get(format!("{base}/api/v1/rules"))
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        (rules["data"]["groups"].as_array()?.len() == 2).then_some(())
+    })
+    .await;
+}
+
+/// The instant query `promql` to the Prometheus at `port`: its result vector.
+pub async fn query(port: u16, promql: &str) -> Vec<Value> {
+    let body: Value = reqwest::Client::new()
+        .get(format!("http://127.0.0.1:{port}/api/v1/query"))
+        .query(&[("query", promql)])
+        .send()
+        .await
+        .expect("prometheus answers")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(body["status"], "success", "{promql}: {body}");
+    body["data"]["result"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// What a rehearsal's or the sandbox's Prometheus scrapes besides the cluster's own
+/// targets.
+pub struct Scrapes<'a> {
+    /// rollgate's port on loopback.
+    pub rollgate_port: u16,
+    /// Whether rollgate serves HTTPS (with the rehearsal's CA, by its service name).
+    pub rollgate_https: bool,
+    /// A Pushgateway's `host:port`, scraped with its pushed labels honoured.
+    pub pushgateway: Option<&'a str>,
+}
+
+/// Prometheus on loopback `port` scraping `ground`'s API server (its metrics, kubelets'
+/// and kube-state-metrics'), its first etcd member and `scrapes`, at `scale`, alerting to
+/// the Alertmanager at `alertmanager_port`; without rules until
+/// [`load_rules_once_scraped`].
+pub async fn start_prometheus(
     d: &Path,
     ground: &Ground,
-    (rg_port, port, alertmanager_port): (u16, u16, u16),
+    (port, alertmanager_port): (u16, u16),
+    scrapes: &Scrapes<'_>,
     scale: Scale,
 ) -> Process {
+    let rg_port = scrapes.rollgate_port;
     let scaled = |d| scale.text(d);
     let api = host_port(&ground.api.url());
     let etcd = host_port(&ground.etcd.endpoints()[0]);
@@ -516,14 +545,21 @@ async fn start_prometheus(
     let config = format!(
         "global:\n  scrape_interval: {scrape}\n  evaluation_interval: {eval}\n\
          alerting:\n  alertmanagers:\n    - static_configs:\n        - targets: ['127.0.0.1:{alertmanager_port}']\n\
-         scrape_configs:\n{apiserver}{kubelet}{ksm}{rollgate}{etcd}",
+         scrape_configs:\n{apiserver}{kubelet}{ksm}{rollgate}{etcd}{pushgateway}",
         scrape = scaled(Duration::from_secs(30)),
         eval = scaled(Duration::from_secs(60)),
         apiserver = kube("apiserver", "/metrics"),
         kubelet = kube("kubelet", "/metrics/kubelet"),
         ksm = kube("kube-state-metrics", "/metrics/kube-state"),
-        rollgate = https("rollgate", &format!("127.0.0.1:{rg_port}")),
+        rollgate = if scrapes.rollgate_https {
+            https("rollgate", &format!("127.0.0.1:{rg_port}"))
+        } else {
+            plain("rollgate", &format!("127.0.0.1:{rg_port}"))
+        },
         etcd = plain("etcd", &etcd),
+        pushgateway = scrapes.pushgateway.map_or_else(String::new, |target| {
+            format!("  - job_name: pushgateway\n    honor_labels: true\n    static_configs:\n      - targets: ['{target}']\n")
+        }),
     );
     let file = d.join("prometheus.yml");
     std::fs::write(&file, config).expect("prometheus.yml");
@@ -552,10 +588,11 @@ async fn start_prometheus(
 }
 
 /// The shipped Alertmanager example (`deploy/examples/alertmanager-receiver.yaml`), its
-/// receiver pointed at `webhook` with `token_file`, its timings scaled.
+/// receiver pointed at `webhook` with `token_file` (trusting `ca_file` for HTTPS; none
+/// for plain HTTP), its timings scaled.
 pub fn alertmanager_config(
     webhook: &str,
-    (token_file, ca_file): (&Path, &Path),
+    (token_file, ca_file): (&Path, Option<&Path>),
     scale: Scale,
 ) -> String {
     let scaled = |d| scale.text(d);
@@ -587,8 +624,17 @@ pub fn alertmanager_config(
             hook["url"] = webhook.into();
             hook["http_config"]["authorization"]["credentials_file"] =
                 token_file.display().to_string().into();
-            // The example's server_name stays: the rehearsal's certificate carries it.
-            hook["http_config"]["tls_config"]["ca_file"] = ca_file.display().to_string().into();
+            match ca_file {
+                // The example's server_name stays: the rehearsal's certificate carries it.
+                Some(ca) => {
+                    hook["http_config"]["tls_config"]["ca_file"] = ca.display().to_string().into()
+                }
+                None => {
+                    if let Some(http) = hook["http_config"].as_object_mut() {
+                        http.remove("tls_config");
+                    }
+                }
+            }
         }
     }
     serde_norway::to_string(&doc).expect("yaml")

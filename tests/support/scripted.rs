@@ -152,7 +152,7 @@ impl Scripted {
             "test \"$(cat {}/$ROLLGATE_MEMBER.rev 2>/dev/null)\" = v2",
             self.dir.path().display()
         );
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_rollgate"));
+        let mut cmd = Command::new(super::rollgate_bin());
         cmd.args(["etcd-roll", "--cooldown", "300ms", "--timeout", "2s"])
             .args(["--ready-timeout", ready_timeout])
             .arg("--endpoints")

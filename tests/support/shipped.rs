@@ -182,7 +182,7 @@ impl Site {
         let alertmanager = Alertmanager::with_config(
             &alertmanager_config(
                 &format!("https://127.0.0.1:{port}/v1/alerts"),
-                (&d.join("clients/alertmanager"), &d.join("tls/ca.crt")),
+                (&d.join("clients/alertmanager"), Some(&d.join("tls/ca.crt"))),
                 Scale::default(),
             ),
             am_port,
@@ -284,7 +284,7 @@ impl Site {
 
 /// The rollgate binary with `args`, and `env` alone besides PATH.
 fn rollgate_command(args: &[String], env: &[(String, String)]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rollgate"))
+    Command::new(super::rollgate_bin())
         .args(args)
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())

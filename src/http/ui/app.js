@@ -460,6 +460,10 @@ async function start() {
       return;
     }
   }
+  // server.banner: e.g. that this is a local sandbox, not a real cluster.
+  const banner = document.getElementById('banner');
+  banner.textContent = view.me.banner || '';
+  banner.hidden = !view.me.banner;
   const who = document.getElementById('who');
   who.textContent = view.me.client + (may('runs:control') ? '' : ' (read only)');
   who.hidden = false;
