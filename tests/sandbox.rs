@@ -10,6 +10,10 @@ use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use support::webdriver::Browser;
+
+/// How long the pictures' moments may take to come.
+const WAIT: Duration = Duration::from_secs(60);
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -298,6 +302,8 @@ async fn the_first_command_brings_up_the_sandbox_and_the_tour_upgrades_reboots_a
         );
     }
 
+    pictures(&sandbox, port, &token).await;
+
     // Ctrl-C (SIGTERM) stops rollgate, the sandbox and everything it started.
     let alertmanager = env_value(&sandbox, "ALERTMANAGER");
     let api =
@@ -323,4 +329,199 @@ async fn the_first_command_brings_up_the_sandbox_and_the_tour_upgrades_reboots_a
         up_in.as_secs_f64(),
         tour_took.as_secs_f64()
     );
+}
+
+/// Where the README's and the handbook's pictures of the sandbox are.
+fn images() -> PathBuf {
+    root().join("docs/src/images")
+}
+
+/// What a picture of the status page shows, in words: the banner, the run's heading, the
+/// page's sections and stages, each node's state, and what holds the run. A picture whose
+/// words differ from the page's now is stale.
+async fn facts(browser: &Browser) -> String {
+    let seen = browser
+        .script(
+            r#"const all = (css) => [...document.querySelectorAll(css)];
+            const text = (id) => (document.getElementById(id) || {}).textContent || '';
+            return {
+              banner: text('banner'),
+              heading: (document.querySelector('main h1') || {}).textContent || '',
+              sections: all('main h2').map((h) => h.textContent),
+              stages: all('.stage h3').map((h) => h.firstChild.textContent.trim()),
+              nodes: all('.node').map((n) => [n.dataset.node, n.querySelector('.state').textContent]),
+              held: text('run-blockers'),
+            };"#,
+        )
+        .await;
+    let list = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let nodes: Vec<String> = seen["nodes"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|n| {
+                    format!(
+                        "{} {}",
+                        n[0].as_str().unwrap_or_default(),
+                        n[1].as_str().unwrap_or_default()
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    format!(
+        "banner: {}\nheading: {}\nsections: {}\nstages: {}\nnodes: {}\nheld: {}\n",
+        seen["banner"].as_str().unwrap_or_default(),
+        seen["heading"].as_str().unwrap_or_default(),
+        list(&seen["sections"]).join(" | "),
+        list(&seen["stages"]).join(" | "),
+        nodes.join(", "),
+        seen["held"].as_str().unwrap_or_default(),
+    )
+}
+
+/// Takes the picture `name` of the page as it is now, and checks that its words are the
+/// ones the committed picture was taken with. `ROLLGATE_PICTURES=write` replaces the
+/// committed picture and its words instead.
+async fn picture(browser: &Browser, name: &str) {
+    let words = facts(browser).await;
+    let shot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}.png"));
+    browser.screenshot(&shot).await;
+    let committed = images().join(format!("{name}.txt"));
+    if std::env::var("ROLLGATE_PICTURES").as_deref() == Ok("write") {
+        std::fs::create_dir_all(images()).expect("images");
+        std::fs::copy(&shot, images().join(format!("{name}.png"))).expect("the picture");
+        std::fs::write(&committed, &words).expect("its words");
+        return;
+    }
+    let before = std::fs::read_to_string(&committed).unwrap_or_default();
+    assert_eq!(
+        words,
+        before,
+        "the status page no longer shows what docs/src/images/{name}.png shows (this run's \
+         picture: {}); if the change is meant, ROLLGATE_PICTURES=write cargo test --test \
+         sandbox replaces it",
+        shot.display()
+    );
+}
+
+/// Posts `alertname` to the sandbox's Alertmanager, firing or (with `resolved`) ended.
+async fn alert(alertmanager: &str, alertname: &str, resolved: bool) {
+    let now = chrono::Utc::now();
+    let ends = if resolved {
+        now
+    } else {
+        now + chrono::Duration::hours(1)
+    };
+    let body = serde_json::json!([{
+        "labels": {"alertname": alertname, "upgrade_gate": "true", "severity": "critical"},
+        "startsAt": (now - chrono::Duration::seconds(1)).to_rfc3339(),
+        "endsAt": ends.to_rfc3339(),
+    }]);
+    let r = reqwest::Client::new()
+        .post(format!("{alertmanager}/api/v2/alerts"))
+        .json(&body)
+        .send()
+        .await
+        .expect("alertmanager");
+    assert!(r.status().is_success(), "alertmanager: {}", r.status());
+}
+
+/// The pictures of the README and the handbook, taken in Chromium while the sandbox
+/// reboots w3..w6: the run held by an alert, a batch in hand, the run finished.
+async fn pictures(sandbox: &Path, port: u16, token: &str) {
+    let nodes = node_dirs(sandbox);
+    for (name, dir) in &nodes {
+        if ["w3", "w4", "w5", "w6"].contains(&name.as_str()) {
+            std::fs::write(dir.join("state/reboot-required"), "").expect("sentinel");
+        }
+        // The second batch takes 4 s to come back, long enough to be seen in hand.
+        if ["w5", "w6"].contains(&name.as_str()) {
+            std::fs::write(dir.join("state/reboot-delay"), "4").expect("delay");
+        }
+    }
+    let alertmanager = env_value(sandbox, "ALERTMANAGER");
+    alert(&alertmanager, "EtcdNoLeader", false).await;
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    // The alert reaches rollgate and closes its gate before the run is asked for.
+    support::eventually(
+        "the gate closed by the alert",
+        Duration::from_secs(30),
+        || async {
+            let gate: Value = http
+                .get(format!("{base}/v1/gates"))
+                .bearer_auth(token)
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            (gate["verdict"]["verdict"] == "closed").then_some(())
+        },
+    )
+    .await;
+    let asked: Value = http
+        .post(format!("{base}/v1/reboots"))
+        .bearer_auth(token)
+        .json(&serde_json::json!({"reason": "the handbook's pictures"}))
+        .send()
+        .await
+        .expect("reboots")
+        .json()
+        .await
+        .expect("json");
+    let id = asked["run_id"].as_str().expect("a run").to_owned();
+
+    let browser = Browser::start(1280, 900).await;
+    browser.goto(&format!("{base}/ui")).await;
+    browser
+        .wait_text("#login-form h1", "the login", WAIT, |t| !t.is_empty())
+        .await;
+    browser.type_into("#token", token).await;
+    browser.click("#login").await;
+    browser
+        .wait_text("main h1", "the runs list", WAIT, |t| t == "Runs")
+        .await;
+    browser.click(&format!("tr[data-run-id='{id}'] a")).await;
+    browser
+        .wait_text("#run-blockers", "the run held by the alert", WAIT, |t| {
+            t.contains("EtcdNoLeader")
+        })
+        .await;
+    picture(&browser, "sandbox-held").await;
+
+    alert(&alertmanager, "EtcdNoLeader", true).await;
+    browser
+        .wait_text(".node[data-node='w4'] .state", "w4 done", WAIT, |t| {
+            t == "done"
+        })
+        .await;
+    for node in ["w5", "w6"] {
+        browser
+            .wait_text(
+                &format!(".node[data-node='{node}'] .state"),
+                &format!("{node} rebooting"),
+                WAIT,
+                |t| t == "rebooting",
+            )
+            .await;
+    }
+    picture(&browser, "sandbox-batch").await;
+
+    browser
+        .wait_text("#run-status", "the run finished", WAIT, |t| {
+            t == "succeeded"
+        })
+        .await;
+    picture(&browser, "sandbox-finished").await;
 }

@@ -263,12 +263,14 @@ impl Drop for Browser {
         .ok();
         // Whatever is left of this browser (its profile directory is its own) goes too:
         // chromedriver, stopped next, does not take Chromium down with it.
+        // The pattern without its leading dashes: pkill would read `--user-data-dir=…`
+        // as an option of its own, refuse it, and leave the browser running.
         let profile = self._dir.path().join("profile");
         let _ = std::process::Command::new("pkill")
             .args([
                 "-KILL",
                 "-f",
-                &format!("--user-data-dir={}", profile.display()),
+                &format!("user-data-dir={}", profile.display()),
             ])
             .status();
     }

@@ -143,6 +143,7 @@ const STATE_OF_STEP = {
   containerd: 'upgrading', 'apt-repo': 'upgrading', 'kubeadm-plan': 'checking', soak: 'soaking',
   'etcd-gate': 'gated', 'etcd-restart': 'upgrading', 'etcd-ready': 'upgrading', 'etcd-transfer': 'upgrading',
   'etcd-cooldown': 'soaking', restart: 'upgrading', ready: 'upgrading', transfer: 'upgrading', cooldown: 'soaking',
+  fetch: 'upgrading', required: 'checking', reboot: 'rebooting', back: 'rebooting',
 };
 
 // What a node (or etcd member) is doing, from its steps in one stage.
@@ -326,7 +327,7 @@ function renderRun() {
     el('td', { class: 'muted' }, time(h.at)), el('td', {}, h.to), el('td', {}, h.step || ''),
     el('td', { class: 'by' }, h.by || ''), el('td', {}, h.reason)));
   show(
-    el('h1', {}, run.kind + ' ' + (run.target || '') + ' — ', el('span', { id: 'run-status', class: 'status status-' + run.status }, run.status)),
+    el('h1', {}, run.kind + (run.target ? ' ' + run.target : '') + ' — ', el('span', { id: 'run-status', class: 'status status-' + run.status }, run.status)),
     el('p', { id: 'run-id', class: 'muted' }, run.id),
     el('p', { id: 'run-reason' }, run.reason),
     run.blockers && run.blockers.length ? el('p', { id: 'run-blockers', class: 'reason' }, 'Held by: ' + run.blockers.join('; ')) : null,
