@@ -25,9 +25,12 @@ struct Args {
     /// Control planes, each with its stacked etcd member.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=5))]
     control_planes: u16,
-    /// Workers.
-    #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u16).range(1..=50))]
+    /// Workers, on one sshd, each at its own loopback address.
+    #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u16).range(1..=2000))]
     workers: u16,
+    /// Workers in hand at once: a count (`2`) or a share (`10%`).
+    #[arg(long, default_value = "2")]
+    max_unavailable: String,
     /// The Kubernetes version every node runs at first.
     #[arg(long, default_value = "1.34.2")]
     kubelet: String,
@@ -63,6 +66,7 @@ async fn main() -> anyhow::Result<()> {
         rollgate_port: args.port,
         dir,
         needing_reboot: args.needing_reboot,
+        max_unavailable: args.max_unavailable,
         scale: Scale(1.0 / f64::from(args.time_divisor)),
     })
     .await;

@@ -441,6 +441,7 @@ pub fn ssh_client(settings: &Settings) -> anyhow::Result<Ssh> {
         command_timeout: settings.ssh.command_timeout,
         hosts: settings.ssh.hosts.clone(),
         control_dir: settings.data_dir.join("ssh"),
+        max_connecting: settings.ssh.max_connecting,
     })?)
 }
 

@@ -35,11 +35,15 @@ pub struct SshSettings {
     pub hosts: HashMap<String, SshHost>,
     /// Where the mux sockets live (keep the path short).
     pub control_dir: PathBuf,
+    /// Connections opened at once; more wait their turn before their connect timeout.
+    pub max_connecting: usize,
 }
 
 /// SSH to nodes.
 pub struct Ssh {
     settings: SshSettings,
+    /// One permit per handshake in progress.
+    connecting: tokio::sync::Semaphore,
 }
 
 /// Extra time, beyond the remote `timeout`, before the local side gives up.
@@ -72,7 +76,11 @@ impl Ssh {
                 e,
             ),
         })?;
-        Ok(Self { settings })
+        let connecting = tokio::sync::Semaphore::new(settings.max_connecting.max(1));
+        Ok(Self {
+            settings,
+            connecting,
+        })
     }
 
     /// User, host and port for `node`.
@@ -118,6 +126,16 @@ impl Ssh {
             // session on the node) forever.
             .control_persist(ControlPersist::IdleFor(MASTER_IDLE))
             .control_directory(&self.settings.control_dir);
+        // The turn is waited for outside the bound: a node is not unreachable because a
+        // thousand others were asked first.
+        let _turn = self
+            .connecting
+            .acquire()
+            .await
+            .map_err(|_| ExecError::Other {
+                node: node.name.clone(),
+                failure: Failure::new("rollgate is stopping"),
+            })?;
         let connect = builder.connect_mux(&host);
         let bound = self.settings.connect_timeout + Duration::from_secs(5);
         match tokio::time::timeout(bound, connect).await {

@@ -829,6 +829,10 @@ pub struct SshConfig {
     )]
     #[schemars(schema_with = "crate::config::schema::host_list")]
     pub hosts: HashMap<String, SshHost>,
+    /// SSH connections opened at once (default 16; 1–256). Sessions already open run side
+    /// by side, a batch's whole; only the handshakes queue, so that a pre-flight over a
+    /// thousand nodes does not open a thousand at once and time them all out.
+    pub max_connecting: usize,
 }
 
 impl Default for SshConfig {
@@ -841,6 +845,7 @@ impl Default for SshConfig {
             connect_timeout: Duration::from_secs(10),
             command_timeout: Duration::from_secs(1800),
             hosts: HashMap::new(),
+            max_connecting: 16,
         }
     }
 }
@@ -853,6 +858,7 @@ impl SshConfig {
         p.path("known_hosts_file", self.known_hosts_file.as_ref());
         p.duration("connect_timeout", self.connect_timeout, 100, 300_000);
         p.duration("command_timeout", self.command_timeout, 1000, 6 * 3_600_000);
+        p.range("max_connecting", self.max_connecting, 1, 256);
     }
 }
 

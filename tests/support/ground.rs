@@ -11,7 +11,7 @@ use super::Rollgate;
 use super::etcd;
 use super::k3s::{Distro, ReleaseMirror};
 use super::kube::{Change, FakeKube};
-use super::nodes::{FakeNode, Packages, SshClient};
+use super::nodes::{FakeNode, Packages, SharedSshd, SshClient};
 use super::services::{MiniServer, Prometheus};
 use super::stacked::StackedEtcd;
 
@@ -72,6 +72,8 @@ pub struct Ground {
     pub api: FakeKube,
     pub nodes: Vec<FakeNode>,
     pub client: SshClient,
+    /// The one sshd of the workers, when they share one ([`Ground::start_ha_shared`]).
+    pub shared_sshd: Option<SharedSshd>,
     pub etcd: GroundEtcd,
     pub target: MiniServer,
     pub prom: Prometheus,
@@ -118,6 +120,23 @@ impl Ground {
         Self::build(kubelet, &names, workers, Etcd::Stacked, |_| Packages::Stubs).await
     }
 
+    /// As [`Ground::start_ha`], the workers on one [`SharedSshd`], each at its own loopback
+    /// address: a ground of a thousand workers.
+    pub async fn start_ha_shared(kubelet: &str, control_planes: usize, workers: usize) -> Self {
+        let names: Vec<String> = (1..=control_planes).map(|i| format!("cp-{i}")).collect();
+        let worker_names: Vec<String> = (1..=workers).map(|i| format!("w{i}")).collect();
+        Self::build_nodes(
+            kubelet,
+            &names,
+            &worker_names,
+            Etcd::Stacked,
+            |_| Packages::Stubs,
+            None,
+            true,
+        )
+        .await
+    }
+
     /// A k3s or RKE2 cluster at `version` (its first build): servers
     /// `server-1..=servers`, each with its embedded etcd member (named as the distribution
     /// names it, `server-1-` and 8 hex digits), and agents `agent-1..=agents`; the nodes
@@ -141,6 +160,7 @@ impl Ground {
                 Distro::Rke2 => |_: &str| Packages::Release(Distro::Rke2),
             },
             Some(distro),
+            false,
         )
         .await;
         ground.mirror = Some(ReleaseMirror::start(distro));
@@ -155,7 +175,16 @@ impl Ground {
         packages: fn(&str) -> Packages,
     ) -> Self {
         let worker_names: Vec<String> = (1..=workers).map(|i| format!("w{i}")).collect();
-        Self::build_nodes(kubelet, control_planes, &worker_names, etcd, packages, None).await
+        Self::build_nodes(
+            kubelet,
+            control_planes,
+            &worker_names,
+            etcd,
+            packages,
+            None,
+            false,
+        )
+        .await
     }
 
     async fn build_nodes(
@@ -165,6 +194,7 @@ impl Ground {
         etcd: Etcd,
         packages: fn(&str) -> Packages,
         distro: Option<Distro>,
+        shared_workers: bool,
     ) -> Self {
         let stacked = matches!(etcd, Etcd::Stacked);
         let api = FakeKube::start().await;
@@ -212,10 +242,19 @@ impl Ground {
             Etcd::Tls => GroundEtcd::External(etcd::Cluster::start_tls(1).await),
         };
         let client = SshClient::new();
+        let shared_sshd = match shared_workers {
+            true => Some(SharedSshd::start(&client).await),
+            false => None,
+        };
         let mut nodes = Vec::new();
-        for name in control_planes.iter().chain(worker_names) {
+        for (index, name) in control_planes.iter().chain(worker_names).enumerate() {
             api.add_node_agents(name);
-            let node = FakeNode::start_with(name, &api, &client, &minor, packages(name)).await;
+            let node = match &shared_sshd {
+                Some(sshd) if !control_planes.contains(name) => {
+                    sshd.add(name, index, &api, &client, &minor)
+                }
+                _ => FakeNode::start_with(name, &api, &client, &minor, packages(name)).await,
+            };
             if control_planes.contains(name) {
                 let ctl = match &etcd {
                     GroundEtcd::Stacked(e) => Some(e.member(name).ctl()),
@@ -241,6 +280,7 @@ impl Ground {
             api,
             nodes,
             client,
+            shared_sshd,
             etcd,
             target,
             prom,

@@ -285,13 +285,7 @@ pub fn node_files(d: &Path, name: &str, api: &FakeKube, minor: &str) -> Vec<(Str
     std::fs::create_dir_all(&bin).expect("bin");
     std::fs::create_dir_all(&state).expect("state");
     for (tool, text) in STUBS.iter().chain(&[("sudo", SUDO), ("id", ID)]) {
-        let path = bin.join(tool);
-        std::fs::write(&path, text).expect("stub");
-        Command::new("chmod")
-            .arg("+x")
-            .arg(&path)
-            .status()
-            .expect("chmod");
+        super::stacked::write_executable(&bin.join(tool), text);
     }
     std::fs::write(state.join("repo"), REPOSITORY.join("\n") + "\n").expect("repo");
     std::fs::write(state.join("repo-containerd"), "1.7.20-1\n1.7.24-1\n").expect("repo");
@@ -758,9 +752,13 @@ pub enum Packages {
 /// One fake node: an sshd with stub tools.
 pub struct FakeNode {
     pub name: String,
+    /// The loopback address its sshd is reached at: 127.0.0.1, or its own on a
+    /// [`SharedSshd`].
+    pub host: String,
     pub port: u16,
     pub dir: tempfile::TempDir,
-    pub sshd: Process,
+    /// Its own sshd; none on a [`SharedSshd`].
+    pub sshd: Option<Process>,
 }
 
 impl FakeNode {
@@ -841,9 +839,10 @@ impl FakeNode {
         );
         let fake = Self {
             name: name.into(),
+            host: "127.0.0.1".into(),
             port,
             dir,
-            sshd,
+            sshd: Some(sshd),
         };
         fake.trust(client);
         super::eventually(
@@ -864,7 +863,12 @@ impl FakeNode {
         let key = std::fs::read_to_string(self.dir.path().join("host_key.pub")).expect("host key");
         let key: Vec<&str> = key.split_whitespace().take(2).collect();
         let mut known = std::fs::read_to_string(&client.known_hosts).unwrap_or_default();
-        known.push_str(&format!("[127.0.0.1]:{} {}\n", self.port, key.join(" ")));
+        known.push_str(&format!(
+            "[{}]:{} {}\n",
+            self.host,
+            self.port,
+            key.join(" ")
+        ));
         std::fs::write(&client.known_hosts, known).expect("known_hosts");
     }
 
@@ -874,8 +878,9 @@ impl FakeNode {
         std::fs::remove_file(&key).expect("old key");
         std::fs::remove_file(key.with_extension("pub")).expect("old key");
         keygen(&key);
-        self.sshd.stop();
-        self.sshd.start();
+        let sshd = self.sshd.as_mut().expect("a node with its own sshd");
+        sshd.stop();
+        sshd.start();
     }
 
     /// Makes this node a control plane for the stub kubeadm: its upgrade moves the static
@@ -1133,6 +1138,124 @@ impl FakeNode {
 
     /// `ssh.hosts` entry for rollgate.
     pub fn host_entry(&self) -> String {
-        format!("{}=127.0.0.1:{}", self.name, self.port)
+        format!("{}={}:{}", self.name, self.host, self.port)
+    }
+}
+
+/// One sshd for many nodes, each told apart by the loopback address it is reached at
+/// (the whole of 127.0.0.0/8 is this machine): a thousand nodes cost one sshd, one host
+/// key and a directory each. The sshd listens on every address at one port and lets in
+/// only loopback clients with the client's key; its session reads the address the
+/// connection reached (`SSH_CONNECTION`), takes that node's environment and runs the
+/// node's own session, as a node's own sshd would.
+pub struct SharedSshd {
+    pub port: u16,
+    dir: tempfile::TempDir,
+    sshd: Process,
+}
+
+/// The shared sshd's session: the node by the address reached.
+const DISPATCH: &str = r#"#!/bin/bash
+read -r _ _ address _ <<< "$SSH_CONNECTION"
+node="$(dirname "$0")/../by-address/$address"
+[ -f "$node/env" ] || { echo "no node at $address" >&2; exit 255; }
+set -a
+. "$node/env"
+set +a
+exec "$node/bin/session"
+"#;
+
+impl SharedSshd {
+    /// Starts the sshd, trusting `client`'s key.
+    pub async fn start(client: &SshClient) -> Self {
+        std::fs::create_dir_all("/run/sshd").expect("/run/sshd");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let d = dir.path();
+        std::fs::create_dir_all(d.join("bin")).expect("bin");
+        std::fs::create_dir_all(d.join("by-address")).expect("by-address");
+        super::stacked::write_executable(&d.join("bin/dispatch"), DISPATCH);
+        keygen(&d.join("host_key"));
+        std::fs::copy(client.key.with_extension("pub"), d.join("authorized_keys")).expect("keys");
+        let port = free_port();
+        let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
+        let config = d.join("sshd_config");
+        std::fs::write(
+            &config,
+            format!(
+                "Port {port}\nListenAddress 0.0.0.0\nHostKey {d}/host_key\nPidFile none\n\
+                 AuthorizedKeysFile {d}/authorized_keys\nStrictModes no\nUsePAM no\n\
+                 PasswordAuthentication no\nKbdInteractiveAuthentication no\n\
+                 PermitRootLogin prohibit-password\nAllowUsers {user}@127.0.0.0/8\n\
+                 MaxStartups 400:30:1000\nLogLevel ERROR\nForceCommand {d}/bin/dispatch\n",
+                d = d.display(),
+            ),
+        )
+        .expect("sshd_config");
+        let sshd = Process::spawn(
+            "sshd",
+            "/usr/sbin/sshd",
+            vec![
+                "-D".into(),
+                "-e".into(),
+                "-f".into(),
+                config.display().to_string(),
+            ],
+            d.join("sshd.log"),
+        );
+        super::eventually(
+            "the shared sshd to listen",
+            std::time::Duration::from_secs(10),
+            || async {
+                std::net::TcpStream::connect(("127.0.0.1", port))
+                    .ok()
+                    .map(drop)
+            },
+        )
+        .await;
+        Self { port, dir, sshd }
+    }
+
+    /// The `index`th node's address: 127.1.x.y, never 127.0.0.1 (where the rest listens).
+    pub fn address(index: usize) -> String {
+        format!("127.1.{}.{}", index / 200, index % 200 + 10)
+    }
+
+    /// Node `name`, the `index`th on this sshd, with the stub tools; trusted by `client`.
+    pub fn add(
+        &self,
+        name: &str,
+        index: usize,
+        api: &FakeKube,
+        client: &SshClient,
+        minor: &str,
+    ) -> FakeNode {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let d = dir.path();
+        let env = node_files(d, name, api, minor);
+        super::stacked::write_executable(&d.join("bin/session"), SESSION);
+        let env: String = env
+            .iter()
+            .map(|(k, v)| format!("{k}='{}'\n", v.replace('\'', r"'\''")))
+            .collect();
+        std::fs::write(d.join("env"), env).expect("env");
+        let host = Self::address(index);
+        std::os::unix::fs::symlink(d, self.dir.path().join("by-address").join(&host))
+            .expect("by-address");
+        std::fs::copy(self.dir.path().join("host_key.pub"), d.join("host_key.pub"))
+            .expect("host key");
+        let node = FakeNode {
+            name: name.into(),
+            host,
+            port: self.port,
+            dir,
+            sshd: None,
+        };
+        node.trust(client);
+        node
+    }
+
+    /// The shared sshd's log.
+    pub fn logs(&self) -> String {
+        self.sshd.logs()
     }
 }

@@ -1,6 +1,7 @@
 //! The sandbox: a whole site on this machine for a newcomer to run rollgate against, built
 //! from the test ground itself (`cargo run --example sandbox`, `scripts/serve.sh`). The
-//! fake API server with control planes and workers behind real sshd and the stub tools,
+//! fake API server with control planes behind real sshd each and workers behind one
+//! shared sshd (each at its own loopback address), all with the stub tools,
 //! a real etcd member per control plane, a StatefulSet of real etcd members to roll,
 //! Prometheus with the shipped rules, Alertmanager with the shipped receiver pointed at
 //! rollgate, and a Pushgateway; every duration scaled by one factor, as in a rehearsal.
@@ -32,6 +33,8 @@ pub struct Options {
     pub dir: PathBuf,
     /// Nodes whose reboot sentinel is set from the start.
     pub needing_reboot: Vec<String>,
+    /// `cluster.max_unavailable`: workers in hand at once (`2`, `10%`).
+    pub max_unavailable: String,
     /// The sandbox's time over real time.
     pub scale: Scale,
 }
@@ -66,7 +69,8 @@ impl Sandbox {
         std::fs::create_dir_all(dir.join("clients")).expect("sandbox dir");
         let scale = options.scale;
         let ground =
-            Ground::start_ha(&options.kubelet, options.control_planes, options.workers).await;
+            Ground::start_ha_shared(&options.kubelet, options.control_planes, options.workers)
+                .await;
         for node in &options.needing_reboot {
             ground.node(node).need_reboot();
         }
@@ -218,7 +222,7 @@ impl Sandbox {
                         "kubeconfig".into(),
                         p(&self.ground.dir.path().join("kubeconfig")),
                     ),
-                    ("max_unavailable".into(), "2".into()),
+                    ("max_unavailable".into(), q(&o.max_unavailable)),
                 ],
             ),
             (

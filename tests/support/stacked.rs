@@ -126,14 +126,10 @@ impl Drop for StackedEtcd {
 
 /// Writes `text` to `path` and makes it executable.
 pub fn write_executable(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt as _;
     std::fs::write(path, text).expect("write");
-    let ok = std::process::Command::new("chmod")
-        .arg("+x")
-        .arg(path)
-        .status()
-        .expect("chmod")
-        .success();
-    assert!(ok, "chmod {}", path.display());
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+        .unwrap_or_else(|e| panic!("chmod {}: {e}", path.display()));
 }
 
 impl StackedEtcd {
