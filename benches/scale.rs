@@ -553,18 +553,6 @@ async fn memory_part(results: &mut Value) {
         json!({"nodes": facts.nodes.len(), "pods": total, "adapter_added_mb": added});
 }
 
-fn at(step: &Value, field: &str) -> chrono::DateTime<Utc> {
-    step[field]
-        .as_str()
-        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
-        .unwrap_or_else(|| panic!("no {field} in {step}"))
-        .with_timezone(&Utc)
-}
-
-fn secs(from: chrono::DateTime<Utc>, to: chrono::DateTime<Utc>) -> f64 {
-    (to - from).to_std().unwrap_or_default().as_secs_f64()
-}
-
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values.get(values.len() / 2).copied().unwrap_or(0.0)
@@ -601,39 +589,12 @@ async fn batch_upgrade(workers: usize, k: usize) -> BatchRun {
         .wait_status(&id, "succeeded", Duration::from_secs(3600))
         .await;
     ground.assert_all_at("1.34.5");
-    let steps = run["steps"].as_array().expect("steps");
-    let stage =
-        |name: &str| -> Vec<&Value> { steps.iter().filter(|s| s["stage"] == name).collect() };
-    let (cps, ws) = (stage("control-plane"), stage("workers"));
-    let (cp_first, cp_last) = (cps.first().expect("a step"), cps.last().expect("a step"));
-    let w_last = ws.iter().map(|s| at(s, "ended_at")).max().expect("a step");
-    let step = |name: &str, node: &str| -> &Value {
-        ws.iter()
-            .find(|s| s["name"] == name && s["node"] == node)
-            .unwrap_or_else(|| panic!("no {name}@{node}"))
-    };
-    let nodes: Vec<&str> = ws
-        .iter()
-        .filter(|s| s["name"] == "drain")
-        .filter_map(|s| s["node"].as_str())
-        .collect();
+    let timeline = support::timeline::Timeline::of(&run);
     BatchRun {
-        control_plane: secs(at(cp_first, "started_at"), at(cp_last, "ended_at")),
-        measured: secs(at(cp_first, "started_at"), w_last),
-        cycles: nodes
-            .iter()
-            .map(|n| {
-                secs(
-                    at(step("drain", n), "started_at"),
-                    at(step("uncordon", n), "ended_at"),
-                )
-            })
-            .collect(),
-        soaks: ws
-            .iter()
-            .filter(|s| s["name"] == "soak")
-            .map(|s| secs(at(s, "started_at"), at(s, "ended_at")))
-            .collect(),
+        control_plane: timeline.control_plane,
+        measured: timeline.measured,
+        cycles: timeline.cycles,
+        soaks: timeline.soaks,
         most: ground.most_workers_cordoned_at_once().0,
     }
 }

@@ -31,28 +31,11 @@ use serde_json::Value;
 use std::time::{Duration, Instant};
 use support::rehearsal::Scale;
 use support::sandbox::{ADMIN_TOKEN, Options, Sandbox};
+use support::timeline::{Timeline, quantile};
 use support::{Rollgate, free_port};
 
 /// The slowest a run may be before the bench gives up on it.
 const RUN_LIMIT: Duration = Duration::from_secs(3600);
-
-fn at(step: &Value, field: &str) -> chrono::DateTime<chrono::Utc> {
-    step[field]
-        .as_str()
-        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
-        .unwrap_or_else(|| panic!("no {field} in {step}"))
-        .with_timezone(&chrono::Utc)
-}
-
-fn secs(from: chrono::DateTime<chrono::Utc>, to: chrono::DateTime<chrono::Utc>) -> f64 {
-    (to - from).to_std().unwrap_or_default().as_secs_f64()
-}
-
-fn quantile(mut values: Vec<f64>, q: f64) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let i = ((values.len() as f64 * q).ceil() as usize).saturating_sub(1);
-    values.get(i).copied().unwrap_or(0.0)
-}
 
 /// rollgate's CPU seconds so far (user + system), from its own `/proc/PID/stat`.
 fn cpu_seconds(pid: u32) -> f64 {
@@ -80,10 +63,7 @@ fn peak_rss_mb(pid: u32) -> f64 {
 struct Whole {
     workers: usize,
     wall: f64,
-    control_plane: f64,
-    measured: f64,
-    cycles: Vec<f64>,
-    soaks: Vec<f64>,
+    timeline: Timeline,
     batches: usize,
     transitions: usize,
     cpu: f64,
@@ -256,47 +236,13 @@ async fn whole(workers: usize, kills: usize, expected: f64) -> Whole {
         "{most_cordoned} workers cordoned at once, batches of {batch_size}"
     );
 
-    let steps = run["steps"].as_array().expect("steps");
-    let stage =
-        |name: &str| -> Vec<&Value> { steps.iter().filter(|s| s["stage"] == name).collect() };
-    let (cps, ws) = (stage("control-plane"), stage("workers"));
-    let cp_first = cps.first().expect("a control-plane step");
-    let cp_last = cps.last().expect("a control-plane step");
-    let w_last = ws
-        .iter()
-        .map(|s| at(s, "ended_at"))
-        .max()
-        .expect("a worker step");
-    let step = |name: &str, node: &str| -> &Value {
-        ws.iter()
-            .find(|s| s["name"] == name && s["node"] == node)
-            .unwrap_or_else(|| panic!("no {name}@{node}"))
-    };
-    let drained: Vec<&str> = ws
-        .iter()
-        .filter(|s| s["name"] == "drain")
-        .filter_map(|s| s["node"].as_str())
-        .collect();
+    let timeline = Timeline::of(&run);
+    let batches = timeline.soaks.len();
     Whole {
         workers,
         wall,
-        control_plane: secs(at(cp_first, "started_at"), at(cp_last, "ended_at")),
-        measured: secs(at(cp_first, "started_at"), w_last),
-        cycles: drained
-            .iter()
-            .map(|n| {
-                secs(
-                    at(step("drain", n), "started_at"),
-                    at(step("uncordon", n), "ended_at"),
-                )
-            })
-            .collect(),
-        soaks: ws
-            .iter()
-            .filter(|s| s["name"] == "soak")
-            .map(|s| secs(at(s, "started_at"), at(s, "ended_at")))
-            .collect(),
-        batches: ws.iter().filter(|s| s["name"] == "soak").count(),
+        timeline,
+        batches,
         transitions: run["history"].as_array().map_or(0, Vec::len),
         cpu,
         rss_mb,
@@ -331,8 +277,8 @@ async fn main() {
         runs.push(run);
     }
     let base = &runs[0];
-    let cycle = quantile(base.cycles.clone(), 0.5);
-    let soak = quantile(base.soaks.clone(), 0.5);
+    let cycle = quantile(base.timeline.cycles.clone(), 0.5);
+    let soak = quantile(base.timeline.soaks.clone(), 0.5);
     let base_cpu = base.cpu / base.transitions as f64;
     println!(
         "one node's cycle (median, {} workers): {cycle:.2} s; soak {soak:.2} s",
@@ -353,14 +299,14 @@ async fn main() {
         "cordoned"
     );
     for run in &runs {
-        let ideal = run.batches as f64 * (cycle + soak) + run.control_plane;
+        let ideal = run.batches as f64 * (cycle + soak) + run.timeline.control_plane;
         let per = run.cpu / run.transitions as f64;
         println!(
             "{:>7} {:>9.1} {:>9.1} {:>10.2} {:>6} {:>12.2} {:>9.2} {:>8.1} {:>11.1} {:>13.1} {:>5}/{:<3}",
             run.workers,
-            run.measured,
+            run.timeline.measured,
             ideal,
-            ideal / run.measured,
+            ideal / run.timeline.measured,
             run.transitions,
             per * 1000.0,
             per / base_cpu,

@@ -23,6 +23,7 @@ pub mod scripted;
 pub mod services;
 pub mod shipped;
 pub mod stacked;
+pub mod timeline;
 pub mod webdriver;
 pub mod witness;
 

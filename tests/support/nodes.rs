@@ -802,41 +802,21 @@ impl FakeNode {
             }
         }
         let session = d.join("bin/session");
-        std::fs::write(&session, SESSION).expect("session");
-        Command::new("chmod")
-            .arg("+x")
-            .arg(&session)
-            .status()
-            .expect("chmod");
+        super::stacked::write_executable(&session, SESSION);
         let set_env: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        keygen(&d.join("host_key"));
-        std::fs::copy(client.key.with_extension("pub"), d.join("authorized_keys")).expect("keys");
         let port = free_port();
-        let config = d.join("sshd_config");
-        std::fs::write(
-            &config,
+        let sshd = start_sshd(
+            d,
+            client,
             format!(
-                "Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host_key\nPidFile none\n\
-                 AuthorizedKeysFile {d}/authorized_keys\nStrictModes no\nUsePAM no\n\
-                 PasswordAuthentication no\nKbdInteractiveAuthentication no\n\
-                 PermitRootLogin prohibit-password\nMaxStartups 100\nLogLevel ERROR\n\
+                "Port {port}\nListenAddress 127.0.0.1\nMaxStartups 100\n\
                  ForceCommand {d}/bin/session\nSetEnv {}\n",
                 set_env.join(" "),
                 d = d.display(),
             ),
+            port,
         )
-        .expect("sshd_config");
-        let sshd = Process::spawn(
-            "sshd",
-            "/usr/sbin/sshd",
-            vec![
-                "-D".into(),
-                "-e".into(),
-                "-f".into(),
-                config.display().to_string(),
-            ],
-            d.join("sshd.log"),
-        );
+        .await;
         let fake = Self {
             name: name.into(),
             host: "127.0.0.1".into(),
@@ -845,16 +825,6 @@ impl FakeNode {
             sshd: Some(sshd),
         };
         fake.trust(client);
-        super::eventually(
-            "sshd to listen",
-            std::time::Duration::from_secs(10),
-            || async {
-                std::net::TcpStream::connect(("127.0.0.1", port))
-                    .ok()
-                    .map(drop)
-            },
-        )
-        .await;
         fake
     }
 
@@ -1154,6 +1124,48 @@ pub struct SharedSshd {
     sshd: Process,
 }
 
+/// Starts an sshd in `d` with a new host key, trusting `client`'s key, and `own` (where
+/// it listens, its session) on top of what every fake node's sshd has; once it listens
+/// on `port`.
+async fn start_sshd(d: &Path, client: &SshClient, own: String, port: u16) -> Process {
+    keygen(&d.join("host_key"));
+    std::fs::copy(client.key.with_extension("pub"), d.join("authorized_keys")).expect("keys");
+    let config = d.join("sshd_config");
+    std::fs::write(
+        &config,
+        format!(
+            "{own}HostKey {d}/host_key\nPidFile none\n\
+             AuthorizedKeysFile {d}/authorized_keys\nStrictModes no\nUsePAM no\n\
+             PasswordAuthentication no\nKbdInteractiveAuthentication no\n\
+             PermitRootLogin prohibit-password\nLogLevel ERROR\n",
+            d = d.display(),
+        ),
+    )
+    .expect("sshd_config");
+    let sshd = Process::spawn(
+        "sshd",
+        "/usr/sbin/sshd",
+        vec![
+            "-D".into(),
+            "-e".into(),
+            "-f".into(),
+            config.display().to_string(),
+        ],
+        d.join("sshd.log"),
+    );
+    super::eventually(
+        "sshd to listen",
+        std::time::Duration::from_secs(10),
+        || async {
+            std::net::TcpStream::connect(("127.0.0.1", port))
+                .ok()
+                .map(drop)
+        },
+    )
+    .await;
+    sshd
+}
+
 /// The shared sshd's session: the node by the address reached.
 const DISPATCH: &str = r#"#!/bin/bash
 read -r _ _ address _ <<< "$SSH_CONNECTION"
@@ -1174,42 +1186,17 @@ impl SharedSshd {
         std::fs::create_dir_all(d.join("bin")).expect("bin");
         std::fs::create_dir_all(d.join("by-address")).expect("by-address");
         super::stacked::write_executable(&d.join("bin/dispatch"), DISPATCH);
-        keygen(&d.join("host_key"));
-        std::fs::copy(client.key.with_extension("pub"), d.join("authorized_keys")).expect("keys");
         let port = free_port();
         let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
-        let config = d.join("sshd_config");
-        std::fs::write(
-            &config,
+        let sshd = start_sshd(
+            d,
+            client,
             format!(
-                "Port {port}\nListenAddress 0.0.0.0\nHostKey {d}/host_key\nPidFile none\n\
-                 AuthorizedKeysFile {d}/authorized_keys\nStrictModes no\nUsePAM no\n\
-                 PasswordAuthentication no\nKbdInteractiveAuthentication no\n\
-                 PermitRootLogin prohibit-password\nAllowUsers {user}@127.0.0.0/8\n\
-                 MaxStartups 400:30:1000\nLogLevel ERROR\nForceCommand {d}/bin/dispatch\n",
+                "Port {port}\nListenAddress 0.0.0.0\nAllowUsers {user}@127.0.0.0/8\n\
+                 MaxStartups 400:30:1000\nForceCommand {d}/bin/dispatch\n",
                 d = d.display(),
             ),
-        )
-        .expect("sshd_config");
-        let sshd = Process::spawn(
-            "sshd",
-            "/usr/sbin/sshd",
-            vec![
-                "-D".into(),
-                "-e".into(),
-                "-f".into(),
-                config.display().to_string(),
-            ],
-            d.join("sshd.log"),
-        );
-        super::eventually(
-            "the shared sshd to listen",
-            std::time::Duration::from_secs(10),
-            || async {
-                std::net::TcpStream::connect(("127.0.0.1", port))
-                    .ok()
-                    .map(drop)
-            },
+            port,
         )
         .await;
         Self { port, dir, sshd }
