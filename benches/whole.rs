@@ -1,8 +1,16 @@
 //! The whole system, measured: the real `rollgate serve` binary upgrades the sandbox
 //! (`tests/support/sandbox.rs`, the ground the tests and `cargo run --example sandbox`
 //! use): 3 control planes with stacked etcd and `WHOLE_WORKERS` workers (default
-//! `10,100,1000`) on one shared sshd, batches of 10 %, a node script of 2 s (every kubeadm
-//! call on a node takes 2 s), soaks of 5 s (every duration at 1/120).
+//! `10,100`; `10,100,1000` is the size this bench is for, see below) on one shared sshd,
+//! batches of 10 %, a node script of 2 s (every kubeadm call on a node takes 2 s), soaks
+//! of 5 s (every duration at 1/120).
+//!
+//! At 1,000 workers this 2-core machine is the limit, not rollgate: every fake node's
+//! work (the node script's pre-flight check, the reboot-manager probe, each a bash script
+//! with its stub tools) runs here, about 0.25 s of CPU a node, so the upgrade's pre-flight
+//! over 1,003 nodes takes 11 minutes, which at 1/120 is a day: the scaled
+//! `EtcdPreUpgradeSnapshotMissing` fires long before the snapshot. The default stops at
+//! 100 until the fake nodes' checks cost less.
 //!
 //! For each size:
 //! - **efficiency**: the ideal over the measured control-plane-and-workers time, where
@@ -256,7 +264,7 @@ async fn whole(workers: usize, kills: usize, expected: f64) -> Whole {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let sizes: Vec<usize> = std::env::var("WHOLE_WORKERS")
-        .unwrap_or_else(|_| "10,100,1000".into())
+        .unwrap_or_else(|_| "10,100".into())
         .split(',')
         .map(|s| s.trim().parse().expect("WHOLE_WORKERS: counts"))
         .collect();
