@@ -175,6 +175,9 @@ pub trait TransitionSink: Send + Sync {
 pub trait ClusterRead: Send + Sync {
     /// Every node with its role, versions and readiness.
     async fn facts(&self) -> Result<ClusterFacts, ClusterError>;
+    /// One node as [`ClusterRead::facts`] reads it, `None` when it is not in the cluster:
+    /// a read of that node alone, so that a batch's steps do not each list every node.
+    async fn node(&self, name: &str) -> Result<Option<NodeFacts>, ClusterError>;
     /// Pods that should run (not Succeeded or Failed): `(ready, total)`.
     async fn pod_readiness(&self) -> Result<(usize, usize), ClusterError>;
     /// The API server's version (`GET /version`).

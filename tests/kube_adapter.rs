@@ -216,6 +216,15 @@ async fn a_large_cluster_is_listed_a_page_at_a_time_and_an_expired_page_lists_ag
     let facts = f.kube.facts().await.expect("facts");
     assert_eq!(facts.nodes.len(), 1103);
 
+    // A step about one node reads that node alone: a batch of a hundred does not list
+    // the cluster a hundred times.
+    let (lists, gets) = (calls("list nodes"), calls("get node"));
+    let one = f.kube.node("n0042").await.expect("one node");
+    assert_eq!(one.as_ref(), facts.node("n0042"));
+    assert_eq!(f.kube.node("gone").await.expect("absent"), None);
+    assert_eq!(calls("list nodes"), lists, "{:?}", f.fake.calls());
+    assert_eq!(calls("get node") - gets, 2);
+
     // The continue token expires after the first page: the list starts again and counts
     // nothing twice.
     f.fake.expire_list_after("pods", 1);

@@ -702,6 +702,15 @@ impl ClusterRead for Kube {
         Ok(ClusterFacts { nodes })
     }
 
+    async fn node(&self, name: &str) -> Result<Option<NodeFacts>, ClusterError> {
+        self.nodes()
+            .get_opt(name)
+            .await
+            .map_err(|e| api_error(&format!("get node {name}"), e))?
+            .map(|node| node_facts(&node))
+            .transpose()
+    }
+
     async fn pod_readiness(&self) -> Result<(usize, usize), ClusterError> {
         // Only the two counts are kept: a cluster's pods are read a page at a time.
         fold_pages(

@@ -189,6 +189,11 @@ impl Rollgate {
         }
     }
 
+    /// The process's id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// How the process ended, if it has.
     pub fn exited(&mut self) -> Option<ExitStatus> {
         self.child

@@ -68,3 +68,10 @@ pub fn at(step: &Value, field: &str) -> chrono::DateTime<chrono::Utc> {
 pub fn secs(from: chrono::DateTime<chrono::Utc>, to: chrono::DateTime<chrono::Utc>) -> f64 {
     (to - from).to_std().unwrap_or_default().as_secs_f64()
 }
+
+/// The `q` quantile of `values` (0.5: the median), nearest rank.
+pub fn quantile(mut values: Vec<f64>, q: f64) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let i = ((values.len() as f64 * q).ceil() as usize).saturating_sub(1);
+    values.get(i).copied().unwrap_or(0.0)
+}

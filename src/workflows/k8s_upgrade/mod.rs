@@ -112,10 +112,9 @@ fn script_result(what: &str, out: ExecOutput) -> StepOutcome {
 
 impl UpgradeSteps {
     async fn node_facts(&self, name: &str) -> Result<NodeFacts, ClusterError> {
-        let facts = self.cluster.facts().await?;
-        facts
+        self.cluster
             .node(name)
-            .cloned()
+            .await?
             .ok_or_else(|| ClusterError::new(format!("node {name} is no longer in the cluster")))
     }
 
@@ -432,10 +431,16 @@ impl UpgradeSteps {
         let started = step.started_at.unwrap_or(now);
         // The API server not answering says nothing of the node: verify waits it out
         // within its own bound, as it waits for the node.
-        let state = match self.cluster.facts().await {
+        // One failed read is retried at once: a pooled connection the server had just
+        // closed says nothing of the node, and may be this poll's last before the bound.
+        let read = match self.cluster.node(node).await {
+            Err(_) => self.cluster.node(node).await,
+            read => read,
+        };
+        let state = match read {
             Err(e) => format!("no answer about {node}: {}", error_chain(&e)),
-            Ok(facts) => {
-                let Some(n) = facts.node(node) else {
+            Ok(found) => {
+                let Some(n) = found else {
                     return StepOutcome::failed(format!("node {node} is no longer in the cluster"));
                 };
                 if n.kubelet == target && n.ready {

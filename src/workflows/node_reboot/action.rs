@@ -98,15 +98,15 @@ pub async fn sentinel(
 
 impl NodeReboots {
     pub async fn target(&self, name: &str) -> Result<NodeTarget, StepOutcome> {
-        let facts = self
+        let node = self
             .cluster
-            .facts()
+            .node(name)
             .await
-            .map_err(|e| StepOutcome::retry(error_chain(&e)))?;
-        let node = facts.node(name).ok_or_else(|| {
-            StepOutcome::failed(format!("node {name} is no longer in the cluster"))
-        })?;
-        Ok(NodeTarget::from(node))
+            .map_err(|e| StepOutcome::retry(error_chain(&e)))?
+            .ok_or_else(|| {
+                StepOutcome::failed(format!("node {name} is no longer in the cluster"))
+            })?;
+        Ok(NodeTarget::from(&node))
     }
 
     /// Whether `target`'s sentinel is set now; kept in `rollgate_node_reboot_required`.

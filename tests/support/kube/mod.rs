@@ -90,6 +90,9 @@ impl FakeKube {
                 .default_service(web::to(server::handle))
         })
         .workers(1)
+        // As kube-apiserver (Go's http.Server with a 90 s idle timeout): a client's pooled
+        // connection is not closed under it between two requests a few seconds apart.
+        .keep_alive(std::time::Duration::from_secs(90))
         .disable_signals()
         .bind(listen)
         .unwrap_or_else(|e| panic!("bind the fake API server on {listen}: {e}"))
