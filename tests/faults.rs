@@ -631,13 +631,15 @@ async fn an_api_server_outage_past_the_verify_bound_halts_naming_it_and_resume_c
 #[tokio::test]
 async fn conflicting_writes_to_a_node_are_merged_not_overwritten_and_the_run_completes() {
     let ground = Ground::start("1.34.2", 3).await;
-    // Another controller writes w2 right after each of rollgate's next six reads of it:
-    // the cordon's patch at the resourceVersion it read is refused (409) five times over,
-    // the step gives up, and its retry meets one more conflict before it goes through.
+    // Another controller writes w2 right after each of rollgate's next eight reads of it.
+    // The first two are the reads of w2 alone by its steps before the drain (their node
+    // scripts' address), with no write of rollgate's to conflict with; then the cordon's
+    // patch at the resourceVersion it read is refused (409) five times over, the step
+    // gives up, and its retry meets one more conflict before it goes through.
     let mut n = 0;
     ground
         .api
-        .write_after_reads_of_node("w2", 6, move |node: &mut Value| {
+        .write_after_reads_of_node("w2", 8, move |node: &mut Value| {
             n += 1;
             node["metadata"]["labels"]["example.com/other-writer"] = json!(n.to_string());
         });
@@ -650,7 +652,7 @@ async fn conflicting_writes_to_a_node_are_merged_not_overwritten_and_the_run_com
     // The other writer's last write stands: rollgate's patches merged into it.
     assert_eq!(
         ground.api.node("w2")["metadata"]["labels"]["example.com/other-writer"],
-        "6"
+        "8"
     );
 }
 
