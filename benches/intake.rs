@@ -178,15 +178,7 @@ impl Serve {
 
     /// Peak resident set size (VmHWM).
     fn peak_rss_mb(&self) -> Option<f64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
-        let kb: f64 = status
-            .lines()
-            .find(|l| l.starts_with("VmHWM:"))?
-            .split_whitespace()
-            .nth(1)?
-            .parse()
-            .ok()?;
-        Some(kb / 1024.0)
+        support::proc_status_mb(&self.child.id().to_string(), "VmHWM")
     }
 }
 

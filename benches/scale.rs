@@ -103,12 +103,7 @@ fn written() -> u64 {
 }
 
 fn peak_rss_mb() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0)
+    support::proc_status_mb("self", "VmHWM").unwrap_or(0.0)
 }
 
 /// A fake cluster of 1 control plane + `workers` workers, and rollgate's client of it.
@@ -518,12 +513,7 @@ async fn plan_part(results: &mut Value) {
 
 /// This process's resident set now, in MB.
 fn rss_mb() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0)
+    support::proc_status_mb("self", "VmRSS").unwrap_or(0.0)
 }
 
 async fn memory_part(results: &mut Value) {

@@ -56,13 +56,7 @@ fn cpu_seconds(pid: u32) -> f64 {
 
 /// rollgate's peak resident set in MB, from its own `/proc/PID/status`.
 fn peak_rss_mb(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .expect("VmHWM")
-        / 1024.0
+    support::proc_status_mb(&pid.to_string(), "VmHWM").expect("VmHWM")
 }
 
 /// What one run of the bench saw.

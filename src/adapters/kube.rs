@@ -703,10 +703,14 @@ impl ClusterRead for Kube {
     }
 
     async fn node(&self, name: &str) -> Result<Option<NodeFacts>, ClusterError> {
-        self.nodes()
-            .get_opt(name)
-            .await
-            .map_err(|e| api_error(&format!("get node {name}"), e))?
+        let nodes = self.nodes();
+        let read = match nodes.get_opt(name).await {
+            // No answer from the server (a pooled connection it had just closed): a GET
+            // is safe to send again, at once, once.
+            Err(e) if status_code(&e).is_none() => nodes.get_opt(name).await,
+            read => read,
+        };
+        read.map_err(|e| api_error(&format!("get node {name}"), e))?
             .map(|node| node_facts(&node))
             .transpose()
     }

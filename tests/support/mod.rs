@@ -48,6 +48,20 @@ pub fn rollgate_bin() -> PathBuf {
     profile_dir.join("rollgate")
 }
 
+/// A figure of `/proc/PROC/status` given in kB (`VmHWM`, `VmRSS`), in MB; `proc` is a pid
+/// or `self`.
+pub fn proc_status_mb(proc: &str, field: &str) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{proc}/status")).ok()?;
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kb / 1024.0)
+}
+
 /// libfaketime, which scripts/test.sh installs: steps a process's wall clock.
 pub const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
 

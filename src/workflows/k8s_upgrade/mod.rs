@@ -431,13 +431,7 @@ impl UpgradeSteps {
         let started = step.started_at.unwrap_or(now);
         // The API server not answering says nothing of the node: verify waits it out
         // within its own bound, as it waits for the node.
-        // One failed read is retried at once: a pooled connection the server had just
-        // closed says nothing of the node, and may be this poll's last before the bound.
-        let read = match self.cluster.node(node).await {
-            Err(_) => self.cluster.node(node).await,
-            read => read,
-        };
-        let state = match read {
+        let state = match self.cluster.node(node).await {
             Err(e) => format!("no answer about {node}: {}", error_chain(&e)),
             Ok(found) => {
                 let Some(n) = found else {
