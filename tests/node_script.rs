@@ -1453,3 +1453,46 @@ async fn on_real_dnf_and_zypper_stage_downloads_past_the_locks_and_refuses_a_cor
         assert_eq!(w1.locks(), locks, "zypper {zypper}");
     }
 }
+
+/// A stub written while other threads fork children runs at once. A child forked between
+/// the write's open and close holds the write descriptor until its own exec, and running
+/// the file then fails with "Text file busy" (ETXTBSY): the cause of a CI run's red.
+#[test]
+fn a_stub_written_while_other_threads_fork_runs_at_once() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let stop = Arc::new(AtomicBool::new(false));
+    let forkers: Vec<_> = (0..2)
+        .map(|_| {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    Command::new("true").status().expect("true runs");
+                }
+            })
+        })
+        .collect();
+    let runs: Vec<std::io::Result<std::process::ExitStatus>> = (0..300)
+        .map(|i| {
+            let stub = dir.path().join(format!("stub-{i}"));
+            support::stacked::write_executable(&stub, "#!/bin/sh\nexit 0\n");
+            Command::new(&stub).status()
+        })
+        .collect();
+    stop.store(true, Ordering::Relaxed);
+    for forker in forkers {
+        forker.join().expect("a forker");
+    }
+    let failed: Vec<String> = runs
+        .iter()
+        .enumerate()
+        .filter(|(_, run)| !matches!(run, Ok(status) if status.success()))
+        .map(|(i, run)| format!("stub-{i}: {run:?}"))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} of 300 stubs failed: {failed:?}",
+        failed.len()
+    );
+}

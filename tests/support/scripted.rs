@@ -53,9 +53,7 @@ impl Scripted {
         let certs = tls.then(|| super::etcd::Certs::make(dir.path()));
         let scheme = if tls { "https" } else { "http" };
         for (file, body) in [("start.sh", START), ("restart.sh", RESTART)] {
-            let path = dir.path().join(file);
-            std::fs::write(&path, body).unwrap();
-            Command::new("chmod").arg("+x").arg(&path).status().unwrap();
+            super::stacked::write_executable(&dir.path().join(file), body);
         }
         let token = format!("rg-{}", uuid::Uuid::now_v7().simple());
         let ports: Vec<(u16, u16)> = (0..n)

@@ -124,12 +124,46 @@ impl Drop for StackedEtcd {
     }
 }
 
-/// Writes `text` to `path` and makes it executable.
+/// Writes `text` to `path`, makes it executable, and returns once no process holds it
+/// open for writing, so that running it cannot fail with "Text file busy".
+///
+/// A child forked by another test thread while this write's descriptor is open inherits
+/// that descriptor and holds it until its own `exec`; running the file in that window
+/// fails with ETXTBSY. Linux refuses a read lease while any process has the file open for
+/// writing, so taking one proves the window has closed, for this process's runs and for a
+/// node's sshd alike.
 pub fn write_executable(path: &Path, text: &str) {
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::write(path, text).expect("write");
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
         .unwrap_or_else(|e| panic!("chmod {}: {e}", path.display()));
+    wait_until_no_writer(path);
+}
+
+fn wait_until_no_writer(path: &Path) {
+    use std::os::fd::AsRawFd as _;
+    let file = std::fs::File::open(path).expect("open for reading");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        // SAFETY: fcntl with integer arguments on a descriptor this function owns.
+        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLEASE, libc::F_RDLCK) } == 0 {
+            // SAFETY: as above; closing the file would drop the lease too.
+            unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) };
+            return;
+        }
+        let err = std::io::Error::last_os_error();
+        assert!(
+            err.raw_os_error() == Some(libc::EAGAIN),
+            "a read lease on {}: {err}",
+            path.display()
+        );
+        assert!(
+            Instant::now() < deadline,
+            "{} is still open for writing after 10 s",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 impl StackedEtcd {
