@@ -2,7 +2,7 @@
 //! versioned in `PRAGMA user_version` and moved forward by numbered migrations, each in
 //! its own transaction. The embedded queue and the run store both open their files here.
 
-use rusqlite::{Connection, Transaction};
+use rusqlite::{Connection, OpenFlags, Transaction};
 use std::path::Path;
 use std::time::Duration;
 
@@ -104,6 +104,21 @@ fn open_durable(path: &Path) -> rusqlite::Result<Connection> {
     conn.pragma_update(None, "synchronous", "FULL")?;
     conn.busy_timeout(Duration::from_secs(5))?;
     Ok(conn)
+}
+
+/// A second, read-only connection to the database at `path`, opened after [`open`]: in
+/// WAL mode its reads see the last commit and neither wait for the writer nor hold it up.
+/// None for an in-memory database, which no second connection can see.
+pub fn open_reader(path: &Path) -> rusqlite::Result<Option<Connection>> {
+    if path.as_os_str() == ":memory:" {
+        return Ok(None);
+    }
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.busy_timeout(Duration::from_secs(5))?;
+    Ok(Some(conn))
 }
 
 /// The schema version of `conn`.

@@ -1026,3 +1026,77 @@ async fn a_run_read_for_work_carries_no_past_and_a_view_reads_a_window_of_it() {
         assert_eq!(beyond.history_before, 6, "{name}");
     }
 }
+
+/// The API sends a run as stored, composed from its documents (only the head decoded):
+/// what it sends is, field for field, the run decoded whole and encoded again, whole and
+/// paged, on both backends.
+#[tokio::test]
+async fn a_run_sent_as_stored_is_the_run_decoded_and_encoded_again() {
+    use rollgate::domain::run::StepStatus;
+    for (store, _dir) in both().await {
+        let name = store.backend();
+        let mut run = planned("v", 3);
+        run.steps[0].status = StepStatus::Done;
+        run.steps[0].outcome = Some("planned \"1 + 3\" nodes".into());
+        run.steps[1].started_at = Some(Utc::now());
+        run.note("a note", Utc::now());
+        run.transition(RunStatus::Running, "started", Utc::now());
+        let run = run.credited("alice");
+        assert!(store.insert_run_if_absent(&run).await.unwrap(), "{name}");
+        let mut work = store.get_run("v").await.unwrap().unwrap();
+        work.note("a second note", Utc::now());
+        store
+            .commit(Commit {
+                runs: vec![work],
+                ..Commit::default()
+            })
+            .await
+            .unwrap();
+
+        let windows = [
+            Events::All,
+            Events::Last(2),
+            Events::Page {
+                from: 1,
+                limit: Some(2),
+            },
+        ];
+        let pages = [(0, None), (2, Some(3)), (99, None)];
+        for events in windows {
+            let decoded = store.view_run("v", events).await.unwrap().unwrap();
+            assert!(
+                decoded.history.iter().any(|t| t.by.is_some()) || events != Events::All,
+                "{name}: the test's run credits a transition"
+            );
+            for (from, limit) in pages {
+                let mut view = store.view_run_json("v", events).await.unwrap().unwrap();
+                view.keep_steps(from, limit);
+                let page = serde_json::json!({ "kept": [from, limit] });
+                let sent: serde_json::Value =
+                    serde_json::from_slice(&view.to_json(&[("page", page.clone())]).unwrap())
+                        .unwrap();
+                let mut expected = decoded.clone();
+                let end = limit.map_or(expected.steps.len(), |l| {
+                    (from.min(expected.steps.len()) + l).min(expected.steps.len())
+                });
+                expected.steps.truncate(end);
+                expected.steps.drain(..from.min(expected.steps.len()));
+                let mut expected = serde_json::to_value(&expected).unwrap();
+                expected["page"] = page;
+                assert_eq!(sent, expected, "{name}: {events:?}, steps {from} {limit:?}");
+                assert_eq!(
+                    (view.history_from, view.history_total, view.steps_total),
+                    (decoded.history_before, 4, decoded.steps.len()),
+                    "{name}: {events:?}"
+                );
+            }
+        }
+        assert!(
+            store
+                .view_run_json("none", Events::All)
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+}

@@ -1,7 +1,7 @@
 //! Request handlers. Each one parses and validates fully before it queues anything.
 
 use actix_web::http::StatusCode;
-use actix_web::http::header::CONTENT_TYPE;
+use actix_web::http::header::{CONTENT_TYPE, ContentType};
 use actix_web::{HttpRequest, HttpResponse, web};
 use chrono::Utc;
 use futures_util::StreamExt;
@@ -368,14 +368,6 @@ pub struct RunPage {
     pub history_total: usize,
 }
 
-/// One run, paged.
-#[derive(Serialize)]
-struct PagedRun {
-    #[serde(flatten)]
-    run: Run,
-    page: RunPage,
-}
-
 /// `GET /v1/runs/{id}`: one run with its steps and history, or a page of them.
 #[utoipa::path(get, path = "/v1/runs/{id}", params(RunPageQuery), responses((status = 200, description = "the run; with paging, its `steps` and `history` are the page asked for and `page` says where they start", body = Run), (status = 404, body = super::error::ErrorBody), (status = 422, body = super::error::ErrorBody)), security(("bearer" = ["read"])))]
 pub async fn get_run(
@@ -407,9 +399,9 @@ pub async fn get_run(
             limit,
         },
     };
-    let Some(mut run) = state
+    let Some(mut view) = state
         .store
-        .view_run(&id, events)
+        .view_run_json(&id, events)
         .await
         .map_err(store_down)?
     else {
@@ -418,23 +410,25 @@ pub async fn get_run(
         )));
     };
     let paged = page.steps_from.is_some() || page.steps_limit.is_some() || events != Events::All;
-    if !paged {
-        return Ok(HttpResponse::Ok().json(run));
+    let body = if paged {
+        view.keep_steps(page.steps_from.unwrap_or(0), page.steps_limit);
+        let page = RunPage {
+            steps_from: view.steps_from,
+            steps_total: view.steps_total,
+            history_from: view.history_from,
+            history_total: view.history_total,
+        };
+        let page = serde_json::to_value(page).map_err(|e| {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+        })?;
+        view.to_json(&[("page", page)])
+    } else {
+        view.to_json(&[])
     }
-    let total = run.steps.len();
-    let steps_from = page.steps_from.unwrap_or(0).min(total);
-    let steps_end = page
-        .steps_limit
-        .map_or(total, |l| (steps_from + l).min(total));
-    run.steps.truncate(steps_end);
-    run.steps.drain(..steps_from);
-    let page = RunPage {
-        steps_from,
-        steps_total: total,
-        history_from: run.history_before,
-        history_total: run.touched.logged.max(run.history_len()),
-    };
-    Ok(HttpResponse::Ok().json(PagedRun { run, page }))
+    .map_err(store_down)?;
+    Ok(HttpResponse::Ok()
+        .content_type(ContentType::json())
+        .body(body))
 }
 
 /// `POST /v1/runs/{id}/{action}`: halt, resume or abort a run (scope `runs:control`), or

@@ -14,6 +14,7 @@
 
 pub mod postgres;
 pub mod sqlite;
+pub mod view;
 
 use chrono::{DateTime, Utc};
 use std::sync::Arc;
@@ -337,6 +338,31 @@ impl Store {
             Some(head) => Ok(Some(self.assemble((id.to_owned(), head), events).await?)),
             None => Ok(None),
         }
+    }
+
+    /// One run, to send as JSON: its head decoded, its steps and the transitions `events`
+    /// asks for as stored.
+    pub async fn view_run_json(
+        &self,
+        id: &str,
+        events: Events,
+    ) -> Result<Option<view::RunView>, StoreError> {
+        let Some(head) = self.backend.run_doc(id).await? else {
+            return Ok(None);
+        };
+        let parts = self.backend.run_parts(id, events).await?;
+        let head: Run = serde_json::from_str(&head).map_err(|e| StoreError::Corrupt {
+            id: id.to_owned(),
+            error: e.to_string(),
+        })?;
+        Ok(Some(view::RunView::new(
+            id.to_owned(),
+            head,
+            parts.steps,
+            parts.events,
+            parts.events_from,
+            parts.logged,
+        )))
     }
 
     /// The run whose row is `row`, with its steps and the transitions `events` asks for.

@@ -333,34 +333,59 @@ fn rewrite_runs(
 
 /// The SQLite store.
 pub struct SqliteStore {
+    /// The one connection that writes: the engine's, and the reads that decide a write.
     conn: Arc<Mutex<Connection>>,
+    /// A read-only connection for the views (a run, lists, the log, the counts), so that
+    /// the API and the status page neither wait for the engine's writes nor hold them up;
+    /// the writing one for an in-memory store.
+    reader: Arc<Mutex<Connection>>,
     purge: Arc<Purge>,
 }
 
 impl SqliteStore {
     /// Opens (creates) the store at `path`, migrating it to the schema this build knows.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let conn = sqlite::open(path, MIGRATIONS)?;
+        let conn = Arc::new(Mutex::new(sqlite::open(path, MIGRATIONS)?));
+        let reader = match sqlite::open_reader(path)? {
+            Some(reader) => Arc::new(Mutex::new(reader)),
+            None => conn.clone(),
+        };
         Ok(Self {
-            conn: Arc::new(Mutex::new(conn)),
+            conn,
+            reader,
             purge: Arc::default(),
         })
     }
 
+    /// Runs `f` on the writing connection.
     async fn with<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let conn = self.conn.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut guard = conn
-                .lock()
-                .map_err(|_| StoreError::Task("connection lock poisoned".into()))?;
-            f(&mut guard)
-        })
-        .await
-        .map_err(|e| StoreError::Task(e.to_string()))?
+        on(self.conn.clone(), f).await
     }
+
+    /// Runs `f`, which only reads, on the reading connection.
+    async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        on(self.reader.clone(), f).await
+    }
+}
+
+async fn on<T: Send + 'static>(
+    conn: Arc<Mutex<Connection>>,
+    f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    tokio::task::spawn_blocking(move || {
+        let mut guard = conn
+            .lock()
+            .map_err(|_| StoreError::Task("connection lock poisoned".into()))?;
+        f(&mut guard)
+    })
+    .await
+    .map_err(|e| StoreError::Task(e.to_string()))?
 }
 
 const TERMINAL: &str = "('failed', 'succeeded', 'aborted')";
@@ -421,7 +446,7 @@ impl Backend for SqliteStore {
 
     async fn run_doc(&self, id: &str) -> Result<Option<String>, StoreError> {
         let id = id.to_owned();
-        self.with(move |c| {
+        self.read(move |c| {
             Ok(
                 c.query_row("SELECT doc FROM runs WHERE id = ?1", params![id], |r| {
                     r.get(0)
@@ -434,7 +459,8 @@ impl Backend for SqliteStore {
 
     async fn run_parts(&self, id: &str, events: Events) -> Result<RunParts, StoreError> {
         let id = id.to_owned();
-        self.with(move |c| {
+        self.read(move |c| {
+            let c = c.transaction()?;
             let logged: i64 = c
                 .prepare_cached("SELECT events_logged FROM runs WHERE id = ?1")?
                 .query_row(params![id], |r| r.get(0))
@@ -475,7 +501,7 @@ impl Backend for SqliteStore {
             Column::Doc => "doc",
             Column::Summary => "summary",
         };
-        self.with(move |c| {
+        self.read(move |c| {
             rows(
                 c,
                 &format!(
@@ -686,7 +712,7 @@ impl Backend for SqliteStore {
     }
 
     async fn count_by_status(&self) -> Result<Vec<(String, i64)>, StoreError> {
-        self.with(|c| {
+        self.read(|c| {
             let mut st = c.prepare("SELECT status, COUNT(*) FROM runs GROUP BY status")?;
             let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
             Ok(rows.collect::<Result<_, _>>()?)
@@ -763,7 +789,7 @@ impl Backend for SqliteStore {
     }
 
     async fn last_event_seq(&self) -> Result<i64, StoreError> {
-        self.with(|c| {
+        self.read(|c| {
             Ok(
                 c.query_row("SELECT COALESCE(MAX(seq), 0) FROM run_events", [], |r| {
                     r.get(0)
@@ -780,7 +806,7 @@ impl Backend for SqliteStore {
         limit: usize,
     ) -> Result<Vec<(i64, String)>, StoreError> {
         let run = run.map(str::to_owned);
-        self.with(move |c| {
+        self.read(move |c| {
             let mut st = c.prepare(
                 "SELECT seq, doc FROM run_events
                  WHERE seq > ?1 AND (?2 IS NULL OR run_id = ?2)
@@ -1313,6 +1339,53 @@ mod tests {
         assert_eq!(
             sqlite::version(&Connection::open(&path).unwrap()).unwrap(),
             MIGRATIONS.len() as u32
+        );
+    }
+
+    /// The views read on their own connection: while the engine's writing connection is
+    /// held (a long commit), a run, the lists, the log and the counts still answer.
+    #[tokio::test]
+    async fn the_api_reads_while_the_engine_holds_the_writing_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db");
+        let run = run_of(crate::domain::upgrade_step::K8S_UPGRADE, full_plan());
+        let id = run.id.clone();
+        let store = open_store(&path).unwrap();
+        assert!(store.insert_run_if_absent(&run).await.unwrap());
+        drop(store);
+
+        let backend = SqliteStore::open(&path).unwrap();
+        let writer = backend.conn.clone();
+        let (locked_tx, locked) = std::sync::mpsc::channel();
+        let (release, release_rx) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            let _guard = writer.lock().unwrap();
+            locked_tx.send(()).unwrap();
+            release_rx.recv().ok();
+        });
+        locked.recv().unwrap();
+        let reads = async {
+            let doc = backend.run_doc(&id).await.unwrap();
+            let parts = backend.run_parts(&id, Events::All).await.unwrap();
+            let newest = backend.newest(Column::Summary, None, 10).await.unwrap();
+            let counts = backend.count_by_status().await.unwrap();
+            let last = backend.last_event_seq().await.unwrap();
+            let log = backend.events_after(0, Some(&id), 10).await.unwrap();
+            (
+                doc.is_some(),
+                parts.steps.len(),
+                newest.len(),
+                counts.len(),
+                last > 0,
+                log.len(),
+            )
+        };
+        let read = tokio::time::timeout(std::time::Duration::from_secs(5), reads).await;
+        release.send(()).unwrap();
+        holder.join().unwrap();
+        assert_eq!(
+            read.expect("the views waited for the writing connection"),
+            (true, run.steps.len(), 1, 1, true, 1)
         );
     }
 }
