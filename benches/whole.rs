@@ -18,7 +18,11 @@
 //!   that process alone) over the run's transitions, and the ratio to the smallest size;
 //! - **peak RSS**: its `VmHWM`;
 //! - **p99** of `GET /v1/runs/{id}` (polled every 250 ms through the run) and of the event
-//!   stream's delivery (a transition's receipt on `/v1/events` less its `at`);
+//!   stream's delivery (a transition's receipt on `/v1/events` less its `at`), beside the
+//!   p99 of `GET /healthz` polled the same way: the same process, threads and HTTP stack
+//!   with a handler that does nothing, so the machine's share of a latency (a 2-core
+//!   machine also running every fake node) is told from the run's own; and the machine's
+//!   mean 1-minute load average through the run;
 //! - the API server's own log: the most workers cordoned at once against the batch, and
 //!   every node drained once.
 //!
@@ -69,19 +73,21 @@ struct Whole {
     cpu: f64,
     rss_mb: f64,
     get_p99_ms: f64,
+    healthz_p99_ms: f64,
     stream_p99_ms: f64,
+    load: f64,
     most_cordoned: usize,
     batch_size: usize,
 }
 
-/// Polls `GET /v1/runs/{id}` every 250 ms until told to stop; each answer's latency.
-async fn poll_run(base: String, id: String, stop: tokio::sync::watch::Receiver<bool>) -> Vec<f64> {
+/// Polls `GET {path}` every 250 ms until told to stop; each answer's latency.
+async fn poll(base: String, path: String, stop: tokio::sync::watch::Receiver<bool>) -> Vec<f64> {
     let http = reqwest::Client::new();
     let mut took = Vec::new();
     while !*stop.borrow() {
         let start = Instant::now();
         if let Ok(r) = http
-            .get(format!("{base}/v1/runs/{id}"))
+            .get(format!("{base}{path}"))
             .bearer_auth(ADMIN_TOKEN)
             .send()
             .await
@@ -93,6 +99,21 @@ async fn poll_run(base: String, id: String, stop: tokio::sync::watch::Receiver<b
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     took
+}
+
+/// The machine's 1-minute load average every 5 s until told to stop.
+async fn sample_load(stop: tokio::sync::watch::Receiver<bool>) -> Vec<f64> {
+    let mut loads = Vec::new();
+    while !*stop.borrow() {
+        if let Some(load) = std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        {
+            loads.push(load);
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+    loads
 }
 
 /// Follows the run's event stream until it ends; each transition's delivery delay.
@@ -185,7 +206,9 @@ async fn whole(workers: usize, kills: usize, expected: f64) -> Whole {
     let started = Instant::now();
     let id = rg.detect("1.34.3", "patch").await;
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let poller = tokio::spawn(poll_run(rg.base(), id.clone(), stopped.clone()));
+    let poller = tokio::spawn(poll(rg.base(), format!("/v1/runs/{id}"), stopped.clone()));
+    let healthz = tokio::spawn(poll(rg.base(), "/healthz".into(), stopped.clone()));
+    let load = tokio::spawn(sample_load(stopped.clone()));
     let stream = tokio::spawn(follow_stream(rg.base(), id.clone(), stopped));
 
     let mut next = support::xorshift();
@@ -215,6 +238,8 @@ async fn whole(workers: usize, kills: usize, expected: f64) -> Whole {
     };
     stop.send(true).expect("stop");
     let gets = poller.await.expect("poller");
+    let healthz = healthz.await.expect("healthz poller");
+    let loads = load.await.expect("load sampler");
     let delays = stream.await.expect("stream");
 
     // The API server's own log and the nodes' own logs.
@@ -247,7 +272,9 @@ async fn whole(workers: usize, kills: usize, expected: f64) -> Whole {
         cpu,
         rss_mb,
         get_p99_ms: quantile(gets, 0.99),
+        healthz_p99_ms: quantile(healthz, 0.99),
         stream_p99_ms: quantile(delays, 0.99),
+        load: loads.iter().sum::<f64>() / loads.len().max(1) as f64,
         most_cordoned,
         batch_size,
     }
@@ -285,7 +312,7 @@ async fn main() {
         base.workers
     );
     println!(
-        "{:>7} {:>9} {:>9} {:>10} {:>6} {:>12} {:>9} {:>8} {:>11} {:>13} {:>9}",
+        "{:>7} {:>9} {:>9} {:>10} {:>6} {:>12} {:>9} {:>8} {:>11} {:>15} {:>13} {:>5} {:>9}",
         "workers",
         "wall s",
         "ideal s",
@@ -295,14 +322,16 @@ async fn main() {
         "vs first",
         "RSS MB",
         "GET p99 ms",
+        "/healthz p99 ms",
         "stream p99 ms",
+        "load",
         "cordoned"
     );
     for run in &runs {
         let ideal = run.batches as f64 * (cycle + soak) + run.timeline.control_plane;
         let per = run.cpu / run.transitions as f64;
         println!(
-            "{:>7} {:>9.1} {:>9.1} {:>10.2} {:>6} {:>12.2} {:>9.2} {:>8.1} {:>11.1} {:>13.1} {:>5}/{:<3}",
+            "{:>7} {:>9.1} {:>9.1} {:>10.2} {:>6} {:>12.2} {:>9.2} {:>8.1} {:>11.1} {:>15.1} {:>13.1} {:>5.1} {:>5}/{:<3}",
             run.workers,
             run.timeline.measured,
             ideal,
@@ -312,7 +341,9 @@ async fn main() {
             per / base_cpu,
             run.rss_mb,
             run.get_p99_ms,
+            run.healthz_p99_ms,
             run.stream_p99_ms,
+            run.load,
             run.most_cordoned,
             run.batch_size,
         );

@@ -2,8 +2,8 @@
 
 use prometheus::core::Collector;
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
@@ -105,8 +105,9 @@ pub struct Metrics {
     /// When the maintenance window open now, or the next one, opens (Unix seconds); 0 with
     /// no window configured.
     pub window_opening: IntGauge,
-    /// Durations of node steps by step and node.
-    pub node_step_duration: HistogramVec,
+    /// How long each node's last step of each kind took. A gauge, not a histogram: a
+    /// histogram per node puts a dozen samples per node and step into every scrape.
+    node_step_last_duration: GaugeVec,
     /// The workflows' own families, by their set's type.
     sets: Arc<Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>>,
 }
@@ -324,16 +325,16 @@ impl Metrics {
             "rollgate_fleet_soak_remaining_seconds",
             "Seconds of the upstream cluster's soak left, by its clock; -1 before one began.",
         );
-        let node_step_duration = HistogramVec::new(
-            HistogramOpts::new(
-                "rollgate_node_step_duration_seconds",
-                "Durations of node steps, by step and node.",
-            )
-            .buckets(vec![0.1, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0]),
+        let node_step_last_duration = GaugeVec::new(
+            Opts::new(
+                "rollgate_node_step_last_duration_seconds",
+                "How long the node's last step of this kind took, by step and node (their \
+                 distribution: rollgate_step_duration_seconds).",
+            ),
             &["step", "node"],
         )
         .expect("valid metric");
-        registry.add(&node_step_duration);
+        registry.add(&node_step_last_duration);
         let log_lines_dropped = IntCounter::new(
             "rollgate_log_lines_dropped_total",
             "Log lines that could not be written (stderr full or closed) and were dropped.",
@@ -358,7 +359,7 @@ impl Metrics {
             fleet_soak_remaining,
             window_open,
             window_opening,
-            node_step_duration,
+            node_step_last_duration,
             registry,
             http_requests,
             http_duration,
@@ -428,6 +429,14 @@ impl Metrics {
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
         out
+    }
+
+    /// Records how long a node's step took: one sample per node and step kind, however many
+    /// times the step ran.
+    pub fn node_step_took(&self, step: &str, node: &str, seconds: f64) {
+        self.node_step_last_duration
+            .with_label_values(&[step, node])
+            .set(seconds);
     }
 
     /// The text exposition of every metric.
@@ -519,5 +528,29 @@ mod tests {
         assert!(text.contains("test_registered_total 1"), "{text}");
         assert!(text.contains("test_unregistered_total 3"), "{text}");
         assert!(Metrics::new().render().contains("test_registered_total 0"));
+    }
+
+    /// A node's steps, however often they run, add one sample per step kind to every
+    /// scrape: at 1,000 nodes a scrape stays thousands of lines, not tens of thousands.
+    #[test]
+    fn a_node_adds_one_sample_per_step_kind_to_the_exposition() {
+        let m = Metrics::new();
+        let before = m.render().lines().count();
+        for node in 0..100 {
+            for step in ["drain", "upgrade", "verify", "uncordon"] {
+                for seconds in [10.0, 20.0, 30.0] {
+                    m.node_step_took(step, &format!("worker-{node}"), seconds);
+                }
+            }
+        }
+        let text = m.render();
+        // 400 samples, and the family's HELP and TYPE lines.
+        assert_eq!(text.lines().count() - before, 402);
+        assert!(
+            text.contains(
+                "rollgate_node_step_last_duration_seconds{node=\"worker-7\",step=\"verify\"} 30\n"
+            ),
+            "{text}"
+        );
     }
 }

@@ -174,7 +174,7 @@ async fn every_panel_query_runs_against_rollgate_scraped_by_prometheus_after_a_r
         "Upgrade in flight",
         "Gate verdict",
         "Step durations (p90)",
-        "Node step durations (p90)",
+        "Slowest nodes by step",
         "Queue depth",
         "Maintenance window",
     ] {

@@ -356,7 +356,6 @@ impl Store {
             error: e.to_string(),
         })?;
         Ok(Some(view::RunView::new(
-            id.to_owned(),
             head,
             parts.steps,
             parts.events,

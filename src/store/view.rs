@@ -13,8 +13,6 @@ use crate::domain::run::Run;
 /// One run as stored: its head decoded, its steps and transitions as the store holds them.
 #[derive(Debug)]
 pub struct RunView {
-    /// The run's id.
-    pub id: String,
     /// The run without its steps and history.
     pub head: Run,
     /// The documents of the steps kept, in order.
@@ -50,7 +48,6 @@ struct LoggedTransition<'a> {
 
 impl RunView {
     pub(super) fn new(
-        id: String,
         head: Run,
         steps: Vec<String>,
         events: Vec<String>,
@@ -60,7 +57,6 @@ impl RunView {
         let steps_total = steps.len();
         let history_total = logged.max(history_from + events.len());
         Self {
-            id,
             head,
             steps,
             events,
@@ -84,14 +80,14 @@ impl RunView {
     /// transitions kept, and `extra` fields beside them.
     pub fn to_json(&self, extra: &[(&str, Value)]) -> Result<Vec<u8>, StoreError> {
         let corrupt = |e: serde_json::Error| StoreError::Corrupt {
-            id: self.id.clone(),
+            id: self.head.id.clone(),
             error: e.to_string(),
         };
         let mut head = match serde_json::to_value(&self.head).map_err(corrupt)? {
             Value::Object(head) => head,
             other => {
                 return Err(StoreError::Corrupt {
-                    id: self.id.clone(),
+                    id: self.head.id.clone(),
                     error: format!("a run's head encodes as {other}, not an object"),
                 });
             }

@@ -358,10 +358,7 @@ impl NodeCycle {
             let _ = metrics.upgrade_node_in_hand.remove_label_values(&[node]);
         }
         if let Some(node) = node {
-            metrics
-                .node_step_duration
-                .with_label_values(&[step.kind.name(), node])
-                .observe(started.elapsed().as_secs_f64());
+            metrics.node_step_took(step.kind.name(), node, started.elapsed().as_secs_f64());
         }
         if let StepOutcome::Retry { error, .. } | StepOutcome::Failed { error } = &outcome {
             warn!(run_id = %run.id, step = %step.label(), %error, "step did not succeed");
