@@ -1,6 +1,7 @@
 //! The pure core: plain data and plain functions, no IO, no runtime.
 
 pub mod alert;
+pub mod analysis;
 pub mod backoff;
 pub mod budget;
 pub mod distribution;
