@@ -134,15 +134,15 @@ pub struct Changes {
 }
 
 /// The three-way verdict.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Verdict {
     /// No regression shown: the next batch may go.
     Pass,
     /// A regression beyond the tolerance, unlikely by chance: the run halts.
     Fail,
-    /// No judgement (no data, too few nodes): holds like a closed gate.
-    Inconclusive,
+    /// No judgement (no data, too few nodes), and why: holds like a closed gate.
+    Inconclusive(Unjudged),
 }
 
 /// A batch judged, with the figures behind the verdict.
@@ -150,9 +150,6 @@ pub enum Verdict {
 pub struct Judgement {
     /// The verdict.
     pub verdict: Verdict,
-    /// Why there is no judgement, when inconclusive.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub unjudged: Option<Unjudged>,
     /// The batch's changes.
     pub canary: Changes,
     /// The comparison nodes' changes.
@@ -165,33 +162,29 @@ pub struct Judgement {
 
 impl fmt::Display for Judgement {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match (&self.verdict, &self.unjudged) {
-            (Verdict::Inconclusive, Some(why)) => write!(f, "inconclusive: {why}"),
-            (verdict, _) => write!(
-                f,
-                "{}: effect {:.2} (median change {:.3} on {} against {:.3} on {} comparison \
-                 nodes), p = {:.4}",
-                match verdict {
-                    Verdict::Pass => "pass",
-                    Verdict::Fail => "fail",
-                    Verdict::Inconclusive => "inconclusive",
-                },
-                self.effect,
-                self.canary.median,
-                self.canary.nodes.join(", "),
-                self.baseline.median,
-                self.baseline.nodes.len(),
-                self.p_value
-            ),
-        }
+        let verdict = match &self.verdict {
+            Verdict::Inconclusive(why) => return write!(f, "inconclusive: {why}"),
+            Verdict::Pass => "pass",
+            Verdict::Fail => "fail",
+        };
+        write!(
+            f,
+            "{verdict}: effect {:.2} (median change {:.3} on {} against {:.3} on {} comparison \
+             nodes), p = {:.4}",
+            self.effect,
+            self.canary.median,
+            self.canary.nodes.join(", "),
+            self.baseline.median,
+            self.baseline.nodes.len(),
+            self.p_value
+        )
     }
 }
 
 /// Judges a batch (`canary`) against the comparison nodes (`baseline`).
 pub fn judge(canary: &[Reading], baseline: &[Reading], criteria: &Criteria) -> Judgement {
     let unjudged = |why, canary, baseline| Judgement {
-        verdict: Verdict::Inconclusive,
-        unjudged: Some(why),
+        verdict: Verdict::Inconclusive(why),
         canary,
         baseline,
         effect: 1.0,
@@ -229,7 +222,6 @@ pub fn judge(canary: &[Reading], baseline: &[Reading], criteria: &Criteria) -> J
     };
     Judgement {
         verdict,
-        unjudged: None,
         canary: c,
         baseline: b,
         effect,
@@ -648,8 +640,7 @@ mod tests {
         ];
         for (what, canary, base, want) in cases {
             let j = judge(&canary, &base, &criteria(Direction::Increase));
-            assert_eq!(j.verdict, Verdict::Inconclusive, "{what}: {j}");
-            assert_eq!(j.unjudged.as_ref(), Some(&want), "{what}");
+            assert_eq!(j.verdict, Verdict::Inconclusive(want), "{what}: {j}");
         }
         let j = judge(&[], &baseline, &criteria(Direction::Increase));
         assert_eq!(j.to_string(), "inconclusive: no data for the batch");
