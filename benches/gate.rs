@@ -211,7 +211,7 @@ async fn evaluation_cost(prom: &Prometheus) {
     let evals = env_number("BENCH_EVALS", 1000);
     let am = Alertmanager::with_config(
         "route:\n  receiver: nobody\nreceivers:\n  - name: nobody\n",
-        free_port(),
+        prom.alertmanager_port,
     )
     .await;
     fill_alertmanager(&am, alerts).await;

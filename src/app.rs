@@ -115,7 +115,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     }
     let notifier: Arc<dyn Notifier> = Arc::new(Fanout(sinks));
     let mut executors = Executors {
-        gate: Some(Arc::new(GateStep(gate.clone()))),
+        gate: Some(Arc::new(GateStep::new(gate.clone()))),
         ..Executors::default()
     };
     let mut upgrades = UpgradeExecutors {
@@ -162,6 +162,10 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
                 upgrades.steps = Some(steps as Arc<dyn StepExecutor>);
                 executors =
                     executors.with(crate::workflows::node_reboot::step::NODE_REBOOT, reboots);
+                executors.gate = Some(Arc::new(
+                    GateStep::new(gate.clone())
+                        .with_breaker(cluster.clone(), settings.cluster.unhealthy_limit),
+                ));
                 (Some(cluster), etcd, Some(node_reboots))
             }
             None => {

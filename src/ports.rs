@@ -64,6 +64,8 @@ impl Executors {
 pub trait MetricsSource: Send + Sync {
     /// The series `promql` returns now, or why there is no usable answer.
     async fn query(&self, promql: &str) -> PromReading;
+    /// The names of the alerting rule groups it has loaded, or why they cannot be read.
+    async fn rule_groups(&self) -> Result<Vec<String>, String>;
 }
 
 /// Alertmanager's own view of the alerts, pulled at every gate evaluation.
@@ -72,6 +74,9 @@ pub trait AlertSource: Send + Sync {
     /// The alerts active now, neither silenced nor inhibited, that meet the board's
     /// matchers; or why they cannot be read.
     async fn active(&self) -> Result<Vec<crate::domain::alert::Alert>, String>;
+    /// Whether it holds an active alert called `alertname`, silenced or not (the watchdog:
+    /// proof that Prometheus' alerts reach it); or why it cannot be asked.
+    async fn lists(&self, alertname: &str) -> Result<bool, String>;
     /// What it reads, for `GET /v1/gates` (never a credential).
     fn describe(&self) -> String;
 }

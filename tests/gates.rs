@@ -5,7 +5,7 @@ mod support;
 use serde_json::{Value, json};
 use std::time::Duration;
 use support::cluster::IntakeCluster;
-use support::services::{Alertmanager, MiniServer, Prometheus};
+use support::services::{Alertmanager, Loads, MiniServer, Prometheus};
 use support::{Rollgate, board, eventually, webhook};
 
 /// Metrics for the scrape target: a node that booted `ago` seconds ago.
@@ -486,7 +486,7 @@ async fn alertmanager_silences_inhibitions_and_lost_resolutions_count_at_the_nex
     let target = MiniServer::start().await;
     target.set_metrics(&booted(86_400));
     let prom = Prometheus::start(&target.address()).await;
-    let am_port = support::free_port();
+    let am_port = prom.alertmanager_port;
     let am_url = format!("http://127.0.0.1:{am_port}");
     let rg = start_rollgate(&prom, &[("ROLLGATE__GATE__ALERTMANAGER_URL", &am_url)]).await;
     let mut am = alertmanager_for(&rg, am_port).await;
@@ -571,7 +571,7 @@ async fn with_alertmanager_down_the_gate_is_unknown_names_it_and_nothing_goes_pa
     let target = MiniServer::start().await;
     target.set_metrics(&booted(86_400));
     let prom = Prometheus::start(&target.address()).await;
-    let am_port = support::free_port();
+    let am_port = prom.alertmanager_port;
     let am_url = format!("http://127.0.0.1:{am_port}");
     let cluster = IntakeCluster::start().await;
     let rg = start_upgrading(
@@ -612,6 +612,141 @@ async fn with_alertmanager_down_the_gate_is_unknown_names_it_and_nothing_goes_pa
     // Alertmanager comes up: the run goes past its gate.
     let _am = alertmanager_for(&rg, am_port).await;
     rg.wait_run(&id, "past the gate", past_the_gate).await;
+}
+
+/// The API server's requests that change the cluster: any but a read or an Event.
+fn writes(cluster: &IntakeCluster) -> Vec<String> {
+    cluster
+        .api
+        .requests()
+        .into_iter()
+        .filter(|r| r.method != "GET" && !r.path.starts_with("/apis/events.k8s.io/"))
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect()
+}
+
+/// Issue 44: a gate that reads nothing is open by accident. Without the watchdog firing in
+/// Prometheus, or without the gate's rule group loaded there, the gate is unknown and a run
+/// holds at it, by the API server's own log; with both, the run goes past its gate.
+#[tokio::test]
+async fn a_gate_without_its_watchdog_or_its_rule_group_is_unknown_and_holds_the_run() {
+    let target = MiniServer::start().await;
+    target.set_metrics(&booted(86_400));
+    let mut prom = Prometheus::loading(
+        &target.address(),
+        Loads {
+            gate_rules: true,
+            watchdog: false,
+        },
+    )
+    .await;
+    let cluster = IntakeCluster::start().await;
+    let rg = start_upgrading(&cluster, &prom, &[]).await;
+    let report = wait_verdict(&rg, "unknown").await;
+    let reason = report["verdict"]["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("the watchdog alert Watchdog is not firing in Prometheus"),
+        "{reason}"
+    );
+    assert_eq!(report["prometheus"]["state"], "ok", "Prometheus answers");
+    assert_eq!(report["sight"]["watchdog"], "Watchdog");
+    assert_eq!(report["sight"]["rule_group"], "Upgrade Gates");
+
+    let before = writes(&cluster);
+    let id = rg.detect("1.34.5", "patch").await;
+    let run = rg
+        .wait_run(&id, "held at its gate for the watchdog", |r| {
+            r["status"] == "waiting"
+                && r["steps"][0]["attempts"].as_u64() >= Some(2)
+                && r["reason"]
+                    .as_str()
+                    .is_some_and(|r| r.contains("Watchdog is not firing"))
+        })
+        .await;
+    assert_eq!(run["steps"][1]["status"], "pending", "{run}");
+
+    // The watchdog back, the gate's rules gone (a rollout that dropped the PrometheusRule).
+    prom.reload(Loads {
+        gate_rules: false,
+        watchdog: true,
+    })
+    .await;
+    let report = eventually(
+        "the gate unknown for the rule group",
+        Duration::from_secs(30),
+        || async {
+            let report = verdict(&rg).await;
+            let reason = report["verdict"]["reason"].as_str()?.to_owned();
+            reason
+                .contains(
+                    r#"has not loaded the rule group "Upgrade Gates" (loaded: general.rules)"#,
+                )
+                .then_some(report)
+        },
+    )
+    .await;
+    assert!(
+        !report["verdict"]["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("Watchdog"),
+        "the watchdog fires again: {report}"
+    );
+    let run = rg
+        .wait_run(&id, "held at its gate for the rule group", |r| {
+            r["status"] == "waiting"
+                && r["reason"]
+                    .as_str()
+                    .is_some_and(|r| r.contains("has not loaded the rule group"))
+        })
+        .await;
+    assert_eq!(run["steps"][1]["status"], "pending", "{run}");
+    assert_eq!(
+        writes(&cluster),
+        before,
+        "nothing was asked of the cluster while the gate could not see"
+    );
+
+    // Both loaded: the gate opens and the run goes past it.
+    prom.reload(Loads::ALL).await;
+    let run = rg
+        .wait_run(&id, "the run past the gate", past_the_gate)
+        .await;
+    assert!(support::history_has(&run, "gate open again after"), "{run}");
+}
+
+/// Issue 44: with `gate.alertmanager_url`, the watchdog must reach Alertmanager too. A
+/// Prometheus that sends its alerts elsewhere keeps the gate unknown, though Alertmanager
+/// itself answers; sent there, the gate opens.
+#[tokio::test]
+async fn an_alertmanager_that_prometheus_alerts_do_not_reach_keeps_the_gate_unknown() {
+    let target = MiniServer::start().await;
+    target.set_metrics(&booted(86_400));
+    let mut prom = Prometheus::start(&target.address()).await;
+    // Not where this Prometheus sends its alerts.
+    let am_port = support::free_port();
+    let am_url = format!("http://127.0.0.1:{am_port}");
+    let rg = start_rollgate(&prom, &[("ROLLGATE__GATE__ALERTMANAGER_URL", &am_url)]).await;
+    let _am = alertmanager_for(&rg, am_port).await;
+    let report = eventually(
+        "the gate unknown for the watchdog in Alertmanager",
+        Duration::from_secs(30),
+        || async {
+            let report = verdict(&rg).await;
+            (report["alertmanager"]["state"] == "ok"
+                && report["verdict"]["reason"]
+                    .as_str()?
+                    .contains("Alertmanager does not list the watchdog alert Watchdog"))
+            .then_some(report)
+        },
+    )
+    .await;
+    assert_eq!(report["verdict"]["verdict"], "unknown", "{report}");
+
+    prom.alertmanager_port = am_port;
+    prom.reload(Loads::ALL).await;
+    let report = wait_verdict(&rg, "open").await;
+    assert_eq!(report["sight"]["blind"], Value::Null, "{report}");
 }
 
 /// The newest `event: gate` frame's data on the event stream, read for `span`; null when

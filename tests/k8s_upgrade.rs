@@ -931,12 +931,13 @@ async fn self_silences_cover_the_node_in_hand_and_lapse_after_it_or_after_a_kill
     let recovering = ground.pod_named("w1", "db");
     ground.api.set_pod_ready(&recovering, false);
     ground.api.set_pdb("db-pdb", "db", 1);
-    let am_port = support::free_port();
+    let am_port = ground.prom.alertmanager_port;
     let am = Alertmanager::with_config(
         "route:\n  receiver: nobody\nreceivers:\n  - name: nobody\n",
         am_port,
     )
     .await;
+    am.wait_lists("Watchdog").await;
     let mut rg = start(
         &ground,
         &[

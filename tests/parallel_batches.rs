@@ -447,3 +447,88 @@ async fn a_halt_lets_the_batchs_scripts_finish_and_starts_nothing_after_them() {
         );
     }
 }
+
+fn set_node_ready(ground: &Ground, node: &str, ready: bool) {
+    let status = if ready { "True" } else { "False" };
+    ground.api.edit_node(node, |n| {
+        n["status"]["conditions"] = json!([{"type": "Ready", "status": status}]);
+    });
+}
+
+/// Issue 44, the circuit breaker: while the first batch works, 3 of the 12 workers go
+/// NotReady through the API server, none of them in hand. The next batch's gate holds,
+/// naming "3 of 13 nodes NotReady" and the three, and the API server's own log shows no
+/// node of that batch cordoned; Ready again, the run goes on to succeed.
+#[tokio::test]
+async fn too_many_nodes_not_ready_hold_the_next_batch_naming_the_count() {
+    let ground = Ground::start("1.34.2", 12).await;
+    let rg = ground
+        .rollgate(&[("ROLLGATE__CLUSTER__MAX_UNAVAILABLE", "4".into())])
+        .await;
+    let id = rg.detect("1.34.5", "patch").await;
+    let run = rg
+        .wait_run_until(&id, "the first batch in hand", RUN_DEADLINE, |r| {
+            let plan = batches(r);
+            plan.first().and_then(|b| b.first()).is_some_and(|first| {
+                step(r, &format!("workers/drain@{first}"))["status"] != "pending"
+            })
+        })
+        .await;
+    let plan = batches(&run);
+    assert_eq!(plan.len(), 3, "{plan:?}");
+    let sick: Vec<&str> = plan[2].iter().take(3).map(String::as_str).collect();
+    for node in &sick {
+        set_node_ready(&ground, node, false);
+    }
+    let held = rg
+        .wait_run_until(&id, "the second batch held", RUN_DEADLINE, |r| {
+            r["status"] == "waiting"
+                && r["reason"]
+                    .as_str()
+                    .is_some_and(|reason| reason.contains("3 of 13 nodes NotReady"))
+        })
+        .await;
+    let reason = held["reason"].as_str().unwrap_or_default();
+    for node in &sick {
+        assert!(reason.contains(node), "{node} not named: {reason}");
+    }
+    assert!(reason.contains("cluster.unhealthy_limit 20%"), "{reason}");
+    for node in &plan[0] {
+        assert_eq!(
+            step(&held, &format!("workers/uncordon@{node}"))["status"],
+            "done",
+            "the first batch finished: {held}"
+        );
+    }
+    // The API server's own log: no node of the second batch was cordoned or drained.
+    let touched: Vec<String> = ground
+        .api
+        .requests()
+        .into_iter()
+        .filter(|r| {
+            r.method != "GET"
+                && plan[1].iter().any(|n| {
+                    r.path.contains(&format!("/nodes/{n}"))
+                        || r.path.contains(&format!("spec.nodeName={n}"))
+                })
+        })
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert_eq!(
+        touched,
+        Vec::<String>::new(),
+        "the second batch was touched"
+    );
+    for node in &plan[1] {
+        assert!(!cordoned(&ground, node), "{node} cordoned");
+    }
+
+    for node in &sick {
+        set_node_ready(&ground, node, true);
+    }
+    let done = rg.wait_status(&id, "succeeded", RUN_DEADLINE).await;
+    assert!(
+        support::history_has(&done, "3 of 13 nodes NotReady"),
+        "the hold is in the history: {done}"
+    );
+}

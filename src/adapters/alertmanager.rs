@@ -91,6 +91,18 @@ impl AlertSource for AlertmanagerApi {
             .collect())
     }
 
+    async fn lists(&self, alertname: &str) -> Result<bool, String> {
+        let filter = format!("alertname={alertname:?}");
+        let request = self
+            .http
+            .get(format!("{}/api/v2/alerts", self.url))
+            .query(&[("active", "true"), ("filter", filter.as_str())]);
+        let listed: Vec<Listed> = self.call(request, "list the watchdog").await?;
+        Ok(listed
+            .iter()
+            .any(|a| a.labels.get("alertname").map(String::as_str) == Some(alertname)))
+    }
+
     fn describe(&self) -> String {
         format!(
             "{}/api/v2/alerts?filter={}",

@@ -100,8 +100,59 @@ fn read_answer(promql: &str, status: u16, body: &[u8]) -> PromReading {
     }
 }
 
+/// The rule groups' names in Prometheus' answer to `GET /api/v1/rules` (HTTP `status`,
+/// `body`).
+fn read_rule_groups(status: u16, body: &[u8]) -> Result<Vec<String>, String> {
+    #[derive(serde::Deserialize)]
+    struct Group {
+        name: String,
+    }
+    #[derive(serde::Deserialize)]
+    struct Groups {
+        groups: Vec<Group>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Answer {
+        status: String,
+        data: Option<Groups>,
+        #[serde(default)]
+        error: Option<String>,
+    }
+    let answer: Answer = serde_json::from_slice(body).map_err(|_| {
+        let text: String = String::from_utf8_lossy(body).chars().take(120).collect();
+        format!(
+            "Prometheus' rules: HTTP {status}, and the answer is not Prometheus' JSON: {text:?}"
+        )
+    })?;
+    match (answer.status.as_str(), answer.data) {
+        ("success", Some(data)) => Ok(data.groups.into_iter().map(|g| g.name).collect()),
+        _ => Err(format!(
+            "Prometheus' rules: HTTP {status}: {}",
+            answer.error.unwrap_or_else(|| "no data".into())
+        )),
+    }
+}
+
 #[async_trait::async_trait]
 impl MetricsSource for Prometheus {
+    async fn rule_groups(&self) -> Result<Vec<String>, String> {
+        let response = self
+            .client
+            .rules()
+            .kind(prometheus_http_query::RuleKind::Alerting)
+            .get_raw()
+            .await
+            .map_err(|e| format!("Prometheus' rules: {}", crate::error_chain(&e)))?;
+        let status = response.status().as_u16();
+        let body = response.bytes().await.map_err(|e| {
+            format!(
+                "Prometheus' rules: reading its answer: {}",
+                crate::error_chain(&e)
+            )
+        })?;
+        read_rule_groups(status, &body)
+    }
+
     async fn query(&self, promql: &str) -> PromReading {
         let answer = self
             .client
@@ -164,6 +215,30 @@ mod tests {
             match read_answer("ALERTS", status, body.as_bytes()) {
                 PromReading::Failed(why) => assert!(why.contains(says), "{body}: {why}"),
                 other => panic!("{body} gave {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn rule_groups_are_read_by_name_and_anything_else_is_an_error() {
+        let loaded = r#"{"status":"success","data":{"groups":[{"name":"Upgrade Gates","file":"a.yml","rules":[]},{"name":"Rollgate","rules":[]}]}}"#;
+        assert_eq!(
+            read_rule_groups(200, loaded.as_bytes()),
+            Ok(vec!["Upgrade Gates".to_owned(), "Rollgate".to_owned()])
+        );
+        let cases = [
+            (
+                503,
+                r#"{"status":"error","errorType":"unavailable","error":"not ready"}"#,
+                "HTTP 503: not ready",
+            ),
+            (200, r#"{"status":"success"}"#, "no data"),
+            (502, "<html>bad gateway</html>", "not Prometheus' JSON"),
+        ];
+        for (status, body, says) in cases {
+            match read_rule_groups(status, body.as_bytes()) {
+                Err(why) => assert!(why.contains(says), "{body}: {why}"),
+                Ok(groups) => panic!("{body} gave {groups:?}"),
             }
         }
     }

@@ -548,9 +548,36 @@ pub fn run(cli: Cli) -> ExitCode {
                 ),
             };
             println!("  windows     {schedule}");
+            let gate = &settings.gate;
             println!(
-                "  workers     {} at a time (cluster.max_unavailable)",
-                settings.cluster.max_unavailable
+                "  gate        prometheus {}, alertmanager {}, watchdog {}, rule group {}",
+                gate.prometheus_url
+                    .as_deref()
+                    .map_or("none (every gate unknown)".into(), without_userinfo),
+                gate.alertmanager_url
+                    .as_deref()
+                    .map_or("none (webhooks alone)".into(), without_userinfo),
+                if gate.watchdog.is_empty() {
+                    "off"
+                } else {
+                    gate.watchdog.as_str()
+                },
+                if gate.rule_group.is_empty() {
+                    "off".to_owned()
+                } else {
+                    format!("{:?}", gate.rule_group)
+                },
+            );
+            if gate.watchdog.is_empty() {
+                println!(
+                    "  warning     gate.watchdog is off: a gate whose Prometheus evaluates no \
+                     rules, or whose alerts never reach Alertmanager, reads nothing and opens"
+                );
+            }
+            println!(
+                "  workers     {} at a time (cluster.max_unavailable); none taken while more \
+                 than {} of the nodes are NotReady (cluster.unhealthy_limit)",
+                settings.cluster.max_unavailable, settings.cluster.unhealthy_limit
             );
             println!(
                 "  ssh         user {}, key {}, known_hosts {}",
@@ -728,6 +755,18 @@ pub(crate) fn api_url(base: &reqwest::Url, segments: &[&str]) -> anyhow::Result<
         .pop_if_empty()
         .extend(segments);
     Ok(url)
+}
+
+/// `url` as it may be printed: without a user or password written into it.
+fn without_userinfo(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut parsed) if !parsed.username().is_empty() || parsed.password().is_some() => {
+            let _ = parsed.set_username("");
+            let _ = parsed.set_password(None);
+            parsed.to_string()
+        }
+        _ => url.to_owned(),
+    }
 }
 
 #[cfg(test)]

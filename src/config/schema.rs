@@ -332,6 +332,11 @@ pub fn failure_budget(_: &mut SchemaGenerator) -> Schema {
     count_or_percent_schema()
 }
 
+/// `cluster.unhealthy_limit`.
+pub fn unhealthy_limit(_: &mut SchemaGenerator) -> Schema {
+    count_or_percent_schema()
+}
+
 /// `node=[user@]host[:port]` entries.
 pub fn host_list(_: &mut SchemaGenerator) -> Schema {
     let entry = json_schema!({

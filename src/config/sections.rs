@@ -326,6 +326,14 @@ pub struct GateSettings {
     /// Failed evaluations in a row before the verdict is unknown; meanwhile the last good
     /// answer stands (default 1: at once).
     pub failures_before_unknown: u32,
+    /// The always-firing alert that proves the alerting pipeline works (default
+    /// `Watchdog`, as kube-prometheus ships it; rules/ does not define it): unless it fires
+    /// in Prometheus and, with `alertmanager_url`, Alertmanager lists it, the gate is
+    /// unknown. `""` turns the proof off (check-config warns).
+    pub watchdog: String,
+    /// The rule group Prometheus must have loaded for the gate to be known (default
+    /// `Upgrade Gates`, rules/'s gate alerts); `""` turns the check off.
+    pub rule_group: String,
     /// File with a bearer token for Prometheus.
     pub bearer_token_file: Option<PathBuf>,
     /// Basic-auth user for Prometheus.
@@ -379,6 +387,8 @@ impl Default for GateSettings {
                 .into(),
             timeout: Duration::from_secs(5),
             failures_before_unknown: 1,
+            watchdog: "Watchdog".into(),
+            rule_group: "Upgrade Gates".into(),
             bearer_token_file: None,
             basic_auth_user: None,
             basic_auth_password_file: None,
@@ -405,6 +415,10 @@ impl From<&GateSettings> for crate::workflows::gate::GateRules {
             poll_interval: settings.poll_interval,
             quiet_query: settings.quiet_query.clone(),
             failures_before_unknown: settings.failures_before_unknown,
+            sight: crate::domain::sight::SightRules {
+                watchdog: settings.watchdog.clone(),
+                rule_group: settings.rule_group.clone(),
+            },
         }
     }
 }
@@ -442,6 +456,21 @@ impl GateSettings {
             {
                 p.add(key, format!("{url:?} is not a URL like {example}"));
             }
+        }
+        if !self.watchdog.is_empty() && !crate::domain::sight::valid_alert_name(&self.watchdog) {
+            p.add(
+                "watchdog",
+                format!(
+                    "{:?} is not an alert name like Watchdog (letters, digits, _), or \"\" for none",
+                    self.watchdog
+                ),
+            );
+        }
+        if self.rule_group.chars().any(char::is_control) {
+            p.add(
+                "rule_group",
+                "a rule group's name has no control characters",
+            );
         }
         p.duration("poll_interval", self.poll_interval, 100, 3_600_000);
         p.duration("halt_after", self.halt_after, 1000, 7 * 86_400_000);
@@ -626,6 +655,17 @@ pub struct ClusterSettings {
     )]
     #[schemars(schema_with = "crate::config::schema::failure_budget")]
     pub failure_budget: crate::workflows::k8s_upgrade::plan::FailureBudget,
+    /// The circuit breaker: while more of the cluster's nodes than this are NotReady for
+    /// any reason other than the run's own work (the nodes it has in hand are not counted),
+    /// no new node is taken; the run holds at its gate naming the count, and halts past
+    /// `gate.halt_after`. A count (`3`) or a percentage of all nodes (default `20%`, as
+    /// Karpenter's node repair uses; `"100%"` turns it off).
+    #[serde(
+        deserialize_with = "values::unhealthy_limit",
+        serialize_with = "crate::config::schema::count_or_percent"
+    )]
+    #[schemars(schema_with = "crate::config::schema::unhealthy_limit")]
+    pub unhealthy_limit: crate::domain::budget::UnhealthyLimit,
     /// Pods that hold a node's drain while one runs on it (kured's blocking pods):
     /// `key=value`, `key!=value`, `key` or `!key`, any of which holds (default: none).
     #[serde(deserialize_with = "string_list")]
@@ -686,6 +726,7 @@ impl Default for ClusterSettings {
             worker_order: Vec::new(),
             max_unavailable: Default::default(),
             failure_budget: Default::default(),
+            unhealthy_limit: Default::default(),
             blocking_pod_selectors: Vec::new(),
             kured_daemonset: "kube-system/kured".into(),
             kured_lock_annotation: "weave.works/kured-node-lock".into(),

@@ -31,6 +31,8 @@ fn embedded_defaults_need_nothing() {
         r#"ALERTS{alertstate="firing",upgrade_gate="true"}"#
     );
     assert_eq!(s.gate.board_matchers.len(), 1);
+    assert_eq!(s.gate.watchdog, "Watchdog");
+    assert_eq!(s.gate.rule_group, "Upgrade Gates");
     assert_eq!(s.cluster.soak, Duration::from_secs(600));
     assert_eq!(s.etcd.timeout, Duration::from_secs(10));
     assert_eq!(s.etcd.snapshot_dir, PathBuf::from("./data/snapshots"));
@@ -109,6 +111,7 @@ fn every_bad_value_is_reported_at_once() {
         ("ROLLGATE__SERVER__LISEN", "x"),
         ("ROLLGATE__WORKER__PAUSED", "maybe"),
         ("ROLLGATE__GATE__BOARD_MATCHERS", "severity"),
+        ("ROLLGATE__GATE__WATCHDOG", "Watchdog\"} or vector(1)"),
         ("ROLLGATE__SSH__HOSTS", "w3=-oProxyCommand=x"),
         ("ROLLGATE__CLUSTER__POD_READY_RATIO", "2"),
         ("ROLLGATE__CLUSTER__SOAK", "7"),
@@ -127,6 +130,7 @@ fn every_bad_value_is_reported_at_once() {
         "server.lisen",
         "worker.paused",
         "gate.board_matchers",
+        "gate.watchdog",
         "ssh.hosts",
         "cluster.pod_ready_ratio",
         "cluster.soak",

@@ -148,6 +148,13 @@ pub fn failure_budget<'de, D: Deserializer<'de>>(d: D) -> Result<FailureBudget, 
     count_or_percent(d, FailureBudget::parse)
 }
 
+/// A count (`3`) or a percentage (`"20%"`) of the cluster's nodes.
+pub fn unhealthy_limit<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<crate::domain::budget::UnhealthyLimit, D::Error> {
+    count_or_percent(d, crate::domain::budget::UnhealthyLimit::parse)
+}
+
 /// A count or a percentage of workers, as a number or a string, read by `parse`.
 fn count_or_percent<'de, D: Deserializer<'de>, T>(
     d: D,

@@ -66,6 +66,57 @@ impl std::fmt::Display for MaxUnavailable {
     }
 }
 
+/// How many of the cluster's nodes may be NotReady, for reasons not of rollgate's own work,
+/// before no new node is taken (`cluster.unhealthy_limit`, the circuit breaker).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnhealthyLimit {
+    /// This many nodes.
+    Count(u32),
+    /// This percentage of the cluster's nodes.
+    Percent(u32),
+}
+
+impl Default for UnhealthyLimit {
+    /// 20 %, as Karpenter's node repair uses.
+    fn default() -> Self {
+        Self::Percent(20)
+    }
+}
+
+impl UnhealthyLimit {
+    /// `3` or `20%`; a percentage at most 100 (`100%` never trips).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let bad = || {
+            format!(
+                "{:?} is not a count of nodes (0, 1, 2, …) or a percentage of them (0% to 100%)",
+                text.trim()
+            )
+        };
+        match count_or_percent(text).ok_or_else(bad)? {
+            (101.., true) => Err(bad()),
+            (n, true) => Ok(Self::Percent(n)),
+            (n, false) => Ok(Self::Count(n)),
+        }
+    }
+
+    /// Whether `unhealthy` of `nodes` nodes is more than the limit allows.
+    pub fn exceeded(self, unhealthy: usize, nodes: usize) -> bool {
+        match self {
+            Self::Count(n) => unhealthy > n as usize,
+            Self::Percent(p) => unhealthy * 100 > nodes * p as usize,
+        }
+    }
+}
+
+impl std::fmt::Display for UnhealthyLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Count(n) => write!(f, "{n}"),
+            Self::Percent(p) => write!(f, "{p}%"),
+        }
+    }
+}
+
 /// How many workers may fail their cycle (drain, node script or verify, after their
 /// attempts) and be left behind, cordoned, while the run goes on with the others
 /// (`cluster.failure_budget`). Control planes have no budget.
@@ -163,6 +214,36 @@ mod tests {
         for (setting, workers, want) in sizes {
             assert_eq!(setting.of(workers), want, "{setting} of {workers}");
         }
+    }
+
+    #[test]
+    fn the_unhealthy_limit_trips_only_beyond_its_count_or_share() {
+        // (limit, unhealthy, nodes, exceeded)
+        let cases = [
+            ("20%", 2, 13, false),
+            ("20%", 3, 13, true),
+            ("20%", 2, 10, false),
+            ("20%", 3, 10, true),
+            ("0%", 1, 1000, true),
+            ("0", 0, 13, false),
+            ("0", 1, 13, true),
+            ("3", 3, 13, false),
+            ("3", 4, 13, true),
+            ("100%", 13, 13, false),
+        ];
+        for (limit, unhealthy, nodes, exceeded) in cases {
+            let parsed = UnhealthyLimit::parse(limit).unwrap();
+            assert_eq!(parsed.to_string(), limit);
+            assert_eq!(
+                parsed.exceeded(unhealthy, nodes),
+                exceeded,
+                "{limit}: {unhealthy} of {nodes}"
+            );
+        }
+        for bad in ["", "-1", "101%", "a lot", "2.5"] {
+            assert!(UnhealthyLimit::parse(bad).is_err(), "{bad}");
+        }
+        assert_eq!(UnhealthyLimit::default(), UnhealthyLimit::Percent(20));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 pub mod alert;
 pub mod analysis;
 pub mod backoff;
+pub mod breaker;
 pub mod budget;
 pub mod distribution;
 pub mod engine;
@@ -19,6 +20,7 @@ pub mod run_request;
 pub mod schedule;
 pub mod scope;
 pub mod self_silence;
+pub mod sight;
 pub mod step;
 pub mod step_kind;
 pub mod upgrade_step;

@@ -7,11 +7,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::domain::alert::AlertStatus;
+use crate::domain::breaker;
+use crate::domain::budget::UnhealthyLimit;
 use crate::domain::engine::StepOutcome;
 use crate::domain::gate::{self, AmReading, Policy, PromReading, PromSeries, Verdict};
 use crate::domain::run::{Run, RunKind};
+use crate::domain::sight::{self, Sight, SightReading, SightRules};
 use crate::metrics::Metrics;
-use crate::ports::{AlertSource, MetricsSource, StepExecutor};
+use crate::ports::{AlertSource, ClusterRead, MetricsSource, StepExecutor};
 use crate::store::Store;
 
 /// One source's part in an evaluation.
@@ -36,6 +39,8 @@ pub struct GateReport {
     pub prometheus: SourceReport,
     /// The Alertmanager board.
     pub alertmanager: SourceReport,
+    /// Whether the gate can see: the watchdog alert and the gate's rule group.
+    pub sight: Sight,
     /// The earliest time the wake may be delivered.
     pub evaluated_at: DateTime<Utc>,
     /// Why a source could not be read, if one could not (a run's answer is unknown for it
@@ -76,6 +81,8 @@ pub struct GateRules {
     pub quiet_query: String,
     /// Failed evaluations in a row before the verdict is unknown.
     pub failures_before_unknown: u32,
+    /// What proves the gate can see.
+    pub sight: SightRules,
 }
 
 /// The gate.
@@ -196,23 +203,77 @@ impl Gate {
         self.evaluate_now().await
     }
 
+    /// Reads what proves the gate can see, each proof that is on, all at once.
+    async fn read_sight(&self) -> SightReading {
+        let rules = &self.settings.sight;
+        let Some(prometheus) = &self.prometheus else {
+            return SightReading::default();
+        };
+        let watchdog = async {
+            match rules.watchdog_query() {
+                None => None,
+                Some(query) => Some(match prometheus.query(&query).await {
+                    PromReading::Series(series) => Ok(series.len()),
+                    PromReading::Failed(e) => Err(e),
+                }),
+            }
+        };
+        let listed = async {
+            match (&self.alertmanager, rules.watchdog.is_empty()) {
+                (Some(source), false) => Some(source.lists(&rules.watchdog).await),
+                _ => None,
+            }
+        };
+        let groups = async {
+            match rules.rule_group.is_empty() {
+                true => None,
+                false => Some(prometheus.rule_groups().await),
+            }
+        };
+        let (watchdog_in_prometheus, watchdog_in_alertmanager, rule_groups) =
+            tokio::join!(watchdog, listed, groups);
+        SightReading {
+            watchdog_in_prometheus,
+            watchdog_in_alertmanager,
+            rule_groups,
+        }
+    }
+
     /// Reads the sources and decides, now.
     async fn evaluate_now(&self) -> GateReport {
         let began = std::time::Instant::now();
         let now = Utc::now();
-        let prom = self.read_prometheus(&self.settings.query, true).await;
-        let (am, board_error) = self.read_alertmanager(now).await;
-        let unreadable = gate::unreadable(&prom, &am).or_else(|| {
+        let (prom, (am, board_error), mut seen) = tokio::join!(
+            self.read_prometheus(&self.settings.query, true),
+            self.read_alertmanager(now),
+            self.read_sight()
+        );
+        if let PromReading::Failed(_) = prom {
+            // Prometheus cannot answer, and the verdict says so: its proofs add nothing.
+            seen.watchdog_in_prometheus = None;
+            seen.rule_groups = None;
+        }
+        let sight = sight::judge(&self.settings.sight, &seen);
+        let blind = [
             board_error
                 .as_ref()
-                .map(|e| format!("the alert board cannot be read: {e}"))
-        });
+                .map(|e| format!("the alert board cannot be read: {e}")),
+            sight.blind.clone(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>();
+        let blind = (!blind.is_empty()).then(|| blind.join("; "));
+        let unreadable = match (gate::unreadable(&prom, &am), &blind) {
+            (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+            (a, b) => a.or_else(|| b.clone()),
+        };
         let mut verdict = gate::evaluate(&prom, &am, now, &self.policy);
-        if let Some(error) = &board_error
+        if let Some(reason) = &unreadable
             && verdict.is_open()
         {
             verdict = Verdict::Unknown {
-                reason: format!("the alert board cannot be read: {error}"),
+                reason: reason.clone(),
             };
         }
         let blocking = |source| match &verdict {
@@ -245,6 +306,7 @@ impl Gate {
                 blocking: blocking(gate::Source::Alertmanager),
                 query: self.alertmanager.as_ref().map(|a| a.describe()),
             },
+            sight,
             verdict,
             evaluated_at: now,
             unreadable,
@@ -359,8 +421,12 @@ impl Gate {
     }
 
     fn held(&self, verdict: &Verdict) -> StepOutcome {
+        self.held_for(verdict.reasons())
+    }
+
+    fn held_for(&self, reasons: Vec<String>) -> StepOutcome {
         StepOutcome::Blocked {
-            reasons: verdict.reasons(),
+            reasons,
             retry_at: Utc::now()
                 + chrono::Duration::from_std(self.settings.poll_interval).unwrap_or_default(),
         }
@@ -372,16 +438,69 @@ pub fn may_open(alerts: &[crate::domain::alert::Alert]) -> bool {
     alerts.iter().any(|a| a.status == AlertStatus::Resolved)
 }
 
-/// The `gate` step: go ahead only when the gate is open.
-pub struct GateStep(pub Arc<Gate>);
+/// The `gate` step: go ahead only when the gate is open and, before a node is taken,
+/// the circuit breaker has not tripped.
+pub struct GateStep {
+    gate: Arc<Gate>,
+    breaker: Option<Breaker>,
+}
+
+/// The circuit breaker's part of a gate: the cluster's nodes, and how many may be NotReady.
+struct Breaker {
+    cluster: Arc<dyn ClusterRead>,
+    limit: UnhealthyLimit,
+}
+
+impl GateStep {
+    /// The gate step over `gate`, without a circuit breaker (no cluster to read).
+    pub fn new(gate: Arc<Gate>) -> Self {
+        Self {
+            gate,
+            breaker: None,
+        }
+    }
+
+    /// The same step, which before a node is taken also holds while more of `cluster`'s
+    /// nodes are NotReady, not by the run's own work, than `limit` allows.
+    pub fn with_breaker(mut self, cluster: Arc<dyn ClusterRead>, limit: UnhealthyLimit) -> Self {
+        self.breaker = Some(Breaker { cluster, limit });
+        self
+    }
+
+    /// Why the breaker holds the gate at step `index` of `run`, if it does: it tripped, or
+    /// the nodes cannot be read (fail closed).
+    async fn breaker_holds(&self, run: &Run, index: usize) -> Option<String> {
+        let b = self.breaker.as_ref()?;
+        if !breaker::guards_nodes(run, index) {
+            return None;
+        }
+        match b.cluster.facts().await {
+            Ok(facts) => {
+                let nodes: Vec<(&str, bool)> = facts
+                    .nodes
+                    .iter()
+                    .map(|n| (n.name.as_str(), n.ready))
+                    .collect();
+                breaker::judge(&nodes, &breaker::in_hand(run), b.limit).map(|t| t.to_string())
+            }
+            Err(e) => Some(format!(
+                "the cluster's nodes cannot be read for cluster.unhealthy_limit: {e}"
+            )),
+        }
+    }
+}
 
 #[async_trait::async_trait]
 impl StepExecutor for GateStep {
-    async fn execute(&self, run: &Run, _index: usize) -> StepOutcome {
-        let report = self.0.evaluate().await;
-        match report.verdict_for(run.kind) {
-            Verdict::Open => StepOutcome::done("gate open"),
-            verdict => self.0.held(&verdict),
+    async fn execute(&self, run: &Run, index: usize) -> StepOutcome {
+        let (report, tripped) = tokio::join!(self.gate.evaluate(), self.breaker_holds(run, index));
+        match (report.verdict_for(run.kind), tripped) {
+            (Verdict::Open, None) => StepOutcome::done("gate open"),
+            (verdict, tripped) => {
+                let mut reasons = verdict.reasons();
+                reasons.extend(tripped);
+                self.gate.held_for(reasons)
+            }
         }
     }
 }
@@ -431,6 +550,10 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(50)).await;
             PromReading::Series(Vec::new())
         }
+
+        async fn rule_groups(&self) -> Result<Vec<String>, String> {
+            Ok(Vec::new())
+        }
     }
 
     fn gate(prometheus: Arc<Counting>) -> Gate {
@@ -443,6 +566,10 @@ mod tests {
             poll_interval: Duration::from_secs(30),
             quiet_query: "ALERTS".into(),
             failures_before_unknown: 1,
+            sight: SightRules {
+                watchdog: String::new(),
+                rule_group: String::new(),
+            },
         };
         Gate::new(Some(prometheus), store, Metrics::new(), rules)
     }

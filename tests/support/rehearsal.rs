@@ -405,7 +405,12 @@ impl Rehearsal {
             _dir: dir,
             _slot: slot,
         };
-        load_rules_once_scraped(r._dir.path(), r.prometheus_port, (5, 5)).await;
+        load_rules_once_scraped(
+            r._dir.path(),
+            (r.prometheus_port, alertmanager_port),
+            (5, 5),
+        )
+        .await;
         r
     }
 
@@ -430,13 +435,14 @@ impl Rehearsal {
     }
 }
 
-/// Loads the shipped rules into the Prometheus at `prometheus_port` (config under `d`)
-/// once `up` has `targets` series of which `up_wanted` are 1. Prometheus applies
+/// Loads the shipped rules and the watchdog into the Prometheus at `prometheus_port`
+/// (config under `d`) once `up` has `targets` series of which `up_wanted` are 1; returns
+/// once the watchdog fires there and the Alertmanager at `alertmanager_port` lists it. Prometheus applies
 /// discovered targets only every 5 s, a delay no setting scales: before the first scrape
 /// `up` is absent, which a real `for: 2m` outlasts but a scaled one does not.
 pub async fn load_rules_once_scraped(
     d: &Path,
-    prometheus_port: u16,
+    (prometheus_port, alertmanager_port): (u16, u16),
     (up_wanted, targets): (usize, usize),
 ) {
     super::eventually(
@@ -454,8 +460,9 @@ pub async fn load_rules_once_scraped(
     let with_rules = config.replacen(
         "scrape_configs:",
         &format!(
-            "rule_files:\n  - {}\nscrape_configs:",
-            d.join("rules.yml").display()
+            "rule_files:\n  - {}\n  - {}\nscrape_configs:",
+            d.join("rules.yml").display(),
+            super::services::watchdog_rule().display()
         ),
         1,
     );
@@ -477,7 +484,30 @@ pub async fn load_rules_once_scraped(
             .json()
             .await
             .ok()?;
-        (rules["data"]["groups"].as_array()?.len() == 2).then_some(())
+        // rules/'s two groups and the watchdog's.
+        (rules["data"]["groups"].as_array()?.len() == 3).then_some(())
+    })
+    .await;
+    // The site's monitoring works before anything is asked of the gate: the watchdog fires
+    // in Prometheus and its Alertmanager lists it.
+    super::eventually("the watchdog to fire", Duration::from_secs(30), || async {
+        let firing = query(
+            prometheus_port,
+            r#"ALERTS{alertname="Watchdog",alertstate="firing"}"#,
+        )
+        .await;
+        let listed: Value = http
+            .get(format!(
+                "http://127.0.0.1:{alertmanager_port}/api/v2/alerts"
+            ))
+            .query(&[("filter", r#"alertname="Watchdog""#)])
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        (!firing.is_empty() && !listed.as_array()?.is_empty()).then_some(())
     })
     .await;
 }

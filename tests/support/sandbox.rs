@@ -109,7 +109,7 @@ impl Sandbox {
         )
         .await;
         // Six targets: the API server's three, etcd, the Pushgateway up; rollgate not yet.
-        rehearsal::load_rules_once_scraped(d, prometheus_port, (5, 6)).await;
+        rehearsal::load_rules_once_scraped(d, (prometheus_port, alertmanager_port), (5, 6)).await;
 
         let mut sandbox = Self {
             options,

@@ -115,46 +115,117 @@ pub fn rules_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("rules")
 }
 
-/// Prometheus scraping one target every second and loading rules/. The target stands in
-/// for the cluster, so its job is `apiserver`: otherwise `KubeAPIServerDown` (rightly)
-/// fires after two minutes and closes every gate.
+/// The harness's always-firing `Watchdog` rule (`tests/support/watchdog.yml`), as
+/// kube-prometheus ships it.
+pub fn watchdog_rule() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/watchdog.yml")
+}
+
+/// What a [`Prometheus`] loads.
+#[derive(Debug, Clone, Copy)]
+pub struct Loads {
+    /// rules/ (the gate's rule group).
+    pub gate_rules: bool,
+    /// The `Watchdog` rule.
+    pub watchdog: bool,
+}
+
+impl Loads {
+    /// What a site's Prometheus loads: rules/ and the watchdog.
+    pub const ALL: Self = Self {
+        gate_rules: true,
+        watchdog: true,
+    };
+}
+
+/// Prometheus scraping one target every second, loading rules/ and the watchdog, and
+/// sending its alerts to the Alertmanager at `alertmanager_port` (reserved here: a test
+/// that wants its alerts starts one there). The target stands in for the cluster, so its
+/// job is `apiserver`: otherwise `KubeAPIServerDown` (rightly) fires after two minutes and
+/// closes every gate.
 pub struct Prometheus {
     pub port: u16,
     pub process: Process,
-    _dir: tempfile::TempDir,
+    /// Where it sends its alerts.
+    pub alertmanager_port: u16,
+    target: String,
+    dir: tempfile::TempDir,
 }
 
 impl Prometheus {
     pub async fn start(target: &str) -> Self {
+        Self::loading(target, Loads::ALL).await
+    }
+
+    /// Prometheus loading `loads`; once ready and, with the watchdog, once it fires.
+    pub async fn loading(target: &str, loads: Loads) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        let port = free_port();
-        let config = dir.path().join("prometheus.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}/*.yml\nscrape_configs:\n  - job_name: apiserver\n    static_configs:\n      - targets: ['{target}']\n",
-                rules_dir().display()
-            ),
-        )
-        .expect("config");
+        let d = dir.path();
+        let (port, alertmanager_port) = (free_port(), free_port());
+        write_prometheus_config(d, target, alertmanager_port, loads);
         let args = vec![
-            format!("--config.file={}", config.display()),
-            format!("--storage.tsdb.path={}", dir.path().join("data").display()),
+            format!("--config.file={}", d.join("prometheus.yml").display()),
+            format!("--storage.tsdb.path={}", d.join("data").display()),
             format!("--web.listen-address=127.0.0.1:{port}"),
+            // Firing alerts go to Alertmanager every second, not every minute: one started
+            // after Prometheus has its watchdog within a second.
+            "--rules.alert.resend-delay=1s".into(),
         ];
-        let process = Process::spawn(
-            "prometheus",
-            "prometheus",
-            args,
-            dir.path().join("prometheus.log"),
-        );
+        let process = Process::spawn("prometheus", "prometheus", args, d.join("prometheus.log"));
         let p = Self {
             port,
             process,
-            _dir: dir,
+            alertmanager_port,
+            target: target.to_owned(),
+            dir,
         };
-        p.wait_ready().await;
+        p.wait_loaded(loads).await;
         p
+    }
+
+    /// Loads `loads` instead (a restart with the new configuration, as a rollout of a
+    /// site's Prometheus is); once ready and, with the watchdog, once it fires again.
+    pub async fn reload(&mut self, loads: Loads) {
+        write_prometheus_config(self.dir.path(), &self.target, self.alertmanager_port, loads);
+        self.process.stop();
+        self.process.start();
+        self.wait_loaded(loads).await;
+    }
+
+    async fn wait_loaded(&self, loads: Loads) {
+        self.wait_ready().await;
+        if !loads.watchdog {
+            return;
+        }
+        let url = format!("{}/api/v1/query", self.url());
+        let start = Instant::now();
+        loop {
+            let answer: Option<Value> = match reqwest::Client::new()
+                .get(&url)
+                .query(&[(
+                    "query",
+                    r#"ALERTS{alertname="Watchdog",alertstate="firing"}"#,
+                )])
+                .send()
+                .await
+            {
+                Ok(r) => r.json().await.ok(),
+                Err(_) => None,
+            };
+            if answer.is_some_and(|a| {
+                a["data"]["result"]
+                    .as_array()
+                    .is_some_and(|r| !r.is_empty())
+            }) {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "the watchdog did not fire:\n{}",
+                self.process.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     pub fn url(&self) -> String {
@@ -169,6 +240,28 @@ impl Prometheus {
         )
         .await;
     }
+}
+
+/// Writes `d/prometheus.yml`: `target` scraped every second, `loads` loaded, alerts sent
+/// to the Alertmanager at `alertmanager_port`.
+fn write_prometheus_config(d: &Path, target: &str, alertmanager_port: u16, loads: Loads) {
+    let mut rules = Vec::new();
+    if loads.gate_rules {
+        rules.push(format!("{}/*.yml", rules_dir().display()));
+    }
+    if loads.watchdog {
+        rules.push(watchdog_rule().display().to_string());
+    }
+    let rules: String = rules.iter().map(|r| format!("  - {r}\n")).collect();
+    std::fs::write(
+        d.join("prometheus.yml"),
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+             alerting:\n  alertmanagers:\n    - static_configs:\n        - targets: ['127.0.0.1:{alertmanager_port}']\n\
+             rule_files:\n{rules}scrape_configs:\n  - job_name: apiserver\n    static_configs:\n      - targets: ['{target}']\n",
+        ),
+    )
+    .expect("config");
 }
 
 /// Alertmanager with one webhook receiver, bearer token from a file.
@@ -232,6 +325,34 @@ impl Alertmanager {
         )
         .await;
         am
+    }
+
+    /// Waits until it lists an active alert called `name`: the watchdog, once the
+    /// Prometheus that alerts to it has sent it.
+    pub async fn wait_lists(&self, name: &str) {
+        let url = format!("http://127.0.0.1:{}/api/v2/alerts", self.port);
+        let filter = format!("alertname={name:?}");
+        let start = Instant::now();
+        loop {
+            let listed: Option<Value> = match reqwest::Client::new()
+                .get(&url)
+                .query(&[("active", "true"), ("filter", filter.as_str())])
+                .send()
+                .await
+            {
+                Ok(r) => r.json().await.ok(),
+                Err(_) => None,
+            };
+            if listed.is_some_and(|l| l.as_array().is_some_and(|a| !a.is_empty())) {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "Alertmanager never listed {name}:\n{}",
+                self.process.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Posts a gate alert to Alertmanager's API; `resolved` sets endsAt in the past.

@@ -178,7 +178,7 @@ impl Site {
 
         let port = free_port();
         let pushgateway = Pushgateway::start().await;
-        let am_port = free_port();
+        let am_port = ground.prom.alertmanager_port;
         let alertmanager = Alertmanager::with_config(
             &alertmanager_config(
                 &format!("https://127.0.0.1:{port}/v1/alerts"),
@@ -188,6 +188,8 @@ impl Site {
             am_port,
         )
         .await;
+        // A site's monitoring works: the ground's Prometheus has sent its watchdog here.
+        alertmanager.wait_lists("Watchdog").await;
 
         let (amqp, postgres) = match site.get("queue").and_then(|q| q.get("backend")) {
             Some(b) if b.as_str() == Some("amqp") => {
