@@ -114,10 +114,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         )));
     }
     let notifier: Arc<dyn Notifier> = Arc::new(Fanout(sinks));
-    let mut executors = Executors {
-        gate: Some(Arc::new(GateStep::new(gate.clone()))),
-        ..Executors::default()
-    };
+    let mut executors = Executors::default();
     let mut upgrades = UpgradeExecutors {
         quiet_period: Some(Arc::new(QuietPeriodStep(gate.clone()))),
         ..UpgradeExecutors::default()
@@ -162,10 +159,6 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
                 upgrades.steps = Some(steps as Arc<dyn StepExecutor>);
                 executors =
                     executors.with(crate::workflows::node_reboot::step::NODE_REBOOT, reboots);
-                executors.gate = Some(Arc::new(
-                    GateStep::new(gate.clone())
-                        .with_breaker(cluster.clone(), settings.cluster.unhealthy_limit),
-                ));
                 (Some(cluster), etcd, Some(node_reboots))
             }
             None => {
@@ -175,6 +168,11 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
                 (None, None, None)
             }
         };
+    let gate_step = GateStep::new(gate.clone());
+    executors.gate = Some(Arc::new(match &cluster {
+        Some(cluster) => gate_step.with_breaker(cluster.clone(), settings.cluster.unhealthy_limit),
+        None => gate_step,
+    }));
     let mut peers: Vec<Arc<dyn crate::ports::FleetPeer>> = Vec::new();
     for (i, upstream) in settings.workflows.fleet.upstreams.iter().enumerate() {
         let peer = crate::adapters::fleet_peer::HttpFleetPeer::new(

@@ -81,21 +81,14 @@ pub fn guards_nodes(run: &Run, index: usize) -> bool {
             .any(|s| s.kind.is_drain() && s.status == StepStatus::Pending)
 }
 
-/// The nodes `run` has in hand, which the breaker does not count: those with a step of its
-/// own under way or waiting (a batch's cycles, a soak), or left behind failed (cordoned
-/// within the failure budget). A gate names the node it comes before, which is not yet
-/// in hand.
+/// The nodes `run` has in hand, which the breaker does not count: those of its steps in
+/// hand (a batch's cycles, a soak) and the workers it left behind, cordoned within the
+/// failure budget. A gate names the node it comes before, which is not yet in hand.
 pub fn in_hand(run: &Run) -> BTreeSet<&str> {
-    run.steps
-        .iter()
+    run.steps_in_hand()
         .filter(|s| !s.kind.is_gate())
-        .filter(|s| {
-            matches!(
-                s.status,
-                StepStatus::Running | StepStatus::Waiting | StepStatus::Failed
-            )
-        })
         .filter_map(|s| s.kind.node())
+        .chain(run.workers_left_behind())
         .collect()
 }
 

@@ -225,9 +225,10 @@ impl Gate {
             }
         };
         let groups = async {
-            match rules.rule_group.is_empty() {
-                true => None,
-                false => Some(prometheus.rule_groups().await),
+            if rules.rule_group.is_empty() {
+                None
+            } else {
+                Some(prometheus.rule_groups().await)
             }
         };
         let (watchdog_in_prometheus, watchdog_in_alertmanager, rule_groups) =
@@ -254,7 +255,8 @@ impl Gate {
             seen.rule_groups = None;
         }
         let sight = sight::judge(&self.settings.sight, &seen);
-        let blind = [
+        let reasons: Vec<String> = [
+            gate::unreadable(&prom, &am),
             board_error
                 .as_ref()
                 .map(|e| format!("the alert board cannot be read: {e}")),
@@ -262,12 +264,8 @@ impl Gate {
         ]
         .into_iter()
         .flatten()
-        .collect::<Vec<_>>();
-        let blind = (!blind.is_empty()).then(|| blind.join("; "));
-        let unreadable = match (gate::unreadable(&prom, &am), &blind) {
-            (Some(a), Some(b)) => Some(format!("{a}; {b}")),
-            (a, b) => a.or_else(|| b.clone()),
-        };
+        .collect();
+        let unreadable = (!reasons.is_empty()).then(|| reasons.join("; "));
         let mut verdict = gate::evaluate(&prom, &am, now, &self.policy);
         if let Some(reason) = &unreadable
             && verdict.is_open()

@@ -194,37 +194,21 @@ impl Prometheus {
 
     async fn wait_loaded(&self, loads: Loads) {
         self.wait_ready().await;
-        if !loads.watchdog {
-            return;
-        }
-        let url = format!("{}/api/v1/query", self.url());
-        let start = Instant::now();
-        loop {
-            let answer: Option<Value> = match reqwest::Client::new()
-                .get(&url)
-                .query(&[(
+        if loads.watchdog {
+            wait_json(
+                &format!("{}/api/v1/query", self.url()),
+                &[(
                     "query",
                     r#"ALERTS{alertname="Watchdog",alertstate="firing"}"#,
-                )])
-                .send()
-                .await
-            {
-                Ok(r) => r.json().await.ok(),
-                Err(_) => None,
-            };
-            if answer.is_some_and(|a| {
-                a["data"]["result"]
-                    .as_array()
-                    .is_some_and(|r| !r.is_empty())
-            }) {
-                return;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "the watchdog did not fire:\n{}",
-                self.process.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
+                )],
+                ("the watchdog to fire", &self.process),
+                |a| {
+                    a["data"]["result"]
+                        .as_array()
+                        .is_some_and(|r| !r.is_empty())
+                },
+            )
+            .await;
         }
     }
 
@@ -239,6 +223,33 @@ impl Prometheus {
             &self.process,
         )
         .await;
+    }
+}
+
+/// Polls `GET url?query` every 50 ms until its JSON answer meets `done`; after 30 s fails
+/// naming `what`, with `process`'s log.
+async fn wait_json(
+    url: &str,
+    query: &[(&str, &str)],
+    (what, process): (&str, &Process),
+    done: impl Fn(&Value) -> bool,
+) {
+    let start = Instant::now();
+    loop {
+        let answer: Option<Value> = match reqwest::Client::new().get(url).query(query).send().await
+        {
+            Ok(r) => r.json().await.ok(),
+            Err(_) => None,
+        };
+        if answer.as_ref().is_some_and(&done) {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "timed out waiting for {what}:\n{}",
+            process.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -330,29 +341,14 @@ impl Alertmanager {
     /// Waits until it lists an active alert called `name`: the watchdog, once the
     /// Prometheus that alerts to it has sent it.
     pub async fn wait_lists(&self, name: &str) {
-        let url = format!("http://127.0.0.1:{}/api/v2/alerts", self.port);
         let filter = format!("alertname={name:?}");
-        let start = Instant::now();
-        loop {
-            let listed: Option<Value> = match reqwest::Client::new()
-                .get(&url)
-                .query(&[("active", "true"), ("filter", filter.as_str())])
-                .send()
-                .await
-            {
-                Ok(r) => r.json().await.ok(),
-                Err(_) => None,
-            };
-            if listed.is_some_and(|l| l.as_array().is_some_and(|a| !a.is_empty())) {
-                return;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "Alertmanager never listed {name}:\n{}",
-                self.process.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_json(
+            &format!("http://127.0.0.1:{}/api/v2/alerts", self.port),
+            &[("active", "true"), ("filter", filter.as_str())],
+            (&format!("Alertmanager to list {name}"), &self.process),
+            |l| l.as_array().is_some_and(|a| !a.is_empty()),
+        )
+        .await;
     }
 
     /// Posts a gate alert to Alertmanager's API; `resolved` sets endsAt in the past.
