@@ -141,6 +141,7 @@ async fn planned_run(kube: &Kube) -> Run {
         etcd_max_lag: 1000,
         reboot_after_upgrade: false,
         distribution: Default::default(),
+        judge_batches: false,
     };
     let plan = k8s_upgrade::plan(&request(), &facts, None, &settings).expect("plan");
     let mut run = rollgate::workflows::k8s_upgrade::plan::new_run(

@@ -34,6 +34,7 @@ use crate::queue::amqp::AmqpQueue;
 use crate::queue::embedded::EmbeddedQueue;
 use crate::store::Store;
 use crate::worker::{Worker, WorkerPolicy};
+use crate::workflows::analysis::AnalysisStep;
 use crate::workflows::control_plane_cycle::{ControlPlaneCycle, ControlPlaneSettings};
 use crate::workflows::etcd_roll::intake::RollIntake;
 use crate::workflows::etcd_roll::roll_watch::{WatchTarget, WatchedRoll};
@@ -93,7 +94,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     let alertmanager = alertmanager_api.clone().map(|a| a as Arc<dyn AlertSource>);
     let gate = Arc::new(
         Gate::new(
-            prometheus,
+            prometheus.clone(),
             store.clone(),
             metrics.clone(),
             (&settings.gate).into(),
@@ -151,9 +152,11 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         kube
     };
     let silences = alertmanager_api.map(|a| a as Arc<dyn Silences>);
+    let mut drains: Option<Arc<dyn crate::ports::NodeDrain>> = None;
     let (cluster, etcd, node_reboots) =
         match build_upgrade_steps(&settings, kube, silences, events, metrics.clone()).await? {
             Some((steps, reboots, cluster)) => {
+                drains = Some(steps.cycle.nodes.clone());
                 let etcd = steps.control_planes.etcd.clone();
                 let node_reboots = reboots.reboots.clone();
                 upgrades.steps = Some(steps as Arc<dyn StepExecutor>);
@@ -168,6 +171,13 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
                 (None, None, None)
             }
         };
+    executors.analysis = Some(Arc::new(AnalysisStep::new(
+        prometheus.clone(),
+        settings.gate.analysis.iter().map(|a| a.rule()).collect(),
+        drains,
+        settings.gate.poll_interval,
+        &metrics,
+    )));
     let gate_step = GateStep::new(gate.clone());
     executors.gate = Some(Arc::new(match &cluster {
         Some(cluster) => gate_step.with_breaker(cluster.clone(), settings.cluster.unhealthy_limit),
@@ -583,6 +593,7 @@ pub fn plan_settings(settings: &Settings) -> PlanSettings {
         etcd_max_lag: settings.etcd.max_lag,
         reboot_after_upgrade: settings.workflows.reboot.after_upgrade == AfterUpgrade::IfRequired,
         distribution: settings.cluster.distribution,
+        judge_batches: !settings.gate.analysis.is_empty(),
     }
 }
 

@@ -37,6 +37,8 @@ pub trait StepExecutor: Send + Sync {
 pub struct Executors {
     /// The gate steps of every run kind.
     pub gate: Option<Arc<dyn StepExecutor>>,
+    /// The batch analyses of every run kind (`gate.analysis`).
+    pub analysis: Option<Arc<dyn StepExecutor>>,
     /// Every other step, by the kind of run it belongs to.
     pub by_kind: HashMap<RunKind, Arc<dyn StepExecutor>>,
 }
@@ -52,6 +54,8 @@ impl Executors {
     pub fn get(&self, step: &Step) -> Option<Arc<dyn StepExecutor>> {
         let executor = if step.kind.is_gate() {
             self.gate.as_ref()
+        } else if step.kind.is_analysis() {
+            self.analysis.as_ref()
         } else {
             self.by_kind.get(&step.kind.run_kind())
         };
@@ -66,6 +70,15 @@ pub trait MetricsSource: Send + Sync {
     async fn query(&self, promql: &str) -> PromReading;
     /// The names of the alerting rule groups it has loaded, or why they cannot be read.
     async fn rule_groups(&self) -> Result<Vec<String>, String>;
+    /// The series `promql` returns from `start` to `end`, a point every `step`, or why
+    /// there is no usable answer (an error, a partial answer, not a range vector).
+    async fn query_range(
+        &self,
+        promql: &str,
+        start: chrono::DateTime<chrono::Utc>,
+        end: chrono::DateTime<chrono::Utc>,
+        step: std::time::Duration,
+    ) -> Result<Vec<crate::domain::analysis::RangeSeries>, String>;
 }
 
 /// Alertmanager's own view of the alerts, pulled at every gate evaluation.

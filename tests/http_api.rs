@@ -756,6 +756,53 @@ async fn check_config_reports_every_bad_value_at_once() {
     ] {
         assert!(text.contains(line), "{line}: {text}");
     }
+    // Batch analyses: each named with what it judges by; a bad one names its key.
+    let analyses = dir.path().join("analyses.toml");
+    std::fs::write(
+        &analyses,
+        "[gate]\nprometheus_url = \"http://prometheus:9090\"\n\
+         [[gate.analysis]]\nname = \"latency-p99\"\nquery = \"max by (node) (latency)\"\n\
+         [[gate.analysis]]\nname = \"free-memory\"\nquery = \"min by (node) (free)\"\n\
+         direction = \"decrease\"\ntolerance = 1.5\nwindow = \"5m\"\non_fail = \"cordon\"\n",
+    )
+    .unwrap();
+    let judged = std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
+        .arg("--config")
+        .arg(&analyses)
+        .arg("check-config")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&judged.stdout);
+    assert!(
+        judged.status.success(),
+        "{}",
+        String::from_utf8_lossy(&judged.stderr)
+    );
+    assert!(
+        text.contains(
+            "analyses    latency-p99 (an increase past 1.2x is bad, window 10m); free-memory (a decrease past 1.5x is bad, window 5m, a failed batch cordoned)"
+        ),
+        "{text}"
+    );
+    std::fs::write(
+        &analyses,
+        "[[gate.analysis]]\nname = \"latency\"\nquery = \"up\"\ntolerance = 0.8\n",
+    )
+    .unwrap();
+    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
+        .arg("--config")
+        .arg(&analyses)
+        .arg("check-config")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert_eq!(bad.status.code(), Some(2), "{err}");
+    for want in [
+        "gate.analysis[0].tolerance: 0.8 must be a ratio above 1",
+        "gate.analysis: batch analyses read Prometheus: set gate.prometheus_url",
+    ] {
+        assert!(err.contains(want), "{want} not in:\n{err}");
+    }
     // A watch with no cluster to watch it in is named, not silently dropped.
     let unwatched = std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
         .arg("check-config")

@@ -16,22 +16,6 @@ fn step<'a>(run: &'a Value, label: &str) -> &'a Value {
     find_step(run, label).unwrap_or_else(|| panic!("no step {label} in {run}"))
 }
 
-/// The workers of each batch, in plan order: the lanes between a workers' gate and soak.
-fn batches(run: &Value) -> Vec<Vec<String>> {
-    let mut out: Vec<Vec<String>> = Vec::new();
-    for s in run["steps"].as_array().unwrap() {
-        match (s["stage"].as_str(), s["name"].as_str()) {
-            (Some("workers"), Some("gate")) => out.push(Vec::new()),
-            (Some("workers"), Some("drain")) => out
-                .last_mut()
-                .expect("a drain after its batch's gate")
-                .push(s["node"].as_str().unwrap().to_owned()),
-            _ => {}
-        }
-    }
-    out
-}
-
 fn cordoned(ground: &Ground, node: &str) -> bool {
     ground.api.node(node)["spec"]["unschedulable"] == json!(true)
 }
@@ -90,7 +74,7 @@ async fn a_batch_of_four_works_its_workers_together_by_the_nodes_own_logs() {
     let (most, _) = ground.most_workers_cordoned_at_once();
     assert_eq!(most, 4, "never more than max_unavailable out at once");
 
-    let batches = batches(&run);
+    let batches = support::worker_batches(&run);
     assert_eq!(batches.len(), 3, "{batches:?}");
     for batch in &batches {
         assert_eq!(batch.len(), 4, "{batches:?}");
@@ -468,13 +452,13 @@ async fn too_many_nodes_not_ready_hold_the_next_batch_naming_the_count() {
     let id = rg.detect("1.34.5", "patch").await;
     let run = rg
         .wait_run_until(&id, "the first batch in hand", RUN_DEADLINE, |r| {
-            let plan = batches(r);
+            let plan = support::worker_batches(r);
             plan.first().and_then(|b| b.first()).is_some_and(|first| {
                 step(r, &format!("workers/drain@{first}"))["status"] != "pending"
             })
         })
         .await;
-    let plan = batches(&run);
+    let plan = support::worker_batches(&run);
     assert_eq!(plan.len(), 3, "{plan:?}");
     let sick: Vec<&str> = plan[2].iter().take(3).map(String::as_str).collect();
     for node in &sick {

@@ -112,7 +112,9 @@ fn the_rules_scale_by_one_factor() {
 
 #[tokio::test]
 async fn a_healthy_upgrade_of_one_control_plane_and_six_workers_closes_no_gate_of_its_own() {
-    let r = Rehearsal::start_alone("1.34.2", 6).await;
+    // Batch analyses on (at their defaults, the window scaled): judging the batches adds
+    // no gate of its own either.
+    let r = Rehearsal::start_judged_alone("1.34.2", 6).await;
     // w3's node script takes a while (a slow mirror), as a real one does: rollgate has
     // the node in hand long enough to see what the inhibition does there.
     r.ground.node("w3").slow_kubeadm(4);
@@ -159,6 +161,29 @@ async fn a_healthy_upgrade_of_one_control_plane_and_six_workers_closes_no_gate_o
     r.ground.assert_all_at("1.34.5");
     r.ground.assert_drained_once();
     assert_no_gate_of_its_own(&r, &run, window).await;
+    // One worker a batch, min_samples 3: the first two batches wait for a third; from
+    // then on each batch is judged with the two before it, and every judgement passes.
+    let said = |text: &str| {
+        run["history"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|t| t["reason"].as_str().is_some_and(|r| r.contains(text)))
+            .count()
+    };
+    assert_eq!(said("analysis latency-p99 pass"), 4, "{run}");
+    assert_eq!(said("analysis latency-p99 inconclusive"), 0, "{run}");
+    let not_yet = run["steps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| {
+            s["outcome"]
+                .as_str()
+                .is_some_and(|o| o.starts_with("not judged yet"))
+        })
+        .count();
+    assert_eq!(not_yet, 2, "{run}");
     // The node in hand was exported and its inhibition source fired for real nodes.
     let in_hand = label_values(
         &r,

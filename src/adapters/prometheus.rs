@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use super::http_client::HttpSource;
 use crate::config::GateSettings;
+use crate::domain::analysis::RangeSeries;
 use crate::domain::gate::{PromReading, PromSeries};
 use crate::ports::MetricsSource;
 
@@ -55,34 +56,41 @@ struct Answer {
     warnings: Vec<String>,
 }
 
-/// What an answer (HTTP `status`, `body`) to `promql` says. Only a complete instant
-/// vector is a reading: an error, a body that is not Prometheus' JSON, or a partial
-/// answer (with `warnings`) is a failure, so the gate is unknown rather than open.
-fn read_answer(promql: &str, status: u16, body: &[u8]) -> PromReading {
-    let answer: Answer = match serde_json::from_slice(body) {
-        Ok(a) => a,
-        Err(_) => {
-            let text: String = String::from_utf8_lossy(body).chars().take(120).collect();
-            return PromReading::Failed(format!(
-                "Prometheus query failed: HTTP {status}, and the answer is not Prometheus' JSON: {text:?}"
-            ));
-        }
-    };
+/// The data of an answer (HTTP `status`, `body`) from Prometheus' query API, for `what`
+/// failed (`Prometheus query failed`): an error, a body that is not Prometheus' JSON, or a
+/// partial answer (with `warnings`) is a failure, so that the gate is unknown rather than
+/// open and an analysis inconclusive rather than passed.
+fn read_data(
+    what: &str,
+    status: u16,
+    body: &[u8],
+) -> Result<Option<prometheus_http_query::response::Data>, String> {
+    let answer: Answer = serde_json::from_slice(body).map_err(|_| {
+        let text: String = String::from_utf8_lossy(body).chars().take(120).collect();
+        format!("{what}: HTTP {status}, and the answer is not Prometheus' JSON: {text:?}")
+    })?;
     if answer.status != "success" {
-        return PromReading::Failed(format!(
-            "Prometheus query failed: HTTP {status}: {}: {}",
+        return Err(format!(
+            "{what}: HTTP {status}: {}: {}",
             answer.error_type.unwrap_or_default(),
             answer.error.unwrap_or_default()
         ));
     }
     if !answer.warnings.is_empty() {
-        return PromReading::Failed(format!(
-            "Prometheus query failed: the answer is partial, with warnings: {}",
+        return Err(format!(
+            "{what}: the answer is partial, with warnings: {}",
             answer.warnings.join("; ")
         ));
     }
-    match answer.data {
-        Some(prometheus_http_query::response::Data::Vector(vector)) => PromReading::Series(
+    Ok(answer.data)
+}
+
+/// What an answer (HTTP `status`, `body`) to `promql` says. Only a complete instant
+/// vector is a reading.
+fn read_answer(promql: &str, status: u16, body: &[u8]) -> PromReading {
+    match read_data("Prometheus query failed", status, body) {
+        Err(e) => PromReading::Failed(e),
+        Ok(Some(prometheus_http_query::response::Data::Vector(vector))) => PromReading::Series(
             vector
                 .iter()
                 .map(|v| PromSeries {
@@ -94,8 +102,30 @@ fn read_answer(promql: &str, status: u16, body: &[u8]) -> PromReading {
                 })
                 .collect(),
         ),
-        _ => PromReading::Failed(format!(
+        Ok(_) => PromReading::Failed(format!(
             "the query {promql:?} must return an instant vector"
+        )),
+    }
+}
+
+/// What an answer (HTTP `status`, `body`) to the range query `promql` says: its series,
+/// each value as a number (Prometheus writes them as strings). Only a complete range
+/// vector is a reading.
+fn read_range(promql: &str, status: u16, body: &[u8]) -> Result<Vec<RangeSeries>, String> {
+    match read_data("Prometheus range query failed", status, body)? {
+        Some(prometheus_http_query::response::Data::Matrix(matrix)) => Ok(matrix
+            .iter()
+            .map(|m| RangeSeries {
+                labels: m
+                    .metric()
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+                values: m.samples().iter().map(|s| s.value()).collect(),
+            })
+            .collect()),
+        _ => Err(format!(
+            "the query {promql:?} must return a range vector (one series per node)"
         )),
     }
 }
@@ -135,6 +165,35 @@ fn read_rule_groups(status: u16, body: &[u8]) -> Result<Vec<String>, String> {
 
 #[async_trait::async_trait]
 impl MetricsSource for Prometheus {
+    async fn query_range(
+        &self,
+        promql: &str,
+        start: chrono::DateTime<chrono::Utc>,
+        end: chrono::DateTime<chrono::Utc>,
+        step: std::time::Duration,
+    ) -> Result<Vec<RangeSeries>, String> {
+        let response = self
+            .client
+            .query_range(
+                promql,
+                start.timestamp(),
+                end.timestamp(),
+                step.as_secs_f64().max(0.001),
+            )
+            .timeout(self.timeout_ms)
+            .get_raw()
+            .await
+            .map_err(|e| format!("Prometheus range query failed: {}", crate::error_chain(&e)))?;
+        let status = response.status().as_u16();
+        let body = response.bytes().await.map_err(|e| {
+            format!(
+                "Prometheus range query failed: reading its answer: {}",
+                crate::error_chain(&e)
+            )
+        })?;
+        read_range(promql, status, &body)
+    }
+
     async fn rule_groups(&self) -> Result<Vec<String>, String> {
         let response = self
             .client
@@ -183,6 +242,39 @@ impl MetricsSource for Prometheus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_complete_range_vector_is_a_range_reading() {
+        let matrix = r#"{"status":"success","data":{"resultType":"matrix","result":[{"metric":{"node":"w1"},"values":[[1,"0.5"],[2,"0.25"]]}]}}"#;
+        let got = read_range("q", 200, matrix.as_bytes()).expect("a reading");
+        assert_eq!(got[0].labels["node"], "w1");
+        assert_eq!(got[0].values, vec![0.5, 0.25]);
+        // (status, body, what the failure says)
+        let cases = [
+            (
+                200,
+                r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#,
+                "must return a range vector",
+            ),
+            (
+                400,
+                r#"{"status":"error","errorType":"bad_data","error":"parse error"}"#,
+                "bad_data: parse error",
+            ),
+            (
+                200,
+                r#"{"status":"success","warnings":["shard down"],"data":{"resultType":"matrix","result":[]}}"#,
+                "partial",
+            ),
+            (502, "Bad Gateway", "not Prometheus' JSON"),
+        ];
+        for (status, body, says) in cases {
+            match read_range("q", status, body.as_bytes()) {
+                Err(e) => assert!(e.contains(says), "{body}: {e}"),
+                Ok(s) => panic!("{body}: read as {s:?}"),
+            }
+        }
+    }
 
     #[test]
     fn only_a_complete_instant_vector_is_a_reading() {

@@ -574,6 +574,32 @@ pub fn run(cli: Cli) -> ExitCode {
                      rules, or whose alerts never reach Alertmanager, reads nothing and opens"
                 );
             }
+            let analyses = if gate.analysis.is_empty() {
+                "none (batches are not judged)".to_owned()
+            } else {
+                gate.analysis
+                    .iter()
+                    .map(|a| {
+                        format!(
+                            "{} ({} past {}x is bad, window {}{})",
+                            a.name,
+                            match a.direction {
+                                crate::domain::analysis::Direction::Increase => "an increase",
+                                crate::domain::analysis::Direction::Decrease => "a decrease",
+                            },
+                            a.tolerance,
+                            humantime::format_duration(a.window),
+                            if a.on_fail == crate::domain::analysis::OnFail::Cordon {
+                                ", a failed batch cordoned"
+                            } else {
+                                ""
+                            }
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            };
+            println!("  analyses    {analyses}");
             println!(
                 "  workers     {} at a time (cluster.max_unavailable); none taken while more \
                  than {} of the nodes are NotReady (cluster.unhealthy_limit)",

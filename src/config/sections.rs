@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::values::{self, Problems, host_list, matcher_list, string_list};
+use crate::domain::analysis::{AnalysisRule, OnFail};
 use crate::domain::gate::Matcher;
 use crate::domain::run::FailurePolicy;
 use crate::domain::scope::Scope;
@@ -371,6 +372,127 @@ pub struct GateSettings {
     #[serde(with = "humantime_serde")]
     #[schemars(schema_with = "crate::config::schema::duration")]
     pub self_silence_tail: Duration,
+    /// Batch analyses (default: none). With any, each batch of workers is judged after its
+    /// soak against the workers beside it, before the next batch's gate. TOML:
+    /// `[[gate.analysis]]` tables.
+    pub analysis: Vec<AnalysisSettings>,
+}
+
+/// One batch analysis (`[[gate.analysis]]`): after each batch's soak, the batch's change
+/// of a per-node figure is compared with the change on the workers not yet touched (the
+/// last batch: the workers done before it), by a one-sided Mann–Whitney U test and the
+/// ratio of the two groups' median changes.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AnalysisSettings {
+    /// Its name, in verdicts, the history and the metrics (letters, digits, `_` and `-`).
+    pub name: String,
+    /// PromQL returning one series per node, labelled `node` (e.g.
+    /// `histogram_quantile(0.99, sum by (node, le) (rate(http_request_duration_seconds_bucket[1m])))`,
+    /// or a join onto `kube_pod_info` the operator writes). Read as a range over each
+    /// window; a node's figure is the median of its points.
+    pub query: String,
+    /// Which change is bad: `increase` (default: latency, restarts, memory) or
+    /// `decrease` (throughput, free memory).
+    #[serde(default = "AnalysisSettings::default_direction")]
+    pub direction: crate::domain::analysis::Direction,
+    /// The largest ratio of the batch's median change to the baseline's that passes
+    /// (default 1.2: 20 % worse); above 1.
+    #[serde(default = "AnalysisSettings::default_tolerance")]
+    pub tolerance: f64,
+    /// The fewest nodes with data each group needs, else the verdict is inconclusive
+    /// (default 3).
+    #[serde(default = "AnalysisSettings::default_min_samples")]
+    pub min_samples: usize,
+    /// How long each window is: before the batch was taken, and after it came back
+    /// (default `10m`). The batch is judged no sooner than this after its soak began.
+    #[serde(default = "AnalysisSettings::default_window", with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::schema::duration")]
+    pub window: Duration,
+    /// The largest one-sided p-value that counts as a difference (default 0.05).
+    #[serde(default = "AnalysisSettings::default_significance")]
+    pub significance: f64,
+    /// `halt` (default) or `cordon`: what a fail does to the batch besides halting.
+    #[serde(default = "AnalysisSettings::default_on_fail")]
+    pub on_fail: OnFail,
+}
+
+impl AnalysisSettings {
+    fn default_direction() -> crate::domain::analysis::Direction {
+        crate::domain::analysis::Direction::Increase
+    }
+    fn default_tolerance() -> f64 {
+        1.2
+    }
+    fn default_min_samples() -> usize {
+        3
+    }
+    fn default_window() -> Duration {
+        Duration::from_secs(600)
+    }
+    fn default_significance() -> f64 {
+        0.05
+    }
+    fn default_on_fail() -> OnFail {
+        OnFail::Halt
+    }
+
+    /// The analysis as the analysis step judges by it.
+    pub fn rule(&self) -> AnalysisRule {
+        AnalysisRule {
+            name: self.name.clone(),
+            query: self.query.clone(),
+            criteria: crate::domain::analysis::Criteria {
+                direction: self.direction,
+                tolerance: self.tolerance,
+                min_samples: self.min_samples,
+                significance: self.significance,
+            },
+            window: self.window,
+            on_fail: self.on_fail,
+        }
+    }
+
+    fn check(&self, key: &str, p: &mut Problems) {
+        let valid_name = !self.name.is_empty()
+            && self.name.len() <= 63
+            && self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !valid_name {
+            p.add(
+                &format!("{key}.name"),
+                format!("{:?} must be 1-63 letters, digits, '_' and '-'", self.name),
+            );
+        }
+        if self.query.trim().is_empty() {
+            p.add(
+                &format!("{key}.query"),
+                "a PromQL query returning one series per node, labelled node, is needed",
+            );
+        }
+        if !(self.tolerance.is_finite() && self.tolerance > 1.0 && self.tolerance <= 100.0) {
+            p.add(
+                &format!("{key}.tolerance"),
+                format!(
+                    "{} must be a ratio above 1 (1.2 lets the batch be 20 % worse), at most 100",
+                    self.tolerance
+                ),
+            );
+        }
+        if !(self.significance > 0.0 && self.significance <= 0.5) {
+            p.add(
+                &format!("{key}.significance"),
+                format!(
+                    "{} must be a p-value above 0 and at most 0.5 (e.g. 0.05)",
+                    self.significance
+                ),
+            );
+        }
+        p.range(&format!("{key}.min_samples"), self.min_samples, 1, 10_000);
+        p.duration(&format!("{key}.window"), self.window, 1000, 7 * 86_400_000);
+    }
 }
 
 impl Default for GateSettings {
@@ -401,6 +523,7 @@ impl Default for GateSettings {
             self_silences: Vec::new(),
             self_silence_ttl: Duration::from_secs(600),
             self_silence_tail: Duration::from_secs(120),
+            analysis: Vec::new(),
         }
     }
 }
@@ -514,6 +637,23 @@ impl GateSettings {
             p.add(
                 "alertmanager_basic_auth_user",
                 "basic auth needs both gate.alertmanager_basic_auth_user and gate.alertmanager_basic_auth_password_file",
+            );
+        }
+        let mut names = BTreeSet::new();
+        for (i, analysis) in self.analysis.iter().enumerate() {
+            let key = format!("analysis[{i}]");
+            analysis.check(&key, p);
+            if !names.insert(analysis.name.as_str()) {
+                p.add(
+                    &format!("{key}.name"),
+                    format!("{:?} names two analyses", analysis.name),
+                );
+            }
+        }
+        if !self.analysis.is_empty() && self.prometheus_url.is_none() {
+            p.add(
+                "analysis",
+                "batch analyses read Prometheus: set gate.prometheus_url",
             );
         }
         if let Err(e) = crate::domain::self_silence::check_templates(&self.self_silences) {

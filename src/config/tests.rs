@@ -282,3 +282,97 @@ fn a_banner_is_one_short_line() {
         }
     }
 }
+
+#[test]
+fn batch_analyses_are_read_from_tables_with_their_defaults_and_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rollgate.toml");
+    std::fs::write(
+        &path,
+        r#"
+[gate]
+prometheus_url = "http://prometheus:9090"
+[[gate.analysis]]
+name = "latency-p99"
+query = "max by (node) (node_latency_p99_seconds)"
+[[gate.analysis]]
+name = "free-memory"
+query = "min by (node) (node_memory_MemAvailable_bytes)"
+direction = "decrease"
+tolerance = 1.5
+min_samples = 4
+window = "5m"
+significance = 0.01
+on_fail = "cordon"
+"#,
+    )
+    .unwrap();
+    let s = Settings::load_from(Some(&path), env(&[])).unwrap();
+    let [latency, memory] = s.gate.analysis.as_slice() else {
+        panic!("{:?}", s.gate.analysis);
+    };
+    let rule = latency.rule();
+    assert_eq!(rule.name, "latency-p99");
+    assert_eq!(
+        rule.criteria.direction,
+        crate::domain::analysis::Direction::Increase
+    );
+    assert_eq!(rule.criteria.tolerance, 1.2);
+    assert_eq!(rule.criteria.min_samples, 3);
+    assert_eq!(rule.criteria.significance, 0.05);
+    assert_eq!(rule.window, Duration::from_secs(600));
+    assert_eq!(rule.on_fail, crate::domain::analysis::OnFail::Halt);
+    let rule = memory.rule();
+    assert_eq!(
+        rule.criteria.direction,
+        crate::domain::analysis::Direction::Decrease
+    );
+    assert_eq!(
+        (rule.criteria.tolerance, rule.criteria.min_samples),
+        (1.5, 4)
+    );
+    assert_eq!(rule.window, Duration::from_secs(300));
+    assert_eq!(rule.on_fail, crate::domain::analysis::OnFail::Cordon);
+
+    // Every bad value is named by its key; nothing is accepted half.
+    std::fs::write(
+        &path,
+        r#"
+[[gate.analysis]]
+name = "has space"
+query = " "
+tolerance = 0.9
+min_samples = 0
+window = "10ms"
+significance = 0.7
+[[gate.analysis]]
+name = "twice"
+query = "up"
+[[gate.analysis]]
+name = "twice"
+query = "up"
+"#,
+    )
+    .unwrap();
+    let err = Settings::load_from(Some(&path), env(&[])).unwrap_err();
+    let keys: BTreeSet<_> = err.0.iter().map(|p| p.key.as_str()).collect();
+    for key in [
+        "gate.analysis[0].name",
+        "gate.analysis[0].query",
+        "gate.analysis[0].tolerance",
+        "gate.analysis[0].min_samples",
+        "gate.analysis[0].window",
+        "gate.analysis[0].significance",
+        "gate.analysis[2].name",
+        "gate.analysis",
+    ] {
+        assert!(keys.contains(key), "{key} not reported in {err}");
+    }
+    std::fs::write(
+        &path,
+        "[[gate.analysis]]\nname = \"x\"\nquery = \"up\"\nthreshold = 3\n",
+    )
+    .unwrap();
+    let err = Settings::load_from(Some(&path), env(&[])).unwrap_err();
+    assert!(err.to_string().contains("threshold"), "{err}");
+}

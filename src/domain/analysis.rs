@@ -24,6 +24,7 @@
 //!   counts when both its figures are finite) makes the verdict inconclusive.
 
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::fmt;
 
 /// The most pairs (canary nodes × baseline nodes) for which the exact distribution of U
@@ -31,7 +32,9 @@ use std::fmt;
 pub const EXACT_LIMIT: usize = 2_500;
 
 /// Which change of the figure is bad.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Direction {
     /// A rise is bad (latency, restarts, memory).
@@ -55,6 +58,35 @@ pub struct Criteria {
     pub significance: f64,
 }
 
+/// What a failed batch analysis does to the batch besides halting the run.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum OnFail {
+    /// The batch stays as it is, uncordoned (default).
+    Halt,
+    /// The batch's nodes are cordoned, so that new workloads keep off the regressed nodes.
+    /// rollgate never downgrades a node; a resume that judges the batch again and passes
+    /// uncordons them.
+    Cordon,
+}
+
+/// One analysis as the analysis step judges by it (`[[gate.analysis]]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AnalysisRule {
+    /// Its name.
+    pub name: String,
+    /// PromQL returning one series per node, labelled `node`.
+    pub query: String,
+    /// What the batch is judged by.
+    pub criteria: Criteria,
+    /// How long each window is.
+    pub window: std::time::Duration,
+    /// What a fail does to the batch besides halting.
+    pub on_fail: OnFail,
+}
+
 /// One node's figure over the window before the batch and over the window after it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Reading {
@@ -64,6 +96,57 @@ pub struct Reading {
     pub before: Option<f64>,
     /// Its figure after the batch's soak.
     pub after: Option<f64>,
+}
+
+/// One series of a range query: its labels, and its values in time order.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RangeSeries {
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+    /// Its values, in time order.
+    pub values: Vec<f64>,
+}
+
+/// The label that names a series' node.
+pub const NODE_LABEL: &str = "node";
+
+/// Each node's figure over a window: the median of every finite value of the series
+/// whose `node` label names it (a node with several series has their values pooled; a
+/// series without the label is not any node's). A node with fewer than `min_points`
+/// values has none: a series that stopped or began inside the window (a node that no
+/// longer reports) has not been seen over it, and a point or two from its edge must not
+/// pass for data.
+pub fn figures(series: &[RangeSeries], min_points: usize) -> BTreeMap<String, f64> {
+    let mut values: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for s in series {
+        if let Some(node) = s.labels.get(NODE_LABEL) {
+            values
+                .entry(node)
+                .or_default()
+                .extend(s.values.iter().copied().filter(|v| v.is_finite()));
+        }
+    }
+    values
+        .into_iter()
+        .filter(|(_, v)| !v.is_empty() && v.len() >= min_points)
+        .map(|(node, v)| (node.to_owned(), median(&v)))
+        .collect()
+}
+
+/// The readings of `nodes` from their figures before and after.
+pub fn readings(
+    nodes: &[String],
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+) -> Vec<Reading> {
+    nodes
+        .iter()
+        .map(|node| Reading {
+            node: node.clone(),
+            before: before.get(node).copied(),
+            after: after.get(node).copied(),
+        })
+        .collect()
 }
 
 /// Which group a reason names.
@@ -482,6 +565,40 @@ mod tests {
                 "erfc({x}) = {got}"
             );
         }
+    }
+
+    #[test]
+    fn a_node_figure_is_the_median_of_its_finite_values_pooled_across_its_series() {
+        let series = |labels: &[(&str, &str)], values: &[f64]| RangeSeries {
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            values: values.to_vec(),
+        };
+        let read = [
+            series(&[("node", "w1")], &[1.0, 3.0, 2.0]),
+            series(&[("node", "w2"), ("pod", "a")], &[10.0, f64::NAN]),
+            series(
+                &[("node", "w2"), ("pod", "b")],
+                &[20.0, f64::INFINITY, 30.0],
+            ),
+            series(&[("instance", "x")], &[99.0]),
+            series(&[("node", "w3")], &[f64::NAN]),
+            series(&[("node", "w4")], &[5.0, 6.0]),
+        ];
+        let want: BTreeMap<String, f64> =
+            [("w1".to_string(), 2.0), ("w2".to_string(), 20.0)].into();
+        assert_eq!(figures(&read, 3), want, "w4's two points are too few");
+        assert_eq!(figures(&read, 1).get("w4"), Some(&5.5));
+        let r = super::readings(
+            &["w1".to_string(), "w3".to_string()],
+            &want,
+            &BTreeMap::from([("w1".to_string(), 4.0)]),
+        );
+        assert_eq!(r[0].before, Some(2.0));
+        assert_eq!(r[0].after, Some(4.0));
+        assert_eq!((r[1].before, r[1].after), (None, None));
     }
 
     #[test]

@@ -78,6 +78,13 @@ pub enum StepOutcome {
         /// What went wrong.
         error: String,
     },
+    /// Found what must stop the run whatever its failure policy (a batch analysis that
+    /// failed): the step is failed, the run halts once the steps in hand have finished, and
+    /// a resume starts the step again.
+    Halt {
+        /// Why, in words; the run's reason.
+        reason: String,
+    },
     /// Done, and worth telling everyone: `note` also goes into the run's history, so that
     /// Slack, the Events and the log say it (a fleet wave promoting a version).
     Announced {
@@ -873,6 +880,13 @@ fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context)
                 ctx,
             )
         }
+        StepOutcome::Halt { reason } => {
+            step.status = StepStatus::Failed;
+            step.ended_at = Some(ctx.now);
+            step.outcome = Some(reason.clone());
+            run.in_hand.retain(|&i| i != index);
+            hold_when_idle(run, index, format!("step {label}: {reason}"), ctx)
+        }
         StepOutcome::Retry { error, .. } | StepOutcome::Failed { error } => {
             step.status = StepStatus::Failed;
             step.ended_at = Some(ctx.now);
@@ -1368,6 +1382,51 @@ mod tests {
                 run.reason.contains("gave up after 3 attempt(s): 429"),
                 "{}",
                 run.reason
+            );
+        }
+    }
+
+    #[test]
+    fn a_step_that_finds_a_halt_halts_under_either_policy_and_a_resume_asks_it_again() {
+        for policy in [FailurePolicy::Halt, FailurePolicy::Fail] {
+            let mut run = run_with(&["a", "b"]);
+            run.on_failure = policy;
+            script(
+                &mut run,
+                vec![
+                    (
+                        Input::Start,
+                        RunStatus::Running,
+                        Next::RunStep { index: 0, epoch: 1 },
+                    ),
+                    (
+                        Input::StepFinished {
+                            epoch: 1,
+                            outcome: StepOutcome::Halt {
+                                reason: "latency regressed".into(),
+                            },
+                        },
+                        RunStatus::Halted,
+                        Next::Nothing,
+                    ),
+                    (
+                        control(ControlAction::Resume),
+                        RunStatus::Running,
+                        Next::RunStep { index: 0, epoch: 3 },
+                    ),
+                ],
+            );
+            assert!(
+                run.history
+                    .iter()
+                    .any(|t| t.reason.contains("latency regressed")),
+                "{:?}",
+                run.history
+            );
+            assert_eq!(
+                run.steps[0].attempts, 1,
+                "fresh attempts: {:?}",
+                run.steps[0]
             );
         }
     }

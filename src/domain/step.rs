@@ -61,6 +61,9 @@ pub enum StepRole {
     Uncordon,
     /// The wait after a node or a batch is back.
     Soak,
+    /// Judges the batch just soaked against the nodes beside it (`gate.analysis`):
+    /// carried out by the analysis executor, whatever the run's kind.
+    Analysis,
     /// Anything else.
     Work,
 }

@@ -175,6 +175,11 @@ impl StepKind {
         self.step().role() == StepRole::Uncordon
     }
 
+    /// A batch analysis: judges the batch before it (`gate.analysis`).
+    pub fn is_analysis(&self) -> bool {
+        self.step().role() == StepRole::Analysis
+    }
+
     /// A gate step: the engine starts it only from the queue.
     pub fn is_gate(&self) -> bool {
         self.step().role() == StepRole::Gate

@@ -187,6 +187,12 @@ pub enum UpgradeStep {
         stage: Stage,
         node: String,
     },
+    /// With `gate.analysis`: after a batch's soak, judges the batch (whose last worker is
+    /// `node`) against the workers beside it.
+    Analysis {
+        /// The batch's last worker.
+        node: String,
+    },
     /// Stage 7: every node at the target and Ready.
     NodesAtTarget,
     /// Stage 7: enough pods Ready.
@@ -223,6 +229,7 @@ impl UpgradeStep {
             Self::Verify { .. } => "verify",
             Self::Uncordon { .. } => "uncordon",
             Self::Soak { .. } => "soak",
+            Self::Analysis { .. } => "analysis",
             Self::NodesAtTarget => "nodes-at-target",
             Self::PodReady => "pod-ready",
             Self::ClearInFlight => "clear-in-flight",
@@ -254,6 +261,7 @@ impl UpgradeStep {
             | Self::Reboot { stage, .. }
             | Self::Verify { stage, .. }
             | Self::Uncordon { stage, .. } => Some(*stage),
+            Self::Analysis { .. } => Some(Stage::Workers),
             Self::NodesAtTarget | Self::PodReady => Some(Stage::Postflight),
         }
     }
@@ -314,6 +322,7 @@ impl UpgradeStep {
             | Self::Verify { node, .. }
             | Self::Uncordon { node, .. }
             | Self::Soak { node, .. }
+            | Self::Analysis { node }
             | Self::ControlPlaneHealthy { node, .. }
             | Self::MoveLeader { node }
             | Self::Apply { node } => Some(node),
@@ -350,6 +359,7 @@ impl UpgradeStep {
             "healthy-after" => Some(|node| Self::ControlPlaneHealthy { node, after: true }),
             "move-leader" => Some(|node| Self::MoveLeader { node }),
             "apply" => Some(|node| Self::Apply { node }),
+            "analysis" => Some(|node| Self::Analysis { node }),
             _ => None,
         };
         let on_staged_node: Option<fn(Stage, String) -> Self> = match name {
@@ -436,6 +446,7 @@ impl WorkflowStep for UpgradeStep {
             Self::Drain { .. } => StepRole::Drain,
             Self::Uncordon { .. } => StepRole::Uncordon,
             Self::Soak { .. } => StepRole::Soak,
+            Self::Analysis { .. } => StepRole::Analysis,
             _ => StepRole::Work,
         }
     }

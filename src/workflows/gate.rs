@@ -552,6 +552,16 @@ mod tests {
         async fn rule_groups(&self) -> Result<Vec<String>, String> {
             Ok(Vec::new())
         }
+
+        async fn query_range(
+            &self,
+            _promql: &str,
+            _start: DateTime<Utc>,
+            _end: DateTime<Utc>,
+            _step: Duration,
+        ) -> Result<Vec<crate::domain::analysis::RangeSeries>, String> {
+            Ok(Vec::new())
+        }
     }
 
     fn gate(prometheus: Arc<Counting>) -> Gate {

@@ -2,6 +2,7 @@
 //! name) and reaches the world only through `ports`: what to do is decided in `domain`,
 //! done here, and talked to other systems by `adapters`, wired by `app`.
 
+pub mod analysis;
 pub mod control_plane_cycle;
 pub mod detect;
 pub mod etcd_roll;
@@ -49,8 +50,11 @@ pub fn scopes() -> Vec<Scope> {
 pub static VIEWS: &[&view::ViewDoor] = &[&fleet::VIEW];
 
 /// The workflows' own metric families: registering a set is its line here.
-pub static METRIC_SETS: &[MetricSetType] =
-    &[node_reboot::metrics::METRICS, etcd_roll::metrics::METRICS];
+pub static METRIC_SETS: &[MetricSetType] = &[
+    node_reboot::metrics::METRICS,
+    etcd_roll::metrics::METRICS,
+    analysis::METRICS,
+];
 
 /// Declares the workflows' sections of the settings, one line each: the struct `config`
 /// flattens into `Settings`, how each is read, its keys, and its check.

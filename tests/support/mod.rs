@@ -11,6 +11,7 @@ pub mod ground;
 pub mod k3s;
 pub mod kube;
 pub mod manifests;
+pub mod node_metrics;
 pub mod nodes;
 pub mod openapi;
 pub mod pki;
@@ -540,6 +541,23 @@ pub fn step_label(step: &Value) -> Option<String> {
     serde_json::from_value::<rollgate::domain::run::Step>(step.clone())
         .ok()
         .map(|s| s.label())
+}
+
+/// The workers of each batch of `run`, in plan order: the lanes between a workers' gate
+/// and its soak.
+pub fn worker_batches(run: &Value) -> Vec<Vec<String>> {
+    let mut out: Vec<Vec<String>> = Vec::new();
+    for s in run["steps"].as_array().into_iter().flatten() {
+        match (s["stage"].as_str(), s["name"].as_str()) {
+            (Some("workers"), Some("gate")) => out.push(Vec::new()),
+            (Some("workers"), Some("drain")) => out
+                .last_mut()
+                .expect("a drain after its batch's gate")
+                .push(s["node"].as_str().unwrap_or_default().to_owned()),
+            _ => {}
+        }
+    }
+    out
 }
 
 pub fn history_has(run: &Value, text: &str) -> bool {

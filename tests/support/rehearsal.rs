@@ -15,6 +15,7 @@ use std::time::Duration;
 use super::Rollgate;
 use super::free_port;
 use super::ground::Ground;
+use super::node_metrics::{METRIC, NodeExporters, Upgraded};
 use super::pki::{TestCa, TlsFiles};
 use super::services::{Alertmanager, Process, rules_dir, wait_http_ok};
 
@@ -212,6 +213,8 @@ pub struct Rehearsal {
     pub prometheus: Process,
     pub prometheus_port: u16,
     pub alertmanager: Alertmanager,
+    /// With batch analyses on ([`Rehearsal::start_judged_alone`]): each node's exporter.
+    pub node_exporters: Option<NodeExporters>,
     _dir: tempfile::TempDir,
     _slot: tokio::sync::OwnedSemaphorePermit,
 }
@@ -303,7 +306,7 @@ impl Listener {
 impl Rehearsal {
     /// A control plane and `workers` workers at `kubelet`, and everything watching them.
     pub async fn start(kubelet: &str, workers: usize) -> Self {
-        Self::start_taking(1, kubelet, workers).await
+        Self::start_taking(1, kubelet, workers, false).await
     }
 
     /// As [`Rehearsal::start`], with the machine to itself: for a rehearsal whose scaled
@@ -312,7 +315,14 @@ impl Rehearsal {
     /// and the snapshot; three sites at once made that 4.7 s, close to the 5 s of
     /// `EtcdPreUpgradeSnapshotMissing`'s scaled `for:`).
     pub async fn start_alone(kubelet: &str, workers: usize) -> Self {
-        Self::start_taking(AT_ONCE as u32, kubelet, workers).await
+        Self::start_taking(AT_ONCE as u32, kubelet, workers, false).await
+    }
+
+    /// As [`Rehearsal::start_alone`], with batch analyses on: one exporter per node
+    /// (the same on every version, [`Upgraded::Same`]) scraped at the scaled interval,
+    /// and one `[[gate.analysis]]` over its latency at its defaults, its window scaled.
+    pub async fn start_judged_alone(kubelet: &str, workers: usize) -> Self {
+        Self::start_taking(AT_ONCE as u32, kubelet, workers, true).await
     }
 
     /// As [`Rehearsal::start_alone`], on a k3s or RKE2 cluster at `version`: `servers`
@@ -337,10 +347,10 @@ impl Rehearsal {
             .expect("the rehearsal slots")
     }
 
-    async fn start_taking(slots: u32, kubelet: &str, workers: usize) -> Self {
+    async fn start_taking(slots: u32, kubelet: &str, workers: usize, judged: bool) -> Self {
         let slot = Self::slots(slots).await;
         let ground = Ground::start(kubelet, workers).await;
-        Self::start_on(slot, Scale::default(), ground, &[]).await
+        Self::start_judging(slot, Scale::default(), ground, &[], judged).await
     }
 
     async fn start_on(
@@ -349,8 +359,25 @@ impl Rehearsal {
         ground: Ground,
         extra: &[(&str, &str)],
     ) -> Self {
+        Self::start_judging(slot, scale, ground, extra, false).await
+    }
+
+    async fn start_judging(
+        slot: tokio::sync::OwnedSemaphorePermit,
+        scale: Scale,
+        ground: Ground,
+        extra: &[(&str, &str)],
+        judged: bool,
+    ) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let d = dir.path();
+        let exporters = match judged {
+            true => {
+                let nodes: Vec<String> = ground.nodes.iter().map(|n| n.name.clone()).collect();
+                Some(NodeExporters::start(&ground.api, &nodes, "0.0.0", Upgraded::Same).await)
+            }
+            false => None,
+        };
         let (rg_port, prometheus_port, alertmanager_port) = (free_port(), free_port(), free_port());
 
         std::fs::write(d.join("rules.yml"), scale.rules()).expect("rules");
@@ -364,6 +391,7 @@ impl Rehearsal {
                 rollgate_port: rg_port,
                 rollgate_https: true,
                 pushgateway: None,
+                nodes: exporters.as_ref().map_or(&[], |e| e.targets.as_slice()),
             },
             scale,
         )
@@ -381,6 +409,18 @@ impl Rehearsal {
             format!("http://127.0.0.1:{prometheus_port}"),
         ));
         env.extend(listener.env());
+        if judged {
+            let config = d.join("analysis.toml");
+            let window = scale.text(Duration::from_secs(600));
+            std::fs::write(
+                &config,
+                format!(
+                    "[[gate.analysis]]\nname = \"latency-p99\"\nquery = \"max by (node) ({METRIC})\"\nwindow = \"{window}\"\n"
+                ),
+            )
+            .expect("analysis.toml");
+            env.push(("ROLLGATE_CONFIG".into(), config.display().to_string()));
+        }
         env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let mut rg = Rollgate::start_with(rg_port, &env, "https", listener.client()).await;
@@ -402,13 +442,15 @@ impl Rehearsal {
             prometheus,
             prometheus_port,
             alertmanager,
+            node_exporters: exporters,
             _dir: dir,
             _slot: slot,
         };
+        let nodes = r.node_exporters.as_ref().map_or(0, |e| e.targets.len());
         load_rules_once_scraped(
             r._dir.path(),
             (r.prometheus_port, alertmanager_port),
-            (5, 5),
+            (5 + nodes, 5 + nodes),
         )
         .await;
         r
@@ -539,6 +581,9 @@ pub struct Scrapes<'a> {
     pub rollgate_https: bool,
     /// A Pushgateway's `host:port`, scraped with its pushed labels honoured.
     pub pushgateway: Option<&'a str>,
+    /// Each node's own exporter (`(node, host:port)`, [`NodeExporters`]), as job `nodes`
+    /// with the node's name in label `node`.
+    pub nodes: &'a [(String, String)],
 }
 
 /// Prometheus on loopback `port` scraping `ground`'s API server (its metrics, kubelets'
@@ -575,7 +620,7 @@ pub async fn start_prometheus(
     let config = format!(
         "global:\n  scrape_interval: {scrape}\n  evaluation_interval: {eval}\n\
          alerting:\n  alertmanagers:\n    - static_configs:\n        - targets: ['127.0.0.1:{alertmanager_port}']\n\
-         scrape_configs:\n{apiserver}{kubelet}{ksm}{rollgate}{etcd}{pushgateway}",
+         scrape_configs:\n{apiserver}{kubelet}{ksm}{rollgate}{etcd}{pushgateway}{nodes}",
         scrape = scaled(Duration::from_secs(30)),
         eval = scaled(Duration::from_secs(60)),
         apiserver = kube("apiserver", "/metrics"),
@@ -590,6 +635,18 @@ pub async fn start_prometheus(
         pushgateway = scrapes.pushgateway.map_or_else(String::new, |target| {
             format!("  - job_name: pushgateway\n    honor_labels: true\n    static_configs:\n      - targets: ['{target}']\n")
         }),
+        nodes = if scrapes.nodes.is_empty() {
+            String::new()
+        } else {
+            let targets: String = scrapes
+                .nodes
+                .iter()
+                .map(|(node, target)| {
+                    format!("      - targets: ['{target}']\n        labels: {{node: '{node}'}}\n")
+                })
+                .collect();
+            format!("  - job_name: nodes\n    static_configs:\n{targets}")
+        },
     );
     let file = d.join("prometheus.yml");
     std::fs::write(&file, config).expect("prometheus.yml");

@@ -91,6 +91,7 @@ impl Sandbox {
                 rollgate_port: options.rollgate_port,
                 rollgate_https: false,
                 pushgateway: Some(&pushgateway_target),
+                nodes: &[],
             },
             scale,
         )

@@ -78,6 +78,17 @@ impl Process {
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// Sends it SIGHUP (Prometheus reloads its configuration).
+    pub fn hangup(&self) {
+        if let Some(child) = &self.child {
+            let sent = Command::new("kill")
+                .args(["-HUP", &child.id().to_string()])
+                .status()
+                .expect("kill");
+            assert!(sent.success(), "SIGHUP to {}", self.name);
+        }
+    }
 }
 
 impl Drop for Process {
@@ -149,6 +160,9 @@ pub struct Prometheus {
     /// Where it sends its alerts.
     pub alertmanager_port: u16,
     target: String,
+    /// Scrape jobs besides `apiserver` (YAML list items), from [`Prometheus::scrape_nodes`].
+    jobs: String,
+    loads: Loads,
     dir: tempfile::TempDir,
 }
 
@@ -162,7 +176,7 @@ impl Prometheus {
         let dir = tempfile::tempdir().expect("tempdir");
         let d = dir.path();
         let (port, alertmanager_port) = (free_port(), free_port());
-        write_prometheus_config(d, target, alertmanager_port, loads);
+        write_prometheus_config(d, target, alertmanager_port, loads, "");
         let args = vec![
             format!("--config.file={}", d.join("prometheus.yml").display()),
             format!("--storage.tsdb.path={}", d.join("data").display()),
@@ -177,6 +191,8 @@ impl Prometheus {
             process,
             alertmanager_port,
             target: target.to_owned(),
+            jobs: String::new(),
+            loads,
             dir,
         };
         p.wait_loaded(loads).await;
@@ -186,7 +202,14 @@ impl Prometheus {
     /// Loads `loads` instead (a restart with the new configuration, as a rollout of a
     /// site's Prometheus is); once ready and, with the watchdog, once it fires again.
     pub async fn reload(&mut self, loads: Loads) {
-        write_prometheus_config(self.dir.path(), &self.target, self.alertmanager_port, loads);
+        self.loads = loads;
+        write_prometheus_config(
+            self.dir.path(),
+            &self.target,
+            self.alertmanager_port,
+            loads,
+            &self.jobs,
+        );
         self.process.stop();
         self.process.start();
         self.wait_loaded(loads).await;
@@ -214,6 +237,35 @@ impl Prometheus {
 
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Scrapes also each node's exporter (`(node, address)`) every second, as job `nodes`,
+    /// its series labelled `node` as a real cluster's relabelling would: reloaded by
+    /// SIGHUP, and back once every one of them is up.
+    pub async fn scrape_nodes(&mut self, exporters: &[(String, String)]) {
+        let mut jobs = String::from("  - job_name: nodes\n    static_configs:\n");
+        for (node, address) in exporters {
+            jobs.push_str(&format!(
+                "      - targets: ['{address}']\n        labels: {{node: '{node}'}}\n"
+            ));
+        }
+        self.jobs = jobs;
+        write_prometheus_config(
+            self.dir.path(),
+            &self.target,
+            self.alertmanager_port,
+            self.loads,
+            &self.jobs,
+        );
+        self.process.hangup();
+        let want = exporters.len().to_string();
+        wait_json(
+            &format!("{}/api/v1/query", self.url()),
+            &[("query", r#"count(up{job="nodes"} == 1)"#)],
+            ("every node's exporter to be up", &self.process),
+            |a| a["data"]["result"][0]["value"][1].as_str() == Some(want.as_str()),
+        )
+        .await;
     }
 
     pub async fn wait_ready(&self) {
@@ -253,9 +305,15 @@ async fn wait_json(
     }
 }
 
-/// Writes `d/prometheus.yml`: `target` scraped every second, `loads` loaded, alerts sent
-/// to the Alertmanager at `alertmanager_port`.
-fn write_prometheus_config(d: &Path, target: &str, alertmanager_port: u16, loads: Loads) {
+/// Writes `d/prometheus.yml`: `target` scraped every second, and `jobs`; `loads` loaded,
+/// alerts sent to the Alertmanager at `alertmanager_port`.
+fn write_prometheus_config(
+    d: &Path,
+    target: &str,
+    alertmanager_port: u16,
+    loads: Loads,
+    jobs: &str,
+) {
     let mut rules = Vec::new();
     if loads.gate_rules {
         rules.push(format!("{}/*.yml", rules_dir().display()));
@@ -269,7 +327,7 @@ fn write_prometheus_config(d: &Path, target: &str, alertmanager_port: u16, loads
         format!(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
              alerting:\n  alertmanagers:\n    - static_configs:\n        - targets: ['127.0.0.1:{alertmanager_port}']\n\
-             rule_files:\n{rules}scrape_configs:\n  - job_name: apiserver\n    static_configs:\n      - targets: ['{target}']\n",
+             rule_files:\n{rules}scrape_configs:\n  - job_name: apiserver\n    static_configs:\n      - targets: ['{target}']\n{jobs}",
         ),
     )
     .expect("config");

@@ -595,6 +595,9 @@ impl UpgradeSteps {
             S::Gate { .. } | S::QuietPeriod => {
                 StepOutcome::failed(format!("{} is the gate's step", step.label()))
             }
+            S::Analysis { .. } => {
+                StepOutcome::failed(format!("{} is the analysis's step", step.label()))
+            }
             S::Upstreams => StepOutcome::failed(format!("{} is the fleet's step", step.label())),
         }
     }

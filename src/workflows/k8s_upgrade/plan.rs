@@ -39,6 +39,8 @@ pub struct PlanSettings {
     pub reboot_after_upgrade: bool,
     /// The distribution the nodes run (`cluster.distribution`).
     pub distribution: Distribution,
+    /// Each batch of workers is judged after its soak (`gate.analysis` is set).
+    pub judge_batches: bool,
 }
 
 /// Why a request cannot be planned against these facts. Each message says what to change.
@@ -400,6 +402,11 @@ impl<const REBOOT: bool> node_cycle::CycleSteps for WorkerCycle<REBOOT> {
             node: node.to_owned(),
         }
     }
+    fn analysis(node: &str) -> UpgradeStep {
+        UpgradeStep::Analysis {
+            node: node.to_owned(),
+        }
+    }
 }
 
 /// The steps that carry out a control-plane action, ending with the `next` that decides
@@ -617,9 +624,9 @@ pub fn plan(
         for batch in workers.chunks(batch_size) {
             out.extend(
                 if settings.reboot_after_upgrade {
-                    node_cycle::worker_batch::<WorkerCycle<true>>(batch)
+                    node_cycle::worker_batch::<WorkerCycle<true>>(batch, settings.judge_batches)
                 } else {
-                    node_cycle::worker_batch::<WorkerCycle<false>>(batch)
+                    node_cycle::worker_batch::<WorkerCycle<false>>(batch, settings.judge_batches)
                 }
                 .into_iter()
                 .map(Step::new),
@@ -716,6 +723,9 @@ pub fn describe(step: &UpgradeStep, target: Version, driver: &NodeDriver) -> Str
         S::Verify { node, .. } => format!("wait until {node} is Ready with kubelet {target}"),
         S::Uncordon { node, .. } => format!("uncordon {node} if rollgate cordoned it"),
         S::Soak { node, .. } => format!("let {node} soak before the next node"),
+        S::Analysis { node } => format!(
+            "judge the batch ending with {node} against the workers beside it (gate.analysis): pass goes on, fail halts, inconclusive holds"
+        ),
         S::NodesAtTarget => format!("check that every node runs {target}"),
         S::PodReady => "check the ratio of Ready pods".into(),
         S::ClearInFlight => "clear the in-flight annotations; set k8s_upgrade_in_flight=0".into(),
@@ -1155,6 +1165,52 @@ mod tests {
         want.extend([Some("w2"); 4]);
         want.push(None);
         assert_eq!(lanes, want);
+    }
+
+    #[test]
+    fn with_analyses_each_batch_is_judged_after_its_soak_and_before_the_next_gate() {
+        let facts = cluster("1.34.2", &["1.34.2"; 3]);
+        for (judge_batches, want) in [
+            (
+                true,
+                vec![
+                    "workers/gate@w1",
+                    "workers/soak@w2",
+                    "workers/analysis@w2",
+                    "workers/gate@w3",
+                    "workers/soak@w3",
+                    "workers/analysis@w3",
+                ],
+            ),
+            (
+                false,
+                vec![
+                    "workers/gate@w1",
+                    "workers/soak@w2",
+                    "workers/gate@w3",
+                    "workers/soak@w3",
+                ],
+            ),
+        ] {
+            let settings = PlanSettings {
+                max_unavailable: MaxUnavailable::Count(2),
+                judge_batches,
+                ..PlanSettings::default()
+            };
+            let plan = patch_plan(&facts, &settings);
+            let got: Vec<String> = labels(&plan)
+                .into_iter()
+                .filter(|l| {
+                    ["gate", "soak", "analysis"]
+                        .iter()
+                        .any(|n| l.starts_with(&format!("workers/{n}@")))
+                })
+                .collect();
+            assert_eq!(got, want, "judge_batches {judge_batches}");
+            let analysis = plan.steps.iter().find(|s| s.kind.is_analysis());
+            assert_eq!(analysis.is_some(), judge_batches);
+            assert!(analysis.is_none_or(|s| s.kind.lane().is_none()), "alone");
+        }
     }
 
     #[test]

@@ -41,12 +41,15 @@ pub trait CycleSteps {
     fn part(part: Part, node: &str) -> Self::Step;
     /// The soak after a batch whose last node is `node`.
     fn soak(node: &str) -> Self::Step;
+    /// The analysis after the soak of a batch whose last node is `node`.
+    fn analysis(node: &str) -> Self::Step;
 }
 
 /// The steps of one batch of workers: every worker's fetch, side by side; one gate; then
 /// each worker's cycle, the batch's cycles going on together so that its workers are out
-/// of service together and none longer than its own cycle; one soak after the batch.
-pub fn worker_batch<C: CycleSteps>(batch: &[String]) -> Vec<C::Step> {
+/// of service together and none longer than its own cycle; one soak after the batch and,
+/// when the batches are `judged` (`gate.analysis`), one analysis after the soak.
+pub fn worker_batch<C: CycleSteps>(batch: &[String], judged: bool) -> Vec<C::Step> {
     let (Some(first), Some(last)) = (batch.first(), batch.last()) else {
         return Vec::new();
     };
@@ -65,14 +68,17 @@ pub fn worker_batch<C: CycleSteps>(batch: &[String]) -> Vec<C::Step> {
         );
     }
     steps.push(C::soak(last));
+    if judged {
+        steps.push(C::analysis(last));
+    }
     steps
 }
 
-/// Every batch of `nodes`, `size` at a time, in order.
-pub fn worker_batches<C: CycleSteps>(nodes: &[String], size: usize) -> Vec<C::Step> {
+/// Every batch of `nodes`, `size` at a time, in order (each `judged` or not).
+pub fn worker_batches<C: CycleSteps>(nodes: &[String], size: usize, judged: bool) -> Vec<C::Step> {
     nodes
         .chunks(size.max(1))
-        .flat_map(worker_batch::<C>)
+        .flat_map(|batch| worker_batch::<C>(batch, judged))
         .collect()
 }
 

@@ -171,7 +171,9 @@ pub fn plan(
     let steps = first
         .into_iter()
         .chain(node_cycle::worker_batches::<RebootCycle>(
-            &workers, batch_size,
+            &workers,
+            batch_size,
+            settings.workers.judge_batches,
         ))
         .map(Step::new)
         .collect();
@@ -218,6 +220,12 @@ impl CycleSteps for RebootCycle {
 
     fn soak(node: &str) -> RebootStep {
         RebootStep::Soak {
+            node: node.to_owned(),
+        }
+    }
+
+    fn analysis(node: &str) -> RebootStep {
+        RebootStep::Analysis {
             node: node.to_owned(),
         }
     }
@@ -310,6 +318,7 @@ mod tests {
                 etcd_max_lag: 1000,
                 reboot_after_upgrade: false,
                 distribution: Default::default(),
+                judge_batches: false,
             },
             control_planes: false,
         }

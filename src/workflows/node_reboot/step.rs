@@ -61,6 +61,12 @@ pub enum RebootStep {
         /// The last node of the batch.
         node: String,
     },
+    /// With `gate.analysis`: after the batch's soak, judges the batch (whose last node is
+    /// `node`) against the workers beside it.
+    Analysis {
+        /// The last node of the batch.
+        node: String,
+    },
     /// Before any control plane: etcd healthy; records the raft term the run starts from.
     EtcdHealthy,
     /// Reads the cluster, etcd and the control planes' sentinels, and plans the next
@@ -143,6 +149,7 @@ impl RebootStep {
             Self::Back { .. } => "back",
             Self::Uncordon { .. } => "uncordon",
             Self::Soak { .. } => "soak",
+            Self::Analysis { .. } => "analysis",
             Self::EtcdHealthy => "etcd-healthy",
             Self::ControlPlaneNext => "next",
             Self::MoveLeader { .. } => "move-leader",
@@ -173,7 +180,8 @@ impl RebootStep {
             | Self::Reboot { node }
             | Self::Back { node }
             | Self::Uncordon { node }
-            | Self::Soak { node } => Some(node),
+            | Self::Soak { node }
+            | Self::Analysis { node } => Some(node),
         }
     }
 
@@ -205,6 +213,7 @@ impl RebootStep {
             "back" => Some(|node| Self::Back { node }),
             "uncordon" => Some(|node| Self::Uncordon { node }),
             "soak" => Some(|node| Self::Soak { node }),
+            "analysis" => Some(|node| Self::Analysis { node }),
             _ => None,
         };
         let step = match (name, on_node) {
@@ -281,12 +290,17 @@ impl WorkflowStep for RebootStep {
                 StepRole::Uncordon
             }
             (Self::Soak { .. }, _) | (_, Some(ControlPlanePart::Soak)) => StepRole::Soak,
+            (Self::Analysis { .. }, _) => StepRole::Analysis,
             _ => StepRole::Work,
         }
     }
 
     fn among_workers(&self) -> bool {
-        self.lane().is_some() || matches!(self, Self::Gate { .. } | Self::Soak { .. })
+        self.lane().is_some()
+            || matches!(
+                self,
+                Self::Gate { .. } | Self::Soak { .. } | Self::Analysis { .. }
+            )
     }
 
     fn waits_for_window(&self) -> bool {

@@ -278,6 +278,9 @@ impl RebootSteps {
             RebootStep::Gate { .. } => {
                 StepOutcome::failed(format!("{} is the gate's step", step.label()))
             }
+            RebootStep::Analysis { .. } => {
+                StepOutcome::failed(format!("{} is the analysis's step", step.label()))
+            }
         }
     }
 }

@@ -1,0 +1,198 @@
+//! Batch analysis (issue 44, part 1): after each batch's soak, the batch's nodes are
+//! compared with the workers beside it, from a real Prometheus that scrapes one small
+//! exporter per node. 1 control plane + 12 workers, batches of 4. Witnesses: the API
+//! server's own log of cordons, and the exporters' own level, which the verdict's figures
+//! must match.
+
+mod support;
+
+use std::time::Duration;
+use support::ground::Ground;
+use support::node_metrics::{METRIC, NodeExporters, Upgraded};
+use support::{Rollgate, find_step, history_has};
+
+const RUN_DEADLINE: Duration = Duration::from_secs(240);
+const TARGET: &str = "1.34.5";
+/// Each analysis window; the exporters are scraped every second.
+const WINDOW: &str = "6s";
+
+/// A ground of 1 control plane and 12 workers whose exporters say `upgraded` once a node
+/// runs the target, scraped by the ground's Prometheus with `WINDOW` of data for every
+/// node already; and rollgate on it, batches of 4, judging by one analysis.
+async fn judged_ground(
+    upgraded: Upgraded,
+    extra: &[(&str, &str)],
+) -> (Ground, NodeExporters, Rollgate) {
+    let mut ground = Ground::start("1.34.2", 12).await;
+    let nodes: Vec<String> = ground.nodes.iter().map(|n| n.name.clone()).collect();
+    let exporters = NodeExporters::start(&ground.api, &nodes, TARGET, upgraded).await;
+    ground.prom.scrape_nodes(&exporters.targets).await;
+    // The first batch's "before" window must hold data for every node: wait until it does.
+    let enough = format!(
+        "min(count_over_time({METRIC}[{WINDOW}])) >= 5 and count(count_over_time({METRIC}[{WINDOW}])) == 13"
+    );
+    support::eventually(
+        "a window of every node's figures",
+        Duration::from_secs(30),
+        || async {
+            let answer = support::rehearsal::query(ground.prom.port, &enough).await;
+            (!answer.is_empty()).then_some(())
+        },
+    )
+    .await;
+    let config = ground.dir.path().join("rollgate.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[gate.analysis]]\nname = \"latency-p99\"\nquery = \"max by (node) ({METRIC})\"\n\
+             window = \"{WINDOW}\"\ntolerance = 1.2\nmin_samples = 3\non_fail = \"cordon\"\n"
+        ),
+    )
+    .expect("config");
+    let mut env: Vec<(&str, String)> = vec![
+        ("ROLLGATE_CONFIG", config.display().to_string()),
+        ("ROLLGATE__CLUSTER__MAX_UNAVAILABLE", "4".into()),
+    ];
+    env.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
+    let rg = ground.rollgate(&env).await;
+    (ground, exporters, rg)
+}
+
+/// The effect a verdict names: the number after "effect ".
+fn effect_in(text: &str) -> f64 {
+    let (_, rest) = text
+        .split_once("effect ")
+        .unwrap_or_else(|| panic!("no effect in {text}"));
+    rest.split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no number after effect in {text}"))
+}
+
+/// The nodes the API server's own log shows cordoned, in order.
+fn cordoned(ground: &Ground) -> Vec<String> {
+    ground.cordon_order()
+}
+
+#[tokio::test]
+async fn a_batch_that_regressed_halts_the_run_naming_the_analysis_the_effect_and_its_nodes() {
+    let (ground, _exporters, rg) = judged_ground(Upgraded::Slower(1.3), &[]).await;
+    let id = rg.detect(TARGET, "patch").await;
+    let halted = rg.wait_status(&id, "halted", RUN_DEADLINE).await;
+    let plan = support::worker_batches(&halted);
+    assert_eq!(plan.len(), 3, "{plan:?}");
+    let reason = halted["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("analysis latency-p99 fail"), "{reason}");
+    for node in &plan[0] {
+        assert!(reason.contains(node.as_str()), "{node} not named: {reason}");
+    }
+    // The exporters make upgraded nodes 1.3 times slower, ±5 % noise on each point.
+    let effect = effect_in(reason);
+    assert!((1.2..1.4).contains(&effect), "effect {effect}: {reason}");
+    assert!(reason.contains("p = "), "{reason}");
+    assert!(reason.contains("8 worker(s) not yet touched"), "{reason}");
+    let last = plan[0].last().expect("a node");
+    assert_eq!(
+        find_step(&halted, &format!("workers/analysis@{last}")).map(|s| s["status"].clone()),
+        Some("failed".into()),
+        "{halted}"
+    );
+    // The API server's own log: the first batch cordoned twice (its drain, then
+    // on_fail = "cordon"), the second batch never.
+    let log = cordoned(&ground);
+    for node in &plan[0] {
+        assert_eq!(
+            log.iter().filter(|n| *n == node).count(),
+            2,
+            "{node}: {log:?}"
+        );
+        assert_eq!(
+            ground.api.node(node)["spec"]["unschedulable"],
+            true,
+            "{node}"
+        );
+    }
+    for node in &plan[1] {
+        assert!(
+            !log.contains(node),
+            "{node} of the second batch was cordoned: {log:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn with_the_same_noise_everywhere_every_batch_passes_and_the_run_completes() {
+    let (ground, _exporters, rg) = judged_ground(Upgraded::Same, &[]).await;
+    let id = rg.detect(TARGET, "patch").await;
+    let done = rg.wait_status(&id, "succeeded", RUN_DEADLINE).await;
+    let passes: Vec<&str> = done["history"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["reason"].as_str())
+        .filter(|r| r.contains("analysis latency-p99 pass"))
+        .collect();
+    assert_eq!(passes.len(), 3, "one pass per batch: {passes:?}");
+    for pass in &passes {
+        let effect = effect_in(pass);
+        assert!((0.9..1.1).contains(&effect), "effect {effect}: {pass}");
+    }
+    assert!(
+        passes[2].contains("8 worker(s) done before it"),
+        "{}",
+        passes[2]
+    );
+    for node in &ground.nodes {
+        assert_eq!(
+            ground.api.node(&node.name)["status"]["nodeInfo"]["kubeletVersion"],
+            format!("v{TARGET}"),
+            "{}",
+            node.name
+        );
+    }
+    let metrics = rg.metrics_text().await;
+    assert!(
+        metrics.contains(r#"rollgate_analysis_verdict{analysis="latency-p99",verdict="pass"} 1"#),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn no_data_for_the_batch_holds_inconclusive_never_passes_and_halts_after_halt_after() {
+    let (ground, _exporters, rg) =
+        judged_ground(Upgraded::Silent, &[("ROLLGATE__GATE__HALT_AFTER", "5s")]).await;
+    let id = rg.detect(TARGET, "patch").await;
+    let held = rg
+        .wait_run_until(&id, "the analysis held", RUN_DEADLINE, |r| {
+            r["status"] == "waiting"
+                && r["reason"]
+                    .as_str()
+                    .is_some_and(|reason| reason.contains("inconclusive"))
+        })
+        .await;
+    let reason = held["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("no data for the batch"), "{reason}");
+    let halted = rg.wait_status(&id, "halted", RUN_DEADLINE).await;
+    let reason = halted["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("halt_after 5s"), "{reason}");
+    assert!(reason.contains("no data for the batch"), "{reason}");
+    assert!(
+        !history_has(&halted, "analysis latency-p99 pass"),
+        "no data never passes: {halted}"
+    );
+    let plan = support::worker_batches(&halted);
+    let log = cordoned(&ground);
+    for node in &plan[1] {
+        assert!(
+            !log.contains(node),
+            "{node} of the second batch was cordoned: {log:?}"
+        );
+    }
+    for node in &plan[0] {
+        assert_ne!(
+            ground.api.node(node)["spec"]["unschedulable"],
+            true,
+            "{node} is not cordoned for an inconclusive verdict"
+        );
+    }
+}
