@@ -178,7 +178,11 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         settings.gate.poll_interval,
         &metrics,
     )));
-    let gate_step = GateStep::new(gate.clone());
+    let gate_step = GateStep::new(gate.clone()).with_checks(
+        prometheus.clone(),
+        settings.gate.checks.iter().map(|c| c.rule()).collect(),
+        settings.gate.halt_after,
+    );
     executors.gate = Some(Arc::new(match &cluster {
         Some(cluster) => gate_step.with_breaker(cluster.clone(), settings.cluster.unhealthy_limit),
         None => gate_step,

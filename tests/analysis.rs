@@ -1,8 +1,9 @@
-//! Batch analysis (issue 44, part 1): after each batch's soak, the batch's nodes are
-//! compared with the workers beside it, from a real Prometheus that scrapes one small
-//! exporter per node. 1 control plane + 12 workers, batches of 4. Witnesses: the API
-//! server's own log of cordons, and the exporters' own level, which the verdict's figures
-//! must match.
+//! Gates that judge (issue 44), against a real Prometheus that scrapes one small exporter
+//! per node. Batch analysis (part 1): after each batch's soak, the batch's nodes are
+//! compared with the workers beside it; 1 control plane + 12 workers, batches of 4.
+//! Checks with thresholds (part 2): any PromQL asked at the gate before a node is taken.
+//! Witnesses: the API server's own log of cordons, and the exporters' own level, which the
+//! verdict's figures must match.
 
 mod support;
 
@@ -16,20 +17,40 @@ const TARGET: &str = "1.34.5";
 /// Each analysis window; the exporters are scraped every second.
 const WINDOW: &str = "6s";
 
+/// One batch analysis of the exporters' latency, a failed batch cordoned.
+fn analysis() -> String {
+    format!(
+        "[[gate.analysis]]\nname = \"latency-p99\"\nquery = \"max by (node) ({METRIC})\"\n\
+         window = \"{WINDOW}\"\ntolerance = 1.2\nmin_samples = 3\non_fail = \"cordon\"\n"
+    )
+}
+
 /// A ground of 1 control plane and 12 workers whose exporters say `upgraded` once a node
-/// runs the target, scraped by the ground's Prometheus with `WINDOW` of data for every
-/// node already; and rollgate on it, batches of 4, judging by one analysis.
+/// runs the target; and rollgate on it, batches of 4, judging by one analysis.
 async fn judged_ground(
     upgraded: Upgraded,
     extra: &[(&str, &str)],
 ) -> (Ground, NodeExporters, Rollgate) {
-    let mut ground = Ground::start("1.34.2", 12).await;
+    ground_judging(12, upgraded, &analysis(), extra).await
+}
+
+/// A ground of 1 control plane and `workers` workers whose exporters say `upgraded` once
+/// a node runs the target, scraped by the ground's Prometheus with `WINDOW` of data for
+/// every node already; and rollgate on it, batches of 4, configured by `config` (TOML).
+async fn ground_judging(
+    workers: usize,
+    upgraded: Upgraded,
+    config: &str,
+    extra: &[(&str, &str)],
+) -> (Ground, NodeExporters, Rollgate) {
+    let mut ground = Ground::start("1.34.2", workers).await;
     let nodes: Vec<String> = ground.nodes.iter().map(|n| n.name.clone()).collect();
     let exporters = NodeExporters::start(&ground.api, &nodes, TARGET, upgraded).await;
     ground.prom.scrape_nodes(&exporters.targets).await;
     // The first batch's "before" window must hold data for every node: wait until it does.
     let enough = format!(
-        "min(count_over_time({METRIC}[{WINDOW}])) >= 5 and count(count_over_time({METRIC}[{WINDOW}])) == 13"
+        "min(count_over_time({METRIC}[{WINDOW}])) >= 5 and count(count_over_time({METRIC}[{WINDOW}])) == {}",
+        nodes.len()
     );
     support::eventually(
         "a window of every node's figures",
@@ -40,15 +61,9 @@ async fn judged_ground(
         },
     )
     .await;
-    let config = ground.dir.path().join("rollgate.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[[gate.analysis]]\nname = \"latency-p99\"\nquery = \"max by (node) ({METRIC})\"\n\
-             window = \"{WINDOW}\"\ntolerance = 1.2\nmin_samples = 3\non_fail = \"cordon\"\n"
-        ),
-    )
-    .expect("config");
+    let file = ground.dir.path().join("rollgate.toml");
+    std::fs::write(&file, config).expect("config");
+    let config = file;
     let mut env: Vec<(&str, String)> = vec![
         ("ROLLGATE_CONFIG", config.display().to_string()),
         ("ROLLGATE__CLUSTER__MAX_UNAVAILABLE", "4".into()),
@@ -195,4 +210,68 @@ async fn no_data_for_the_batch_holds_inconclusive_never_passes_and_halts_after_h
             "{node} is not cordoned for an inconclusive verdict"
         );
     }
+}
+
+/// A check with a success condition, `count` measurements a second apart.
+fn check(name: &str, query: &str, success: &str, count: u32, failure_limit: u32) -> String {
+    format!(
+        "[[gate.checks]]\nname = \"{name}\"\nquery = '{query}'\nsuccess_condition = \"{success}\"\n\
+         count = {count}\ninterval = \"1s\"\nfailure_limit = {failure_limit}\n"
+    )
+}
+
+/// The run halted, and the API server's own log shows no node cordoned.
+async fn halted_before_any_node(ground: &Ground, rg: &Rollgate, id: &str) -> String {
+    let halted = rg.wait_status(id, "halted", RUN_DEADLINE).await;
+    assert_eq!(cordoned(ground), Vec::<String>::new(), "{halted}");
+    halted["reason"].as_str().unwrap_or_default().to_owned()
+}
+
+#[tokio::test]
+async fn a_check_that_keeps_failing_halts_the_run_past_its_failure_limit_before_any_node() {
+    // Every node's p99 latency is 0.1 s or more: "< 0.05" fails each measurement.
+    let config = check("latency-ceiling", &format!("max({METRIC})"), "< 0.05", 3, 1);
+    let (ground, _exporters, rg) = ground_judging(4, Upgraded::Same, &config, &[]).await;
+    let id = rg.detect(TARGET, "patch").await;
+    let reason = halted_before_any_node(&ground, &rg, &id).await;
+    assert!(
+        reason.contains("check latency-ceiling fail: 2 of 3 measurement(s) (success < 0.05; 2 failed, failure_limit 1)"),
+        "{reason}"
+    );
+    // The values are the exporters' own: the largest level, ±5 %.
+    let value: f64 = reason
+        .rsplit(": ")
+        .next()
+        .and_then(|m| m.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no value in {reason}"));
+    assert!((0.13..0.16).contains(&value), "{value}: {reason}");
+    assert!(reason.contains("control-plane/gate@cp"), "{reason}");
+}
+
+#[tokio::test]
+async fn a_check_whose_query_fails_holds_inconclusive_and_halts_after_halt_after() {
+    // rate() of an instant vector: Prometheus refuses it (bad_data) at every measurement.
+    let config = check("bad-query", &format!("rate({METRIC})"), "< 1", 1, 0);
+    let (ground, _exporters, rg) = ground_judging(
+        4,
+        Upgraded::Same,
+        &config,
+        &[("ROLLGATE__GATE__HALT_AFTER", "4s")],
+    )
+    .await;
+    let id = rg.detect(TARGET, "patch").await;
+    let held = rg
+        .wait_run_until(&id, "the check held", RUN_DEADLINE, |r| {
+            r["status"] == "waiting"
+                && r["reason"]
+                    .as_str()
+                    .is_some_and(|reason| reason.contains("check bad-query inconclusive"))
+        })
+        .await;
+    let said = held["reason"].as_str().unwrap_or_default();
+    assert!(said.contains("bad_data"), "{said}");
+    let reason = halted_before_any_node(&ground, &rg, &id).await;
+    assert!(reason.contains("halt_after 4s"), "{reason}");
+    assert!(reason.contains("check bad-query inconclusive"), "{reason}");
 }

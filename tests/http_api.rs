@@ -763,7 +763,10 @@ async fn check_config_reports_every_bad_value_at_once() {
         "[gate]\nprometheus_url = \"http://prometheus:9090\"\n\
          [[gate.analysis]]\nname = \"latency-p99\"\nquery = \"max by (node) (latency)\"\n\
          [[gate.analysis]]\nname = \"free-memory\"\nquery = \"min by (node) (free)\"\n\
-         direction = \"decrease\"\ntolerance = 1.5\nwindow = \"5m\"\non_fail = \"cordon\"\n",
+         direction = \"decrease\"\ntolerance = 1.5\nwindow = \"5m\"\non_fail = \"cordon\"\n\
+         [[gate.checks]]\nname = \"error-ratio\"\nquery = \"sum(rate(errors[5m]))\"\n\
+         success_condition = \"result < 0.01\"\nfailure_condition = \">= 0.05\"\ncount = 3\n\
+         interval = \"1m\"\nfailure_limit = 1\n",
     )
     .unwrap();
     let judged = std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
@@ -784,9 +787,16 @@ async fn check_config_reports_every_bad_value_at_once() {
         ),
         "{text}"
     );
+    assert!(
+        text.contains(
+            "checks      error-ratio (success result < 0.01, failure >= 0.05; 3 x 1m, failure_limit 1, inconclusive_limit 0)"
+        ),
+        "{text}"
+    );
     std::fs::write(
         &analyses,
-        "[[gate.analysis]]\nname = \"latency\"\nquery = \"up\"\ntolerance = 0.8\n",
+        "[[gate.analysis]]\nname = \"latency\"\nquery = \"up\"\ntolerance = 0.8\n\
+         [[gate.checks]]\nname = \"errors\"\nquery = \"up\"\nsuccess_condition = \"~ 1\"\n",
     )
     .unwrap();
     let bad = std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
@@ -800,6 +810,7 @@ async fn check_config_reports_every_bad_value_at_once() {
     for want in [
         "gate.analysis[0].tolerance: 0.8 must be a ratio above 1",
         "gate.analysis: batch analyses read Prometheus: set gate.prometheus_url",
+        "gate.checks[0].success_condition: \"~ 1\" is not a condition like \"< 0.05\"",
     ] {
         assert!(err.contains(want), "{want} not in:\n{err}");
     }

@@ -112,8 +112,8 @@ fn the_rules_scale_by_one_factor() {
 
 #[tokio::test]
 async fn a_healthy_upgrade_of_one_control_plane_and_six_workers_closes_no_gate_of_its_own() {
-    // Batch analyses on (at their defaults, the window scaled): judging the batches adds
-    // no gate of its own either.
+    // Batch analyses and checks on (at their defaults, the durations scaled): judging the
+    // batches adds no gate of its own either.
     let r = Rehearsal::start_judged_alone("1.34.2", 6).await;
     // w3's node script takes a while (a slow mirror), as a real one does: rollgate has
     // the node in hand long enough to see what the inhibition does there.
@@ -184,6 +184,10 @@ async fn a_healthy_upgrade_of_one_control_plane_and_six_workers_closes_no_gate_o
         })
         .count();
     assert_eq!(not_yet, 2, "{run}");
+    // The check passed at each gate before a node: the control plane's and the six
+    // workers'.
+    assert_eq!(said("check latency-ceiling pass"), 7, "{run}");
+    assert_eq!(said("check latency-ceiling inconclusive"), 0, "{run}");
     // The node in hand was exported and its inhibition source fired for real nodes.
     let in_hand = label_values(
         &r,

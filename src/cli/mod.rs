@@ -600,6 +600,33 @@ pub fn run(cli: Cli) -> ExitCode {
                     .join("; ")
             };
             println!("  analyses    {analyses}");
+            let checks = if gate.checks.is_empty() {
+                "none (the gate reads alerts alone)".to_owned()
+            } else {
+                gate.checks
+                    .iter()
+                    .map(|c| {
+                        let conditions: Vec<String> = [
+                            c.success_condition.as_ref().map(|s| format!("success {s}")),
+                            c.failure_condition.as_ref().map(|f| format!("failure {f}")),
+                        ]
+                        .into_iter()
+                        .flatten()
+                        .collect();
+                        format!(
+                            "{} ({}; {} x {}, failure_limit {}, inconclusive_limit {})",
+                            c.name,
+                            conditions.join(", "),
+                            c.count,
+                            humantime::format_duration(c.interval),
+                            c.failure_limit,
+                            c.inconclusive_limit
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            };
+            println!("  checks      {checks}");
             println!(
                 "  workers     {} at a time (cluster.max_unavailable); none taken while more \
                  than {} of the nodes are NotReady (cluster.unhealthy_limit)",

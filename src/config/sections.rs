@@ -376,6 +376,144 @@ pub struct GateSettings {
     /// soak against the workers beside it, before the next batch's gate. TOML:
     /// `[[gate.analysis]]` tables.
     pub analysis: Vec<AnalysisSettings>,
+    /// Checks with thresholds (default: none), asked at the gate before each node or batch
+    /// is taken, once the gate is open. TOML: `[[gate.checks]]` tables.
+    pub checks: Vec<CheckSettings>,
+}
+
+/// One check (`[[gate.checks]]`): any PromQL, each series' value held against a success
+/// and a failure condition, `count` measurements `interval` apart; it fails past
+/// `failure_limit` failed measurements (the run halts), is inconclusive past
+/// `inconclusive_limit` (it holds like a closed gate, and halts past `gate.halt_after`),
+/// and passes after `count` within both.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CheckSettings {
+    /// Its name, in verdicts and the history (letters, digits, `_` and `-`).
+    pub name: String,
+    /// PromQL; every series it returns is measured (e.g.
+    /// `sum(rate(http_requests_total{code=~"5.."}[5m])) / sum(rate(http_requests_total[5m]))`).
+    pub query: String,
+    /// What every series' value must meet for a successful measurement, e.g. `< 0.01`
+    /// or, as Argo writes it, `result < 0.01` (default: none).
+    #[serde(default)]
+    pub success_condition: Option<String>,
+    /// What any series' value meeting makes a failed measurement, e.g. `>= 0.05`
+    /// (default: none). With both conditions, a value meeting neither is inconclusive.
+    #[serde(default)]
+    pub failure_condition: Option<String>,
+    /// How many measurements make a verdict (default 1).
+    #[serde(default = "CheckSettings::default_count")]
+    pub count: u32,
+    /// The time between two measurements (default `30s`).
+    #[serde(default = "CheckSettings::default_interval", with = "humantime_serde")]
+    #[schemars(schema_with = "crate::config::schema::duration")]
+    pub interval: Duration,
+    /// The most failed measurements that still pass (default 0).
+    #[serde(default)]
+    pub failure_limit: u32,
+    /// The most inconclusive measurements (query errors, no data) that still pass
+    /// (default 0).
+    #[serde(default)]
+    pub inconclusive_limit: u32,
+}
+
+impl CheckSettings {
+    fn default_count() -> u32 {
+        1
+    }
+    fn default_interval() -> Duration {
+        Duration::from_secs(30)
+    }
+
+    /// The check as the gate asks it (conditions that do not read are left out:
+    /// `check` refuses them first).
+    pub fn rule(&self) -> crate::domain::check::CheckRule {
+        let condition = |c: &Option<String>| {
+            c.as_deref()
+                .and_then(|c| crate::domain::check::Condition::parse(c).ok())
+        };
+        crate::domain::check::CheckRule {
+            name: self.name.clone(),
+            query: self.query.clone(),
+            success: condition(&self.success_condition),
+            failure: condition(&self.failure_condition),
+            count: self.count,
+            interval: self.interval,
+            failure_limit: self.failure_limit,
+            inconclusive_limit: self.inconclusive_limit,
+        }
+    }
+
+    fn check(&self, key: &str, halt_after: Duration, p: &mut Problems) {
+        if !valid_rule_name(&self.name) {
+            p.add(
+                &format!("{key}.name"),
+                format!("{:?} must be 1-63 letters, digits, '_' and '-'", self.name),
+            );
+        }
+        if self.query.trim().is_empty() {
+            p.add(&format!("{key}.query"), "a PromQL query is needed");
+        }
+        for (field, condition) in [
+            ("success_condition", &self.success_condition),
+            ("failure_condition", &self.failure_condition),
+        ] {
+            if let Some(Err(e)) = condition
+                .as_deref()
+                .map(crate::domain::check::Condition::parse)
+            {
+                p.add(&format!("{key}.{field}"), e);
+            }
+        }
+        if self.success_condition.is_none() && self.failure_condition.is_none() {
+            p.add(
+                &format!("{key}.success_condition"),
+                "a check needs a success_condition, a failure_condition or both",
+            );
+        }
+        p.range(&format!("{key}.count"), self.count, 1, 1000);
+        p.duration(&format!("{key}.interval"), self.interval, 100, 3_600_000);
+        if self.failure_limit >= self.count {
+            p.add(
+                &format!("{key}.failure_limit"),
+                format!(
+                    "{} must be below count ({}): the check could never fail",
+                    self.failure_limit, self.count
+                ),
+            );
+        }
+        if self.inconclusive_limit >= self.count {
+            p.add(
+                &format!("{key}.inconclusive_limit"),
+                format!(
+                    "{} must be below count ({}): no data could pass the check",
+                    self.inconclusive_limit, self.count
+                ),
+            );
+        }
+        let measuring = self.interval.saturating_mul(self.count.saturating_sub(1));
+        if measuring >= halt_after {
+            p.add(
+                &format!("{key}.interval"),
+                format!(
+                    "{} measurements {} apart take longer than gate.halt_after ({})",
+                    self.count,
+                    humantime::format_duration(self.interval),
+                    humantime::format_duration(halt_after)
+                ),
+            );
+        }
+    }
+}
+
+/// A gate analysis's or check's name: 1-63 letters, digits, `_` and `-`.
+fn valid_rule_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
 /// One batch analysis (`[[gate.analysis]]`): after each batch's soak, the batch's change
@@ -454,13 +592,7 @@ impl AnalysisSettings {
     }
 
     fn check(&self, key: &str, p: &mut Problems) {
-        let valid_name = !self.name.is_empty()
-            && self.name.len() <= 63
-            && self
-                .name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-        if !valid_name {
+        if !valid_rule_name(&self.name) {
             p.add(
                 &format!("{key}.name"),
                 format!("{:?} must be 1-63 letters, digits, '_' and '-'", self.name),
@@ -524,6 +656,7 @@ impl Default for GateSettings {
             self_silence_ttl: Duration::from_secs(600),
             self_silence_tail: Duration::from_secs(120),
             analysis: Vec::new(),
+            checks: Vec::new(),
         }
     }
 }
@@ -655,6 +788,17 @@ impl GateSettings {
                 "analysis",
                 "batch analyses read Prometheus: set gate.prometheus_url",
             );
+        }
+        let mut names = BTreeSet::new();
+        for (i, check) in self.checks.iter().enumerate() {
+            let key = format!("checks[{i}]");
+            check.check(&key, self.halt_after, p);
+            if !names.insert(check.name.as_str()) {
+                p.add(
+                    &format!("{key}.name"),
+                    format!("{:?} names two checks", check.name),
+                );
+            }
         }
         if let Err(e) = crate::domain::self_silence::check_templates(&self.self_silences) {
             p.add("self_silences", e);

@@ -376,3 +376,76 @@ query = "up"
     let err = Settings::load_from(Some(&path), env(&[])).unwrap_err();
     assert!(err.to_string().contains("threshold"), "{err}");
 }
+
+#[test]
+fn checks_are_read_from_tables_and_every_bad_value_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rollgate.toml");
+    std::fs::write(
+        &path,
+        r#"
+[[gate.checks]]
+name = "error-ratio"
+query = "sum(rate(errors[5m])) / sum(rate(requests[5m]))"
+success_condition = "result < 0.01"
+failure_condition = ">= 0.05"
+count = 3
+interval = "1m"
+failure_limit = 1
+inconclusive_limit = 1
+"#,
+    )
+    .unwrap();
+    let s = Settings::load_from(Some(&path), env(&[])).unwrap();
+    let rule = s.gate.checks[0].rule();
+    assert_eq!(rule.name, "error-ratio");
+    assert_eq!(
+        rule.success.map(|c| c.to_string()).as_deref(),
+        Some("< 0.01")
+    );
+    assert_eq!(
+        rule.failure.map(|c| c.to_string()).as_deref(),
+        Some(">= 0.05")
+    );
+    assert_eq!((rule.count, rule.interval), (3, Duration::from_secs(60)));
+    assert_eq!((rule.failure_limit, rule.inconclusive_limit), (1, 1));
+
+    std::fs::write(
+        &path,
+        r#"
+[gate]
+halt_after = "1m"
+[[gate.checks]]
+name = "no-conditions"
+query = "up"
+[[gate.checks]]
+name = "bad"
+query = ""
+success_condition = "below 1"
+failure_condition = "> x"
+count = 3
+interval = "1m"
+failure_limit = 3
+inconclusive_limit = 5
+[[gate.checks]]
+name = "bad"
+query = "up"
+success_condition = "< 1"
+"#,
+    )
+    .unwrap();
+    let err = Settings::load_from(Some(&path), env(&[])).unwrap_err();
+    let keys: BTreeSet<_> = err.0.iter().map(|p| p.key.as_str()).collect();
+    for key in [
+        "gate.checks[0].success_condition",
+        "gate.checks[1].query",
+        "gate.checks[1].success_condition",
+        "gate.checks[1].failure_condition",
+        "gate.checks[1].failure_limit",
+        "gate.checks[1].inconclusive_limit",
+        "gate.checks[1].interval",
+        "gate.checks[2].name",
+    ] {
+        assert!(keys.contains(key), "{key} not reported in {err}");
+    }
+}

@@ -5,6 +5,7 @@ pub mod analysis;
 pub mod backoff;
 pub mod breaker;
 pub mod budget;
+pub mod check;
 pub mod cohorts;
 pub mod distribution;
 pub mod engine;

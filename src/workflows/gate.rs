@@ -3,12 +3,14 @@
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::domain::alert::AlertStatus;
 use crate::domain::breaker;
 use crate::domain::budget::UnhealthyLimit;
+use crate::domain::check::{self, CheckRule, CheckVerdict, Measurement};
 use crate::domain::engine::StepOutcome;
 use crate::domain::gate::{self, AmReading, Policy, PromReading, PromSeries, Verdict};
 use crate::domain::run::{Run, RunKind};
@@ -437,10 +439,169 @@ pub fn may_open(alerts: &[crate::domain::alert::Alert]) -> bool {
 }
 
 /// The `gate` step: go ahead only when the gate is open and, before a node is taken,
-/// the circuit breaker has not tripped.
+/// the circuit breaker has not tripped and the checks (`gate.checks`) have passed.
 pub struct GateStep {
     gate: Arc<Gate>,
     breaker: Option<Breaker>,
+    checks: Option<Checks>,
+}
+
+/// The checks' part of a gate: what they read and ask, and their measurements so far.
+struct Checks {
+    prometheus: Option<Arc<dyn MetricsSource>>,
+    rules: Vec<CheckRule>,
+    halt_after: Duration,
+    poll_interval: Duration,
+    /// Per gate in hand (run, step, its first start): each check's measurements.
+    taken: Mutex<HashMap<CheckKey, Measuring>>,
+}
+
+/// A gate in hand: its run, its index, and when it was first started (a resume starts
+/// it again, and its checks with it).
+type CheckKey = (String, usize, Option<DateTime<Utc>>);
+
+/// What a gate's checks have measured so far.
+#[derive(Default)]
+struct Measuring {
+    /// Per check (in `rules` order), its measurements and when the last was taken.
+    taken: Vec<(Vec<Measurement>, Option<std::time::Instant>)>,
+    /// Since when a check has been inconclusive, without a pass since.
+    inconclusive_since: Option<std::time::Instant>,
+}
+
+/// Past this many gates measured at once, the oldest measurements are forgotten: a run
+/// aborted while its gate measured leaves its entry behind.
+const MEASURING_AT_MOST: usize = 256;
+
+impl Checks {
+    /// The value of every series `query` returns now, or why there is none.
+    async fn read(&self, query: &str) -> Result<Vec<f64>, String> {
+        let Some(prometheus) = &self.prometheus else {
+            return Err("no Prometheus configured (gate.prometheus_url)".into());
+        };
+        let now = Utc::now();
+        let series = prometheus
+            .query_range(query, now, now, Duration::from_secs(1))
+            .await
+            .map_err(|e| format!("the query failed: {e}"))?;
+        Ok(series
+            .iter()
+            .filter_map(|s| s.values.last().copied())
+            .collect())
+    }
+
+    /// Measures what is due at gate `index` of `run` and decides: go on, measure again
+    /// later, hold (inconclusive) or halt (failed, or inconclusive past `halt_after`).
+    async fn ask(&self, run: &Run, index: usize) -> StepOutcome {
+        let key: CheckKey = (run.id.clone(), index, run.steps[index].started_at);
+        let now = std::time::Instant::now();
+        let due: Vec<usize> = {
+            let Ok(mut all) = self.taken.lock() else {
+                return StepOutcome::retry("the checks' measurements cannot be read");
+            };
+            if all.len() > MEASURING_AT_MOST && !all.contains_key(&key) {
+                all.clear();
+            }
+            let m = all.entry(key.clone()).or_default();
+            m.taken.resize_with(self.rules.len(), Default::default);
+            self.rules
+                .iter()
+                .zip(&m.taken)
+                .enumerate()
+                .filter(|(_, (rule, (taken, last)))| {
+                    check::tally(rule, taken) == CheckVerdict::Measuring
+                        && last.is_none_or(|at| now.duration_since(at) >= rule.interval)
+                })
+                .map(|(i, _)| i)
+                .collect()
+        };
+        let read =
+            futures_util::future::join_all(due.iter().map(|&i| self.read(&self.rules[i].query)))
+                .await;
+        let Ok(mut all) = self.taken.lock() else {
+            return StepOutcome::retry("the checks' measurements cannot be read");
+        };
+        let m = all.entry(key.clone()).or_default();
+        m.taken.resize_with(self.rules.len(), Default::default);
+        for (&i, reading) in due.iter().zip(read) {
+            let (taken, last) = &mut m.taken[i];
+            taken.push(check::measure(&self.rules[i], reading));
+            *last = Some(now);
+        }
+        let verdicts: Vec<(CheckVerdict, String)> = self
+            .rules
+            .iter()
+            .zip(&m.taken)
+            .map(|(rule, (taken, _))| {
+                let verdict = check::tally(rule, taken);
+                let line = check::describe(rule, &verdict, taken);
+                (verdict, line)
+            })
+            .collect();
+        let lines = |want: CheckVerdict| -> Vec<String> {
+            verdicts
+                .iter()
+                .filter(|(v, _)| *v == want)
+                .map(|(_, line)| line.clone())
+                .collect()
+        };
+        let failed = lines(CheckVerdict::Fail);
+        if !failed.is_empty() {
+            all.remove(&key);
+            return StepOutcome::Halt {
+                reason: failed.join("; "),
+            };
+        }
+        let inconclusive = lines(CheckVerdict::Inconclusive);
+        if !inconclusive.is_empty() {
+            let since = *m.inconclusive_since.get_or_insert(now);
+            if now.duration_since(since) >= self.halt_after {
+                all.remove(&key);
+                return StepOutcome::Halt {
+                    reason: format!(
+                        "inconclusive for {}s (gate.halt_after {}s): {}",
+                        now.duration_since(since).as_secs(),
+                        self.halt_after.as_secs(),
+                        inconclusive.join("; ")
+                    ),
+                };
+            }
+            // Measured again from the start at the next poll: a query that recovers lets
+            // the gate go on, as a resolved alert does.
+            for (rule, (taken, last)) in self.rules.iter().zip(m.taken.iter_mut()) {
+                if check::tally(rule, taken) == CheckVerdict::Inconclusive {
+                    taken.clear();
+                    *last = None;
+                }
+            }
+            return StepOutcome::Blocked {
+                reasons: inconclusive,
+                retry_at: Utc::now()
+                    + chrono::Duration::from_std(self.poll_interval).unwrap_or_default(),
+            };
+        }
+        if verdicts.iter().all(|(v, _)| *v == CheckVerdict::Pass) {
+            all.remove(&key);
+            let passed: Vec<String> = verdicts.iter().map(|(_, line)| line.clone()).collect();
+            return StepOutcome::Announced {
+                note: format!("gate open; {}", passed.join("; ")),
+            };
+        }
+        let next = self
+            .rules
+            .iter()
+            .zip(&m.taken)
+            .filter(|(rule, (taken, _))| check::tally(rule, taken) == CheckVerdict::Measuring)
+            .filter_map(|(rule, (_, last))| {
+                last.map(|at| (at + rule.interval).saturating_duration_since(now))
+            })
+            .min()
+            .unwrap_or(self.poll_interval);
+        StepOutcome::Wait {
+            until: Utc::now() + chrono::Duration::from_std(next).unwrap_or_default(),
+            reason: lines(CheckVerdict::Measuring).join("; "),
+        }
+    }
 }
 
 /// The circuit breaker's part of a gate: the cluster's nodes, and how many may be NotReady.
@@ -455,7 +616,29 @@ impl GateStep {
         Self {
             gate,
             breaker: None,
+            checks: None,
         }
+    }
+
+    /// The same step, which before a node is taken also asks `rules` of `prometheus`
+    /// once the gate is open, holding while one is inconclusive (and halting past
+    /// `halt_after`), halting when one fails.
+    pub fn with_checks(
+        mut self,
+        prometheus: Option<Arc<dyn MetricsSource>>,
+        rules: Vec<CheckRule>,
+        halt_after: Duration,
+    ) -> Self {
+        if !rules.is_empty() {
+            self.checks = Some(Checks {
+                prometheus,
+                rules,
+                halt_after,
+                poll_interval: self.gate.poll_interval(),
+                taken: Mutex::new(HashMap::new()),
+            });
+        }
+        self
     }
 
     /// The same step, which before a node is taken also holds while more of `cluster`'s
@@ -492,9 +675,12 @@ impl GateStep {
 impl StepExecutor for GateStep {
     async fn execute(&self, run: &Run, index: usize) -> StepOutcome {
         let (report, tripped) = tokio::join!(self.gate.evaluate(), self.breaker_holds(run, index));
-        match (report.verdict_for(run.kind), tripped) {
-            (Verdict::Open, None) => StepOutcome::done("gate open"),
-            (verdict, tripped) => {
+        match (report.verdict_for(run.kind), tripped, &self.checks) {
+            (Verdict::Open, None, Some(checks)) if breaker::guards_nodes(run, index) => {
+                checks.ask(run, index).await
+            }
+            (Verdict::Open, None, _) => StepOutcome::done("gate open"),
+            (verdict, tripped, _) => {
                 let mut reasons = verdict.reasons();
                 reasons.extend(tripped);
                 self.gate.held_for(reasons)

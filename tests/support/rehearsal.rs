@@ -318,9 +318,10 @@ impl Rehearsal {
         Self::start_taking(AT_ONCE as u32, kubelet, workers, false).await
     }
 
-    /// As [`Rehearsal::start_alone`], with batch analyses on: one exporter per node
-    /// (the same on every version, [`Upgraded::Same`]) scraped at the scaled interval,
-    /// and one `[[gate.analysis]]` over its latency at its defaults, its window scaled.
+    /// As [`Rehearsal::start_alone`], with batch analyses and checks on: one exporter per
+    /// node (the same on every version, [`Upgraded::Same`]) scraped at the scaled
+    /// interval, one `[[gate.analysis]]` over its latency at its defaults, its window
+    /// scaled, and one `[[gate.checks]]` that the latency stays under a second.
     pub async fn start_judged_alone(kubelet: &str, workers: usize) -> Self {
         Self::start_taking(AT_ONCE as u32, kubelet, workers, true).await
     }
@@ -412,10 +413,12 @@ impl Rehearsal {
         if judged {
             let config = d.join("analysis.toml");
             let window = scale.text(Duration::from_secs(600));
+            let interval = scale.text(Duration::from_secs(30));
             std::fs::write(
                 &config,
                 format!(
-                    "[[gate.analysis]]\nname = \"latency-p99\"\nquery = \"max by (node) ({METRIC})\"\nwindow = \"{window}\"\n"
+                    "[[gate.analysis]]\nname = \"latency-p99\"\nquery = \"max by (node) ({METRIC})\"\nwindow = \"{window}\"\n\
+                     [[gate.checks]]\nname = \"latency-ceiling\"\nquery = \"max({METRIC})\"\nsuccess_condition = \"< 1\"\ninterval = \"{interval}\"\n"
                 ),
             )
             .expect("analysis.toml");
