@@ -133,6 +133,132 @@ async fn a_batch_that_regressed_halts_the_run_naming_the_analysis_the_effect_and
             "{node} of the second batch was cordoned: {log:?}"
         );
     }
+    // The verdict's figures, kept on the analysis step.
+    let step = find_step(&halted, &format!("workers/analysis@{last}")).expect("the step");
+    let finding = &step["findings"][0];
+    assert_eq!(
+        (&finding["analysis"], &finding["verdict"]),
+        (&"latency-p99".into(), &"fail".into()),
+        "{step}"
+    );
+    assert_eq!(sorted(&finding["canary"]["nodes"]), sorted_names(&plan[0]));
+    assert_eq!(
+        finding["baseline"]["nodes"].as_array().map(Vec::len),
+        Some(8)
+    );
+    let kept = finding["effect"].as_f64().unwrap_or_default();
+    assert!((kept - effect).abs() <= 0.005, "{kept} against {effect}");
+    // `rollgate runs show` prints them.
+    let shown = std::process::Command::new(env!("CARGO_BIN_EXE_rollgate"))
+        .args(["runs", "show", &id])
+        .env("ROLLGATE__SERVER__LISTEN", format!("127.0.0.1:{}", rg.port))
+        .env("ROLLGATE__DATA_DIR", rg.data_dir())
+        .output()
+        .expect("rollgate runs show");
+    let words = String::from_utf8_lossy(&shown.stdout);
+    for want in [
+        format!("batch 1  workers/analysis@{last}  latency-p99  fail: effect {effect:.2}"),
+        "  comparison  8 node(s), median change ".to_owned(),
+        "  batch       4 node(s), median change ".to_owned(),
+    ] {
+        assert!(words.contains(&want), "{want:?} not in\n{words}");
+    }
+    the_page_pictures_the_failed_batch(&rg, &id, &plan[0], effect).await;
+}
+
+fn sorted(names: &serde_json::Value) -> Vec<String> {
+    let mut names: Vec<String> = names
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|n| n.as_str().map(str::to_owned))
+        .collect();
+    names.sort();
+    names
+}
+
+fn sorted_names(names: &[String]) -> Vec<String> {
+    let mut names = names.to_vec();
+    names.sort();
+    names
+}
+
+/// The status page, in Chromium, pictures the failed batch: its four nodes beside the
+/// eight comparison nodes, one dot each, the batch's median above the comparison's, and
+/// the verdict with its effect.
+async fn the_page_pictures_the_failed_batch(
+    rg: &Rollgate,
+    id: &str,
+    batch: &[String],
+    effect: f64,
+) {
+    let browser = support::webdriver::Browser::start(1280, 900).await;
+    browser.goto(&format!("{}/ui#/runs/{id}", rg.base())).await;
+    let shown = Duration::from_secs(20);
+    browser
+        .wait_text("#login-form h1", "the login", shown, |t| {
+            t.contains("Log in")
+        })
+        .await;
+    browser.type_into("#token", &rg.token).await;
+    browser.click("#login").await;
+    browser
+        .wait_text(
+            "#analyses figure[data-verdict]",
+            "the analysis picture",
+            shown,
+            |t| !t.is_empty(),
+        )
+        .await;
+    let picture = browser
+        .script(
+            "return [...document.querySelectorAll('#analyses figure.analysis')].map((f) => ({
+               analysis: f.dataset.analysis, verdict: f.dataset.verdict, batch: f.dataset.batch,
+               width: f.querySelector('svg').getBoundingClientRect().width,
+               words: f.querySelector('.finding-words').innerText,
+               groups: [...f.querySelectorAll('g.group')].map((g) => ({
+                 group: g.dataset.group, nodes: Number(g.dataset.nodes),
+                 dots: [...g.querySelectorAll('circle.dot title')].map((t) => t.textContent.split(':')[0]),
+                 median: Number(g.querySelector('line.median').getAttribute('y1')) })) }))",
+        )
+        .await;
+    let figures = picture.as_array().expect("figures");
+    assert_eq!(figures.len(), 1, "{picture}");
+    let f = &figures[0];
+    assert_eq!(
+        (&f["analysis"], &f["verdict"], &f["batch"]),
+        (&"latency-p99".into(), &"fail".into(), &"1".into()),
+        "{f}"
+    );
+    assert!(
+        f["width"].as_f64().unwrap_or_default() > 100.0,
+        "drawn: {f}"
+    );
+    let words = f["words"].as_str().unwrap_or_default();
+    assert!(
+        words.contains("fail") && words.contains(&format!("effect {effect:.2}")),
+        "{words}"
+    );
+    let (canary, baseline) = (&f["groups"][0], &f["groups"][1]);
+    assert_eq!(canary["group"], "canary", "{f}");
+    assert_eq!(sorted(&canary["dots"]), sorted_names(batch), "{f}");
+    assert_eq!(baseline["group"], "baseline", "{f}");
+    assert_eq!(baseline["dots"].as_array().map(Vec::len), Some(8), "{f}");
+    assert_eq!(
+        (canary["nodes"].clone(), baseline["nodes"].clone()),
+        (4.into(), 8.into())
+    );
+    // SVG's y grows downwards: the batch's worse median is drawn higher.
+    assert!(
+        canary["median"].as_f64() < baseline["median"].as_f64(),
+        "{f}"
+    );
+    // What the picture looks like, for a person to look at.
+    browser
+        .script("document.getElementById('analyses').scrollIntoView()")
+        .await;
+    let shot = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("analysis-picture.png");
+    browser.screenshot(&shot).await;
 }
 
 #[tokio::test]

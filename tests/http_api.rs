@@ -856,9 +856,15 @@ async fn the_cli_lists_shows_and_controls_runs() {
         .wait_run(&id, "halted by the cli", |r| r["status"] == "halted")
         .await;
     assert_eq!(run["reason"], "halt by admin: from the cli");
-    let show = cli(&["runs", "show", &id]);
+    let show = cli(&["runs", "show", &id, "--json"]);
     let shown: Value = serde_json::from_slice(&show.stdout).unwrap();
     assert_eq!(shown["status"], "halted");
+    let words = String::from_utf8_lossy(&cli(&["runs", "show", &id]).stdout).into_owned();
+    assert!(
+        words.contains("status   halted: halt by admin: from the cli"),
+        "{words}"
+    );
+    assert!(words.contains("preflight/gate"), "{words}");
     let again = cli(&["runs", "halt", &id]);
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("409"));

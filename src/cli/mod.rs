@@ -13,6 +13,7 @@ mod etcd_roll;
 mod fleet;
 mod plan;
 mod runs;
+mod show;
 pub mod watch;
 
 use detect::detect;
@@ -317,10 +318,14 @@ pub enum RunsAction {
         #[arg(long)]
         json: bool,
     },
-    /// Show one run with its steps and history (JSON).
+    /// Show one run: every step with its attempts and last outcome, each batch analysis's
+    /// verdict with its figures, and the history.
     Show {
         /// The run's id, as `runs list` shows it.
         id: String,
+        /// Print the run as the API's JSON instead.
+        #[arg(long)]
+        json: bool,
     },
     /// Follow a run live until it ends, a line per transition with its progress. Exit 0
     /// when it succeeds, 3 when it halts, 4 when it fails, 5 when it is aborted.

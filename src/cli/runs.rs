@@ -146,6 +146,7 @@ pub(super) async fn runs(
     let value = answer(resp).await?;
     match action {
         RunsAction::List { json: false, .. } => print_runs(&value),
+        RunsAction::Show { json: false, .. } => print!("{}", super::show::run_in_words(&value)),
         _ => println!("{}", serde_json::to_string_pretty(&value)?),
     }
     Ok(ExitCode::SUCCESS)
@@ -175,7 +176,7 @@ fn runs_request(
             drop(query);
             (reqwest::Method::GET, None)
         }
-        RunsAction::Show { id } | RunsAction::Watch { id, .. } => {
+        RunsAction::Show { id, .. } | RunsAction::Watch { id, .. } => {
             segments.push(id);
             (reqwest::Method::GET, None)
         }
@@ -242,6 +243,7 @@ mod tests {
             (
                 RunsAction::Show {
                     id: "a/b?c=d#e".into(),
+                    json: false,
                 },
                 "GET",
                 "http://127.0.0.1:8080/v1/runs/a%2Fb%3Fc=d%23e",
@@ -260,7 +262,14 @@ mod tests {
             assert_eq!((m.as_str(), u.as_str()), (method, url));
         }
         let prefixed = reqwest::Url::parse("https://ops.example/rollgate").unwrap();
-        let (_, u, _) = runs_request(&prefixed, &RunsAction::Show { id: "r".into() }).unwrap();
+        let (_, u, _) = runs_request(
+            &prefixed,
+            &RunsAction::Show {
+                id: "r".into(),
+                json: true,
+            },
+        )
+        .unwrap();
         assert_eq!(u.as_str(), "https://ops.example/rollgate/v1/runs/r");
     }
 }

@@ -518,8 +518,8 @@ fn valid_rule_name(name: &str) -> bool {
 
 /// One batch analysis (`[[gate.analysis]]`): after each batch's soak, the batch's change
 /// of a per-node figure is compared with the change on the workers not yet touched (the
-/// last batch: the workers done before it), by a one-sided Mann–Whitney U test and the
-/// ratio of the two groups' median changes.
+/// last batch: the workers done before it), by a one-sided Mann–Whitney U test and its
+/// effect, the Hodges–Lehmann ratio of the batch's changes to the baseline's.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AnalysisSettings {
@@ -534,7 +534,7 @@ pub struct AnalysisSettings {
     /// `decrease` (throughput, free memory).
     #[serde(default = "AnalysisSettings::default_direction")]
     pub direction: crate::domain::analysis::Direction,
-    /// The largest ratio of the batch's median change to the baseline's that passes
+    /// The largest effect that passes, as a ratio of the batch's change to the baseline's
     /// (default 1.2: 20 % worse); above 1.
     #[serde(default = "AnalysisSettings::default_tolerance")]
     pub tolerance: f64,

@@ -5,6 +5,7 @@
 
 use chrono::{DateTime, Utc};
 
+use super::analysis::Finding;
 use super::backoff::Backoff;
 use super::budget::FailureBudget;
 use super::event::ControlAction;
@@ -91,6 +92,14 @@ pub enum StepOutcome {
         /// What happened.
         note: String,
     },
+    /// `then`, with what the step found (a batch analysis's verdicts and their figures):
+    /// kept on the step, in place of what it found before.
+    Judged {
+        /// What it found.
+        findings: Vec<Finding>,
+        /// How it ended.
+        then: Box<StepOutcome>,
+    },
     /// Waits for an operator's approval (`POST /v1/runs/{id}/approve`); meanwhile come back
     /// to the step at `until`.
     AwaitApproval {
@@ -130,6 +139,14 @@ impl StepOutcome {
     pub fn retry(error: impl std::fmt::Display) -> Self {
         Self::Retry {
             error: error.to_string(),
+        }
+    }
+
+    /// `then`, having found `findings`.
+    pub fn judged(findings: Vec<Finding>, then: StepOutcome) -> Self {
+        Self::Judged {
+            findings,
+            then: Box::new(then),
         }
     }
 
@@ -789,6 +806,10 @@ fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context)
     step.held = None;
     let label = step.label();
     match outcome {
+        StepOutcome::Judged { findings, then } => {
+            step.findings = findings;
+            step_finished(run, epoch, *then, ctx)
+        }
         StepOutcome::Done { note, learned } => {
             if let Some(learned) = learned {
                 run.memory.keep(learned);
@@ -1388,6 +1409,13 @@ mod tests {
 
     #[test]
     fn a_step_that_finds_a_halt_halts_under_either_policy_and_a_resume_asks_it_again() {
+        let criteria = super::super::analysis::Criteria {
+            direction: super::super::analysis::Direction::Increase,
+            tolerance: 1.2,
+            min_samples: 3,
+            significance: 0.05,
+        };
+        let found = Finding::unread("latency", &criteria, "no data for the batch");
         for policy in [FailurePolicy::Halt, FailurePolicy::Fail] {
             let mut run = run_with(&["a", "b"]);
             run.on_failure = policy;
@@ -1402,9 +1430,12 @@ mod tests {
                     (
                         Input::StepFinished {
                             epoch: 1,
-                            outcome: StepOutcome::Halt {
-                                reason: "latency regressed".into(),
-                            },
+                            outcome: StepOutcome::judged(
+                                vec![found.clone()],
+                                StepOutcome::Halt {
+                                    reason: "latency regressed".into(),
+                                },
+                            ),
                         },
                         RunStatus::Halted,
                         Next::Nothing,
@@ -1428,6 +1459,12 @@ mod tests {
                 "fresh attempts: {:?}",
                 run.steps[0]
             );
+            assert_eq!(
+                run.steps[0].findings,
+                std::slice::from_ref(&found),
+                "kept on the step"
+            );
+            assert!(run.touched.all || run.touched.steps.contains(&0));
         }
     }
 

@@ -7,6 +7,7 @@ use std::any::Any;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
+use super::analysis::Finding;
 use super::input::FieldErrors;
 
 pub use super::run_kind::RunKind;
@@ -124,6 +125,10 @@ pub struct Step {
     /// When a waiting step comes back (its wake is in the queue under `epoch`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wake_at: Option<DateTime<Utc>>,
+    /// A batch analysis step's last verdicts on its batch, one per `gate.analysis`, with
+    /// the figures behind them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub findings: Vec<Finding>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -143,6 +148,7 @@ impl Step {
             held: None,
             epoch: 0,
             wake_at: None,
+            findings: Vec::new(),
         }
     }
     /// `stage/name@node`, leaving out what is empty or repeated.

@@ -14,7 +14,7 @@ use prometheus::{GaugeVec, IntGaugeVec, Opts};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::domain::analysis::{self, AnalysisRule, Judgement, OnFail, Verdict};
+use crate::domain::analysis::{self, AnalysisRule, Finding, Judgement, OnFail, VerdictName};
 use crate::domain::cohorts::{self, Baseline, Cohorts, CohortsError};
 use crate::domain::engine::StepOutcome;
 use crate::domain::run::Run;
@@ -29,7 +29,7 @@ const POINTS_PER_WINDOW: u32 = 60;
 pub struct AnalysisMetrics {
     /// Per analysis, 1 for its last verdict (`pass`, `fail`, `inconclusive`), 0 for the others.
     pub verdict: IntGaugeVec,
-    /// Per analysis, its last effect: the batch's median change over the baseline's.
+    /// Per analysis, its last effect: the batch's change over the baseline's.
     pub effect: GaugeVec,
     /// Per analysis, its last one-sided p-value.
     pub p_value: GaugeVec,
@@ -56,7 +56,7 @@ impl MetricSet for AnalysisMetrics {
             ),
             effect: per_analysis(
                 "rollgate_analysis_effect",
-                "The last effect of each batch analysis: the batch's median change over the comparison nodes'.",
+                "The last effect of each batch analysis: the batch's change over the comparison nodes' (Hodges-Lehmann ratio).",
             ),
             p_value: per_analysis(
                 "rollgate_analysis_p_value",
@@ -82,22 +82,24 @@ struct Judged<'a> {
 }
 
 impl Judged<'_> {
-    fn verdict(&self) -> &'static str {
+    fn verdict(&self) -> VerdictName {
         match &self.result {
-            Ok(Judgement {
-                verdict: Verdict::Pass,
-                ..
-            }) => "pass",
-            Ok(Judgement {
-                verdict: Verdict::Fail,
-                ..
-            }) => "fail",
-            _ => "inconclusive",
+            Ok(judgement) => judgement.verdict.name(),
+            Err(_) => VerdictName::Inconclusive,
         }
     }
 
     fn failed(&self) -> bool {
-        self.verdict() == "fail"
+        self.verdict() == VerdictName::Fail
+    }
+
+    /// The verdict with its figures, as the step keeps it.
+    fn finding(&self) -> Finding {
+        let (name, criteria) = (&self.rule.name, &self.rule.criteria);
+        match &self.result {
+            Ok(judgement) => Finding::of(name, criteria, judgement),
+            Err(why) => Finding::unread(name, criteria, why),
+        }
     }
 
     /// `analysis NAME VERDICT: figures`, one line.
@@ -176,10 +178,14 @@ impl AnalysisStep {
 
     fn record(&self, judged: &Judged) {
         let name = judged.rule.name.as_str();
-        for verdict in ["pass", "fail", "inconclusive"] {
+        for verdict in [
+            VerdictName::Pass,
+            VerdictName::Fail,
+            VerdictName::Inconclusive,
+        ] {
             self.metrics
                 .verdict
-                .with_label_values(&[name, verdict])
+                .with_label_values(&[name, verdict.as_str()])
                 .set(i64::from(verdict == judged.verdict()));
         }
         if let Ok(j) = &judged.result {
@@ -297,8 +303,23 @@ impl StepExecutor for AnalysisStep {
         for j in &judged {
             self.record(j);
         }
+        let findings: Vec<Finding> = judged.iter().map(Judged::finding).collect();
+        let outcome = self.outcome(run, &c, &judged, now).await;
+        StepOutcome::judged(findings, outcome)
+    }
+}
+
+impl AnalysisStep {
+    /// How the step ends, from the analyses' judgements of the batch `c`.
+    async fn outcome(
+        &self,
+        run: &Run,
+        c: &Cohorts,
+        judged: &[Judged<'_>],
+        now: DateTime<Utc>,
+    ) -> StepOutcome {
         let lines: Vec<String> = judged.iter().map(Judged::line).collect();
-        let batch = groups_words(&c);
+        let batch = groups_words(c);
         if judged.iter().any(Judged::failed) {
             let failed: Vec<String> = judged
                 .iter()
@@ -316,11 +337,14 @@ impl StepExecutor for AnalysisStep {
             }
             return StepOutcome::Halt { reason };
         }
-        if judged.iter().any(|j| j.verdict() == "inconclusive") {
+        if judged
+            .iter()
+            .any(|j| j.verdict() == VerdictName::Inconclusive)
+        {
             return StepOutcome::Blocked {
                 reasons: judged
                     .iter()
-                    .filter(|j| j.verdict() == "inconclusive")
+                    .filter(|j| j.verdict() == VerdictName::Inconclusive)
                     .map(|j| format!("{batch}: {}", j.line()))
                     .collect(),
                 retry_at: now + chrono::Duration::from_std(self.poll_interval).unwrap_or_default(),

@@ -300,6 +300,98 @@ async function loadFleet() {
     el('ul', { class: 'blockers' }, items));
 }
 
+// --- batch analyses -----------------------------------------------------------------
+
+const SVG = 'http://www.w3.org/2000/svg';
+
+function svg(tag, attrs, ...children) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, String(value));
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+// Every analysis step's findings, numbered by batch in plan order.
+function analysesOf(run) {
+  const out = [];
+  let batch = 0;
+  for (const step of run.steps || []) {
+    if (step.name !== 'analysis') continue;
+    batch += 1;
+    for (const finding of step.findings || []) out.push({ step, batch, finding });
+  }
+  return out;
+}
+
+function fixed(x, digits) {
+  return x === null || x === undefined ? '∞' : Number(x).toFixed(digits);
+}
+
+const PICTURE = { width: 320, height: 150, top: 14, bottom: 20, left: 44 };
+
+// One finding as a picture: each group's changes (after / before) as dots, one per node,
+// on a log scale, its median as a bar, the baseline's median moved by the tolerance as a
+// dashed line, and no change (1.0) as a faint one. An infinite change sits on the top edge.
+function findingPicture(f) {
+  const groups = [
+    { key: 'canary', label: 'batch', figures: f.canary, x: 130 },
+    { key: 'baseline', label: 'comparison', figures: f.baseline, x: 250 },
+  ];
+  const finite = groups.flatMap((g) => g.figures.changes).filter((c) => c !== null && c > 0);
+  const bound = f.baseline.median ? (f.direction === 'decrease' ? f.baseline.median / f.tolerance : f.baseline.median * f.tolerance) : null;
+  const span = finite.concat([1, bound].filter((v) => v !== null && v > 0));
+  const lo = Math.log(Math.min(...span)) - 0.05;
+  const hi = Math.log(Math.max(...span)) + 0.05;
+  const { width, height, top, bottom, left } = PICTURE;
+  const y = (v) => (v === null ? top : v <= 0 ? height - bottom
+    : top + (hi - Math.log(v)) / (hi - lo) * (height - top - bottom));
+  const level = (v, cls, label) => [
+    svg('line', { class: cls, x1: left, x2: width - 6, y1: y(v), y2: y(v) }),
+    svg('text', { class: 'tick', x: left - 4, y: y(v) + 4, 'text-anchor': 'end' }, label || fixed(v, 2))];
+  const parts = [level(1, 'no-change')];
+  if (bound) parts.push(level(bound, 'tolerance', fixed(bound, 2)));
+  for (const g of groups) {
+    const changes = g.figures.changes;
+    const dots = changes.map((c, i) => {
+      const dx = (i % 5 - 2) * 7;
+      return svg('circle', { class: 'dot dot-' + g.key + (c === null ? ' dot-infinite' : ''), cx: g.x + dx, cy: y(c), r: 4 },
+        svg('title', {}, g.figures.nodes[i] + ': ' + fixed(c, 3)));
+    });
+    const median = g.figures.median !== null && g.figures.median !== undefined
+      ? svg('line', { class: 'median median-' + g.key, x1: g.x - 22, x2: g.x + 22, y1: y(g.figures.median), y2: y(g.figures.median) })
+      : null;
+    parts.push(svg('g', { class: 'group', 'data-group': g.key, 'data-nodes': changes.length },
+      dots, median,
+      svg('text', { class: 'group-label', x: g.x, y: height - 4, 'text-anchor': 'middle' }, g.label + ' (' + changes.length + ')')));
+  }
+  return svg('svg', { class: 'analysis-picture', viewBox: '0 0 ' + width + ' ' + height, width, height, role: 'img',
+    'aria-label': f.analysis + ': ' + f.verdict }, parts);
+}
+
+// A finding's verdict and figures in words, beside its picture.
+function findingWords(f) {
+  const group = (name, g) => el('li', {}, name + ': ' + g.nodes.length + ' node' + (g.nodes.length === 1 ? '' : 's')
+    + (g.nodes.length ? ', median change ' + fixed(g.median, 3) : ''));
+  return el('div', { class: 'finding-words' },
+    el('p', {}, el('strong', {}, f.analysis), ' ',
+      el('span', { class: 'status verdict-' + f.verdict, 'data-verdict-word': f.verdict }, f.verdict)),
+    f.why ? el('p', { class: 'reason' }, f.why)
+      : el('p', { class: 'effect' }, 'effect ' + fixed(f.effect, 2) + ' (tolerance ' + f.tolerance + ', ' + f.direction + ' is bad), p = ' + fixed(f.p_value, 4)),
+    el('ul', { class: 'groups' }, group('batch', f.canary), group('comparison', f.baseline)));
+}
+
+function renderAnalyses(run) {
+  const found = analysesOf(run);
+  if (!found.length) return null;
+  return el('div', { id: 'analyses' }, found.map(({ step, batch, finding }) => el('figure',
+    { class: 'analysis verdict-box-' + finding.verdict, 'data-analysis': finding.analysis, 'data-verdict': finding.verdict, 'data-batch': batch },
+    el('figcaption', {}, 'batch ' + batch + ' (' + step.stage + '/analysis@' + step.node + ')'),
+    el('div', { class: 'finding' }, findingPicture(finding), findingWords(finding)))));
+}
+
 function renderRun() {
   const run = view.run;
   const terminal = ['succeeded', 'failed', 'aborted'].includes(run.status);
@@ -338,6 +430,8 @@ function renderRun() {
     el('div', { id: 'gate', class: 'panel' }),
     el('h2', {}, 'Stages'),
     el('div', { id: 'timeline' }, timeline),
+    analysesOf(run).length ? el('h2', {}, 'Batch analyses') : null,
+    renderAnalyses(run),
     el('h2', {}, 'History'),
     el('div', { class: 'scroll' }, el('table', { id: 'history' },
       el('thead', {}, el('tr', {}, el('th', {}, 'at'), el('th', {}, 'to'), el('th', {}, 'step'), el('th', {}, 'by'), el('th', {}, 'why'))),
