@@ -293,6 +293,9 @@ pub enum VerdictName {
 }
 
 impl VerdictName {
+    /// Every verdict, as the metric lists them.
+    pub const ALL: [Self; 3] = [Self::Pass, Self::Fail, Self::Inconclusive];
+
     /// Its word: `pass`, `fail` or `inconclusive`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -316,7 +319,7 @@ impl Verdict {
 
 /// A group's figures as a finding keeps them: JSON has no infinity, so an infinite change
 /// (a figure that rose from 0) is `null`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct GroupFigures {
     /// The nodes with both figures, in the order read.
     pub nodes: Vec<String>,
@@ -388,19 +391,14 @@ impl Finding {
 
     /// An analysis `name` whose figures could not be read, and why: inconclusive.
     pub fn unread(name: &str, criteria: &Criteria, why: &str) -> Self {
-        let none = || GroupFigures {
-            nodes: Vec::new(),
-            changes: Vec::new(),
-            median: None,
-        };
         Self {
             analysis: name.to_owned(),
             verdict: VerdictName::Inconclusive,
             why: Some(why.to_owned()),
             direction: criteria.direction,
             tolerance: criteria.tolerance,
-            canary: none(),
-            baseline: none(),
+            canary: GroupFigures::default(),
+            baseline: GroupFigures::default(),
             effect: None,
             p_value: None,
         }

@@ -178,11 +178,7 @@ impl AnalysisStep {
 
     fn record(&self, judged: &Judged) {
         let name = judged.rule.name.as_str();
-        for verdict in [
-            VerdictName::Pass,
-            VerdictName::Fail,
-            VerdictName::Inconclusive,
-        ] {
+        for verdict in VerdictName::ALL {
             self.metrics
                 .verdict
                 .with_label_values(&[name, verdict.as_str()])
@@ -238,6 +234,59 @@ impl AnalysisStep {
             }
         }
         Ok(given_back)
+    }
+
+    /// How the step ends, from the analyses' judgements of the batch `c`.
+    async fn outcome(
+        &self,
+        run: &Run,
+        c: &Cohorts,
+        judged: &[Judged<'_>],
+        now: DateTime<Utc>,
+    ) -> StepOutcome {
+        let lines: Vec<String> = judged.iter().map(Judged::line).collect();
+        let batch = groups_words(c);
+        if judged.iter().any(Judged::failed) {
+            let failed: Vec<String> = judged
+                .iter()
+                .filter(|j| j.failed())
+                .map(Judged::line)
+                .collect();
+            let mut reason = format!("{batch}: {}", failed.join("; "));
+            if judged
+                .iter()
+                .any(|j| j.failed() && j.rule.on_fail == OnFail::Cordon)
+            {
+                reason.push_str(&format!("; {}", self.cordon(&c.canary, &run.id).await));
+            } else {
+                reason.push_str("; the batch is left uncordoned");
+            }
+            return StepOutcome::Halt { reason };
+        }
+        if judged
+            .iter()
+            .any(|j| j.verdict() == VerdictName::Inconclusive)
+        {
+            return StepOutcome::Blocked {
+                reasons: judged
+                    .iter()
+                    .filter(|j| j.verdict() == VerdictName::Inconclusive)
+                    .map(|j| format!("{batch}: {}", j.line()))
+                    .collect(),
+                retry_at: now + chrono::Duration::from_std(self.poll_interval).unwrap_or_default(),
+            };
+        }
+        let mut note = format!("{batch}: {}", lines.join("; "));
+        if self.rules.iter().any(|r| r.on_fail == OnFail::Cordon) {
+            match self.uncordon_ours(&c.canary, &run.id).await {
+                Ok(back) if !back.is_empty() => {
+                    note.push_str(&format!("; uncordoned {}", back.join(", ")));
+                }
+                Ok(_) => {}
+                Err(e) => return StepOutcome::retry(e),
+            }
+        }
+        StepOutcome::Announced { note }
     }
 }
 
@@ -306,60 +355,5 @@ impl StepExecutor for AnalysisStep {
         let findings: Vec<Finding> = judged.iter().map(Judged::finding).collect();
         let outcome = self.outcome(run, &c, &judged, now).await;
         StepOutcome::judged(findings, outcome)
-    }
-}
-
-impl AnalysisStep {
-    /// How the step ends, from the analyses' judgements of the batch `c`.
-    async fn outcome(
-        &self,
-        run: &Run,
-        c: &Cohorts,
-        judged: &[Judged<'_>],
-        now: DateTime<Utc>,
-    ) -> StepOutcome {
-        let lines: Vec<String> = judged.iter().map(Judged::line).collect();
-        let batch = groups_words(c);
-        if judged.iter().any(Judged::failed) {
-            let failed: Vec<String> = judged
-                .iter()
-                .filter(|j| j.failed())
-                .map(Judged::line)
-                .collect();
-            let mut reason = format!("{batch}: {}", failed.join("; "));
-            if judged
-                .iter()
-                .any(|j| j.failed() && j.rule.on_fail == OnFail::Cordon)
-            {
-                reason.push_str(&format!("; {}", self.cordon(&c.canary, &run.id).await));
-            } else {
-                reason.push_str("; the batch is left uncordoned");
-            }
-            return StepOutcome::Halt { reason };
-        }
-        if judged
-            .iter()
-            .any(|j| j.verdict() == VerdictName::Inconclusive)
-        {
-            return StepOutcome::Blocked {
-                reasons: judged
-                    .iter()
-                    .filter(|j| j.verdict() == VerdictName::Inconclusive)
-                    .map(|j| format!("{batch}: {}", j.line()))
-                    .collect(),
-                retry_at: now + chrono::Duration::from_std(self.poll_interval).unwrap_or_default(),
-            };
-        }
-        let mut note = format!("{batch}: {}", lines.join("; "));
-        if self.rules.iter().any(|r| r.on_fail == OnFail::Cordon) {
-            match self.uncordon_ours(&c.canary, &run.id).await {
-                Ok(back) if !back.is_empty() => {
-                    note.push_str(&format!("; uncordoned {}", back.join(", ")));
-                }
-                Ok(_) => {}
-                Err(e) => return StepOutcome::retry(e),
-            }
-        }
-        StepOutcome::Announced { note }
     }
 }
