@@ -13,7 +13,10 @@
 //! For each size:
 //! - **efficiency**: the ideal over the measured control-plane-and-workers time, where
 //!   ideal = batches x (one node's cycle, drain start to uncordon end, the median of the
-//!   smallest size's run, + the soak) + this run's control-plane stage;
+//!   smallest size's run, + the soak) + this run's control-plane stage; and beside it the
+//!   same with this run's own median node cycle, which holds what the machine's load did
+//!   to every node's work, so that what is left is rollgate's own: the gaps between
+//!   batches, the wait for a batch's slowest node, the gates and the analyses;
 //! - **CPU per transition**: rollgate's own user + system time (its `/proc/PID/stat`,
 //!   that process alone) over the run's transitions, and the ratio to the smallest size;
 //! - **peak RSS**: its `VmHWM`;
@@ -312,10 +315,12 @@ async fn main() {
         base.workers
     );
     println!(
-        "{:>7} {:>9} {:>9} {:>10} {:>6} {:>12} {:>9} {:>8} {:>11} {:>15} {:>13} {:>5} {:>9}",
+        "{:>7} {:>9} {:>9} {:>10} {:>9} {:>10} {:>6} {:>12} {:>9} {:>8} {:>11} {:>15} {:>13} {:>5} {:>9}",
         "workers",
         "wall s",
         "ideal s",
+        "efficiency",
+        "own cycle",
         "efficiency",
         "trans",
         "CPU ms/tr",
@@ -329,13 +334,17 @@ async fn main() {
     );
     for run in &runs {
         let ideal = run.batches as f64 * (cycle + soak) + run.timeline.control_plane;
+        let own_cycle = quantile(run.timeline.cycles.clone(), 0.5);
+        let own_ideal = run.batches as f64 * (own_cycle + soak) + run.timeline.control_plane;
         let per = run.cpu / run.transitions as f64;
         println!(
-            "{:>7} {:>9.1} {:>9.1} {:>10.2} {:>6} {:>12.2} {:>9.2} {:>8.1} {:>11.1} {:>15.1} {:>13.1} {:>5.1} {:>5}/{:<3}",
+            "{:>7} {:>9.1} {:>9.1} {:>10.2} {:>9.2} {:>10.2} {:>6} {:>12.2} {:>9.2} {:>8.1} {:>11.1} {:>15.1} {:>13.1} {:>5.1} {:>5}/{:<3}",
             run.workers,
             run.timeline.measured,
             ideal,
             ideal / run.timeline.measured,
+            own_cycle,
+            own_ideal / run.timeline.measured,
             run.transitions,
             per * 1000.0,
             per / base_cpu,

@@ -612,8 +612,17 @@ async fn a_budget_that_never_lets_a_pod_go_holds_the_node_uncordoned_then_halts_
     // A restart while halted: the upgrade is still in flight, its snapshot taken.
     rg.kill9();
     rg.restart().await;
-    assert_eq!(rg.metric("k8s_upgrade_in_flight").await, 1.0);
-    assert_eq!(rg.metric("k8s_upgrade_snapshot_taken").await, 1.0);
+    // The worker restores the gauges from the store once it leads, after the API answers.
+    eventually(
+        "the upgrade gauges restored",
+        Duration::from_secs(15),
+        || async {
+            let restored = rg.metric("k8s_upgrade_in_flight").await == 1.0
+                && rg.metric("k8s_upgrade_snapshot_taken").await == 1.0;
+            restored.then_some(())
+        },
+    )
+    .await;
     assert_eq!(rg.run(&id).await["status"], "halted");
 
     ground.api.set_pdb("db-pdb", "db", 1);
