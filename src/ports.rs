@@ -435,6 +435,10 @@ pub trait NodeExec: Send + Sync {
         script: &str,
         args: &[String],
     ) -> Result<ExecOutput, ExecError>;
+
+    /// Stops reusing `node`'s connection: it is going down (a reboot was sent), so its
+    /// next command connects afresh.
+    fn forget(&self, _node: &str) {}
 }
 
 /// Where a node is reached.

@@ -143,6 +143,16 @@ async fn a_patch_upgrade_runs_end_to_end_embedded() {
     let id = detect(&rg, "1.34.5", "patch").await;
     let run = wait_status(&rg, &id, "succeeded").await;
     assert_upgraded(&ground, &rg, &run, "1.34.5", Told::Everything).await;
+    // A node's commands reuse its connection, by each node's own sshd: its pre-flight
+    // check and reboot-manager probe, its download and its upgrade, one handshake.
+    for node in &ground.nodes {
+        let (sessions, connections) = node.ssh_sessions();
+        assert!(
+            sessions >= 4 && connections == 1,
+            "{}: {sessions} sessions over {connections} connections",
+            node.name
+        );
+    }
     // The kubeadm commands each role needs, on the nodes that needed them.
     assert!(
         ground

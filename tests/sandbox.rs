@@ -506,16 +506,15 @@ async fn pictures(sandbox: &Path, port: u16, token: &str) {
             t == "done"
         })
         .await;
-    for node in ["w5", "w6"] {
-        browser
-            .wait_text(
-                &format!(".node[data-node='{node}'] .state"),
-                &format!("{node} rebooting"),
-                WAIT,
-                |t| t == "rebooting",
-            )
-            .await;
-    }
+    // The second batch in hand: both sent their reboot, and the run waits for their new
+    // boots (a moment's "running" between its steps is not the picture).
+    support::eventually("the second batch rebooting", WAIT, || async {
+        let words = facts(&browser).await;
+        (words.contains("heading: node-reboot — waiting")
+            && words.contains("w5 rebooting, w6 rebooting"))
+        .then_some(())
+    })
+    .await;
     picture(&browser, "sandbox-batch").await;
 
     browser

@@ -733,6 +733,7 @@ const NO_RC: &str = "SHLVL=1";
 /// What every SSH session on a fake node runs: nothing while the node is down (rebooting),
 /// else the command asked.
 const SESSION: &str = r#"#!/bin/bash
+printf '%s\n' "$SSH_CONNECTION" >> "$STUB_STATE/ssh-sessions"
 if [ -f "$STUB_STATE/down" ]; then echo "ssh: connect to host: Connection refused" >&2; exit 255; fi
 exec bash -c "$SSH_ORIGINAL_COMMAND"
 "#;
@@ -825,6 +826,7 @@ impl FakeNode {
                 d = d.display(),
             ),
             port,
+            false,
         )
         .await;
         let fake = Self {
@@ -1049,6 +1051,18 @@ impl FakeNode {
             .collect()
     }
 
+    /// The SSH sessions this node's sshd served, and over how many connections (told
+    /// apart by the client's address and port, as sshd saw them).
+    pub fn ssh_sessions(&self) -> (usize, usize) {
+        let seen =
+            std::fs::read_to_string(self.dir.path().join("state/ssh-sessions")).unwrap_or_default();
+        let connections: std::collections::BTreeSet<Vec<&str>> = seen
+            .lines()
+            .map(|l| l.split_whitespace().take(2).collect())
+            .collect();
+        (seen.lines().count(), connections.len())
+    }
+
     /// The version of `pkg` installed: dpkg's database on a node with the real apt, else
     /// what the stubs recorded.
     pub fn installed(&self, pkg: &str) -> String {
@@ -1127,7 +1141,8 @@ impl FakeNode {
 /// key and a directory each. The sshd listens on every address at one port and lets in
 /// only loopback clients with the client's key; its session reads the address the
 /// connection reached (`SSH_CONNECTION`), takes that node's environment and runs the
-/// node's own session, as a node's own sshd would.
+/// node's own session, as a node's own sshd would. It runs at nice 19, sessions and all:
+/// its nodes stand for machines of their own, whose work would not take rollgate's CPU.
 pub struct SharedSshd {
     pub port: u16,
     dir: tempfile::TempDir,
@@ -1142,8 +1157,8 @@ const KEX: &str = "curve25519-sha256";
 
 /// Starts an sshd in `d` with a new host key, trusting `client`'s key, and `own` (where
 /// it listens, its session) on top of what every fake node's sshd has; once it listens
-/// on `port`.
-async fn start_sshd(d: &Path, client: &SshClient, own: String, port: u16) -> Process {
+/// on `port`. `nice`: at the lowest CPU priority, sessions and all.
+async fn start_sshd(d: &Path, client: &SshClient, own: String, port: u16, nice: bool) -> Process {
     keygen(&d.join("host_key"));
     std::fs::copy(client.key.with_extension("pub"), d.join("authorized_keys")).expect("keys");
     let config = d.join("sshd_config");
@@ -1158,17 +1173,23 @@ async fn start_sshd(d: &Path, client: &SshClient, own: String, port: u16) -> Pro
         ),
     )
     .expect("sshd_config");
-    let sshd = Process::spawn(
-        "sshd",
-        "/usr/sbin/sshd",
-        vec![
-            "-D".into(),
-            "-e".into(),
-            "-f".into(),
-            config.display().to_string(),
-        ],
-        d.join("sshd.log"),
-    );
+    let sshd_args = vec![
+        "-D".into(),
+        "-e".into(),
+        "-f".into(),
+        config.display().to_string(),
+    ];
+    // nice execs sshd: the PID stopped is sshd's.
+    let sshd = if nice {
+        let args = ["-n", "19", "/usr/sbin/sshd"]
+            .into_iter()
+            .map(String::from)
+            .chain(sshd_args)
+            .collect();
+        Process::spawn("sshd", "/usr/bin/nice", args, d.join("sshd.log"))
+    } else {
+        Process::spawn("sshd", "/usr/sbin/sshd", sshd_args, d.join("sshd.log"))
+    };
     super::eventually(
         "sshd to listen",
         std::time::Duration::from_secs(10),
@@ -1213,6 +1234,7 @@ impl SharedSshd {
                 d = d.display(),
             ),
             port,
+            true,
         )
         .await;
         Self { port, dir, sshd }

@@ -178,11 +178,12 @@ impl NodeReboots {
             .sent
             .with_label_values(&[node])
             .set(mark.at.timestamp_millis() as f64 / 1000.0);
-        let sent = match self
+        let result = self
             .exec
             .run_script(&target, &format!("{}\n", self.settings.command), &[])
-            .await
-        {
+            .await;
+        self.exec.forget(&target.name);
+        let sent = match result {
             // ssh's own 255 is a session cut short, which a node going down causes.
             Ok(out) if matches!(out.status, Some(code) if code != 0 && code != 255) => {
                 match self.boots.boot(node).await {
