@@ -215,15 +215,15 @@ impl Ssh {
         close_all(vec![session]).await;
     }
 
-    /// Starts `bash -s -- args` on `session`, bounded on the node by the command timeout,
+    /// Starts `bash -s -- args` on `session`, bounded on the node by `secs`,
     /// its stdin, stdout and stderr piped.
     async fn spawn(
         &self,
         node: &NodeTarget,
         session: &Arc<openssh::Session>,
         args: &[String],
+        secs: u64,
     ) -> Result<openssh::Child<Arc<openssh::Session>>, openssh::Error> {
-        let secs = self.settings.command_timeout.as_secs().max(1);
         let mut command = session.clone().arc_command("timeout");
         command
             .arg("--kill-after=10")
@@ -237,6 +237,38 @@ impl Ssh {
             .stderr(Stdio::piped());
         info!(node = %node.name, ?args, "running the node script");
         command.spawn().await
+    }
+
+    /// Sends `script` to the command `spawned` and waits for its end, within the command
+    /// timeout and the local grace.
+    async fn finish(
+        &self,
+        node: &NodeTarget,
+        spawned: Result<openssh::Child<Arc<openssh::Session>>, openssh::Error>,
+        script: &str,
+        secs: u64,
+    ) -> Result<std::process::Output, ExecError> {
+        let mut child = spawned.map_err(|e| session_failed(node, e))?;
+        if let Some(mut stdin) = child.stdin().take() {
+            stdin
+                .write_all(script.as_bytes())
+                .await
+                .map_err(|e| ExecError::Other {
+                    node: node.name.clone(),
+                    failure: Failure::caused("cannot send the script", e),
+                })?;
+            drop(stdin);
+        }
+        tokio::time::timeout(
+            self.settings.command_timeout + LOCAL_GRACE,
+            child.wait_with_output(),
+        )
+        .await
+        .map_err(|_| ExecError::Timeout {
+            node: node.name.clone(),
+            secs,
+        })?
+        .map_err(|e| session_failed(node, e))
     }
 
     /// Removes the kept connections no command used for [`REUSE_IDLE`].
@@ -367,66 +399,23 @@ impl NodeExec for Ssh {
     ) -> Result<ExecOutput, ExecError> {
         let secs = self.settings.command_timeout.as_secs().max(1);
         let lease = self.lease(node).await?;
-        let (lease, spawned) = match self.spawn(node, &lease.session, args).await {
+        let (lease, spawned) = match self.spawn(node, &lease.session, args, secs).await {
             Err(e) if lease.reused => {
                 // The kept connection could not open a session, so nothing ran: once more
                 // on a new one.
                 tracing::debug!(node = %node.name, error = %crate::error_chain(&e), "a kept ssh master failed; connecting afresh");
                 self.give_back(&node.name, lease.session, false).await;
                 let fresh = self.connect_kept(node, self.destination(node)).await?;
-                let spawned = self.spawn(node, &fresh.session, args).await;
+                let spawned = self.spawn(node, &fresh.session, args, secs).await;
                 (fresh, spawned)
             }
             spawned => (lease, spawned),
         };
-        let mut child = match spawned {
-            Ok(child) => child,
-            Err(e) => {
-                self.give_back(&node.name, lease.session, false).await;
-                return Err(session_failed(node, e));
-            }
-        };
-        let sent = match child.stdin().take() {
-            Some(mut stdin) => {
-                let sent = stdin.write_all(script.as_bytes()).await;
-                drop(stdin);
-                sent
-            }
-            None => Ok(()),
-        };
-        let waited = match sent {
-            Ok(()) => {
-                tokio::time::timeout(
-                    self.settings.command_timeout + LOCAL_GRACE,
-                    child.wait_with_output(),
-                )
-                .await
-            }
-            Err(e) => {
-                self.give_back(&node.name, lease.session, false).await;
-                return Err(ExecError::Other {
-                    node: node.name.clone(),
-                    failure: Failure::caused("cannot send the script", e),
-                });
-            }
-        };
-        let output = match waited {
-            Err(_) => {
-                self.give_back(&node.name, lease.session, false).await;
-                return Err(ExecError::Timeout {
-                    node: node.name.clone(),
-                    secs,
-                });
-            }
-            Ok(Err(e)) => {
-                self.give_back(&node.name, lease.session, false).await;
-                return Err(session_failed(node, e));
-            }
-            Ok(Ok(output)) => output,
-        };
+        let finished = self.finish(node, spawned, script, secs).await;
         // ssh's own 255: the connection broke under the command.
-        let healthy = !matches!(output.status.code(), None | Some(255));
+        let healthy = matches!(&finished, Ok(o) if !matches!(o.status.code(), None | Some(255)));
         self.give_back(&node.name, lease.session, healthy).await;
+        let output = finished?;
         let status = output.status.code();
         let out = ExecOutput {
             status,
