@@ -4,8 +4,9 @@
 
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::Mutex;
 
 use super::{
     AlertRow, Backend, Claim, Column, Commit, Committed, Events, IN_FLIGHT_INDEXES, Purge,
@@ -378,14 +379,13 @@ async fn on<T: Send + 'static>(
     conn: Arc<Mutex<Connection>>,
     f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
 ) -> Result<T, StoreError> {
-    tokio::task::spawn_blocking(move || {
-        let mut guard = conn
-            .lock()
-            .map_err(|_| StoreError::Task("connection lock poisoned".into()))?;
-        f(&mut guard)
-    })
-    .await
-    .map_err(|e| StoreError::Task(e.to_string()))?
+    // Waiting for the connection here, not in a blocking thread, keeps the blocking pool
+    // at one thread per connection: a thousand nodes' steps queue as tasks, not as parked
+    // threads each with its own stack and malloc arena.
+    let mut guard = conn.lock_owned().await;
+    tokio::task::spawn_blocking(move || f(&mut guard))
+        .await
+        .map_err(|e| StoreError::Task(e.to_string()))?
 }
 
 const TERMINAL: &str = "('failed', 'succeeded', 'aborted')";
@@ -1359,7 +1359,7 @@ mod tests {
         let (locked_tx, locked) = std::sync::mpsc::channel();
         let (release, release_rx) = std::sync::mpsc::channel::<()>();
         let holder = std::thread::spawn(move || {
-            let _guard = writer.lock().unwrap();
+            let _guard = writer.blocking_lock();
             locked_tx.send(()).unwrap();
             release_rx.recv().ok();
         });
