@@ -151,7 +151,7 @@ async fn planned_run(kube: &Kube) -> Run {
         FailurePolicy::default(),
         Utc::now(),
     );
-    run.steps = k8s_upgrade::initial_steps(&request(), false);
+    run.steps = k8s_upgrade::initial_steps(&request(), false).into();
     run.steps.extend(plan.steps);
     run
 }

@@ -18,7 +18,7 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use super::run::{Step, StepStatus};
+use super::run::{Step, StepStatus, Steps};
 
 /// What the batch is compared with: how many of each kind of comparison node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -72,10 +72,9 @@ pub enum CohortsError {
 
 /// The cohorts of the analysis step at `index` of `steps`, each group with at least
 /// `need` workers where the plan has them.
-pub fn cohorts(steps: &[Step], index: usize, need: usize) -> Result<Cohorts, CohortsError> {
-    let before = steps.get(..index).unwrap_or_default();
-    let gates: Vec<usize> = before
-        .iter()
+pub fn cohorts(steps: &Steps, index: usize, need: usize) -> Result<Cohorts, CohortsError> {
+    let gates: Vec<usize> = steps
+        .range(0, index)
         .enumerate()
         .filter(|(_, s)| s.kind.is_gate() && s.kind.among_workers())
         .map(|(i, _)| i)
@@ -84,23 +83,23 @@ pub fn cohorts(steps: &[Step], index: usize, need: usize) -> Result<Cohorts, Coh
     if steps[last_gate].ended_at.is_none() {
         return Err(CohortsError::NotTaken);
     }
-    let batch = &before[last_gate + 1..];
+    let batch = steps.range(last_gate + 1, index);
     let back_at = batch
-        .iter()
+        .clone()
         .filter(|s| s.kind.is_soak())
         .filter_map(|s| s.started_at)
         .max()
-        .or_else(|| batch.iter().filter_map(|s| s.ended_at).max());
+        .or_else(|| batch.filter_map(|s| s.ended_at).max());
     // Pool batches backwards until the canary has enough workers.
     let mut first_gate = last_gate;
-    let mut canary = ended_cycles(&before[first_gate + 1..]);
+    let mut canary = ended_cycles(steps.range(first_gate + 1, index));
     let mut batches = 1;
     for &gate in gates.iter().rev().skip(1) {
         if canary.len() >= need {
             break;
         }
         first_gate = gate;
-        canary = ended_cycles(&before[first_gate + 1..]);
+        canary = ended_cycles(steps.range(first_gate + 1, index));
         batches += 1;
     }
     if canary.len() < need {
@@ -112,7 +111,7 @@ pub fn cohorts(steps: &[Step], index: usize, need: usize) -> Result<Cohorts, Coh
     let taken_at = steps[first_gate].ended_at.ok_or(CohortsError::NotTaken)?;
     let mut untouched: Vec<String> = Vec::new();
     let mut touched: Vec<&str> = Vec::new();
-    for step in &steps[index + 1..] {
+    for step in steps.range(index + 1, usize::MAX) {
         let Some(lane) = step.kind.lane() else {
             continue;
         };
@@ -127,7 +126,7 @@ pub fn cohorts(steps: &[Step], index: usize, need: usize) -> Result<Cohorts, Coh
     let untouched = baseline.len();
     if untouched < need {
         baseline.extend(
-            ended_cycles(&steps[..first_gate])
+            ended_cycles(steps.range(0, first_gate))
                 .into_iter()
                 .filter(|n| !canary.contains(n)),
         );
@@ -147,9 +146,9 @@ pub fn cohorts(steps: &[Step], index: usize, need: usize) -> Result<Cohorts, Coh
 
 /// The workers of `steps` whose cycle ran and ended: drained (a cycle skipped as not
 /// needed never started its drain) and uncordoned, in plan order.
-fn ended_cycles(steps: &[Step]) -> Vec<String> {
+fn ended_cycles<'a>(steps: impl Iterator<Item = &'a Step> + Clone) -> Vec<String> {
     let drained: Vec<&str> = steps
-        .iter()
+        .clone()
         .filter(|s| s.kind.is_drain() && s.started_at.is_some())
         .filter_map(|s| s.kind.lane())
         .collect();
@@ -179,7 +178,7 @@ mod tests {
 
     /// The steps of batches of workers, each `(nodes, how far it got)`, an analysis after
     /// each batch's soak; returns the steps and each analysis's index.
-    fn plan(batches: &[(&[&str], Progress)]) -> (Vec<Step>, Vec<usize>) {
+    fn plan(batches: &[(&[&str], Progress)]) -> (Steps, Vec<usize>) {
         let mut steps = Vec::new();
         let mut analyses = Vec::new();
         for (b, (nodes, progress)) in batches.iter().enumerate() {
@@ -242,7 +241,7 @@ mod tests {
                 node: nodes[nodes.len() - 1].to_owned(),
             }));
         }
-        (steps, analyses)
+        (steps.into(), analyses)
     }
 
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -412,7 +411,9 @@ mod tests {
     fn an_analysis_without_a_passed_batch_gate_cannot_be_read() {
         let (steps, analyses) = plan(&[(&["w1"], Progress::Pending)]);
         assert_eq!(cohorts(&steps, analyses[0], 1), Err(CohortsError::NotTaken));
-        let lone = vec![Step::new(UpgradeStep::Analysis { node: "w1".into() })];
+        let lone: Steps = [Step::new(UpgradeStep::Analysis { node: "w1".into() })]
+            .into_iter()
+            .collect();
         assert_eq!(cohorts(&lone, 0, 1), Err(CohortsError::NoBatch(0)));
     }
 }

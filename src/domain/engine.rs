@@ -576,7 +576,7 @@ fn nodes_in_hand(run: &Run) -> Vec<String> {
     let (start, end) = (segment_start(run, run.cursor), segment_end(run, run.cursor));
     // Per worker: whether its cycle has begun, and whether its last step is done.
     let mut cycles: Vec<(&str, bool, bool)> = Vec::new();
-    for step in run.steps.get(start..end).unwrap_or_default() {
+    for step in run.steps.range(start, end) {
         let Some(lane) = step.kind.lane() else {
             continue;
         };
@@ -843,8 +843,9 @@ fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context)
         }
         StepOutcome::Replanned { note, steps } => {
             let stage = run.steps[index].kind.stage_name();
-            let end = run.steps[index + 1..]
-                .iter()
+            let end = run
+                .steps
+                .range(index + 1, usize::MAX)
                 .position(|s| s.kind.stage_name() != stage)
                 .map_or(run.steps.len(), |p| index + 1 + p);
             run.steps.splice(index + 1..end, steps);
@@ -1002,7 +1003,7 @@ fn worker_failed(run: &mut Run, index: usize, lane: &str, reason: String, ctx: &
 mod tests {
     use super::*;
     use crate::domain::event::Stage;
-    use crate::domain::run::FailurePolicy;
+    use crate::domain::run::{FailurePolicy, Steps};
     use crate::domain::upgrade_step::UpgradeStep;
     use chrono::TimeZone;
 
@@ -1646,13 +1647,13 @@ mod tests {
     fn a_replanned_outcome_replaces_only_the_rest_of_its_stage() {
         let cp = |kind: UpgradeStep| Step::new(kind);
         let mut run = run_with(&["plan"]);
-        run.steps = vec![
+        run.steps = Steps::from(vec![
             cp(UpgradeStep::ControlPlaneNext),
             cp(UpgradeStep::MoveLeader { node: "old".into() }),
             cp(UpgradeStep::ControlPlaneNext),
             step("w1"),
             step("nodes-ready"),
-        ];
+        ]);
         let Next::RunStep { epoch, .. } = advance(&mut run, Input::Start, &ctx(0)).unwrap() else {
             panic!("next not started");
         };
@@ -2388,7 +2389,7 @@ mod tests {
     fn control_planes_have_no_failure_budget() {
         let node = || "cp".to_owned();
         let mut run = run_with(&[]);
-        run.steps = vec![
+        run.steps = Steps::from(vec![
             Step::new(UpgradeStep::Upgrade {
                 stage: Stage::ControlPlane,
                 node: node(),
@@ -2397,7 +2398,7 @@ mod tests {
                 stage: Stage::ControlPlane,
                 node: node(),
             }),
-        ];
+        ]);
         let c = Context {
             failure_budget: FailureBudget::Count(5),
             ..ctx(1)

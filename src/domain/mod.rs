@@ -25,5 +25,6 @@ pub mod self_silence;
 pub mod sight;
 pub mod step;
 pub mod step_kind;
+pub mod steps;
 pub mod upgrade_step;
 pub mod version;

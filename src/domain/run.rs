@@ -12,6 +12,7 @@ use super::input::FieldErrors;
 
 pub use super::run_kind::RunKind;
 use super::step_kind::StepKind;
+pub use super::steps::Steps;
 
 /// Where a run stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
@@ -312,7 +313,8 @@ pub struct Run {
     /// Why it stands there.
     pub reason: String,
     /// The plan.
-    pub steps: Vec<Step>,
+    #[schema(value_type = Vec<Step>)]
+    pub steps: Steps,
     /// Index of the step last started, finished or held: the one its transitions name.
     pub current_step: Option<usize>,
     /// Indexes of the steps in hand: started, or waiting on their wake.
@@ -461,7 +463,7 @@ impl Run {
             target,
             status: RunStatus::Queued,
             reason: reason.clone(),
-            steps,
+            steps: steps.into(),
             current_step: None,
             in_hand: Vec::new(),
             cursor: 0,

@@ -756,7 +756,7 @@ pub fn new_run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::run::StepStatus;
+    use crate::domain::run::{StepStatus, Steps};
     use crate::workflows::node_cycle::plan::drains_ahead;
 
     fn v(s: &str) -> Version {
@@ -1146,10 +1146,11 @@ mod tests {
                 .position(|s| s.label() == label)
                 .expect(label)
         };
-        assert_eq!(drains_ahead(&plan.steps, at("workers/drain@w1")), ["w2"]);
-        assert_eq!(drains_ahead(&plan.steps, at("workers/drain@w2")), ["w1"]);
-        assert!(drains_ahead(&plan.steps, at("workers/drain@w5")).is_empty());
-        let mut started = plan.steps.clone();
+        let steps = Steps::from(plan.steps.clone());
+        assert_eq!(drains_ahead(&steps, at("workers/drain@w1")), ["w2"]);
+        assert_eq!(drains_ahead(&steps, at("workers/drain@w2")), ["w1"]);
+        assert!(drains_ahead(&steps, at("workers/drain@w5")).is_empty());
+        let mut started = steps.clone();
         started[at("workers/drain@w2")].status = StepStatus::Done;
         assert!(
             drains_ahead(&started, at("workers/drain@w1")).is_empty(),

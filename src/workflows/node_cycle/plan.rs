@@ -3,7 +3,7 @@
 //! other parts in order), the batch's cycles side by side, one soak after it. The workflow names the parts' steps;
 //! what differs between workflows is the action in the middle (the node script, a reboot).
 
-use crate::domain::run::{Step, StepStatus};
+use crate::domain::run::{Step, StepStatus, Steps};
 
 /// A part of one worker's cycle, in the order the workflow lists them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,9 +86,9 @@ pub fn worker_batches<C: CycleSteps>(nodes: &[String], size: usize, judged: bool
 /// besides its own: they are checked for holds before any of the batch is cordoned (a
 /// node already cordoned has nothing to check), so that a batch is not begun that
 /// cannot be finished.
-pub fn drains_ahead(steps: &[Step], index: usize) -> Vec<&str> {
+pub fn drains_ahead(steps: &Steps, index: usize) -> Vec<&str> {
     let in_batch = |s: &&Step| s.kind.lane().is_some();
-    let before = steps[..index].iter().rev().take_while(in_batch);
+    let before = steps.range(0, index).rev().take_while(in_batch);
     let after = steps.iter().skip(index + 1).take_while(in_batch);
     before
         .chain(after)
@@ -99,16 +99,16 @@ pub fn drains_ahead(steps: &[Step], index: usize) -> Vec<&str> {
 
 /// The nodes `steps` have in hand: drained (or being drained) and not yet uncordoned, in
 /// the order of their drains.
-pub fn nodes_in_hand(steps: &[Step]) -> Vec<&str> {
-    let uncordoned = |node: &str| {
-        steps.iter().any(|s| {
-            s.status == StepStatus::Done && s.kind.is_uncordon() && s.kind.node() == Some(node)
-        })
-    };
+pub fn nodes_in_hand(steps: &Steps) -> Vec<&str> {
+    let uncordoned: std::collections::HashSet<&str> = steps
+        .iter()
+        .filter(|s| s.status == StepStatus::Done && s.kind.is_uncordon())
+        .filter_map(|s| s.kind.node())
+        .collect();
     steps
         .iter()
         .filter(|s| s.status != StepStatus::Pending && s.kind.is_drain())
         .filter_map(|s| s.kind.node())
-        .filter(|node| !uncordoned(node))
+        .filter(|node| !uncordoned.contains(node))
         .collect()
 }
