@@ -74,7 +74,7 @@ pub enum CohortsError {
 /// `need` workers where the plan has them.
 pub fn cohorts(steps: &Steps, index: usize, need: usize) -> Result<Cohorts, CohortsError> {
     let gates: Vec<usize> = steps
-        .range(0, index)
+        .range(..index)
         .enumerate()
         .filter(|(_, s)| s.kind.is_gate() && s.kind.among_workers())
         .map(|(i, _)| i)
@@ -83,7 +83,7 @@ pub fn cohorts(steps: &Steps, index: usize, need: usize) -> Result<Cohorts, Coho
     if steps[last_gate].ended_at.is_none() {
         return Err(CohortsError::NotTaken);
     }
-    let batch = steps.range(last_gate + 1, index);
+    let batch = steps.range(last_gate + 1..index);
     let back_at = batch
         .clone()
         .filter(|s| s.kind.is_soak())
@@ -92,14 +92,14 @@ pub fn cohorts(steps: &Steps, index: usize, need: usize) -> Result<Cohorts, Coho
         .or_else(|| batch.filter_map(|s| s.ended_at).max());
     // Pool batches backwards until the canary has enough workers.
     let mut first_gate = last_gate;
-    let mut canary = ended_cycles(steps.range(first_gate + 1, index));
+    let mut canary = ended_cycles(steps.range(first_gate + 1..index));
     let mut batches = 1;
     for &gate in gates.iter().rev().skip(1) {
         if canary.len() >= need {
             break;
         }
         first_gate = gate;
-        canary = ended_cycles(steps.range(first_gate + 1, index));
+        canary = ended_cycles(steps.range(first_gate + 1..index));
         batches += 1;
     }
     if canary.len() < need {
@@ -111,7 +111,7 @@ pub fn cohorts(steps: &Steps, index: usize, need: usize) -> Result<Cohorts, Coho
     let taken_at = steps[first_gate].ended_at.ok_or(CohortsError::NotTaken)?;
     let mut untouched: Vec<String> = Vec::new();
     let mut touched: Vec<&str> = Vec::new();
-    for step in steps.range(index + 1, usize::MAX) {
+    for step in steps.range(index + 1..) {
         let Some(lane) = step.kind.lane() else {
             continue;
         };
@@ -126,7 +126,7 @@ pub fn cohorts(steps: &Steps, index: usize, need: usize) -> Result<Cohorts, Coho
     let untouched = baseline.len();
     if untouched < need {
         baseline.extend(
-            ended_cycles(steps.range(0, first_gate))
+            ended_cycles(steps.range(..first_gate))
                 .into_iter()
                 .filter(|n| !canary.contains(n)),
         );

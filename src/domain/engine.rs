@@ -576,7 +576,7 @@ fn nodes_in_hand(run: &Run) -> Vec<String> {
     let (start, end) = (segment_start(run, run.cursor), segment_end(run, run.cursor));
     // Per worker: whether its cycle has begun, and whether its last step is done.
     let mut cycles: Vec<(&str, bool, bool)> = Vec::new();
-    for step in run.steps.range(start, end) {
+    for step in run.steps.range(start..end) {
         let Some(lane) = step.kind.lane() else {
             continue;
         };
@@ -845,7 +845,7 @@ fn step_finished(run: &mut Run, epoch: u64, outcome: StepOutcome, ctx: &Context)
             let stage = run.steps[index].kind.stage_name();
             let end = run
                 .steps
-                .range(index + 1, usize::MAX)
+                .range(index + 1..)
                 .position(|s| s.kind.stage_name() != stage)
                 .map_or(run.steps.len(), |p| index + 1 + p);
             run.steps.splice(index + 1..end, steps);

@@ -11,8 +11,8 @@ use super::analysis::Finding;
 use super::input::FieldErrors;
 
 pub use super::run_kind::RunKind;
+use super::shared_list::SharedList;
 use super::step_kind::StepKind;
-pub use super::steps::Steps;
 
 /// Where a run stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
@@ -131,6 +131,10 @@ pub struct Step {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub findings: Vec<Finding>,
 }
+
+/// A run's steps, in plan order, shared between the run's copies: the run as a step
+/// started costs one pointer per step, and an outcome copies the one step it changes.
+pub type Steps = SharedList<Step>;
 
 fn is_zero(n: &u64) -> bool {
     *n == 0

@@ -380,8 +380,8 @@ async fn on<T: Send + 'static>(
     f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
 ) -> Result<T, StoreError> {
     // Waiting for the connection here, not in a blocking thread, keeps the blocking pool
-    // at one thread per connection: a thousand nodes' steps queue as tasks, not as parked
-    // threads each with its own stack and malloc arena.
+    // at one thread per connection: a thousand nodes' steps queue as tasks, not as
+    // blocking threads parked on a lock.
     let mut guard = conn.lock_owned().await;
     tokio::task::spawn_blocking(move || f(&mut guard))
         .await

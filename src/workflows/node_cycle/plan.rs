@@ -88,7 +88,7 @@ pub fn worker_batches<C: CycleSteps>(nodes: &[String], size: usize, judged: bool
 /// cannot be finished.
 pub fn drains_ahead(steps: &Steps, index: usize) -> Vec<&str> {
     let in_batch = |s: &&Step| s.kind.lane().is_some();
-    let before = steps.range(0, index).rev().take_while(in_batch);
+    let before = steps.range(..index).rev().take_while(in_batch);
     let after = steps.iter().skip(index + 1).take_while(in_batch);
     before
         .chain(after)
