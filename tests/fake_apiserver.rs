@@ -164,6 +164,37 @@ async fn kubectl_lists_by_label_and_field_selectors_a_page_at_a_time() {
             .iter()
             .all(|p| p["spec"]["nodeName"] == "w1")
     );
+    // A node's pods come from the fake's index by node: paged, they are the same pods,
+    // and with the pods on every other node (a scan) they are all the pods.
+    let on_w1_paged = kubectl
+        .json(&[
+            "get",
+            "pods",
+            "-A",
+            "-o",
+            "json",
+            "--field-selector",
+            "spec.nodeName=w1",
+            "--chunk-size",
+            "3",
+        ])
+        .await;
+    assert_eq!(names(&on_w1_paged), names(&on_w1));
+    let elsewhere = kubectl
+        .json(&[
+            "get",
+            "pods",
+            "-A",
+            "-o",
+            "json",
+            "--field-selector",
+            "spec.nodeName!=w1",
+        ])
+        .await;
+    let every = kubectl.json(&["get", "pods", "-A", "-o", "json"]).await;
+    let mut both = [names(&on_w1), names(&elsewhere)].concat();
+    both.sort();
+    assert_eq!(both, names(&every));
     let db = kubectl
         .json(&["get", "pods", "-o", "json", "-l", "app in (db)"])
         .await;

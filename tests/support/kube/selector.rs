@@ -212,6 +212,14 @@ impl FieldSelector {
         Ok(Self(terms))
     }
 
+    /// The value `field` must equal, when a term asks for one.
+    pub fn equal_to(&self, field: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(f, equal, _)| f == field && *equal)
+            .map(|(_, _, value)| value.as_str())
+    }
+
     pub fn matches(&self, object: &Value) -> bool {
         self.0
             .iter()

@@ -6,7 +6,7 @@ use super::fault;
 use super::patch;
 use super::resources::{Resource, Target, route};
 use super::selector::{FieldSelector, LabelSelector};
-use super::state::{Change, Record, State, pod_ready};
+use super::state::{Change, Key, Record, State, pod_ready};
 use super::{Access, exporters, table};
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde_json::{Value, json};
@@ -391,9 +391,14 @@ impl ObjectRequest {
                 }
             },
         };
-        let mut matching = s
-            .all_after(self.resource.plural, after)
-            .filter(|(_, o)| filter.matches(o));
+        let node = filter.fields.equal_to("spec.nodeName").map(str::to_owned);
+        let candidates: Box<dyn Iterator<Item = (&Key, &Value)>> = match node {
+            Some(node) if self.resource.plural == "pods" => {
+                Box::new(s.pods_on_node_after(&node, after))
+            }
+            _ => Box::new(s.all_after(self.resource.plural, after)),
+        };
+        let mut matching = candidates.filter(|(_, o)| filter.matches(o));
         let mut items = Vec::new();
         let mut last = None;
         for (key, object) in matching.by_ref() {

@@ -75,6 +75,10 @@ const DISRUPTED_TIMEOUT: Duration = Duration::from_secs(120);
 pub struct State {
     rv: u64,
     objects: BTreeMap<Key, Value>,
+    /// The pods bound to each node (`spec.nodeName`, empty for none), by namespace and
+    /// name: the real API server's watch cache indexes pods by node the same way, so a
+    /// list of one node's pods reads those pods alone.
+    pods_on_node: BTreeMap<String, BTreeSet<(String, String)>>,
     history: VecDeque<Record>,
     /// How many changes the watch history keeps before the oldest are compacted.
     pub history_limit: usize,
@@ -181,6 +185,7 @@ impl State {
         Self {
             rv: 1,
             objects: BTreeMap::new(),
+            pods_on_node: BTreeMap::new(),
             history: VecDeque::new(),
             history_limit: 100_000,
             compacted: 0,
@@ -248,6 +253,50 @@ impl State {
             .take_while(move |(k, _)| k.0 == resource)
     }
 
+    /// The pods on `node` with their keys, from just after `after` on, in the order of
+    /// [`State::all_after`].
+    pub fn pods_on_node_after<'a>(
+        &'a self,
+        node: &str,
+        after: Option<(String, String)>,
+    ) -> impl Iterator<Item = (&'a Key, &'a Value)> + 'a {
+        let start = match after {
+            Some(key) => std::ops::Bound::Excluded(key),
+            None => std::ops::Bound::Unbounded,
+        };
+        self.pods_on_node
+            .get(node)
+            .into_iter()
+            .flat_map(move |pods| pods.range((start.clone(), std::ops::Bound::Unbounded)))
+            .filter_map(|(ns, name)| {
+                self.objects
+                    .get_key_value(&("pods", ns.clone(), name.clone()))
+            })
+    }
+
+    /// Keeps [`State::pods_on_node`] up to date with a pod's write: `before` and `after`
+    /// it (`None` where it did not or no longer exists).
+    fn index_pod(&mut self, key: &Key, before: Option<&Value>, after: Option<&Value>) {
+        let node = |pod: &Value| {
+            pod["spec"]["nodeName"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let name = (key.1.clone(), key.2.clone());
+        if let Some(old) = before
+            && let Some(pods) = self.pods_on_node.get_mut(&node(old))
+        {
+            pods.remove(&name);
+            if pods.is_empty() {
+                self.pods_on_node.remove(&node(old));
+            }
+        }
+        if let Some(new) = after {
+            self.pods_on_node.entry(node(new)).or_default().insert(name);
+        }
+    }
+
     fn record(&mut self, record: Record) {
         self.history.push_back(record);
         while self.history.len() > self.history_limit {
@@ -294,6 +343,9 @@ impl State {
             }
         }
         self.observe(resource.plural, previous.as_ref(), &object);
+        if resource.plural == "pods" {
+            self.index_pod(&key, previous.as_ref(), Some(&object));
+        }
         self.objects.insert(key, object.clone());
         self.record(Record {
             rv,
@@ -312,9 +364,11 @@ impl State {
     /// Removes an object at once; what was removed.
     pub fn remove(&mut self, resource: &'static str, ns: &str, name: &str) -> Option<Value> {
         let resource = Resource::named(resource);
-        let mut object = self
-            .objects
-            .remove(&(resource.plural, ns.to_owned(), name.to_owned()))?;
+        let key = (resource.plural, ns.to_owned(), name.to_owned());
+        let mut object = self.objects.remove(&key)?;
+        if resource.plural == "pods" {
+            self.index_pod(&key, Some(&object), None);
+        }
         self.rv += 1;
         object["metadata"]["resourceVersion"] = json!(self.rv.to_string());
         self.record(Record {
