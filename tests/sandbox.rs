@@ -438,6 +438,21 @@ async fn alert(alertmanager: &str, alertname: &str, resolved: bool) {
 /// The pictures of the README and the handbook, taken in Chromium while the sandbox
 /// reboots w3..w6: the run held by an alert, a batch in hand, the run finished.
 async fn pictures(sandbox: &Path, port: u16, token: &str) {
+    let base = format!("http://127.0.0.1:{port}");
+    // Chromium starts and logs in before the run is asked for: the run halts
+    // gate.halt_after (15 s in the sandbox) after its gate closed, and a loaded machine can
+    // take that long to start a browser.
+    let browser = Browser::start(1280, 900).await;
+    browser.goto(&format!("{base}/ui")).await;
+    browser
+        .wait_text("#login-form h1", "the login", WAIT, |t| !t.is_empty())
+        .await;
+    browser.type_into("#token", token).await;
+    browser.click("#login").await;
+    browser
+        .wait_text("main h1", "the runs list", WAIT, |t| t == "Runs")
+        .await;
+
     let nodes = node_dirs(sandbox);
     for (name, dir) in &nodes {
         if ["w3", "w4", "w5", "w6"].contains(&name.as_str()) {
@@ -450,7 +465,6 @@ async fn pictures(sandbox: &Path, port: u16, token: &str) {
     }
     let alertmanager = env_value(sandbox, "ALERTMANAGER");
     alert(&alertmanager, "EtcdNoLeader", false).await;
-    let base = format!("http://127.0.0.1:{port}");
     let http = reqwest::Client::new();
     // The alert reaches rollgate and closes its gate before the run is asked for.
     support::eventually(
@@ -470,6 +484,7 @@ async fn pictures(sandbox: &Path, port: u16, token: &str) {
         },
     )
     .await;
+    let asked_at = Instant::now();
     let asked: Value = http
         .post(format!("{base}/v1/reboots"))
         .bearer_auth(token)
@@ -481,23 +496,23 @@ async fn pictures(sandbox: &Path, port: u16, token: &str) {
         .await
         .expect("json");
     let id = asked["run_id"].as_str().expect("a run").to_owned();
-
-    let browser = Browser::start(1280, 900).await;
-    browser.goto(&format!("{base}/ui")).await;
+    let id_json = serde_json::to_string(&id).expect("an id");
     browser
-        .wait_text("#login-form h1", "the login", WAIT, |t| !t.is_empty())
+        .script(&format!(
+            "location.hash = '#/runs/' + encodeURIComponent({id_json}); return null;"
+        ))
         .await;
-    browser.type_into("#token", token).await;
-    browser.click("#login").await;
-    browser
-        .wait_text("main h1", "the runs list", WAIT, |t| t == "Runs")
-        .await;
-    browser.click(&format!("tr[data-run-id='{id}'] a")).await;
-    browser
-        .wait_text("#run-blockers", "the run held by the alert", WAIT, |t| {
-            t.contains("EtcdNoLeader")
-        })
-        .await;
+    support::eventually("the run held by the alert", WAIT, || async {
+        let words = facts(&browser).await;
+        assert!(
+            !words.contains("— halted"),
+            "the run halted {:.1} s after it was asked for, before its picture: {words}",
+            asked_at.elapsed().as_secs_f64()
+        );
+        (words.contains("heading: node-reboot — waiting") && words.contains("EtcdNoLeader"))
+            .then_some(())
+    })
+    .await;
     picture(&browser, "sandbox-held").await;
 
     alert(&alertmanager, "EtcdNoLeader", true).await;
