@@ -48,4 +48,61 @@ command -v kubectl >/dev/null || apt_install kubernetes-client
 # pages, links and anchors, and that the generated reference pages are current.
 command -v mdbook >/dev/null || cargo install --locked mdbook --version 0.5.4 --no-default-features
 mdbook build docs --dest-dir "${CARGO_TARGET_DIR:-$PWD/target}/book"
-cargo test --locked "$@"
+# Arguments (a filter, --test NAME, …) run one cargo test as given.
+if [ "$#" -gt 0 ]; then
+    exec cargo test --locked "$@"
+fi
+
+# Everything builds once. Most tests wait on scaled time, not on a core, so the test
+# binaries then run in two groups side by side, each with loopback ports of its own
+# (ROLLGATE_TEST_PORTS, tests/support/mod.rs), each group's binaries one at a time as
+# cargo runs them. The groups balance the slow binaries; a new test file joins the second.
+# tests/amqp_outage.rs stops the RabbitMQ every AMQP test uses: it runs alone, after them.
+cargo test --locked --no-run
+first=(rehearsal faults sandbox control_planes analysis fleet status_page fuzz_intake)
+alone=(amqp_outage)
+second=()
+for file in tests/*.rs; do
+    name=$(basename "$file" .rs)
+    case " ${first[*]} ${alone[*]} " in
+    *" $name "*) ;;
+    *) second+=("$name") ;;
+    esac
+done
+logs=$(mktemp -d)
+run_group() {
+    local name=$1 ports=$2
+    shift 2
+    local start=$SECONDS
+    if ROLLGATE_TEST_PORTS=$ports cargo test --locked "$@" >"$logs/$name" 2>&1; then
+        echo "test group $name: passed in $((SECONDS - start)) s" >>"$logs/$name"
+    else
+        echo "test group $name: FAILED after $((SECONDS - start)) s" >>"$logs/$name"
+        return 1
+    fi
+}
+targets() { for name in "$@"; do printf -- '--test %s ' "$name"; done; }
+status=0
+# shellcheck disable=SC2046 # test names are plain words
+run_group first 20000-25999 $(targets "${first[@]}") &
+first_pid=$!
+# shellcheck disable=SC2046
+run_group second 26000-31999 --lib --bins $(targets "${second[@]}") &
+second_pid=$!
+wait "$first_pid" || status=1
+wait "$second_pid" || status=1
+# The failing group's output last, where a reader of the tail looks.
+for passed in true false; do
+    for name in first second; do
+        if grep -q "^test group $name: passed" "$logs/$name"; then
+            [ "$passed" = true ] && cat "$logs/$name"
+        else
+            [ "$passed" = false ] && cat "$logs/$name"
+        fi
+    done
+done
+rm -rf "$logs"
+[ "$status" -eq 0 ] || exit "$status"
+# shellcheck disable=SC2046
+cargo test --locked $(targets "${alone[@]}")
+cargo test --locked --doc

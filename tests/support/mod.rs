@@ -105,21 +105,39 @@ where
 /// A free loopback port, below Linux's ephemeral range (32768–60999) and never handed out
 /// twice by this process. A port from `bind(0)` is an ephemeral one: between the probe and
 /// the service binding it, an outgoing connection (etcd peers, clients) can take it.
+/// `ROLLGATE_TEST_PORTS=FIRST-LAST` narrows the range: `scripts/test.sh` gives each group
+/// of test binaries it runs side by side a range of its own.
 pub fn free_port() -> u16 {
     use std::sync::atomic::{AtomicU32, Ordering};
-    const FIRST: u32 = 20_000;
-    const SPAN: u32 = 12_000;
     static NEXT: AtomicU32 = AtomicU32::new(0);
+    let (first, span) = port_range();
     // Processes start at different offsets, so concurrent test binaries rarely meet.
-    let offset = std::process::id().wrapping_mul(613) % SPAN;
-    for _ in 0..SPAN {
+    let offset = std::process::id().wrapping_mul(613) % span;
+    for _ in 0..span {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let port = (FIRST + (offset + n) % SPAN) as u16;
+        let Ok(port) = u16::try_from(first + (offset + n) % span) else {
+            continue;
+        };
         if TcpListener::bind(("127.0.0.1", port)).is_ok() {
             return port;
         }
     }
-    panic!("no free loopback port in {FIRST}..{}", FIRST + SPAN)
+    panic!("no free loopback port in {first}..{}", first + span)
+}
+
+/// The first port `free_port` hands out and how many: 20000–31999, or
+/// `ROLLGATE_TEST_PORTS`.
+fn port_range() -> (u32, u32) {
+    const WHOLE: (u32, u32) = (20_000, 12_000);
+    let Ok(range) = std::env::var("ROLLGATE_TEST_PORTS") else {
+        return WHOLE;
+    };
+    let parsed = range.split_once('-').and_then(|(a, b)| {
+        let (a, b) = (a.trim().parse::<u16>().ok()?, b.trim().parse::<u16>().ok()?);
+        (a >= 1024 && a <= b).then(|| (u32::from(a), u32::from(b) - u32::from(a) + 1))
+    });
+    parsed
+        .unwrap_or_else(|| panic!("ROLLGATE_TEST_PORTS={range:?}: give FIRST-LAST, 1024 to 65535"))
 }
 
 /// A running `rollgate serve`.
